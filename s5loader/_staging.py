@@ -1,0 +1,270 @@
+"""Where files are staged: choosing the staging root (tmpfs or the temp directory) against the
+byte budget, one directory per loader, and removing what dead loaders left behind."""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import fcntl
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import tempfile
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from ._uri import format_size
+from .exceptions import BudgetError, ConfigError
+
+log = logging.getLogger(__name__)
+
+PREFIX = "s5loader-"
+SHM = "/dev/shm"
+_LOCK = ".lock"
+
+
+def free_bytes(path: str) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def choose_root(staging_dir: str | None, need: int, shrink: bool = False) -> tuple[str, int]:
+    """Pick the staging root and check that ``need`` bytes fit in it.
+
+    ``staging_dir=None`` picks ``/dev/shm`` when it has room for ``need`` bytes, else the
+    system temp directory.
+
+    Returns:
+        the root directory and the number of bytes that may be staged (``need``, or less
+        when ``shrink`` is true and the root has less room).
+
+    Raises:
+        BudgetError: the root has less free space than ``need`` and ``shrink`` is false.
+    """
+    if staging_dir is None:
+        if os.path.isdir(SHM) and os.access(SHM, os.W_OK) and free_bytes(SHM) >= need:
+            root = SHM
+        else:
+            root = tempfile.gettempdir()
+        log.info("staging in %s (%s free, budget %s)", root, format_size(free_bytes(root)), format_size(need))
+    else:
+        root = os.path.abspath(os.fspath(staging_dir))
+        try:
+            os.makedirs(root, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot create the staging directory {root!r}: {exc.strerror}") from exc
+    free = free_bytes(root)
+    if need > free:
+        if not shrink:
+            raise BudgetError(
+                f"the budget of {format_size(need)} does not fit the {format_size(free)} free in "
+                f"{root}; lower the budget, free space, choose another staging_dir, or pass "
+                "shrink_budget=True"
+            )
+        shrunk = int(free * 0.9)
+        log.warning(
+            "budget shrunk from %s to %s to fit the free space of %s",
+            format_size(need), format_size(shrunk), root,
+        )
+        return root, shrunk
+    return root, need
+
+
+class StagingArea:
+    """A directory of one loader's own: ``ROOT/s5loader-PID-TOKEN/``.
+
+    It holds one sub-directory per staged sample, named by its index, and a ``.lock`` file
+    that stays locked (``flock``) while the owning process lives, so a later loader can tell
+    a dead loader's leftovers from a live one. Created lazily; :meth:`remove` is idempotent.
+    """
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.path = os.path.join(root, f"{PREFIX}{os.getpid()}-{secrets.token_hex(4)}")
+        self._owner = os.getpid()
+        self._lock_fd: int | None = None
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_lock_fd"] = None
+        state["_lock"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def sample_dir(self, index: int) -> str:
+        return f"{self.path}/{index}"
+
+    @property
+    def control_dir(self) -> str:
+        return os.path.join(self.path, ".calls")
+
+    def create(self) -> str:
+        """Create the directory (once), remove dead loaders' leftovers, take the lock."""
+        with self._lock:
+            if self._lock_fd is not None and os.path.isdir(self.path):
+                return self.path
+            clean_stale(self.root)
+            tmp = os.path.join(self.root, f".init-{os.path.basename(self.path)}")
+            os.makedirs(tmp, mode=0o700)
+            fd = os.open(os.path.join(tmp, _LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.write(fd, json.dumps({"pid": os.getpid()}).encode())
+            os.makedirs(os.path.join(tmp, ".calls"), mode=0o700)
+            if os.path.isdir(self.path):  # recreated after someone removed it: start clean
+                shutil.rmtree(self.path, ignore_errors=True)
+            os.rename(tmp, self.path)
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+            self._lock_fd = fd
+            _register(self)
+            return self.path
+
+    def exists(self) -> bool:
+        return os.path.isdir(self.path)
+
+    def clear(self) -> None:
+        """Remove every staged sample, keep the directory."""
+        try:
+            names = os.listdir(self.path)
+        except FileNotFoundError:
+            return
+        for name in names:
+            if not name.startswith("."):
+                shutil.rmtree(os.path.join(self.path, name), ignore_errors=True)
+
+    def remove(self) -> None:
+        """Remove the directory and everything in it. Safe to call twice, and from atexit."""
+        if os.getpid() != self._owner:
+            return
+        shutil.rmtree(self.path, ignore_errors=True)
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        _LIVE.pop(id(self), None)
+
+
+def _owner_alive(path: str) -> bool:
+    """Whether a staging directory's owner still holds its lock."""
+    try:
+        fd = os.open(os.path.join(path, _LOCK), os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # cannot tell: leave it alone
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return True
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def clean_stale(root: str) -> list[str]:
+    """Remove staging directories under ``root`` whose owning process is gone.
+
+    A directory whose lock is held (its loader, or that loader's DataLoader workers, still
+    run) is never touched. Returns the removed paths.
+    """
+    removed = []
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return removed
+    for name in names:
+        if not (name.startswith(PREFIX) or name.startswith(f".init-{PREFIX}")):
+            continue
+        path = os.path.join(root, name)
+        if os.path.islink(path) or not os.path.isdir(path) or _owner_alive(path):
+            continue
+        try:
+            if os.stat(path).st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        log.info("removed %s, left by a loader that is gone", path)
+        removed.append(path)
+    return removed
+
+
+# Loaders alive in this process, cleaned at exit and on SIGTERM.
+_LIVE: dict[int, Any] = {}
+_CLEANUPS: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_PID = os.getpid()
+
+
+def _register(area: StagingArea) -> None:
+    _LIVE[id(area)] = area
+
+
+def register_cleanup(obj: Any) -> None:
+    """Have ``obj.close()`` called at exit and on SIGTERM (held weakly)."""
+    _CLEANUPS.add(obj)
+    install_sigterm_handler()
+
+
+def cleanup_all() -> None:
+    if os.getpid() != _PID:
+        return
+    for obj in list(_CLEANUPS):
+        try:
+            obj.close()
+        except Exception:  # noqa: BLE001 - best effort at exit
+            log.exception("cleanup of %r failed", obj)
+    for area in list(_LIVE.values()):
+        area.remove()
+
+
+atexit.register(cleanup_all)
+
+_previous_handler: Callable[..., Any] | int | None = None
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    if os.getpid() == _PID:
+        cleanup_all()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def install_sigterm_handler() -> None:
+    """Clean up on SIGTERM, then die of it as before.
+
+    Only installed from the main thread and only where SIGTERM still has its default action:
+    a handler the program installed itself is left alone (atexit still cleans up when that
+    handler ends the process by raising ``SystemExit``).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        current = signal.getsignal(signal.SIGTERM)
+    except ValueError:  # pragma: no cover
+        return
+    if current in (signal.SIG_DFL, None) and os.getpid() == _PID:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _after_fork_in_child() -> None:
+    global _PID
+    # A forked DataLoader worker owns none of its parent's loaders.
+    _LIVE.clear()
+    _CLEANUPS.clear()
+    _PID = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,78 @@
+"""Exception types raised by s5loader.
+
+Every concrete type also subclasses a built-in exception, so existing ``except OSError`` or
+``except ValueError`` clauses keep working. Every error about an object names its ``s3://``
+URI. All types survive pickling, so an error raised in a DataLoader worker process reaches the
+training loop with its message intact.
+"""
+
+from __future__ import annotations
+
+
+class S5LoaderError(Exception):
+    """Base class of every error s5loader raises on purpose."""
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        # Built-in exceptions pickle their ``args``; subclasses with keyword-only state
+        # would lose it, so every type here keeps its whole message in ``args[0]``.
+        return (self.__class__, self.args)
+
+
+class ConfigError(S5LoaderError, ValueError):
+    """An argument or option is invalid (bad size, unknown ``group_by``, ...)."""
+
+
+class S3URIError(S5LoaderError, ValueError):
+    """A string is not a valid ``s3://bucket/key`` URI."""
+
+
+class ManifestError(S5LoaderError, ValueError):
+    """A manifest file cannot be read; the message names the line."""
+
+
+class EmptySourceError(S5LoaderError, ValueError):
+    """A prefix, manifest or object list holds no sample."""
+
+
+class S5cmdNotFoundError(S5LoaderError, FileNotFoundError):
+    """The s5cmd binary cannot be found; the message says how to install it."""
+
+
+class NoSuchBucketError(S5LoaderError, FileNotFoundError):
+    """The bucket does not exist."""
+
+
+class ObjectNotFoundError(S5LoaderError, FileNotFoundError):
+    """An object is missing (deleted after it was listed, or never there)."""
+
+
+class AccessDeniedError(S5LoaderError, PermissionError):
+    """The store refused the credentials or the request (403, bad signature)."""
+
+
+class EndpointError(S5LoaderError, ConnectionError):
+    """The S3 endpoint cannot be reached."""
+
+
+class FetchError(S5LoaderError, OSError):
+    """Objects could not be staged after all retries; the message names them."""
+
+
+class BudgetError(S5LoaderError, ValueError):
+    """A sample cannot fit the byte budget, or the budget cannot fit the staging directory."""
+
+
+class StagingSpaceError(S5LoaderError, OSError):
+    """The staging file system ran out of space (ENOSPC) while staging."""
+
+
+class StallError(S5LoaderError, TimeoutError):
+    """Staging made no progress for ``stall_timeout`` seconds, and retries did not help."""
+
+
+class StateError(S5LoaderError, ValueError):
+    """A ``state_dict`` given to ``load_state_dict`` does not fit this sampler."""
+
+
+class DaemonError(S5LoaderError, RuntimeError):
+    """The prefetch daemon cannot start (a second daemon on one cache, a bad cache)."""

@@ -83,7 +83,12 @@ class SeaweedFS:
             "-admin.ui=false",
         ] + [f"-{flag}={port}" for flag, port in self.ports.items()]
         log = open(os.path.join(self.data_dir, "weed.log"), "ab")
-        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        # weed mini turns AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY into its only identity;
+        # without them it accepts any credentials, which is what a local test store wants.
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "S3_"))}
+        self.proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+        )
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -1,0 +1,34 @@
+# Everything a fresh machine needs is installed here: `make demo`, `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# The CPU build of PyTorch first: a bare `torch` requirement would fetch a CUDA build.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: venv
+	$(PY) bin/demo
+
+test: venv
+	$(PY) -m pytest -q tests
+
+lint: venv
+	$(VENV)/bin/ruff check s5loader tests bench bin
+	$(VENV)/bin/mypy s5loader
+
+bench: venv
+	$(PIP) install -q -e '.[bench]' || true
+	$(PY) bench/run.py
+
+clean:
+	rm -rf $(VENV) .s3-local .pytest_cache

@@ -1,0 +1,67 @@
+"""The ``s5loader`` command: ``ls`` (show the sample index), ``prefetch`` (the daemon) and
+``bench`` (the benchmark). The CLI owns the terminal; the library only logs."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from .exceptions import S5LoaderError
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+
+
+def _ls(argv: list[str]) -> int:
+    from . import S5Dataset
+
+    p = argparse.ArgumentParser(prog="s5loader ls", description="List the samples of an s3 prefix or manifest.")
+    p.add_argument("source", help="s3://bucket/prefix/, or a manifest (.jsonl path or s3 URI)")
+    p.add_argument("--group-by", default="stem", choices=["stem", "folder", "object"])
+    p.add_argument("--endpoint-url")
+    p.add_argument("--limit", type=int, default=20, help="samples to show (default 20)")
+    args = p.parse_args(argv)
+    if args.source.endswith((".jsonl", ".json")):
+        ds = S5Dataset.from_manifest(args.source, endpoint_url=args.endpoint_url, group_by=args.group_by)
+    else:
+        ds = S5Dataset.from_prefix(args.source, endpoint_url=args.endpoint_url, group_by=args.group_by)
+    total = ds.total_bytes
+    print(f"{len(ds)} samples, {total} bytes, largest {max(s.size for s in ds.samples)} bytes")
+    for s in ds.samples[: args.limit]:
+        print(f"{s.key}\t{s.size}\t{','.join(f.name for f in s.fields)}")
+    return EXIT_OK
+
+
+COMMANDS = {
+    "ls": ("list the samples of a source", "s5loader.cli:_ls"),
+    "prefetch": ("keep a bounded local cache filled for any consumer", "s5loader.daemon:main"),
+    "bench": ("measure loading methods on your bucket", "s5loader.bench:main"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        width = max(map(len, COMMANDS))
+        lines = "\n".join(f"  {name:<{width}}  {text}" for name, (text, _) in COMMANDS.items())
+        out = sys.stdout if argv and argv[0] in ("-h", "--help") else sys.stderr
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"s5loader: unknown command {argv[0]!r}", file=out)
+        print(f"usage: s5loader COMMAND [ARGS]\n\ncommands:\n{lines}", file=out)
+        return EXIT_OK if out is sys.stdout else EXIT_USAGE
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    module, _, func = COMMANDS[argv[0]][1].partition(":")
+    import importlib
+
+    handler = getattr(importlib.import_module(module), func)
+    try:
+        return int(handler(argv[1:]) or 0)
+    except S5LoaderError as exc:
+        print(f"s5loader {argv[0]}: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

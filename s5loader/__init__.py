@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from ._s5cmd import find_s5cmd
 from ._uri import parse_size
 from .dataset import S5Dataset
 from .exceptions import (
@@ -34,6 +35,7 @@ __all__ = [
     "S5Dataset",
     "S5Sampler",
     "parse_size",
+    "find_s5cmd",
     "S5LoaderError",
     "AccessDeniedError",
     "BudgetError",

@@ -19,7 +19,7 @@ import selectors
 import shutil
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,6 +92,22 @@ def field_names(sample: Sample) -> list[str]:
     if len(lowered) != len(names):
         return [f"_{j}" for j in range(len(names))]
     return names
+
+
+def copies(
+    samples: Sequence[Sample], order: Sequence[int], positions: Sequence[int], sample_dir: Callable[[int], str]
+) -> Iterator[tuple[int, int, str, str]]:
+    """``(position, field number, source URI, destination path)`` of every object to stage.
+
+    The destination is built from the sample's index and its field names only (see
+    :func:`field_names`), never from the object key.
+    """
+    for pos in positions:
+        idx = order[pos]
+        sample = samples[idx]
+        folder = sample_dir(idx)
+        for j, (f, name) in enumerate(zip(sample.fields, field_names(sample))):
+            yield pos, j, f.uri, f"{folder}/{name}"
 
 
 @dataclass
@@ -326,20 +342,17 @@ class Stager:
         by_command: dict[str, str] = {}
         for pos in positions:
             idx = self.order[pos]
-            sample = self.samples[idx]
             folder = self.area.sample_dir(idx)
             if os.path.lexists(folder):  # a retry: start the sample from scratch
                 shutil.rmtree(folder, ignore_errors=True)
-            names = field_names(sample)
-            self._fields_left[pos] = len(sample.fields)
-            for j, f in enumerate(sample.fields):
-                dest = f"{folder}/{names[j]}"
-                if _s5cmd.can_write(f.uri):
-                    lines.append(_s5cmd.copy_line(f.uri, dest))
-                    items[dest] = (pos, j)
-                    by_command[_s5cmd.error_command(f.uri, dest)] = dest
-                else:
-                    self._fetch_aside(pos, j, f.uri, dest)
+            self._fields_left[pos] = len(self.samples[idx].fields)
+        for pos, j, uri, dest in copies(self.samples, self.order, positions, self.area.sample_dir):
+            if _s5cmd.can_write(uri):
+                lines.append(_s5cmd.copy_line(uri, dest))
+                items[dest] = (pos, j)
+                by_command[_s5cmd.error_command(uri, dest)] = dest
+            else:
+                self._fetch_aside(pos, j, uri, dest)
         if not lines:
             return
         os.makedirs(self.area.control_dir, mode=0o700, exist_ok=True)

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch.utils.data import Sampler
 
 from ._dist import rank_info
-from ._s5cmd import S5cmd
-from ._stager import Stager, StagerOptions, Stats
+from ._order import Order as _Order
+from ._s5cmd import S5cmd, can_write, copy_line, write_command_file
+from ._stager import Stager, StagerOptions, Stats, copies
 from ._staging import StagingArea, choose_root, register_cleanup
 from ._uri import format_size, parse_size
 from .dataset import S5Dataset
@@ -24,42 +24,6 @@ from .exceptions import BudgetError, ConfigError, StateError
 log = logging.getLogger(__name__)
 
 _STATE_VERSION = 1
-
-
-@dataclass(frozen=True)
-class _Order:
-    """How one pass over the data is ordered and split across ranks."""
-
-    shuffle: bool
-    seed: int
-    num_replicas: int
-    rank: int
-    drop_last: bool
-
-    def indices(self, n: int, epoch: int, start: int = 0) -> list[int]:
-        """This rank's part of the epoch, from global position ``start`` on.
-
-        The global order is one permutation of ``range(n)`` per ``(seed, epoch)``, the same on
-        every rank. The positions from ``start`` on are dealt round-robin to the ranks after
-        padding by repetition (or dropping the tail with ``drop_last``) so every rank gets
-        the same count; with ``start=0`` this is exactly ``DistributedSampler``'s split.
-        """
-        if self.shuffle:
-            g = torch.Generator()
-            g.manual_seed(self.seed + epoch)
-            perm: list[int] = torch.randperm(n, generator=g).tolist()
-        else:
-            perm = list(range(n))
-        rest = perm[start:]
-        w = self.num_replicas
-        if not rest:
-            return []
-        if self.drop_last:
-            rest = rest[: len(rest) - len(rest) % w]
-        elif len(rest) % w:
-            pad = w - len(rest) % w
-            rest += (rest * math.ceil(pad / len(rest)))[:pad]
-        return rest[self.rank :: w]
 
 
 class S5Sampler(Sampler[int]):
@@ -273,6 +237,35 @@ class S5Sampler(Sampler[int]):
         """What the last finished (or current) pass did: samples, bytes, calls, retries,
         skipped URIs and the time the loader waited for staging."""
         return self._active.stats if self._active is not None else self._last_stats
+
+    def write_command_files(self, directory: str, epoch: int | None = None) -> list[str]:
+        """Write the s5cmd command files this rank would run for an epoch, without running them.
+
+        The files stage into ``directory`` exactly as the sampler stages into its own
+        directory (one ``cp --raw`` line per object, ``samples_per_call`` samples per file),
+        so ``s5cmd run FILE`` reproduces the sampler's fetching with no Python involved.
+
+        Returns:
+            the paths of the command files, in order.
+        """
+        order = self._order.indices(len(self.dataset), self.epoch if epoch is None else epoch)
+        spc = self._options.samples_per_call
+        os.makedirs(directory, exist_ok=True)
+        stage = os.path.abspath(directory)
+        paths = []
+        for n, first in enumerate(range(0, len(order), spc)):
+            positions = range(first, min(first + spc, len(order)))
+            path = os.path.join(stage, f"call-{n:05d}.txt")
+            write_command_file(
+                path,
+                (
+                    copy_line(uri, dest)
+                    for _, _, uri, dest in copies(self.dataset.samples, order, positions, lambda i: f"{stage}/{i}")
+                    if can_write(uri)
+                ),
+            )
+            paths.append(path)
+        return paths
 
     # -- resume (torchdata's Stateful protocol) --------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -191,6 +191,7 @@ class Stager:
         self._consumer_waiting = 0.0
         self._last_release = time.monotonic()
         self._last_stall_check = 0.0
+        self._budget_blocked = False
         self._sel = selectors.DefaultSelector()
 
     # -- consumer side ------------------------------------------------------------------
@@ -311,6 +312,7 @@ class Stager:
                 in_call.add(idx)
                 left -= size
                 nxt += 1
+            self._budget_blocked = cut and not picked
             if not picked:
                 return
             new = len(picked) - len(retried)
@@ -557,7 +559,7 @@ class Stager:
         # A consumer waiting for a sample that cannot be staged because the budget is held by
         # samples the consumer already has but never released: the budget is smaller than
         # what the DataLoader holds at once (a batch, plus its prefetch).
-        if not self._consumer_waiting or self._calls or self._side:
+        if not (self._consumer_waiting and self._budget_blocked) or self._calls or self._side or self._retry:
             return
         now = time.monotonic()
         limit = self.opts.stall_timeout

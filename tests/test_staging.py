@@ -1,0 +1,293 @@
+"""The staging area: the byte budget, free space, release, no leaks, no silent stall.
+
+Everything here runs the real s5cmd against real local S3 servers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+from torch.utils.data import DataLoader
+
+from conftest import Store, make_pairs
+from s5loader import BudgetError, S5Dataset, S5Sampler, StagingSpaceError, StallError
+from s5loader._locals3 import SeaweedFS
+
+
+def collate(batch):
+    return batch
+
+
+def disk_bytes(path: str) -> int:
+    """Bytes of staged objects below ``path``, s5cmd's temporary files included; the small
+    control files (the lock, the command files of calls in flight) are not objects."""
+    total = 0
+    for root, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if d != ".calls"]
+        for f in files:
+            if f != ".lock":
+                try:
+                    total += os.lstat(os.path.join(root, f)).st_size
+                except FileNotFoundError:
+                    pass
+    return total
+
+
+class PeakSampler(threading.Thread):
+    """Samples the bytes on disk below a directory (s5cmd's temporary files included)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(daemon=True)
+        self.path, self.peak, self.samples = path, 0, 0
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            self.peak = max(self.peak, disk_bytes(self.path))
+            self.samples += 1
+            time.sleep(0.001)
+
+    def stop(self) -> int:
+        self._stop_event.set()
+        self.join()
+        return self.peak
+
+
+def keys_of(source: dict[str, bytes]) -> list[str]:
+    return sorted({k.rsplit(".", 1)[0] for k in source})
+
+
+def test_peak_staged_bytes_never_exceeds_budget(seaweed: Store, staging_root: str) -> None:
+    source = seaweed.put(make_pairs(200, size=2000))
+    ds = S5Dataset.from_prefix(seaweed.uri(), endpoint_url=seaweed.endpoint)
+    budget = ds.total_bytes // 10
+    with S5Sampler(ds, budget=budget, samples_per_call=50, staging_dir=staging_root) as sampler:
+        loader = DataLoader(ds, sampler=sampler, batch_size=4, num_workers=4, collate_fn=collate)
+        watcher = PeakSampler(staging_root)
+        watcher.start()
+        got = [s for b in loader for s in b]
+        peak = watcher.stop()
+    assert sorted(s["__key__"] for s in got) == keys_of(source)
+    assert all(s["image"] == source[s["__key__"] + ".image"] for s in got)
+    assert watcher.samples > 50
+    assert 0 < peak <= budget, f"peak {peak} > budget {budget}"
+
+
+def test_budget_smaller_than_one_call_finishes(moto: Store, staging_root: str) -> None:
+    source = moto.put(make_pairs(30, size=1000))
+    ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
+    three = 3 * max(s.size for s in ds.samples)
+    with S5Sampler(ds, budget=three, samples_per_call=1000, staging_dir=staging_root) as sampler:
+        got = [s for b in DataLoader(ds, sampler=sampler, batch_size=2, collate_fn=collate) for s in b]
+        assert sampler.stats is not None and sampler.stats.peak_reserved <= three
+        assert sampler.stats.calls >= 10  # cut into calls that fit
+    assert sorted(s["__key__"] for s in got) == keys_of(source)
+
+
+def test_sample_larger_than_budget(moto: Store, staging_root: str) -> None:
+    moto.put({"0001.image": b"x" * 5000, "0001.label": b"1", "0002.image": b"y" * 10, "0002.label": b"2"})
+    ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
+    with pytest.raises(BudgetError) as e:
+        S5Sampler(ds, budget=4000, staging_dir=staging_root)
+    msg = str(e.value)
+    assert "train/0001" in msg and f"s3://data/{moto.prefix}0001.image" in msg
+    assert "4.9 KiB" in msg and "3.9 KiB" in msg  # both sizes
+
+
+@pytest.fixture
+def small_fs() -> Iterator[str]:
+    """A 256 KiB tmpfs made for the test."""
+    d = tempfile.mkdtemp(prefix="s5loader-smallfs-")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", d], capture_output=True)
+    if r.returncode != 0:
+        os.rmdir(d)
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", "-l", d])
+        os.rmdir(d)
+
+
+def test_budget_larger_than_free_space(moto: Store, small_fs: str, caplog: pytest.LogCaptureFixture) -> None:
+    moto.put(make_pairs(20, size=20000))
+    ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
+    assert ds.total_bytes > 256 * 1024
+    with pytest.raises(BudgetError, match=f"does not fit .* free in {small_fs}"):
+        S5Sampler(ds, budget="1MiB", staging_dir=small_fs)
+    with S5Sampler(ds, budget="1MiB", staging_dir=small_fs, shrink_budget=True) as sampler:
+        assert sampler.budget < 256 * 1024
+        assert "budget shrunk" in caplog.text
+        assert len([s for s in DataLoader(ds, sampler=sampler, batch_size=2)]) == 10
+
+
+def test_full_file_system_stops_with_clear_error(moto: Store, small_fs: str) -> None:
+    moto.put(make_pairs(12, size=40000))
+    ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
+    sampler = S5Sampler(ds, budget=200 * 1024, staging_dir=small_fs, samples_per_call=4, retries=5)
+    filler = os.path.join(small_fs, "someone-elses-file")
+    with open(filler, "wb") as f:  # someone else fills the disk after the check
+        try:
+            f.write(b"\0" * 200 * 1024)
+        except OSError:
+            pass
+    t0 = time.monotonic()
+    with pytest.raises(StagingSpaceError, match="ran out of space") as e:
+        for _ in DataLoader(ds, sampler=sampler, batch_size=2):
+            pass
+    assert sampler.staging_dir in str(e.value)
+    assert time.monotonic() - t0 < 30  # no retry loop
+    assert os.path.exists(filler)  # never deletes what it did not stage
+    sampler.close()
+    assert os.listdir(small_fs) == ["someone-elses-file"]
+
+
+SCRIPT = """
+import os, signal, sys, time
+from torch.utils.data import DataLoader
+from s5loader import S5Dataset, S5Sampler
+ds = S5Dataset.from_prefix({uri!r}, endpoint_url={endpoint!r})
+sampler = S5Sampler(ds, staging_dir={root!r}, samples_per_call=5, budget=ds.total_bytes // 3)
+loader = DataLoader(ds, sampler=sampler, batch_size=2, num_workers={workers})
+for i, batch in enumerate(loader):
+    if i == 0:
+        print(sampler.staging_dir, flush=True)
+    if i == 3:
+        {action}
+    time.sleep(0.05)
+"""
+
+ACTIONS = {
+    "exception": "raise RuntimeError('boom')",
+    "keyboardinterrupt": "raise KeyboardInterrupt",
+    "sigterm": "os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)",
+    "finish": "pass",
+}
+
+
+def s5cmd_children_of(staging: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info.get("cmdline") or []
+        if any(staging in part for part in cmd):
+            out.append(p)
+    return out
+
+
+@pytest.mark.parametrize("how", sorted(ACTIONS))
+def test_staging_directory_removed_on_every_exit(seaweed: Store, staging_root: str, tmp_path, how: str) -> None:
+    seaweed.put(make_pairs(60, size=500))
+    script = tmp_path / "loader.py"
+    script.write_text(SCRIPT.format(uri=seaweed.uri(), endpoint=seaweed.endpoint, root=staging_root,
+                                    workers=2, action=ACTIONS[how]))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    staging = proc.stdout.strip().splitlines()[0]
+    assert staging.startswith(staging_root)
+    expected_rc = {"exception": 1, "keyboardinterrupt": -signal.SIGINT, "sigterm": -signal.SIGTERM, "finish": 0}[how]
+    assert proc.returncode == expected_rc, proc.stderr[-2000:]
+    assert not os.path.exists(staging)
+    assert s5cmd_children_of(staging) == []
+
+
+def test_abandoned_iterator_then_new_epoch(seaweed: Store, staging_root: str) -> None:
+    source = seaweed.put(make_pairs(40, size=500))
+    ds = S5Dataset.from_prefix(seaweed.uri(), endpoint_url=seaweed.endpoint)
+    with S5Sampler(ds, staging_dir=staging_root, samples_per_call=10) as sampler:
+        for i, _ in enumerate(DataLoader(ds, sampler=sampler, batch_size=2, num_workers=2)):
+            if i == 2:
+                break
+        sampler.set_epoch(1)
+        got = [s for b in DataLoader(ds, sampler=sampler, batch_size=2, num_workers=2, collate_fn=collate) for s in b]
+        assert sorted(s["__key__"] for s in got) == keys_of(source)
+        left = [n for n in os.listdir(sampler.staging_dir) if not n.startswith(".")]
+        assert left == []
+        staging = sampler.staging_dir
+    assert not os.path.exists(staging)
+
+
+def test_sigkilled_loader_leftovers_removed_by_next(seaweed: Store, staging_root: str, tmp_path) -> None:
+    seaweed.put(make_pairs(60, size=500))
+    script = tmp_path / "loader.py"
+    script.write_text(SCRIPT.format(uri=seaweed.uri(), endpoint=seaweed.endpoint, root=staging_root,
+                                    workers=2, action="time.sleep(60)"))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    staging = proc.stdout.readline().strip()
+    time.sleep(1.0)
+    assert os.path.isdir(staging)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 15
+    while s5cmd_children_of(staging) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert s5cmd_children_of(staging) == []  # no orphaned downloader
+    # the DataLoader workers notice their parent is gone within a few seconds
+    while time.monotonic() < deadline and any(
+        p.info["cmdline"] and str(script) in " ".join(p.info["cmdline"]) for p in psutil.process_iter(["cmdline"])
+    ):
+        time.sleep(0.2)
+    assert os.path.isdir(staging)  # SIGKILL leaves it behind ...
+    ds = S5Dataset.from_prefix(seaweed.uri(), endpoint_url=seaweed.endpoint)
+    alive = S5Sampler(ds, staging_dir=staging_root)  # a live loader's directory is never touched
+    next(iter(alive))
+    with S5Sampler(ds, staging_dir=staging_root) as sampler:
+        next(iter(sampler))  # ... and the next loader on the same root removes it
+        assert not os.path.exists(staging)
+        assert os.path.isdir(alive.staging_dir)
+    alive.close()
+
+
+@pytest.fixture
+def own_server(tmp_path) -> Iterator[SeaweedFS]:
+    """A SeaweedFS of the test's own, to stop and resume."""
+    with SeaweedFS(str(tmp_path / "weed"), ("data",)) as server:
+        yield server
+        server.resume()
+
+
+def _put(server: SeaweedFS, n: int) -> dict[str, bytes]:
+    store = Store("own", server.endpoint, "data", "train/")
+    return store.put(make_pairs(n, size=500))
+
+
+def test_server_that_stops_answering_ends_in_stall_error(own_server: SeaweedFS, staging_root: str) -> None:
+    _put(own_server, 40)
+    ds = S5Dataset.from_prefix("s3://data/train/", endpoint_url=own_server.endpoint)
+    sampler = S5Sampler(ds, staging_dir=staging_root, samples_per_call=2, buffers=1, budget=4 * 600,
+                        stall_timeout=1.5, retries=1)
+    it = iter(DataLoader(ds, sampler=sampler, batch_size=1))
+    next(it)
+    own_server.pause()
+    t0 = time.monotonic()
+    with pytest.raises(StallError, match="no progress for 1.5s") as e:
+        for _ in it:
+            pass
+    elapsed = time.monotonic() - t0
+    assert "s3://data/train/" in str(e.value)
+    assert elapsed < 20, elapsed
+    sampler.close()
+
+
+def test_server_back_within_retry_window(own_server: SeaweedFS, staging_root: str) -> None:
+    source = _put(own_server, 40)
+    ds = S5Dataset.from_prefix("s3://data/train/", endpoint_url=own_server.endpoint)
+    with S5Sampler(ds, staging_dir=staging_root, samples_per_call=2, buffers=1, budget=4 * 600,
+                   stall_timeout=1.0, retries=4) as sampler:
+        got = []
+        for i, b in enumerate(DataLoader(ds, sampler=sampler, batch_size=1, collate_fn=collate)):
+            got += b
+            if i == 3:
+                own_server.pause()
+                threading.Timer(2.5, own_server.resume).start()
+        assert sampler.stats is not None and sampler.stats.stalls >= 1
+    assert sorted(s["__key__"] for s in got) == keys_of(source)
+    assert len(got) == 40

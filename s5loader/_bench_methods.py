@@ -1,0 +1,656 @@
+"""The loading methods ``s5loader bench`` measures, and how it measures them.
+
+Every method reads the same samples (the index :meth:`S5Dataset.from_prefix` lists) and is
+timed from the moment its loop starts (listing and other setup are timed apart, as
+``setup_s``). CPU is counted over the whole process tree (DataLoader workers and s5cmd
+included) by :class:`TreeMonitor`. Only the public API of s5loader is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+from torch.utils.data import DataLoader, Dataset
+
+from . import S5Dataset, S5Sampler, find_s5cmd
+
+METHODS = ("s5loader", "boto3", "s5cmd-run", "s5cmd-bulk", "s3torchconnector", "webdataset")
+PEERS = ("s3torchconnector", "webdataset")  # optional packages: skipped with a note when absent
+
+
+class SkipMethod(Exception):
+    """A method that cannot run here (a peer not installed, or not working against this
+    endpoint). Its message is the note reported instead of figures."""
+
+
+@dataclass
+class Settings:
+    """What every method is run with."""
+
+    source: str
+    endpoint_url: str | None = None
+    batch_size: int = 4
+    num_workers: int = 4
+    steps: int | None = None
+    seconds: float | None = None
+    samples_per_call: int = 1000
+    buffers: int = 2
+    budget: str = "2GiB"
+    staging_dir: str | None = None
+    shards_prefix: str | None = None
+    compute_ms: float = 0.0
+    seed: int = 0
+    region: str = "us-east-1"
+
+
+@dataclass
+class Figures:
+    """One method's figures (``None``: does not apply, e.g. no Python loop for s5cmd)."""
+
+    method: str
+    status: str = "ok"  # ok | skipped | failed
+    note: str = ""
+    samples: int = 0
+    bytes: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+    setup_s: float = 0.0
+    first_batch_s: float | None = None
+    samples_per_s: float | None = None
+    mb_per_s: float | None = None
+    step100_mean_s: float | None = None
+    step100_var_s2: float | None = None
+    wait_fraction: float | None = None
+    cpu_s: float | None = None
+    cpu_util: float | None = None
+    cpu_s_per_1k_samples: float | None = None
+    peak_mem_mb: float | None = None
+    ratio_to_s5loader: float | None = None
+    cpu_per_sample_ratio_to_s5loader: float | None = None
+
+
+# -- CPU and memory of the process tree ---------------------------------------------------
+def _self_cpu() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+class TreeMonitor:
+    """CPU seconds and peak memory of this process and all its descendants.
+
+    CPU = this process's user+system time plus its reaped children's (``os.times``, i.e.
+    ``getrusage(RUSAGE_CHILDREN)``), plus, for every live descendant found recursively with
+    psutil, its own and its reaped children's times. A thread samples the tree every
+    ``interval`` seconds for the peak memory (sum of the descendants' PSS, or RSS where PSS
+    cannot be read) and keeps the largest CPU figure seen, so a descendant that vanished
+    without being reaped inside the tree is still counted up to its last sample.
+    """
+
+    def __init__(self, interval: float = 0.2) -> None:
+        self.interval = interval
+        self._proc = psutil.Process()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._start_cpu = 0.0
+        self._max_cpu = 0.0
+        self.peak_mem = 0
+
+    def _sample(self) -> tuple[float, int]:
+        cpu = _self_cpu()
+        mem = self._memory(self._proc)
+        try:
+            children = self._proc.children(recursive=True)
+        except psutil.Error:
+            children = []
+        for c in children:
+            try:
+                t = c.cpu_times()
+                cpu += t.user + t.system + t.children_user + t.children_system
+                mem += self._memory(c)
+            except psutil.Error:
+                pass
+        return cpu, mem
+
+    @staticmethod
+    def _memory(p: psutil.Process) -> int:
+        try:
+            return int(getattr(p.memory_full_info(), "pss", 0)) or p.memory_info().rss
+        except (psutil.AccessDenied, AttributeError):
+            return p.memory_info().rss
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            cpu, mem = self._sample()
+            self._max_cpu = max(self._max_cpu, cpu)
+            self.peak_mem = max(self.peak_mem, mem)
+
+    def start(self) -> TreeMonitor:
+        cpu, mem = self._sample()
+        self._start_cpu = self._max_cpu = cpu
+        self.peak_mem = mem
+        self._thread = threading.Thread(target=self._loop, name="s5loader-bench-monitor", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> tuple[float, int]:
+        """Stop sampling; returns (CPU seconds since :meth:`start`, peak bytes)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        cpu, mem = self._sample()
+        self.peak_mem = max(self.peak_mem, mem)
+        return max(cpu, self._max_cpu) - self._start_cpu, self.peak_mem
+
+
+# -- timing ----------------------------------------------------------------------------------
+class Recorder:
+    """Step completion times (seconds after the loop started), samples, bytes and waits."""
+
+    def __init__(self, batch_size: int, max_steps: float, seconds: float | None) -> None:
+        self.batch_size = batch_size
+        self.max_steps = max_steps
+        self.max_samples = max_steps * batch_size
+        self.seconds = seconds
+        self.t0 = time.perf_counter()
+        self.step_at: list[float] = []
+        self.samples = 0
+        self.bytes = 0
+        self.wait_s: float | None = None
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def done(self) -> bool:
+        if len(self.step_at) >= self.max_steps or self.samples >= self.max_samples:
+            return True
+        return self.seconds is not None and self.elapsed() >= self.seconds
+
+    def step(self, samples: int, nbytes: int, waited: float) -> None:
+        self.step_at.append(self.elapsed())
+        self.samples += samples
+        self.bytes += nbytes
+        self.wait_s = (self.wait_s or 0.0) + waited
+
+    def fill(self, fig: Figures) -> None:
+        """Write the timing figures into ``fig``."""
+        fig.samples, fig.bytes, fig.steps = self.samples, self.bytes, len(self.step_at)
+        if not self.step_at:
+            raise RuntimeError("no step completed")
+        end = self.step_at[-1]
+        fig.seconds = end
+        fig.first_batch_s = self.step_at[0]
+        fig.samples_per_s = self.samples / end if end > 0 else None
+        fig.mb_per_s = self.bytes / 1e6 / end if end > 0 else None
+        windows = [self.step_at[k + 99] - (self.step_at[k - 1] if k else 0.0)
+                   for k in range(0, len(self.step_at) - 99, 100)]
+        if windows:
+            mean = sum(windows) / len(windows)
+            fig.step100_mean_s = mean
+            fig.step100_var_s2 = (sum((w - mean) ** 2 for w in windows) / (len(windows) - 1)
+                                  if len(windows) > 1 else None)
+        fig.wait_fraction = self.wait_s / end if self.wait_s is not None and end > 0 else None
+
+
+def _sample_bytes(sample: Any) -> int:
+    if isinstance(sample, dict):
+        return sum(len(v) for v in sample.values() if isinstance(v, (bytes, bytearray, memoryview)))
+    return len(sample) if isinstance(sample, (bytes, bytearray)) else 0
+
+
+def collate_list(batch: list[Any]) -> list[Any]:
+    """The DataLoader collate of every method: the batch as it came (no tensor work)."""
+    return batch
+
+
+def drive(make_loader: Callable[[int], Iterable[list[Any]]], rec: Recorder, compute_ms: float) -> None:
+    """Run the (empty, or ``compute_ms``-long) training loop over epochs until ``rec`` is done."""
+    epoch = 0
+    while not rec.done():
+        it: Iterator[list[Any]] | None = iter(make_loader(epoch))
+        got = 0
+        while True:
+            t = time.perf_counter()
+            try:
+                batch = next(it)  # type: ignore[arg-type]
+            except StopIteration:
+                break
+            rec.step(len(batch), sum(_sample_bytes(s) for s in batch), time.perf_counter() - t)
+            got += 1
+            if rec.done():
+                break
+            if compute_ms:
+                time.sleep(compute_ms / 1000)
+        it = None  # shuts the workers down
+        if not got:
+            raise RuntimeError(f"the loader yielded nothing in epoch {epoch}")
+        epoch += 1
+
+
+# -- the methods --------------------------------------------------------------------------
+@dataclass
+class Context:
+    """What the methods share: settings, the listed index and the s5cmd binary."""
+
+    settings: Settings
+    dataset: S5Dataset
+    s5cmd: str
+    endpoint: str | None
+    tmp_root: str
+    max_steps: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        if s.steps is not None:
+            self.max_steps = s.steps
+        elif s.seconds is not None:
+            self.max_steps = math.inf
+        else:  # one pass over the data set
+            self.max_steps = math.ceil(len(self.dataset) / s.batch_size)
+
+    def recorder(self) -> Recorder:
+        return Recorder(self.settings.batch_size, self.max_steps, self.settings.seconds)
+
+    def loader(self, dataset: Any, **kw: Any) -> DataLoader[Any]:
+        s = self.settings
+        return DataLoader(dataset, batch_size=s.batch_size, num_workers=s.num_workers,
+                          collate_fn=collate_list, **kw)
+
+
+def run_s5loader(ctx: Context) -> Recorder:
+    """S5Sampler + S5Dataset through a DataLoader."""
+    s = ctx.settings
+    ds = S5Dataset.from_prefix(s.source, endpoint_url=ctx.endpoint)
+    sampler = S5Sampler(ds, shuffle=True, seed=s.seed, samples_per_call=s.samples_per_call,
+                        buffers=s.buffers, budget=s.budget, staging_dir=s.staging_dir)
+    try:
+        loader = ctx.loader(ds, sampler=sampler)
+        rec = ctx.recorder()
+
+        def epoch_loader(epoch: int) -> DataLoader[Any]:
+            sampler.set_epoch(epoch)
+            return loader
+
+        drive(epoch_loader, rec, s.compute_ms)
+    finally:
+        sampler.close()
+    return rec
+
+
+class Boto3Dataset(Dataset[dict[str, Any]]):
+    """The common baseline: a map-style Dataset with one GetObject per file."""
+
+    def __init__(self, samples: list[tuple[str, list[tuple[str, str, str]]]], endpoint: str | None,
+                 region: str) -> None:
+        self.samples = samples  # (key, [(field, bucket, object key)])
+        self.endpoint, self.region = endpoint, region
+        self._client: Any = None
+        self._pid = -1
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if self._client is None or self._pid != os.getpid():
+            import boto3
+
+            self._client = boto3.session.Session().client("s3", endpoint_url=self.endpoint, region_name=self.region)
+            self._pid = os.getpid()
+        key, fields = self.samples[i]
+        out: dict[str, Any] = {"__key__": key}
+        for name, bucket, obj in fields:
+            out[name] = self._client.get_object(Bucket=bucket, Key=obj)["Body"].read()
+        return out
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_client": None, "_pid": -1}
+
+
+def _split_uri(uri: str) -> tuple[str, str]:
+    bucket, _, key = uri[len("s3://"):].partition("/")
+    return bucket, key
+
+
+def run_boto3(ctx: Context) -> Recorder:
+    s = ctx.settings
+    samples = [(x.key, [(f.name, *_split_uri(f.uri)) for f in x.fields]) for x in ctx.dataset.samples]
+    ds = Boto3Dataset(samples, ctx.endpoint, s.region)
+    rec = ctx.recorder()
+
+    def epoch_loader(epoch: int) -> DataLoader[Any]:
+        import torch
+
+        return ctx.loader(ds, shuffle=True, generator=torch.Generator().manual_seed(s.seed + epoch))
+
+    drive(epoch_loader, rec, s.compute_ms)
+    return rec
+
+
+def _s5cmd_argv(ctx: Context, *args: str, json_lines: bool = True) -> list[str]:
+    argv = [ctx.s5cmd] + (["--json"] if json_lines else []) + ["--retry-count", "3"]
+    if ctx.endpoint:
+        argv += ["--endpoint-url", ctx.endpoint]
+    return argv + list(args)
+
+
+def _s5cmd_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("AWS_REGION", env.get("AWS_DEFAULT_REGION") or "us-east-1")
+    return env
+
+
+class _Completions:
+    """Turns s5cmd's per-object success lines into per-step times (a step: ``batch_size``
+    samples whose every object has arrived)."""
+
+    def __init__(self, ctx: Context, rec: Recorder) -> None:
+        self.rec = rec
+        self.fields: dict[str, tuple[int, int]] = {}  # uri -> (sample index, number of fields)
+        self.sizes: dict[int, int] = {}
+        for i, x in enumerate(ctx.dataset.samples):
+            self.sizes[i] = x.size
+            for f in x.fields:
+                self.fields[f.uri] = (i, len(x.fields))
+        self.lock = threading.Lock()
+        self.pending: dict[tuple[int, int], int] = {}
+        self.in_step = [0, 0]  # samples, bytes of the step being filled
+
+    def line(self, epoch: int, rec_line: dict[str, Any]) -> None:
+        hit = self.fields.get(str(rec_line.get("source", "")))
+        if hit is None:
+            return
+        idx, nfields = hit
+        with self.lock:
+            k = (epoch, idx)
+            got = self.pending.get(k, 0) + 1
+            if got < nfields:
+                self.pending[k] = got
+                return
+            self.pending.pop(k, None)
+            self.in_step[0] += 1
+            self.in_step[1] += self.sizes[idx]
+            if self.in_step[0] == self.rec.batch_size:
+                self.rec.step(self.in_step[0], self.in_step[1], 0.0)
+                self.in_step = [0, 0]
+
+    def flush(self) -> None:
+        with self.lock:
+            if self.in_step[0]:
+                self.rec.step(self.in_step[0], self.in_step[1], 0.0)
+                self.in_step = [0, 0]
+
+
+def _run_s5cmd(argv: list[str], on_line: Callable[[dict[str, Any]], None], stop: threading.Event,
+               rec: Recorder) -> list[str]:
+    """Run one s5cmd, feed its JSON lines to ``on_line``; kill it once ``rec`` is done or
+    ``stop`` is set. Returns the destinations it wrote. Raises on a failure it was not told
+    to cause."""
+    dests: list[str] = []
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
+                                env=_s5cmd_env())
+        killed = False
+        assert proc.stdout is not None
+        try:
+            for raw in proc.stdout:
+                try:
+                    line = json.loads(raw)
+                except ValueError:
+                    continue
+                if isinstance(line, dict) and line.get("success"):
+                    if line.get("destination"):
+                        dests.append(str(line["destination"]))
+                    on_line(line)
+                if (stop.is_set() or rec.done()) and not killed:
+                    killed = True
+                    stop.set()
+                    proc.kill()
+        finally:
+            if proc.poll() is None and (stop.is_set() or rec.done()):
+                killed = True
+                proc.kill()
+            rc = proc.wait()
+            proc.stdout.close()
+        if rc != 0 and not killed:
+            err.seek(0)
+            tail = err.read()[-2000:].decode("utf-8", "replace").strip()
+            raise RuntimeError(f"{shlex.join(argv)} exited with code {rc}: {tail}")
+    return dests
+
+
+def _remove(paths: list[str]) -> None:
+    for p in paths:
+        try:
+            os.unlink(p)
+        except FileNotFoundError:
+            pass
+        try:
+            os.rmdir(os.path.dirname(p))
+        except OSError:
+            pass
+
+
+def run_s5cmd_run(ctx: Context) -> Recorder:
+    """The command files s5loader writes, run by s5cmd (``buffers`` in flight, as the sampler
+    does) into tmpfs with no Python reading the files; each call's files are deleted after it."""
+    s = ctx.settings
+    sampler = S5Sampler(ctx.dataset, shuffle=True, seed=s.seed, samples_per_call=s.samples_per_call,
+                        buffers=s.buffers, budget=s.budget, staging_dir=s.staging_dir)
+    root = tempfile.mkdtemp(prefix="s5cmd-run-", dir=ctx.tmp_root)
+    try:
+        plan: list[tuple[int, str]] = []
+        per_epoch = math.ceil(len(ctx.dataset) / s.samples_per_call)
+        calls_needed = math.ceil(ctx.max_steps * s.batch_size / s.samples_per_call) if math.isfinite(ctx.max_steps) else None
+        epoch = 0
+        while calls_needed is None or len(plan) < calls_needed:
+            files = sampler.write_command_files(os.path.join(root, f"e{epoch}"), epoch=epoch)
+            plan += [(epoch, f) for f in files]
+            epoch += 1
+            if calls_needed is None and len(plan) >= per_epoch * 50:
+                break  # --seconds: more than any run will get through; killed at the deadline
+        rec = ctx.recorder()
+        done = _Completions(ctx, rec)
+        stop = threading.Event()
+
+        def call(item: tuple[int, str]) -> None:
+            ep, path = item
+            if stop.is_set() or rec.done():
+                return
+            argv = _s5cmd_argv(ctx, "--numworkers", "256", "run", path)
+            _remove(_run_s5cmd(argv, lambda line: done.line(ep, line), stop, rec))
+
+        with ThreadPoolExecutor(max_workers=s.buffers) as pool:
+            for fut in [pool.submit(call, item) for item in plan]:
+                fut.result()
+        done.flush()
+    finally:
+        sampler.close()
+        shutil.rmtree(root, ignore_errors=True)
+    return rec
+
+
+def run_s5cmd_bulk(ctx: Context) -> Recorder:
+    """One ``s5cmd cp 's3://prefix/*' DIR/`` per pass into tmpfs, no Python reading; deleted after."""
+    root = tempfile.mkdtemp(prefix="s5cmd-bulk-", dir=ctx.tmp_root)
+    try:
+        rec = ctx.recorder()
+        done = _Completions(ctx, rec)
+        stop = threading.Event()
+        epoch = 0
+        while not rec.done() and not stop.is_set():
+            dest = os.path.join(root, f"e{epoch}") + "/"
+            before = rec.samples
+            argv = _s5cmd_argv(ctx, "--numworkers", "256", "cp", ctx.settings.source + "*", dest)
+            _run_s5cmd(argv, lambda line, ep=epoch: done.line(ep, line), stop, rec)
+            shutil.rmtree(dest, ignore_errors=True)
+            if rec.samples == before and not done.in_step[0]:
+                raise RuntimeError(f"{shlex.join(argv)} copied none of the indexed objects")
+            epoch += 1
+        done.flush()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return rec
+
+
+def import_peer(name: str) -> Any:
+    """Import an optional peer package, or raise :class:`SkipMethod` saying it is absent."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise SkipMethod(f"{name} is not installed ({exc}); pip install {name}") from exc
+
+
+def _reader_key_bytes(reader: Any) -> tuple[str, bytes]:
+    return reader.key, reader.read()
+
+
+class ConnectorSamples(Dataset[dict[str, Any]]):
+    """s3torchconnector's S3MapDataset (one object per item) regrouped into our samples."""
+
+    def __init__(self, inner: Any, groups: list[tuple[str, list[tuple[str, int, str]]]]) -> None:
+        self.inner, self.groups = inner, groups  # (sample key, [(field, item number, object key)])
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        key, fields = self.groups[i]
+        out: dict[str, Any] = {"__key__": key}
+        for name, j, obj in fields:
+            got_key, data = self.inner[j]
+            if got_key != obj:
+                raise RuntimeError(f"S3MapDataset item {j} is {got_key!r}, expected {obj!r}")
+            out[name] = data
+        return out
+
+
+def run_s3torchconnector(ctx: Context) -> Recorder:
+    """AWS's connector: ``S3MapDataset.from_prefix`` through a DataLoader."""
+    s = ctx.settings
+    stc = import_peer("s3torchconnector")
+    config = stc.S3ClientConfig(force_path_style=True) if ctx.endpoint else None
+    try:
+        inner = stc.S3MapDataset.from_prefix(s.source, region=s.region, endpoint=ctx.endpoint,
+                                             transform=_reader_key_bytes, s3client_config=config)
+        n = len(inner)  # lists the prefix
+    except Exception as exc:  # noqa: BLE001 - any failure means: does not work against this endpoint
+        raise SkipMethod(f"s3torchconnector cannot list {s.source} at {ctx.endpoint or 'AWS'}: {exc}") from exc
+    all_keys = sorted(_split_uri(f.uri)[1] for x in ctx.dataset.samples for f in x.fields)
+    if n != len(all_keys):
+        raise RuntimeError(f"S3MapDataset lists {n} objects under {s.source}; the index has {len(all_keys)}")
+    pos = {k: j for j, k in enumerate(all_keys)}  # S3 lists in key order
+    groups = [(x.key, [(f.name, pos[_split_uri(f.uri)[1]], _split_uri(f.uri)[1]) for f in x.fields])
+              for x in ctx.dataset.samples]
+    ds = ConnectorSamples(inner, groups)
+    try:
+        ds[0]
+    except Exception as exc:  # noqa: BLE001
+        raise SkipMethod(f"s3torchconnector cannot read from {ctx.endpoint or 'AWS'}: {exc}") from exc
+    rec = ctx.recorder()
+
+    def epoch_loader(epoch: int) -> DataLoader[Any]:
+        import torch
+
+        return ctx.loader(ds, shuffle=True, generator=torch.Generator().manual_seed(s.seed + epoch))
+
+    drive(epoch_loader, rec, s.compute_ms)
+    return rec
+
+
+def shards_prefix(source: str) -> str:
+    """Where ``--generate`` writes the tar shards by default: ``s3://b/train/`` ->
+    ``s3://b/train-shards/`` (a sibling, so listing the source does not include them)."""
+    return source.rstrip("/") + "-shards/"
+
+
+def list_uris(ctx: Context, prefix: str) -> list[str]:
+    """The object URIs under ``prefix``, listed with ``s5cmd ls`` (empty if there are none)."""
+    argv = _s5cmd_argv(ctx, "ls", prefix + "*")
+    proc = subprocess.run(argv, capture_output=True, env=_s5cmd_env(), check=False)
+    uris = []
+    for raw in proc.stdout.splitlines():
+        line = json.loads(raw)
+        if line.get("type") == "file":
+            uris.append(str(line["key"]))
+    if proc.returncode != 0 and not uris:
+        tail = proc.stderr.decode("utf-8", "replace").strip()[-1000:]
+        if "no object found" in tail.lower():
+            return []
+        raise RuntimeError(f"{shlex.join(argv)} exited with code {proc.returncode}: {tail}")
+    return sorted(uris)
+
+
+def run_webdataset(ctx: Context) -> Recorder:
+    """webdataset over tar shards of the same samples, each fetched with ``pipe:s5cmd cat``."""
+    s = ctx.settings
+    wds = import_peer("webdataset")
+    prefix = s.shards_prefix or shards_prefix(s.source)
+    shards = [u for u in list_uris(ctx, prefix) if u.endswith(".tar")]
+    if not shards:
+        raise SkipMethod(f"no tar shards under {prefix} (write them with s5loader bench --generate)")
+    if s.num_workers > len(shards):
+        raise SkipMethod(f"{len(shards)} shards under {prefix}, fewer than --num-workers={s.num_workers}")
+    head = shlex.join(_s5cmd_argv(ctx, "cat", json_lines=False))
+    urls = [f"pipe:{head} {shlex.quote(u)}" for u in shards]
+    os.environ.setdefault("AWS_REGION", "us-east-1")  # the pipe's s5cmd inherits it
+    rec = ctx.recorder()
+
+    def epoch_loader(epoch: int) -> DataLoader[Any]:
+        ds = wds.WebDataset(urls, shardshuffle=False, empty_check=False)
+        return ctx.loader(ds)
+
+    drive(epoch_loader, rec, s.compute_ms)
+    return rec
+
+
+RUNNERS: dict[str, Callable[[Context], Recorder]] = {
+    "s5loader": run_s5loader,
+    "boto3": run_boto3,
+    "s5cmd-run": run_s5cmd_run,
+    "s5cmd-bulk": run_s5cmd_bulk,
+    "s3torchconnector": run_s3torchconnector,
+    "webdataset": run_webdataset,
+}
+
+
+def measure(method: str, ctx: Context) -> Figures:
+    """Run one method under a :class:`TreeMonitor`; never raises for the method's own failure."""
+    fig = Figures(method)
+    monitor = TreeMonitor().start()
+    t0 = time.perf_counter()
+    try:
+        rec = RUNNERS[method](ctx)
+    except SkipMethod as exc:
+        monitor.stop()
+        fig.status, fig.note = "skipped", str(exc)
+        return fig
+    except Exception as exc:  # noqa: BLE001 - reported in the table, the next method still runs
+        monitor.stop()
+        fig.status, fig.note = "failed", f"{type(exc).__name__}: {exc}"
+        return fig
+    total = time.perf_counter() - t0
+    cpu, peak = monitor.stop()
+    rec.fill(fig)
+    fig.setup_s = max(0.0, (rec.t0 - t0))
+    fig.cpu_s = cpu
+    fig.cpu_util = cpu / total if total > 0 else None
+    fig.cpu_s_per_1k_samples = cpu / fig.samples * 1000 if fig.samples else None
+    fig.peak_mem_mb = peak / 1e6
+    return fig
+
+
+def find_binary() -> str:
+    return find_s5cmd()

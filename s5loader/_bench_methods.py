@@ -179,11 +179,13 @@ class Recorder:
             return True
         return self.seconds is not None and self.elapsed() >= self.seconds
 
-    def step(self, samples: int, nbytes: int, waited: float) -> None:
+    def step(self, samples: int, nbytes: int, waited: float | None) -> None:
+        """A step ended now; ``waited``: how long the loop waited for it (``None``: no loop)."""
         self.step_at.append(self.elapsed())
         self.samples += samples
         self.bytes += nbytes
-        self.wait_s = (self.wait_s or 0.0) + waited
+        if waited is not None:
+            self.wait_s = (self.wait_s or 0.0) + waited
 
     def fill(self, fig: Figures) -> None:
         """Write the timing figures into ``fig``."""
@@ -220,10 +222,10 @@ def drive(make_loader: Callable[[int], Iterable[list[Any]]], rec: Recorder, comp
     """Run the (empty, or ``compute_ms``-long) training loop over epochs until ``rec`` is done."""
     epoch = 0
     while not rec.done():
-        it: Iterator[list[Any]] | None = iter(make_loader(epoch))
+        t = time.perf_counter()
+        it: Iterator[list[Any]] | None = iter(make_loader(epoch))  # starts the workers: counted as waiting
         got = 0
         while True:
-            t = time.perf_counter()
             try:
                 batch = next(it)  # type: ignore[arg-type]
             except StopIteration:
@@ -234,6 +236,7 @@ def drive(make_loader: Callable[[int], Iterable[list[Any]]], rec: Recorder, comp
                 break
             if compute_ms:
                 time.sleep(compute_ms / 1000)
+            t = time.perf_counter()
         it = None  # shuts the workers down
         if not got:
             raise RuntimeError(f"the loader yielded nothing in epoch {epoch}")
@@ -383,13 +386,13 @@ class _Completions:
             self.in_step[0] += 1
             self.in_step[1] += self.sizes[idx]
             if self.in_step[0] == self.rec.batch_size:
-                self.rec.step(self.in_step[0], self.in_step[1], 0.0)
+                self.rec.step(self.in_step[0], self.in_step[1], None)
                 self.in_step = [0, 0]
 
     def flush(self) -> None:
         with self.lock:
             if self.in_step[0]:
-                self.rec.step(self.in_step[0], self.in_step[1], 0.0)
+                self.rec.step(self.in_step[0], self.in_step[1], None)
                 self.in_step = [0, 0]
 
 

@@ -40,6 +40,7 @@ def find_weed() -> str:
 
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server will
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -59,6 +60,7 @@ class SeaweedFS:
         self.base_port = base_port
         self.proc: subprocess.Popen[bytes] | None = None
         self.ports: dict[str, int] = {}
+        self._last_error = ""
 
     @property
     def endpoint(self) -> str:
@@ -72,7 +74,7 @@ class SeaweedFS:
                 self.ports = ports
                 return
             if self.base_port:
-                break
+                time.sleep(0.2)  # a restart: wait for the old process to let go
         raise RuntimeError("no free ports for SeaweedFS")
 
     def start(self, timeout: float = 60.0) -> SeaweedFS:
@@ -98,7 +100,9 @@ class SeaweedFS:
                 return self
             time.sleep(0.2)
         self.stop()
-        raise RuntimeError(f"SeaweedFS did not serve S3 within {timeout}s; see {self.data_dir}/weed.log")
+        raise RuntimeError(
+            f"SeaweedFS did not serve S3 within {timeout}s ({self._last_error}); see {self.data_dir}/weed.log"
+        )
 
     def _buckets_ready(self) -> bool:
         import boto3
@@ -109,12 +113,18 @@ class SeaweedFS:
             region_name="us-east-1", config=Config(retries={"max_attempts": 1}, connect_timeout=2, read_timeout=5),
         )
         try:
-            have = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
+            client.list_buckets()
             for b in self.buckets:
-                if b not in have:
-                    client.create_bucket(Bucket=b)
-                client.head_bucket(Bucket=b)
-        except Exception:  # noqa: BLE001 - not up yet
+                try:
+                    client.head_bucket(Bucket=b)
+                except client.exceptions.ClientError:
+                    try:
+                        client.create_bucket(Bucket=b)
+                    except (client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists):
+                        pass
+                    client.head_bucket(Bucket=b)
+        except Exception as exc:  # noqa: BLE001 - not up yet
+            self._last_error = repr(exc)
             return False
         return True
 
@@ -129,6 +139,12 @@ class SeaweedFS:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+    def restart(self) -> None:
+        """Stop the server and start it again on the same ports and data."""
+        self.stop()
+        self.base_port = min(self.ports.values())
+        self.start()
 
     def pause(self) -> None:
         """Freeze the server (SIGSTOP): connections stay open and nothing answers."""

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 SEQ_WIDTH = 12
 #: The file the daemon writes into the cache once every sample has been delivered.
 END_MARKER = "END"
-_SAMPLE_RE = re.compile(r"^(\d+)-")
+_SAMPLE_RE = re.compile(rf"^(\d{{{SEQ_WIDTH}}})-")
 
 
 def parse_seq(name: str) -> int | None:
@@ -145,7 +145,9 @@ def consume(
     since = time.monotonic()
     while True:
         ended = os.path.exists(os.path.join(cache, END_MARKER))  # before listing: no race
-        names = [n for n in ready_names(cache) if (parse_seq(n) or 0) > last]
+        names = ready_names(cache)
+        if not delete:  # what was yielded stays: never yield it again
+            names = [n for n in names if (parse_seq(n) or 0) > last]
         sample = _load(cache, names[0]) if names else None
         if sample is not None:
             yield sample

@@ -227,6 +227,12 @@ class S5Sampler(Sampler[int]):
             format_size(stats.staged_bytes), stats.calls, stats.retries, len(stats.skipped),
             elapsed, stats.wait_s, stats.first_wait_s,
         )
+        if stats.skipped:
+            log.warning(
+                "epoch %d: skipped %d sample(s) that could not be fetched (on_error='skip'): %s%s",
+                self.epoch, len(stats.skipped), ", ".join(stats.skipped[:10]),
+                " ..." if len(stats.skipped) > 10 else "",
+            )
         if elapsed > 0 and starved > max(0.05 * elapsed, 0.5):
             log.warning("data starvation: " + msg, *args)
         else:

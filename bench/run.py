@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""The reproducible benchmark behind ``make bench``.
+
+1. starts the embedded SeaweedFS (``bin/s3-local start``) in a temporary directory;
+2. writes a toy data set to it with ``s5loader bench --generate`` (image + label pairs, and
+   tar shards of them for webdataset);
+3. runs ``s5loader bench`` with every installed method, directly on loopback and then through
+   ``bench/latency_proxy.py`` (20 ms per request by default, like a trip to a cloud store);
+4. writes bench/results/latest.json (both runs, settings, machine), latest.md (the tables)
+   and latest.png (the chart), plus direct.* and proxy.* from each run; stops the server.
+
+    .venv/bin/python bench/run.py [--samples 3000] [--sample-size 100KB] [--delay-ms 20] ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PY = sys.executable
+
+
+def check_run(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+    """Run ``argv``; on a non-zero exit raise with the command, the code and stderr's tail."""
+    proc = subprocess.run(argv, text=True, capture_output=True, check=False, **kw)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{shlex.join(argv)} exited with code {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def bench(label: str, endpoint: str, source: str, out: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One ``s5loader bench`` run; its output is echoed, its JSON returned."""
+    argv = [PY, "-m", "s5loader", "bench", source, "--endpoint-url", endpoint,
+            "--batch-size", str(args.batch_size), "--num-workers", str(args.num_workers),
+            "--samples-per-call", str(args.samples_per_call),
+            "--json", os.path.join(out, f"{label}.json"), "--markdown", os.path.join(out, f"{label}.md")]
+    if args.methods:
+        argv += ["--methods", *args.methods]
+    if args.steps:
+        argv += ["--steps", str(args.steps)]
+    try:
+        import matplotlib  # noqa: F401
+
+        argv += ["--plot", os.path.join(out, f"{label}.png")]
+    except ImportError:
+        print("matplotlib is not installed: no charts (pip install matplotlib)", file=sys.stderr)
+    print(f"\n== {label}: {shlex.join(argv)}", flush=True)
+    t0 = time.monotonic()
+    with open(os.path.join(out, f"{label}.log"), "w") as log:
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=log, text=True, check=False)
+    print(proc.stdout, end="", flush=True)
+    if proc.returncode not in (0, 1):  # 1: a method failed, reported in the table
+        tail = open(os.path.join(out, f"{label}.log")).read()[-3000:]
+        raise RuntimeError(f"{shlex.join(argv)} exited with code {proc.returncode}:\n{tail}")
+    print(f"== {label} took {time.monotonic() - t0:.0f}s (log: {os.path.relpath(out, ROOT)}/{label}.log)", flush=True)
+    with open(os.path.join(out, f"{label}.json")) as f:
+        return json.load(f)
+
+
+def start_proxy(upstream: str, delay_ms: float, tmp: str) -> tuple[subprocess.Popen[bytes], str]:
+    port_file = os.path.join(tmp, "proxy.port")
+    proc = subprocess.Popen([PY, os.path.join(HERE, "latency_proxy.py"), "--upstream", upstream,
+                             "--delay-ms", str(delay_ms), "--port-file", port_file],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while not os.path.exists(port_file):
+        if proc.poll() is not None:
+            raise RuntimeError(f"the latency proxy exited with code {proc.returncode}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("the latency proxy did not start within 20s")
+        time.sleep(0.05)
+    with open(port_file) as f:
+        return proc, f"http://127.0.0.1:{int(f.read())}"
+
+
+def combined_chart(path: str, runs: dict[str, dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods: list[str] = []
+    for doc in runs.values():
+        for r in doc["results"]:
+            if r["status"] == "ok" and r["method"] not in methods:
+                methods.append(r["method"])
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    width = 0.8 / max(len(runs), 1)
+    for k, (label, doc) in enumerate(runs.items()):
+        by = {r["method"]: r for r in doc["results"] if r["status"] == "ok"}
+        xs = [i + (k - (len(runs) - 1) / 2) * width for i in range(len(methods))]
+        for ax, key in zip(axes, ("samples_per_s", "cpu_s_per_1k_samples"), strict=True):
+            ax.bar(xs, [by[m][key] if m in by and by[m][key] is not None else 0 for m in methods], width, label=label)
+    axes[0].set_ylabel("samples/s (higher is better)")
+    axes[1].set_ylabel("CPU s per 1,000 samples, whole process tree (lower is better)")
+    for ax in axes:
+        ax.set_xticks(range(len(methods)), methods, rotation=30)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend()
+    any_doc = next(iter(runs.values()))
+    m, s = any_doc["machine"], any_doc["settings"]
+    fig.suptitle(f"s5loader bench: batch {s['batch_size']}, {s['num_workers']} workers; {m['logical_cpus']} CPUs "
+                 f"({m['cpu_model']}), local SeaweedFS", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def markdown(runs: dict[str, dict[str, Any]], info: dict[str, Any]) -> str:
+    any_doc = next(iter(runs.values()))
+    m, s = any_doc["machine"], any_doc["settings"]
+    lines = [
+        f"# s5loader bench, {any_doc['started']}",
+        "",
+        f"Data: {info['samples']} samples (a {info['sample_size']}-byte `.image` + a small `.label` each) in a local "
+        f"SeaweedFS; batch size {s['batch_size']}, {s['num_workers']} DataLoader workers, "
+        f"samples_per_call {s['samples_per_call']}, buffers {s['buffers']}, "
+        + (f"{s['steps']} steps per method." if s.get("steps") else "one pass over the data set per method."),
+        f"Machine: {m['logical_cpus']} logical CPUs ({m['cpu_model']}), {m['memory_gb']} GB, {m['os']}, "
+        f"Python {m['python']}; versions {json.dumps(m['versions'])}.",
+        f"Total time of `make bench`: {info['elapsed_s']:.0f}s.",
+    ]
+    titles = {"direct": "Direct (loopback)", "proxy": f"Through the latency proxy ({info['delay_ms']:g} ms per request)"}
+    for label in runs:
+        table = open(os.path.join(info["out"], f"{label}.md")).read().strip()
+        lines += ["", f"## {titles.get(label, label)}", "", table]
+    lines += ["", "![samples/s and CPU per method](latest.png)", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench/run.py", description="Run the reproducible s5loader benchmark.")
+    p.add_argument("--samples", type=int, default=3000, help="samples in the toy data set (default 3000)")
+    p.add_argument("--sample-size", default="100KB", help="bytes of each .image (default 100KB)")
+    p.add_argument("--shard-samples", type=int, default=100, help="samples per tar shard (default 100)")
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--num-workers", type=int, default=4)
+    p.add_argument("--samples-per-call", type=int, default=1000)
+    p.add_argument("--steps", type=int, default=None, help="steps per method (default: one pass)")
+    p.add_argument("--methods", nargs="+", help="default: all installed")
+    p.add_argument("--delay-ms", type=float, default=20.0, help="latency the proxy adds per request (default 20)")
+    p.add_argument("--only", choices=["direct", "proxy"], help="run one of the two")
+    p.add_argument("--out", default=os.path.join(HERE, "results"), help="results folder (default bench/results)")
+    args = p.parse_args(argv)
+
+    t0 = time.monotonic()
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    # The local server accepts any credentials; the clients only need some.
+    for k, v in (("AWS_ACCESS_KEY_ID", "bench"), ("AWS_SECRET_ACCESS_KEY", "bench"), ("AWS_REGION", "us-east-1")):
+        os.environ.setdefault(k, v)
+    for var in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "S3_ENDPOINT_URL", "AWS_PROFILE"):
+        os.environ.pop(var, None)
+    source = "s3://bench/train/"
+    runs: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="s5loader-bench-") as tmp:
+        s3dir = os.path.join(tmp, "s3")
+        endpoint = check_run([PY, os.path.join(ROOT, "bin", "s3-local"), "start", "--dir", s3dir,
+                              "--bucket", "bench"]).stdout.strip().splitlines()[-1]
+        proxy: subprocess.Popen[bytes] | None = None
+        try:
+            print(f"SeaweedFS serves S3 at {endpoint}", flush=True)
+            t = time.monotonic()
+            gen = subprocess.run([PY, "-m", "s5loader", "bench", "--generate", str(args.samples), source,
+                                  "--endpoint-url", endpoint, "--sample-size", args.sample_size,
+                                  "--shard-samples", str(args.shard_samples)],
+                                 stdout=subprocess.PIPE, text=True, check=False)
+            if gen.returncode != 0:
+                raise RuntimeError(f"generating the data set failed with exit code {gen.returncode} (see above)")
+            print(gen.stdout.strip(), f"({time.monotonic() - t:.0f}s)", flush=True)
+            if args.only in (None, "direct"):
+                runs["direct"] = bench("direct", endpoint, source, out, args)
+            if args.only in (None, "proxy"):
+                proxy, proxied = start_proxy(endpoint, args.delay_ms, tmp)
+                print(f"latency proxy ({args.delay_ms:g} ms) at {proxied}", flush=True)
+                runs["proxy"] = bench("proxy", proxied, source, out, args)
+        finally:
+            if proxy is not None:
+                proxy.terminate()
+                proxy.wait(10)
+            subprocess.run([PY, os.path.join(ROOT, "bin", "s3-local"), "stop", "--dir", s3dir], check=False)
+    elapsed = time.monotonic() - t0
+    info = {"samples": args.samples, "sample_size": args.sample_size, "delay_ms": args.delay_ms,
+            "elapsed_s": elapsed, "out": out}
+    with open(os.path.join(out, "latest.json"), "w") as f:
+        json.dump({"bench": {k: v for k, v in info.items() if k != "out"}, "runs": runs}, f, indent=2)
+    with open(os.path.join(out, "latest.md"), "w") as f:
+        f.write(markdown(runs, info))
+    try:
+        combined_chart(os.path.join(out, "latest.png"), runs)
+    except ImportError:
+        print("matplotlib is not installed: no latest.png (pip install matplotlib)", file=sys.stderr)
+    print(f"\nresults: {os.path.relpath(out, ROOT)}/latest.{{json,md,png}}; the benchmark took {elapsed:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

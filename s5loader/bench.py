@@ -1,0 +1,446 @@
+"""``s5loader bench``: measure loading methods on the same objects, one after another.
+
+    s5loader bench SOURCE [--endpoint-url URL] [--methods M ...] [--batch-size 4]
+                   [--num-workers N] [--steps N | --seconds S] [--samples-per-call N]
+                   [--json FILE] [--plot FILE]
+    s5loader bench --generate N SOURCE [--sample-size 100KB] [--shard-samples 100]
+                   [--shards-prefix URI]
+
+Methods: ``s5loader`` (S5Sampler + S5Dataset), ``boto3`` (one GetObject per file),
+``s5cmd-run`` (the sampler's own command files run by s5cmd, no Python reading: the ceiling of
+this design), ``s5cmd-bulk`` (one ``s5cmd cp 'prefix/*'``: the ceiling of the sidecar),
+``s3torchconnector`` and ``webdataset`` (tar shards through ``pipe:s5cmd cat``) when installed;
+a peer that is absent or cannot work against the endpoint is skipped with a note.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import importlib.metadata
+import io
+import json
+import math
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import warnings
+from typing import Any
+
+import psutil
+
+from . import S5Dataset, find_s5cmd, parse_size
+from ._bench_methods import METHODS, Context, Figures, Settings, measure, shards_prefix
+from .exceptions import ConfigError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+_ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "S3_ENDPOINT_URL")
+
+
+# -- arguments -------------------------------------------------------------------------------
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {v}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not v > 0 or not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return v
+
+
+def _size(text: str) -> int:
+    try:
+        v = parse_size(text, "size")
+    except (ConfigError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte, got {text!r}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="s5loader bench",
+        description="Measure loading methods on the same S3 objects, one after another, and print "
+        "a table (samples/s, MB/s, time per 100 steps, waiting, CPU of the whole process tree, "
+        "peak memory, ratio to s5loader).",
+    )
+    p.add_argument("source", help="s3://bucket/prefix/ holding NNNNNN.image + NNNNNN.label pairs (or any "
+                   "objects grouped by stem)")
+    p.add_argument("--endpoint-url", help="S3 endpoint (else AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, S3_ENDPOINT_URL)")
+    p.add_argument("--methods", nargs="+", metavar="M",
+                   help=f"methods to run, in order (space or comma separated; default all: {', '.join(METHODS)})")
+    p.add_argument("--batch-size", type=_positive_int, default=4, help="samples per step (default 4)")
+    p.add_argument("--num-workers", type=_non_negative_int, default=4,
+                   help="DataLoader workers of every DataLoader method (default 4)")
+    stop = p.add_mutually_exclusive_group()
+    stop.add_argument("--steps", type=_positive_int, help="steps per method (default: one pass over the data set)")
+    stop.add_argument("--seconds", type=_positive_float, help="seconds per method instead of a step count")
+    p.add_argument("--samples-per-call", type=_positive_int, default=1000,
+                   help="S5Sampler samples per s5cmd call, also for s5cmd-run (default 1000)")
+    p.add_argument("--buffers", type=_positive_int, default=2, help="S5Sampler s5cmd calls in flight (default 2)")
+    p.add_argument("--budget", default="2GiB", help="S5Sampler staging budget (default 2GiB)")
+    p.add_argument("--staging-dir", help="S5Sampler staging root (default: /dev/shm when it has room)")
+    p.add_argument("--compute-ms", type=float, default=0.0,
+                   help="simulated training step in ms (default 0: an empty loop)")
+    p.add_argument("--seed", type=int, default=0, help="shuffle seed (and --generate's random seed)")
+    p.add_argument("--region", default=None, help="region for boto3 and s3torchconnector (default AWS_REGION or us-east-1)")
+    p.add_argument("--shards-prefix", help="tar shards for webdataset (default: SOURCE's sibling '<name>-shards/')")
+    p.add_argument("--json", dest="json_file", metavar="FILE", help="write every figure and the settings as JSON")
+    p.add_argument("--plot", metavar="FILE", help="write a PNG bar chart of samples/s and CPU per method (matplotlib)")
+    p.add_argument("--markdown", metavar="FILE", help="also write the table as Markdown")
+    gen = p.add_argument_group("generating a toy data set")
+    gen.add_argument("--generate", type=_positive_int, metavar="N",
+                     help="write N samples (NNNNNN.image + NNNNNN.label) under SOURCE and tar shards of "
+                     "them under --shards-prefix, then exit")
+    gen.add_argument("--sample-size", type=_size, default=100_000, help="bytes of each .image (default 100KB)")
+    gen.add_argument("--label-size", type=_size, default=None,
+                     help="bytes of each .label (default: the class number as text, a few bytes)")
+    gen.add_argument("--shard-samples", type=_positive_int, default=100, help="samples per tar shard (default 100)")
+    return p
+
+
+def _methods(parser: argparse.ArgumentParser, given: list[str] | None) -> list[str]:
+    if not given:
+        return list(METHODS)
+    names = [m.strip() for g in given for m in g.split(",") if m.strip()]
+    unknown = [m for m in names if m not in METHODS]
+    if unknown:
+        parser.error(f"--methods: unknown method {', '.join(map(repr, unknown))} (choose from {', '.join(METHODS)})")
+    if not names:
+        parser.error("--methods: no method given")
+    return list(dict.fromkeys(names))
+
+
+def _endpoint(given: str | None) -> str | None:
+    if given:
+        return given
+    for var in _ENDPOINT_VARS:
+        if os.environ.get(var):
+            return os.environ[var]
+    return None
+
+
+# -- generating the toy data set ----------------------------------------------------------
+class Progress:
+    """A one-line progress bar on stderr."""
+
+    def __init__(self, total: int, label: str, width: int = 30) -> None:
+        self.total, self.label, self.width = max(total, 1), label, width
+        self.done = 0
+        self.t0 = time.monotonic()
+        self._last = 0.0
+
+    def update(self, n: int = 1, force: bool = False) -> None:
+        self.done += n
+        now = time.monotonic()
+        if not force and now - self._last < 0.1 and self.done < self.total:
+            return
+        self._last = now
+        filled = int(self.width * min(self.done, self.total) / self.total)
+        rate = self.done / max(now - self.t0, 1e-9)
+        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (self.width - filled)}] "
+                         f"{self.done}/{self.total} objects, {rate:.0f}/s ")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        self.update(0, force=True)
+        sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def _s5cmd_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("AWS_REGION", env.get("AWS_DEFAULT_REGION") or "us-east-1")
+    return env
+
+
+def upload(local_glob: str, dest: str, endpoint: str | None, progress: Progress) -> None:
+    """``s5cmd cp LOCAL_GLOB DEST`` (in parallel), counting its JSON lines into ``progress``."""
+    argv = [find_s5cmd(), "--json"] + (["--endpoint-url", endpoint] if endpoint else []) + [
+        "--numworkers", "64", "cp", local_glob, dest]
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, env=_s5cmd_env())
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            if b'"success":true' in raw.replace(b" ", b""):
+                progress.update()
+        rc = proc.wait()
+        proc.stdout.close()
+        if rc != 0:
+            err.seek(0)
+            tail = err.read()[-2000:].decode("utf-8", "replace").strip()
+            raise RuntimeError(f"{shlex.join(argv)} exited with code {rc}: {tail}")
+
+
+def generate(source: str, n: int, *, sample_size: int = 100_000, label_size: int | None = None,
+             shard_samples: int = 100, shards: str | None = None, endpoint: str | None = None,
+             seed: int = 0) -> tuple[int, int]:
+    """Write ``n`` image + label pairs under ``source`` and tar shards of them under ``shards``.
+
+    Returns (objects written, bytes written).
+    """
+    import numpy as np
+
+    shards = shards or shards_prefix(source)
+    width = max(6, len(str(n - 1)))
+    rng = np.random.default_rng(seed)
+    n_shards = math.ceil(n / shard_samples)
+    total_bytes = 0
+    with tempfile.TemporaryDirectory(prefix="s5loader-bench-gen-") as tmp:
+        sdir, tdir = os.path.join(tmp, "samples"), os.path.join(tmp, "shards")
+        os.makedirs(sdir)
+        os.makedirs(tdir)
+        tar: tarfile.TarFile | None = None
+        for i in range(n):
+            key = f"{i:0{width}d}"
+            image = rng.bytes(sample_size)
+            label = (f"{i % 1000}".encode().ljust(label_size, b" ") if label_size else f"{i % 1000}".encode())
+            for name, data in (("image", image), ("label", label)):
+                with open(os.path.join(sdir, f"{key}.{name}"), "wb") as f:
+                    f.write(data)
+            if i % shard_samples == 0:
+                if tar is not None:
+                    tar.close()
+                tar = tarfile.open(os.path.join(tdir, f"shard-{i // shard_samples:06d}.tar"), "w")
+            assert tar is not None
+            for name, data in (("image", image), ("label", label)):
+                info = tarfile.TarInfo(f"{key}.{name}")
+                info.size, info.mtime, info.mode = len(data), 0, 0o644
+                tar.addfile(info, io.BytesIO(data))
+            total_bytes += len(image) + len(label)
+        if tar is not None:
+            tar.close()
+        progress = Progress(2 * n + n_shards, f"uploading to {source}")
+        dest = source if source.endswith("/") else source + "/"
+        upload(os.path.join(sdir, "*"), dest, endpoint, progress)
+        upload(os.path.join(tdir, "*"), shards, endpoint, progress)
+        progress.close()
+    return 2 * n + n_shards, total_bytes
+
+
+# -- reporting -------------------------------------------------------------------------------
+def _fmt(v: float | None, spec: str = ".3g") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+COLUMNS = ("method", "samples/s", "MB/s", "s/100 steps (mean)", "s/100 steps (var, s²)", "waited",
+           "CPU (cores)", "CPU s/1k samples", "peak mem MB", "vs s5loader", "note")
+
+
+def table_rows(results: list[Figures]) -> list[list[str]]:
+    rows = []
+    for f in results:
+        if f.status != "ok":
+            rows.append([f.method] + ["-"] * 9 + [f"{f.status}: {f.note}"])
+            continue
+        rows.append([
+            f.method, _fmt(f.samples_per_s, ".1f"), _fmt(f.mb_per_s, ".1f"), _fmt(f.step100_mean_s, ".3f"),
+            _fmt(f.step100_var_s2, ".2g"), "-" if f.wait_fraction is None else f"{f.wait_fraction:.0%}",
+            _fmt(f.cpu_util, ".2f"), _fmt(f.cpu_s_per_1k_samples, ".2f"), _fmt(f.peak_mem_mb, ".0f"),
+            "-" if f.ratio_to_s5loader is None else f"{f.ratio_to_s5loader:.2f}x",
+            f"{f.samples} samples in {f.seconds:.1f}s" + (f"; {f.note}" if f.note else ""),
+        ])
+    return rows
+
+
+def format_table(results: list[Figures], markdown: bool = False) -> str:
+    rows = [list(COLUMNS)] + table_rows(results)
+    if markdown:
+        def esc(c: str) -> str:
+            return c.replace("|", "\\|")
+
+        lines = ["| " + " | ".join(esc(c) for c in rows[0]) + " |",
+                 "|" + "|".join("---" if i in (0, 10) else "---:" for i in range(len(COLUMNS))) + "|"]
+        lines += ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows[1:]]
+        return "\n".join(lines)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS) - 1)]
+    out = []
+    for r in rows:
+        cells = [c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r[:-1], widths, strict=True))]
+        out.append("  ".join(cells) + "  " + r[-1])
+    return "\n".join(out)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def machine_info() -> dict[str, Any]:
+    """The machine and software the figures come from."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    try:
+        s5 = subprocess.run([find_s5cmd(), "version"], capture_output=True, text=True, timeout=10, check=False).stdout.strip()
+    except Exception:  # noqa: BLE001 - informational only
+        s5 = None
+    return {
+        "cpu_model": model or platform.processor(),
+        "logical_cpus": os.cpu_count(),
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "versions": {"s5loader": _version("s5loader"), "s5cmd": s5, "torch": _version("torch"),
+                     "boto3": _version("boto3"), "s3torchconnector": _version("s3torchconnector"),
+                     "webdataset": _version("webdataset")},
+    }
+
+
+def write_plot(path: str, results: list[Figures], title: str = "") -> None:
+    """A PNG with two bar charts: samples/s and CPU seconds per 1,000 samples per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [f for f in results if f.status == "ok"]
+    names = [f.method for f in ok]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    colors = ["#d62728" if n == "s5loader" else "#4c72b0" for n in names]
+    a.bar(names, [f.samples_per_s or 0 for f in ok], color=colors)
+    a.set_ylabel("samples/s (higher is better)")
+    b.bar(names, [f.cpu_s_per_1k_samples or 0 for f in ok], color=colors)
+    b.set_ylabel("CPU seconds per 1,000 samples (lower is better)")
+    for ax in (a, b):
+        ax.tick_params(axis="x", rotation=30)
+        ax.grid(axis="y", alpha=0.3)
+    skipped = [f"{f.method} ({f.status})" for f in results if f.status != "ok"]
+    fig.suptitle(title + (f"\nnot run: {', '.join(skipped)}" if skipped else ""), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# -- main --------------------------------------------------------------------------------------
+def _tmp_root() -> str:
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and os.access(shm, os.W_OK):
+        return shm
+    return tempfile.gettempdir()
+
+
+def run(settings: Settings, methods: list[str], echo: bool = True) -> list[Figures]:
+    """Run ``methods`` one after another on ``settings.source``; ratios filled in."""
+    dataset = S5Dataset.from_prefix(settings.source, endpoint_url=settings.endpoint_url)
+    ctx = Context(settings, dataset, find_s5cmd(), settings.endpoint_url, _tmp_root())
+    results = []
+    for m in methods:
+        if echo:
+            print(f"s5loader bench: {m} ...", file=sys.stderr, flush=True)
+        f = measure(m, ctx)
+        if echo:
+            what = (f"{f.samples_per_s:.1f} samples/s, {f.cpu_s_per_1k_samples:.2f} CPU s/1k samples"
+                    if f.status == "ok" and f.samples_per_s and f.cpu_s_per_1k_samples is not None
+                    else f"{f.status}: {f.note}")
+            print(f"s5loader bench: {m}: {what}", file=sys.stderr, flush=True)
+        results.append(f)
+    base = next((f for f in results if f.method == "s5loader" and f.status == "ok"), None)
+    for f in results:
+        if base is not None and f.status == "ok" and base.samples_per_s and f.samples_per_s is not None:
+            f.ratio_to_s5loader = f.samples_per_s / base.samples_per_s
+            if base.cpu_s_per_1k_samples and f.cpu_s_per_1k_samples is not None:
+                f.cpu_per_sample_ratio_to_s5loader = f.cpu_s_per_1k_samples / base.cpu_s_per_1k_samples
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if not args.source.startswith("s3://") or len(args.source) <= len("s3://"):
+            parser.error(f"SOURCE must be an s3://bucket/prefix URI, got {args.source!r}")
+        if args.shards_prefix and not args.shards_prefix.startswith("s3://"):
+            parser.error(f"--shards-prefix must be an s3:// URI, got {args.shards_prefix!r}")
+        if args.compute_ms < 0 or not math.isfinite(args.compute_ms):
+            parser.error(f"--compute-ms must be 0 or more, got {args.compute_ms}")
+        methods = _methods(parser, args.methods)
+        try:
+            parse_size(args.budget, "budget")
+        except (ConfigError, ValueError) as exc:
+            parser.error(f"--budget: {exc}")
+        if args.plot and args.generate is None:
+            try:
+                import matplotlib  # noqa: F401
+            except ImportError:
+                parser.error("--plot needs matplotlib, which is not installed: pip install matplotlib "
+                             "(or pip install 's5loader[bench]')")
+    except SystemExit as exc:  # argparse: 2 with a message on stderr, 0 for --help
+        return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
+    endpoint = _endpoint(args.endpoint_url)
+    shards = args.shards_prefix or shards_prefix(args.source)
+    if args.generate is not None:
+        t0 = time.monotonic()
+        count, nbytes = generate(args.source, args.generate, sample_size=args.sample_size,
+                                 label_size=args.label_size, shard_samples=args.shard_samples,
+                                 shards=shards, endpoint=endpoint, seed=args.seed)
+        print(f"wrote {args.generate} samples ({count} objects with the shards, {nbytes / 1e6:.1f} MB of samples) "
+              f"under {args.source} and {shards} in {time.monotonic() - t0:.1f}s")
+        return EXIT_OK
+    settings = Settings(
+        source=args.source, endpoint_url=endpoint, batch_size=args.batch_size, num_workers=args.num_workers,
+        steps=args.steps, seconds=args.seconds, samples_per_call=args.samples_per_call, buffers=args.buffers,
+        budget=args.budget, staging_dir=args.staging_dir, shards_prefix=shards, compute_ms=args.compute_ms,
+        seed=args.seed, region=args.region or os.environ.get("AWS_REGION") or "us-east-1",
+    )
+    started = datetime.datetime.now(datetime.timezone.utc)
+    with warnings.catch_warnings():
+        # DataLoader warns when num_workers exceeds the CPU count; the table says how many ran.
+        warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+        results = run(settings, methods)
+    print(format_table(results))
+    machine = machine_info()
+    doc = {
+        "version": 1,
+        "started": started.isoformat(timespec="seconds"),
+        "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "settings": {**dataclasses.asdict(settings), "methods": methods},
+        "machine": machine,
+        "results": [dataclasses.asdict(f) for f in results],
+    }
+    if args.json_file:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json_file)), exist_ok=True)
+        with open(args.json_file, "w") as fh:
+            json.dump(doc, fh, indent=2)
+    if args.markdown:
+        with open(args.markdown, "w") as fh:
+            fh.write(format_table(results, markdown=True) + "\n")
+    if args.plot:
+        write_plot(args.plot, results, title=f"{settings.source} - batch {settings.batch_size}, "
+                   f"{settings.num_workers} workers, {machine['logical_cpus']} CPUs")
+    return EXIT_FAILED if any(f.status == "failed" for f in results) else EXIT_OK
+
+
+__all__ = ["main", "generate", "run", "Settings", "Figures", "METHODS"]

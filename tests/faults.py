@@ -1,0 +1,110 @@
+"""A reverse proxy in front of a real S3 server that misbehaves on purpose: 503s, 500s, 403s,
+truncated or corrupted bodies, dropped connections."""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import urllib.parse
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+ERROR_XML = (
+    '<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>{msg}</Message>'
+    "<RequestId>fault</RequestId></Error>"
+)
+STATUS = {"503": (503, "SlowDown", "Please reduce your request rate."),
+          "500": (500, "InternalError", "We encountered an internal error."),
+          "403": (403, "AccessDenied", "Access Denied"),
+          "badkey": (403, "InvalidAccessKeyId", "The AWS Access Key Id you provided does not exist in our records.")}
+
+
+@dataclass
+class Rule:
+    """Apply ``action`` to the next ``times`` requests whose path contains ``match``."""
+
+    match: str
+    action: str  # 503 | 500 | 403 | badkey | truncate | corrupt | drop
+    times: int = 1_000_000
+    method: str = "GET"
+    hits: int = 0
+
+
+@dataclass
+class FaultProxy:
+    upstream: str
+    rules: list[Rule] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        up = urllib.parse.urlparse(self.upstream)
+        self._up = (up.hostname, up.port)
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _handle(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                action = proxy._match(self.command, urllib.parse.unquote(self.path))
+                if action == "drop":
+                    self.close_connection = True
+                    self.connection.close()
+                    return
+                if action in STATUS:
+                    status, code, msg = STATUS[action]
+                    data = ERROR_XML.format(code=code, msg=msg).encode()
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(data)
+                    return
+                conn = http.client.HTTPConnection(*proxy._up, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                headers["Host"] = f"{proxy._up[0]}:{proxy._up[1]}"
+                conn.request(self.command, self.path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                conn.close()
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length", "server", "date"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command == "HEAD":
+                    return
+                if action == "truncate" and len(data) > 1:
+                    self.wfile.write(data[: len(data) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                    return
+                if action == "corrupt" and data:
+                    data = bytes([data[0] ^ 0xFF]) + data[1:]
+                self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _handle
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def _match(self, method: str, path: str) -> str:
+        with self._lock:
+            for r in self.rules:
+                if r.hits < r.times and r.match in path and (r.method == "*" or r.method == method):
+                    r.hits += 1
+                    return r.action
+        return ""
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ._s5cmd import find_s5cmd
 from ._uri import parse_size
+from .consume import consume
 from .dataset import S5Dataset
 from .exceptions import (
     AccessDeniedError,
@@ -34,6 +35,7 @@ __version__ = "0.1.0"
 __all__ = [
     "S5Dataset",
     "S5Sampler",
+    "consume",
     "parse_size",
     "find_s5cmd",
     "S5LoaderError",

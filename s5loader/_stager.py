@@ -222,6 +222,29 @@ class Stager:
                 raise self._error
             return self._state[pos] == READY
 
+    def poll(self, pos: int, timeout: float) -> bool | None:
+        """Like :meth:`wait` with a timeout: True staged, False skipped, None not yet.
+
+        Unlike ``wait`` it does not flag a waiting consumer: a producer ahead of its consumer
+        (the prefetch daemon) waits on a full budget as long as the consumer takes, which is
+        no deadlock.
+        """
+        with self._cond:
+            if self._state[pos] == WAITING and self._error is None and timeout > 0:
+                self._cond.wait(timeout)
+            if self._state[pos] == WAITING:
+                if self._error is not None:
+                    raise self._error
+                return None
+            return self._state[pos] == READY
+
+    def hold(self, idx: int, size: int) -> None:
+        """Count ``size`` bytes already on disk for ``idx`` against the budget until released."""
+        with self._cond:
+            self._held[idx] = size
+            self._reserved += size
+            self._yielded[idx] = size
+
     def yielded(self, idx: int) -> None:
         """The sample ``idx`` went to a consumer, who deletes its folder when done."""
         with self._cond:

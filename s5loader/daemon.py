@@ -42,7 +42,7 @@ from typing import IO, Any, overload
 from ._index import GROUP_BY, Sample
 from ._order import Order
 from ._s5cmd import S5cmd
-from ._stager import ON_ERROR, READY, WAITING, Stager, StagerOptions
+from ._stager import ON_ERROR, Stager, StagerOptions
 from ._staging import StagingArea, free_bytes
 from ._uri import format_size, parse_size
 from .consume import END_MARKER, SEQ_WIDTH, parse_seq, ready_names
@@ -298,36 +298,6 @@ class _Ledger:
             return [(seq, size) for seq, (_, size) in self._present.items()]
 
 
-class _DaemonStager(Stager):
-    """The shared staging engine plus the two things the daemon needs from it.
-
-    TODO(lead): move :meth:`poll` and :meth:`hold` into :class:`Stager` (as
-    ``wait(pos, timeout)`` and ``hold(idx, size)``) and drop this subclass.
-    """
-
-    def poll(self, pos: int, timeout: float) -> bool | None:
-        """Like :meth:`wait` with a timeout: True staged, False skipped, None not yet.
-
-        Unlike ``wait`` it does not flag a waiting consumer: a daemon ahead of its consumer
-        waits on a full budget for as long as the consumer takes, which is no deadlock.
-        """
-        with self._cond:
-            if self._state[pos] == WAITING and self._error is None and timeout > 0:
-                self._cond.wait(timeout)
-            if self._state[pos] == WAITING:
-                if self._error is not None:
-                    raise self._error
-                return None
-            return self._state[pos] == READY
-
-    def hold(self, idx: int, size: int) -> None:
-        """Count ``size`` bytes already on disk (``idx``) against the budget until released."""
-        with self._cond:
-            self._held[idx] = size
-            self._reserved += size
-            self._yielded[idx] = size
-
-
 # -- progress ----------------------------------------------------------------------------------
 class _Reporter:
     """A progress bar on a terminal and/or JSON lines for machines."""
@@ -426,7 +396,7 @@ class Prefetcher:
         self._lock = CacheLock(self.cache)
         self._state_path = os.path.join(self.cache, STATE_FILE)
         self._ledger = _Ledger(self.cache)
-        self._stager: _DaemonStager | None = None
+        self._stager: Stager | None = None
         self._area: StagingArea | None = None
         self._view: EpochSamples | None = None
         self._state: DaemonState | None = None
@@ -575,7 +545,7 @@ class Prefetcher:
         )
         s5 = S5cmd(endpoint, numworkers=self.opts.numworkers)
         order = range(self._state.delivered, len(self._view))
-        self._stager = _DaemonStager(
+        self._stager = Stager(
             self._view, order, self._area, s5, options,
             is_released=self._ledger.is_released, endpoint_url=endpoint,
         )

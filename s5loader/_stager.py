@@ -16,16 +16,18 @@ import heapq
 import logging
 import os
 import selectors
+import shlex
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import _s5cmd
-from ._index import Sample, make_boto3_client, boto3_error
+from ._blocks import Layout
+from ._index import Sample, boto3_error, make_boto3_client
 from ._staging import StagingArea
 from ._uri import format_size, parse_s3_uri
 from .exceptions import (
@@ -94,20 +96,75 @@ def field_names(sample: Sample) -> list[str]:
     return names
 
 
-def copies(
-    samples: Sequence[Sample], order: Sequence[int], positions: Sequence[int], sample_dir: Callable[[int], str]
-) -> Iterator[tuple[int, int, str, str]]:
-    """``(position, field number, source URI, destination path)`` of every object to stage.
+@dataclass
+class CallPlan:
+    """The command lines of one call and how to read s5cmd's answers to them."""
 
-    The destination is built from the sample's index and its field names only (see
-    :func:`field_names`), never from the object key.
+    lines: list[str] = field(default_factory=list)
+    items: dict[str, tuple[int, int]] = field(default_factory=dict)  # reported path -> (position, field)
+    moves: dict[str, str] = field(default_factory=dict)  # reported path -> final path (wildcard lines)
+    by_command: dict[str, list[str]] = field(default_factory=dict)  # failure "command" -> reported paths
+    scratch: list[str] = field(default_factory=list)  # folders to remove when the call ends
+    aside: list[tuple[int, int, str, str]] = field(default_factory=list)  # keys no command file can carry
+
+
+def plan_call(
+    samples: Sequence[Sample],
+    order: Sequence[int],
+    positions: Sequence[int],
+    sample_dir: Callable[[int], str],
+    layout: Layout | None = None,
+    scratch_dir: str = "",
+    single: set[int] | frozenset[int] = frozenset(),
+) -> CallPlan:
+    """Turn the samples at ``positions`` into s5cmd command lines.
+
+    A block (see :mod:`._blocks`) whose samples are all in the call is fetched with one
+    wildcard line into a scratch folder below ``scratch_dir``; its files are renamed into
+    their samples' folders as they arrive. Every other object gets its own ``cp --raw`` line.
+    Destinations come from sample indices and field names only, never from a key (block
+    scratch paths come from keys that :mod:`._blocks` checked to be plain names).
+    Positions in ``single`` (retries) always go one object at a time.
     """
+    plan = CallPlan()
+    whole: dict[int, list[int]] = {}
+    if layout is not None and layout.blocks:
+        for pos in positions:
+            b = layout.block_of[order[pos]]
+            if b >= 0 and pos not in single:
+                whole.setdefault(b, []).append(pos)
+        whole = {b: ps for b, ps in whole.items() if len({order[p] for p in ps}) == len(layout.blocks[b]) == len(ps)}
+    in_blocks = {p for ps in whole.values() for p in ps}
+    for b, ps in whole.items():
+        assert layout is not None
+        blk = layout.blocks[b]
+        scratch = f"{scratch_dir}/.b{b}"
+        plan.scratch.append(scratch)
+        plan.lines.append(f"cp {shlex.quote(blk.wildcard)} {shlex.quote(scratch + '/')}\n")
+        reported = plan.by_command.setdefault(_s5cmd.error_command(blk.wildcard, scratch + "/"), [])
+        for pos in ps:
+            idx = order[pos]
+            names = field_names(samples[idx])
+            for j, rel in enumerate(blk.rels[idx - blk.start]):
+                where = f"{scratch}/{rel}"
+                plan.items[where] = (pos, j)
+                plan.moves[where] = f"{sample_dir(idx)}/{names[j]}"
+                reported.append(where)
     for pos in positions:
+        if pos in in_blocks:
+            continue
         idx = order[pos]
         sample = samples[idx]
         folder = sample_dir(idx)
-        for j, (f, name) in enumerate(zip(sample.fields, field_names(sample))):
-            yield pos, j, f.uri, f"{folder}/{name}"
+        for j, (f, name) in enumerate(zip(sample.fields, field_names(sample), strict=True)):
+            dest = f"{folder}/{name}"
+            if not _s5cmd.can_write(f.uri):
+                plan.aside.append((pos, j, f.uri, dest))
+                continue
+            plan.lines.append(_s5cmd.copy_line(f.uri, dest))
+            plan.items[dest] = (pos, j)
+            plan.by_command[_s5cmd.error_command(f.uri, dest)] = [dest]
+    return plan
 
 
 @dataclass
@@ -115,8 +172,7 @@ class _Call:
     seq: int
     proc: Any
     command_file: str
-    items: dict[str, tuple[int, int]]  # destination -> (position, field number)
-    by_command: dict[str, str]  # s5cmd's "command" text of a failure -> destination
+    plan: CallPlan
     errors: dict[str, str] = field(default_factory=dict)
     loose: list[str] = field(default_factory=list)
     bufs: dict[int, bytearray] = field(default_factory=dict)
@@ -161,6 +217,7 @@ class Stager:
         kept: set[int] | None = None,
         is_released: Callable[[int], bool] | None = None,
         endpoint_url: str | None = None,
+        layout: Layout | None = None,
     ) -> None:
         self.samples = samples
         self.order = order
@@ -170,6 +227,7 @@ class Stager:
         self.kept = kept
         self.is_released = is_released or (lambda idx: not os.path.isdir(area.sample_dir(idx)))
         self.endpoint_url = endpoint_url
+        self.layout = layout
         self.stats = Stats(samples=len(order))
         self._state = bytearray(len(order))
         self._cond = threading.Condition()
@@ -362,29 +420,25 @@ class Stager:
 
     def _start_call(self, positions: list[int]) -> None:
         self._seq += 1
-        lines: list[str] = []
-        items: dict[str, tuple[int, int]] = {}
-        by_command: dict[str, str] = {}
         for pos in positions:
             idx = self.order[pos]
             folder = self.area.sample_dir(idx)
             if os.path.lexists(folder):  # a retry: start the sample from scratch
                 shutil.rmtree(folder, ignore_errors=True)
             self._fields_left[pos] = len(self.samples[idx].fields)
-        for pos, j, uri, dest in copies(self.samples, self.order, positions, self.area.sample_dir):
-            if _s5cmd.can_write(uri):
-                lines.append(_s5cmd.copy_line(uri, dest))
-                items[dest] = (pos, j)
-                by_command[_s5cmd.error_command(uri, dest)] = dest
-            else:
-                self._fetch_aside(pos, j, uri, dest)
-        if not lines:
+        plan = plan_call(
+            self.samples, self.order, positions, self.area.sample_dir, self.layout,
+            f"{self.area.path}/.c{self._seq}", single=self._attempts.keys(),
+        )
+        for pos, j, uri, dest in plan.aside:
+            self._fetch_aside(pos, j, uri, dest)
+        if not plan.lines:
             return
         os.makedirs(self.area.control_dir, mode=0o700, exist_ok=True)
         cmd_file = os.path.join(self.area.control_dir, f"{self._seq}.txt")
-        _s5cmd.write_command_file(cmd_file, lines)
+        _s5cmd.write_command_file(cmd_file, plan.lines)
         proc = self.s5cmd.run_file(cmd_file)
-        call = _Call(self._seq, proc, cmd_file, items, by_command)
+        call = _Call(self._seq, proc, cmd_file, plan)
         for stream in (proc.stdout, proc.stderr):
             fd = stream.fileno()
             os.set_blocking(fd, False)
@@ -392,7 +446,7 @@ class Stager:
             self._sel.register(fd, selectors.EVENT_READ, (call, stream is proc.stdout))
         self._calls.append(call)
         self.stats.calls += 1
-        log.debug("call %d: %d samples, %d objects", self._seq, len(positions), len(lines))
+        log.debug("call %d: %d samples, %d lines", self._seq, len(positions), len(plan.lines))
 
     # Objects whose key s5cmd cannot carry in a command file (a line break in the key) are
     # fetched with boto3 instead, so they are neither dropped nor able to inject a command.
@@ -450,25 +504,29 @@ class Stager:
         r = _s5cmd.parse_line(line)
         if r is None:
             return
+        items = call.plan.items
         if r.ok:
-            item = call.items.pop(r.destination, None)
+            item = items.pop(r.destination, None)
             if item is None:
                 return
             pos, j = item
-            if self.opts.verify:
-                problem = _verify(r.destination, self.samples[self.order[pos]].fields[j])
-                if problem:
-                    call.items[r.destination] = item
-                    call.errors[r.destination] = problem
-                    return
-            self.stats.staged_bytes += self.samples[self.order[pos]].fields[j].size
+            f = self.samples[self.order[pos]].fields[j]
+            problem = _verify(r.destination, f) if self.opts.verify else ""
+            final = call.plan.moves.get(r.destination)
+            if final is not None and not problem:
+                problem = _move(r.destination, final)
+            if problem:
+                items[r.destination] = item
+                call.errors[r.destination] = problem
+                return
+            self.stats.staged_bytes += f.size
             self._field_done(pos)
         else:
-            dest = call.by_command.get(r.command)
-            if dest is not None:
-                call.errors[dest] = r.error
-            else:
+            reported = call.plan.by_command.get(r.command)
+            if reported is None:
                 call.loose.append(r.error)
+            for where in reported or ():
+                call.errors[where] = r.error
 
     def _field_done(self, pos: int) -> None:
         left = self._fields_left[pos] - 1
@@ -486,7 +544,11 @@ class Stager:
             os.unlink(call.command_file)
         except OSError:
             pass
-        if not call.items:
+        for scratch in call.plan.scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+        if call.plan.scratch:
+            shutil.rmtree(os.path.dirname(call.plan.scratch[0]), ignore_errors=True)
+        if not call.plan.items:
             return
         failures: dict[int, tuple[str, str, str]] = {}
         default = (
@@ -494,7 +556,7 @@ class Stager:
             if call.stalled
             else (call.loose[-1] if call.loose else f"s5cmd exited with code {rc} without a result")
         )
-        for dest, (pos, j) in call.items.items():
+        for dest, (pos, j) in call.plan.items.items():
             if pos in failures:
                 continue
             msg = call.errors.get(dest, default)
@@ -612,6 +674,8 @@ class Stager:
                 os.unlink(call.command_file)
             except OSError:
                 pass
+            for scratch in call.plan.scratch:
+                shutil.rmtree(scratch, ignore_errors=True)
         self._calls.clear()
 
     @property
@@ -646,6 +710,16 @@ def _verify(path: str, f: Any) -> str:
                 h.update(chunk)
         if h.hexdigest() != etag.lower():
             return f"MD5 mismatch: ETag {etag}, staged file {h.hexdigest()}"
+    return ""
+
+
+def _move(src: str, dest: str) -> str:
+    """Rename a file out of a block's scratch folder into its sample's folder."""
+    try:
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        os.rename(src, dest)
+    except OSError as exc:
+        return f"cannot move {src} to {dest}: {exc.strerror}"
     return ""
 
 

@@ -204,7 +204,7 @@ def clean_stale(root: str) -> list[str]:
 
 # Loaders alive in this process, cleaned at exit and on SIGTERM.
 _LIVE: dict[int, Any] = {}
-_CLEANUPS: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_CLEANUPS: weakref.WeakSet[Any] = weakref.WeakSet()
 _PID = os.getpid()
 
 

@@ -172,7 +172,7 @@ class S5Dataset(Dataset[Any]):
         if data is None:
             data = self._fetch(sample)
         out: dict[str, Any] = {"__key__": sample.key}
-        for f, value in zip(sample.fields, data):
+        for f, value in zip(sample.fields, data, strict=True):
             out[f.name] = value
         if sample.extra:
             for k, v in sample.extra.items():

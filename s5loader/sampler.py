@@ -12,10 +12,11 @@ from typing import Any
 
 from torch.utils.data import Sampler
 
+from ._blocks import plan_blocks
 from ._dist import rank_info
 from ._order import Order as _Order
-from ._s5cmd import S5cmd, can_write, copy_line, write_command_file
-from ._stager import Stager, StagerOptions, Stats, copies
+from ._s5cmd import S5cmd, write_command_file
+from ._stager import Stager, StagerOptions, Stats, plan_call
 from ._staging import StagingArea, choose_root, register_cleanup
 from ._uri import format_size, parse_size
 from .dataset import S5Dataset
@@ -37,9 +38,15 @@ class S5Sampler(Sampler[int]):
 
     Args:
         dataset: the :class:`S5Dataset` to stage for.
-        shuffle: a new permutation each epoch (call :meth:`set_epoch`).
+        shuffle: ``True``: a new permutation of all samples each epoch (call
+            :meth:`set_epoch`); ``"block"``: permute blocks of up to ``block_size`` samples
+            that share a key prefix, then shuffle samples within each call's window, which
+            lets s5cmd fetch a whole block with one wildcard request (about 2.5x less s5cmd
+            CPU than one request per object); ``False``: key order.
         seed: the permutation's seed; the same seed and epoch give the same order everywhere.
         samples_per_call: samples per s5cmd command file.
+        block_size: most samples in a block (see ``shuffle``). A call that holds a whole
+            block fetches it with one wildcard line, whatever the shuffle.
         buffers: s5cmd calls in flight at once (2: double buffering).
         staging_dir: the staging root; ``None`` picks ``/dev/shm`` when it has room for the
             budget, else the system temp directory. Each sampler stages into a directory of
@@ -70,9 +77,10 @@ class S5Sampler(Sampler[int]):
         self,
         dataset: S5Dataset,
         *,
-        shuffle: bool = True,
+        shuffle: bool | str = True,
         seed: int = 0,
         samples_per_call: int = 1000,
+        block_size: int = 64,
         buffers: int = 2,
         staging_dir: str | None = None,
         budget: int | str = "2GiB",
@@ -89,13 +97,17 @@ class S5Sampler(Sampler[int]):
     ) -> None:
         if not isinstance(dataset, S5Dataset):
             raise ConfigError(f"S5Sampler needs an S5Dataset, got {type(dataset).__name__}")
+        if shuffle not in (True, False, "block"):
+            raise ConfigError(f"shuffle must be True, False or 'block', got {shuffle!r}")
+        if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+            raise ConfigError(f"block_size must be a positive int, got {block_size!r}")
         if not isinstance(seed, int):
             raise ConfigError(f"seed must be an int, got {seed!r}")
         if not isinstance(numworkers, int) or numworkers <= 0:
             raise ConfigError(f"numworkers must be a positive int, got {numworkers!r}")
         r, world = rank_info(num_replicas, rank)
         self.dataset = dataset
-        self._order = _Order(bool(shuffle), seed, world, r, bool(drop_last))
+        self._order = _Order(shuffle if shuffle == "block" else bool(shuffle), seed, world, r, bool(drop_last))
         budget_bytes = parse_size(budget, "budget")
         self._options = StagerOptions(
             budget=budget_bytes,
@@ -127,6 +139,7 @@ class S5Sampler(Sampler[int]):
                     + ("the whole data set with keep_staged" if keep_staged else f"sample {largest.key!r}")
                 )
             self._options = StagerOptions(**{**self._options.__dict__, "budget": room})
+        self._layout = plan_blocks(dataset.samples, block_size)
         self._s5cmd = S5cmd(dataset.endpoint_url, numworkers=numworkers)
         self._area = StagingArea(root)
         self.keep_staged = bool(keep_staged)
@@ -174,7 +187,7 @@ class S5Sampler(Sampler[int]):
 
     def _iterate(self) -> Iterator[int]:
         self._close_active()
-        order = self._order.indices(len(self.dataset), self.epoch, self._start)
+        order = self._epoch_order(self.epoch, self._start)
         self._area.create()
         register_cleanup(self)
         if not self.keep_staged:
@@ -187,6 +200,7 @@ class S5Sampler(Sampler[int]):
             self._options,
             kept=self._kept if self.keep_staged else None,
             endpoint_url=self.dataset.endpoint_url,
+            layout=self._layout,
         ).start()
         self._active = stager
         self._yielded = 0
@@ -215,6 +229,11 @@ class S5Sampler(Sampler[int]):
             if finished:
                 self._start = 0
             self._report(stager.stats, time.monotonic() - t0, finished)
+
+    def _epoch_order(self, epoch: int, start: int = 0) -> list[int]:
+        return self._order.indices(
+            len(self.dataset), epoch, start, units=self._layout.units, window=self._options.samples_per_call
+        )
 
     def _report(self, stats: Stats, elapsed: float, finished: bool) -> None:
         starved = stats.wait_s - stats.first_wait_s
@@ -254,22 +273,18 @@ class S5Sampler(Sampler[int]):
         Returns:
             the paths of the command files, in order.
         """
-        order = self._order.indices(len(self.dataset), self.epoch if epoch is None else epoch)
+        order = self._epoch_order(self.epoch if epoch is None else epoch)
         spc = self._options.samples_per_call
         os.makedirs(directory, exist_ok=True)
         stage = os.path.abspath(directory)
         paths = []
         for n, first in enumerate(range(0, len(order), spc)):
-            positions = range(first, min(first + spc, len(order)))
-            path = os.path.join(stage, f"call-{n:05d}.txt")
-            write_command_file(
-                path,
-                (
-                    copy_line(uri, dest)
-                    for _, _, uri, dest in copies(self.dataset.samples, order, positions, lambda i: f"{stage}/{i}")
-                    if can_write(uri)
-                ),
+            plan = plan_call(
+                self.dataset.samples, order, range(first, min(first + spc, len(order))),
+                lambda i: f"{stage}/{i}", self._layout, f"{stage}/.c{n}",
             )
+            path = os.path.join(stage, f"call-{n:05d}.txt")
+            write_command_file(path, plan.lines)
             paths.append(path)
         return paths
 
@@ -320,7 +335,14 @@ class S5Sampler(Sampler[int]):
             )
         if state["start"] > len(self.dataset):
             raise StateError(f"state['start']={state['start']} is past the data set's {len(self.dataset)} samples")
-        consumed = state["start"] + state["yielded"] * state["num_replicas"]
+        block = state["shuffle"] == "block"
+        if block and state["num_replicas"] != self._order.num_replicas:
+            raise StateError(
+                f"a shuffle='block' epoch resumes only with the same number of ranks: the state "
+                f"has {state['num_replicas']}, this job {self._order.num_replicas}"
+            )
+        # block order: a position in this rank's slice; otherwise a position in the global order
+        consumed = state["start"] + state["yielded"] * (1 if block else state["num_replicas"])
         if state["num_replicas"] != self._order.num_replicas:
             log.warning(
                 "resuming with %d rank(s) from a state saved with %d: continuing the global "
@@ -328,7 +350,7 @@ class S5Sampler(Sampler[int]):
                 self._order.num_replicas, state["num_replicas"], min(consumed, len(self.dataset)), len(self.dataset),
             )
         self._order = _Order(
-            bool(state["shuffle"]), state["seed"], self._order.num_replicas, self._order.rank,
+            "block" if block else bool(state["shuffle"]), state["seed"], self._order.num_replicas, self._order.rank,
             bool(state["drop_last"]),
         )
         self.epoch = state["epoch"]

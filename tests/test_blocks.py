@@ -1,0 +1,89 @@
+"""Blocks: samples that share a key prefix are fetched with one wildcard line."""
+
+from __future__ import annotations
+
+import os
+
+from torch.utils.data import DataLoader
+
+from conftest import Store, make_pairs
+from s5loader import S5Dataset, S5Sampler
+from s5loader._blocks import plan_blocks
+from s5loader._index import Field, Sample
+
+
+def samples_of(keys: list[str], fields=("image", "label")) -> list[Sample]:
+    return [Sample(k, tuple(Field(f, f"s3://b/{k}.{f}", 1, "") for f in fields)) for k in keys]
+
+
+def test_numbered_keys_form_blocks_of_their_decade() -> None:
+    layout = plan_blocks(samples_of([f"train/{i:05d}" for i in range(2000)]), 64)
+    assert len(layout.blocks) == 200
+    blk = layout.blocks[12]
+    assert (blk.start, blk.stop, blk.wildcard) == (120, 130, "s3://b/train/0012*")
+    assert blk.rels[0] == ("00120.image", "00120.label")
+    assert all(b >= 0 for b in layout.block_of)
+    units = layout.units
+    assert sorted(i for u in units for i in u) == list(range(2000))
+
+
+def test_block_never_covers_objects_of_other_samples() -> None:
+    # "a1" and "a10" share the prefix "train/a1": a block "train/a1*" would also match a10's
+    keys = ["train/a1", "train/a10", "train/a11", "train/b"]
+    layout = plan_blocks(samples_of(keys), 2)
+    for blk in layout.blocks:
+        prefix = blk.prefix
+        covered = [k for k in keys for f in ("image", "label") if f"{k}.{f}".startswith(prefix)]
+        assert len(covered) == 2 * len(blk)
+
+
+def test_unsafe_keys_get_no_block() -> None:
+    keys = ["d/x*y", "d/q'uote", "d/../up", "d/sp ace", "d/.hidden"]
+    layout = plan_blocks(samples_of(keys), 8)
+    for k, b in zip(keys, layout.block_of, strict=True):
+        if b >= 0:
+            assert all(part not in layout.blocks[b].prefix for part in ("*", ".."))
+            assert " " not in "".join(layout.blocks[b].rels[0]) and "'" not in "".join(layout.blocks[b].rels[0])
+    assert layout.block_of[0] == -1 and layout.block_of[2] == -1
+
+
+def test_block_shuffle_end_to_end(seaweed: Store, staging_root: str, tmp_path) -> None:
+    source = seaweed.put(make_pairs(120, size=300))
+    ds = S5Dataset.from_prefix(seaweed.uri(), endpoint_url=seaweed.endpoint)
+    orders = []
+    with S5Sampler(ds, shuffle="block", block_size=10, samples_per_call=40, staging_dir=staging_root) as sampler:
+        files = sampler.write_command_files(str(tmp_path / "plan"))
+        text = "".join(open(f).read() for f in files)
+        assert text.count("*' ") >= 9  # whole blocks go as wildcard lines
+        for epoch in range(2):
+            sampler.set_epoch(epoch)
+            loader = DataLoader(ds, sampler=sampler, batch_size=4, num_workers=2, collate_fn=lambda b: b)
+            got = [s for b in loader for s in b]
+            assert sorted(s["__key__"] for s in got) == sorted({k.rsplit(".", 1)[0] for k in source})
+            assert all(s["image"] == source[s["__key__"] + ".image"] for s in got)
+            assert all(s["label"] == source[s["__key__"] + ".label"] for s in got)
+            orders.append([s["__key__"] for s in got])
+            assert [n for n in os.listdir(sampler.staging_dir) if not n.startswith(".")] == []
+            assert sorted(os.listdir(sampler.staging_dir)) == [".calls", ".lock"]  # scratch folders gone
+    assert orders[0] != orders[1]
+    assert orders[0] != sorted(orders[0])
+
+
+def test_block_shuffle_resume_and_folder_samples(moto: Store, staging_root: str) -> None:
+    source = moto.put({f"f{i:03d}/{n}": f"{i}{n}".encode() for i in range(30) for n in ("a.txt", "b.bin")})
+    ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint, group_by="folder")
+    full = list(S5Sampler(ds, shuffle="block", seed=4, staging_dir=staging_root, block_size=10))
+    s = S5Sampler(ds, shuffle="block", seed=4, staging_dir=staging_root, block_size=10)
+    it = iter(s)
+    first = [next(it) for _ in range(7)]
+    state = s.state_dict()
+    s.close()
+    r = S5Sampler(ds, shuffle="block", seed=4, staging_dir=staging_root, block_size=10)
+    r.load_state_dict(state)
+    rest = []
+    for idx in r:
+        rest.append(idx)
+        sample = ds[idx]
+        assert sample["a.txt"] == source[sample["__key__"] + "/a.txt"]
+    r.close()
+    assert first + rest == full

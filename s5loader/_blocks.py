@@ -61,6 +61,9 @@ class Layout:
 
     blocks: list[Block]
     block_of: list[int]
+    # per sample of two or more objects whose own key prefix holds exactly them: a block of
+    # one, so a call without the whole block still fetches that sample with one line
+    single: list[Block | None] | None = None
 
     @property
     def units(self) -> list[list[int]]:
@@ -128,7 +131,13 @@ def plan_blocks(samples: Sequence[Sample], block_size: int) -> Layout:
     for number, blk in enumerate(blocks):
         for i in range(blk.start, blk.stop):
             block_of[i] = number
-    return Layout(blocks, block_of)
+    single: list[Block | None] = [None] * n
+    for i in range(n):
+        if counts[i] > 1:
+            p = _lcp(lo[i], hi[i])
+            if exact(i, i + 1, p):
+                single[i] = _make_block(bucket, p, i, i + 1, keys)
+    return Layout(blocks, block_of, single)
 
 
 def _make_block(bucket: str, prefix: str, a: int, b: int, keys: list[list[str]]) -> Block | None:

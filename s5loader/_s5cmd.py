@@ -127,6 +127,14 @@ def copy_line(source: str, destination: str) -> str:
     return f"cp --raw {shlex.quote(source)} {shlex.quote(destination)}\n"
 
 
+def wildcard_line(pattern: str, folder: str) -> str:
+    """One command-file line that copies every object matching ``pattern`` (a key prefix
+    followed by ``*``) into ``folder``, each at its path below the pattern's folder."""
+    if not can_write(pattern) or not can_write(folder):
+        raise ValueError(f"cannot write {pattern!r} into an s5cmd command file")
+    return f"cp {shlex.quote(pattern)} {shlex.quote(folder)}\n"
+
+
 def classify(error: str) -> str:
     """Sort an s5cmd error message into ``not_found``, ``denied``, ``no_space``, ``bucket``,
     ``endpoint`` or ``transient``."""

@@ -16,7 +16,6 @@ import heapq
 import logging
 import os
 import selectors
-import shlex
 import shutil
 import threading
 import time
@@ -121,7 +120,8 @@ def plan_call(
 
     A block (see :mod:`._blocks`) whose samples are all in the call is fetched with one
     wildcard line into a scratch folder below ``scratch_dir``; its files are renamed into
-    their samples' folders as they arrive. Every other object gets its own ``cp --raw`` line.
+    their samples' folders as they arrive. So is a sample of several objects that has a key
+    prefix of its own. Every other object gets its own ``cp --raw`` line.
     Destinations come from sample indices and field names only, never from a key (block
     scratch paths come from keys that :mod:`._blocks` checked to be plain names).
     Positions in ``single`` (retries) always go one object at a time.
@@ -135,12 +135,17 @@ def plan_call(
                 whole.setdefault(b, []).append(pos)
         whole = {b: ps for b, ps in whole.items() if len({order[p] for p in ps}) == len(layout.blocks[b]) == len(ps)}
     in_blocks = {p for ps in whole.values() for p in ps}
-    for b, ps in whole.items():
-        assert layout is not None
-        blk = layout.blocks[b]
-        scratch = f"{scratch_dir}/.b{b}"
+    wildcards = [(layout.blocks[b], ps, f"b{b}") for b, ps in whole.items()] if layout is not None else []
+    if layout is not None and layout.single is not None:
+        for pos in positions:
+            blk1 = layout.single[order[pos]]
+            if pos not in in_blocks and pos not in single and blk1 is not None:
+                wildcards.append((blk1, [pos], f"s{pos}"))
+                in_blocks.add(pos)
+    for blk, ps, tag in wildcards:
+        scratch = f"{scratch_dir}/.{tag}"
         plan.scratch.append(scratch)
-        plan.lines.append(f"cp {shlex.quote(blk.wildcard)} {shlex.quote(scratch + '/')}\n")
+        plan.lines.append(_s5cmd.wildcard_line(blk.wildcard, scratch + "/"))
         reported = plan.by_command.setdefault(_s5cmd.error_command(blk.wildcard, scratch + "/"), [])
         for pos in ps:
             idx = order[pos]

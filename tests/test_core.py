@@ -168,3 +168,32 @@ def test_missing_binary(moto: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(S5cmdNotFoundError, match="S5LOADER_S5CMD"):
         S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
+
+
+def test_readme_quick_start_runs_as_written(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+    import urllib.request
+
+    urllib.request.urlopen(urllib.request.Request(f"{moto_server}/moto-api/reset", method="POST")).close()
+    store = Store("moto", moto_server, "bucket", "train/")
+    store.client.create_bucket(Bucket="bucket")
+    store.put(make_pairs(12, size=64))
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
+    code = re.search(r"## Quick start\n\n```python\n(.*?)```", readme, re.S).group(1)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_server)
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert len(namespace["dataset"]) == 12
+    assert not os.path.exists(namespace["sampler"].staging_dir)
+
+
+def test_cli_ls(moto: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    from s5loader.cli import main
+
+    moto.put(make_pairs(3, size=10))
+    assert main(["ls", moto.uri(), "--endpoint-url", moto.endpoint]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("3 samples") and "train/0002\t" in out and "image,label" in out
+    assert main(["ls", "s3://no-such-bucket-x/", "--endpoint-url", moto.endpoint]) == 1
+    assert "no-such-bucket-x" in capsys.readouterr().err
+    assert main(["frobnicate"]) == 2

@@ -1,0 +1,171 @@
+"""Unit and property tests: sizes, URIs, grouping, command lines, ordering, and the engine over a
+fake s5cmd (a local folder) with Hypothesis checking the budget and exactly-once delivery."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import stat
+import sys
+import threading
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from s5loader import ConfigError, S3URIError, S5Dataset, S5Sampler, parse_size
+from s5loader._index import group
+from s5loader._order import Order
+from s5loader._s5cmd import ObjectInfo, copy_line, wildcard_line
+from s5loader._stager import field_names
+
+
+def test_parse_size() -> None:
+    assert parse_size("2GiB") == 2 * 1024**3
+    assert parse_size("500MB") == 500 * 1000**2
+    assert parse_size("1.5k") == 1500
+    assert parse_size(4096) == 4096
+    for bad in ("", "lots", "-1", "1XB", 0, -5, True, 1.5):
+        with pytest.raises(ConfigError):
+            parse_size(bad)  # type: ignore[arg-type]
+
+
+def test_parse_uri() -> None:
+    from s5loader._uri import parse_s3_uri
+
+    assert parse_s3_uri("s3://b-1/a/b c") == ("b-1", "a/b c")
+    for bad in ("b/k", "s3:/b/k", "s3://", "s3://-b/k", "http://b/k", 3):
+        with pytest.raises(S3URIError):
+            parse_s3_uri(bad)  # type: ignore[arg-type]
+
+
+def test_group_by_modes() -> None:
+    objs = [ObjectInfo(f"s3://b/{k}", k, 1, "") for k in
+            ("p/0001.jpg", "p/0001.cls", "p/0002.jpg", "p/README", "p/f1/x.txt", "p/f1/sub/y.bin")]
+    stem = group(objs, "stem", "p/")
+    assert [s.key for s in stem] == ["p/0001", "p/0002", "p/f1/sub/y", "p/f1/x"]
+    assert [f.name for f in stem[0].fields] == ["cls", "jpg"]
+    folder = group(objs, "folder", "p/")
+    assert [(s.key, [f.name for f in s.fields]) for s in folder] == [("p/f1", ["sub/y.bin", "x.txt"])]
+    assert len(group(objs, "object", "p/")) == 6
+    with pytest.raises(ConfigError):
+        group(objs, "shard")
+
+
+@given(st.text(min_size=1, max_size=60).filter(lambda k: "\n" not in k and "\r" not in k and "\x00" not in k))
+def test_copy_line_is_one_command_whatever_the_key(key: str) -> None:
+    uri = f"s3://bucket/{key}"
+    line = copy_line(uri, "/stage/1/data")
+    assert line.endswith("\n") and line.count("\n") == 1
+    assert shlex.split(line) == ["cp", "--raw", uri, "/stage/1/data"]
+    assert shlex.split(wildcard_line(uri + "*", "/stage/.b1/")) == ["cp", uri + "*", "/stage/.b1/"]
+
+
+def test_copy_line_refuses_line_breaks() -> None:
+    with pytest.raises(ValueError):
+        copy_line("s3://b/a\nrm s3://b/x", "/stage/1/data")
+
+
+def test_field_names_never_leave_the_sample_folder() -> None:
+    from s5loader._index import Field, Sample
+
+    def names(*fields: str) -> list[str]:
+        return field_names(Sample("k", tuple(Field(f, "s3://b/k", 1, "") for f in fields)))
+
+    assert names("image", "label") == ["image", "label"]
+    assert names("sub/x.txt") == ["sub/x.txt"]
+    for bad in (("..", "x"), ("../x",), ("/abs",), ("a//b",), (".hidden",), ("x" * 300,), ("A", "a")):
+        assert names(*bad) == [f"_{j}" for j in range(len(bad))]
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 60), world=st.integers(1, 5), epoch=st.integers(0, 3), drop_last=st.booleans(),
+       shuffle=st.sampled_from([True, False, "block"]), block=st.integers(1, 7))
+def test_every_index_once_across_ranks(n: int, world: int, epoch: int, drop_last: bool, shuffle, block: int) -> None:
+    units = [list(range(i, min(i + block, n))) for i in range(0, n, block)]
+    parts = [Order(shuffle, 11, world, r, drop_last).indices(n, epoch, units=units, window=5) for r in range(world)]
+    sizes = {len(p) for p in parts}
+    assert len(sizes) == 1  # all ranks yield the same count
+    flat = [i for p in parts for i in p]
+    if drop_last:
+        assert len(set(flat)) == len(flat) == (n // world) * world
+    else:
+        assert set(flat) == set(range(n)) and len(flat) == -(-n // world) * world
+    assert parts == [Order(shuffle, 11, world, r, drop_last).indices(n, epoch, units=units, window=5) for r in range(world)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(1, 50), w1=st.integers(1, 4), w2=st.integers(1, 4), k=st.integers(0, 20))
+def test_elastic_resume_continues_the_global_order(n: int, w1: int, w2: int, k: int) -> None:
+    full = Order(True, 3, 1, 0, False).indices(n, 0)
+    k = min(k, n // w1)
+    start = k * w1
+    rest = [Order(True, 3, w2, r, False).indices(n, 0, start) for r in range(w2)]
+    assert sorted(set(i for p in rest for i in p)) == sorted(set(full[start:]))
+
+
+# -- the engine over a fake s5cmd -----------------------------------------------------------------
+@pytest.fixture
+def fake_s3(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    root = tmp_path / "s3"
+    (root / "bkt").mkdir(parents=True)
+    wrapper = tmp_path / "s5cmd"
+    here = os.path.dirname(os.path.abspath(__file__))
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {here}/fake_s5cmd.py \"$@\"\n")
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("S5LOADER_S5CMD", str(wrapper))
+    monkeypatch.setenv("FAKE_S3_ROOT", str(root))
+    return root / "bkt"
+
+
+def _dir_bytes(path: str) -> int:
+    total = 0
+    for r, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if d != ".calls"]
+        for f in files:
+            if f != ".lock":
+                try:
+                    total += os.lstat(os.path.join(r, f)).st_size
+                except FileNotFoundError:
+                    pass
+    return total
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sizes=st.lists(st.integers(1, 3000), min_size=1, max_size=40), spc=st.integers(1, 12),
+       buffers=st.integers(1, 3), slack=st.integers(0, 4000), shuffle=st.sampled_from([True, False, "block"]))
+def test_budget_never_exceeded_and_each_sample_once(fake_s3, tmp_path, sizes, spc, buffers, slack, shuffle) -> None:
+    import shutil
+
+    shutil.rmtree(fake_s3)
+    fake_s3.mkdir()
+    for i, size in enumerate(sizes):
+        (fake_s3 / f"{i:03d}.bin").write_bytes(bytes([i % 256]) * size)
+        (fake_s3 / f"{i:03d}.txt").write_bytes(str(i).encode())
+    ds = S5Dataset.from_prefix("s3://bkt/", endpoint_url="http://fake")
+    budget = max(s.size for s in ds.samples) + slack
+    root = str(tmp_path / "stage")
+    os.makedirs(root, exist_ok=True)
+    peak = [0]
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _dir_bytes(root))
+            time.sleep(0.0005)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    with S5Sampler(ds, shuffle=shuffle, samples_per_call=spc, buffers=buffers, budget=budget, staging_dir=root,
+                   block_size=4) as sampler:
+        got = []
+        for idx in sampler:
+            s = ds[idx]
+            assert s["bin"] == bytes([int(s["txt"]) % 256]) * sizes[int(s["txt"])]
+            got.append(idx)
+        assert sampler.stats is not None and sampler.stats.peak_reserved <= budget
+    done.set()
+    t.join()
+    assert sorted(got) == list(range(len(sizes)))
+    assert peak[0] <= budget

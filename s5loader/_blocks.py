@@ -95,7 +95,7 @@ def plan_blocks(samples: Sequence[Sample], block_size: int) -> Layout:
         return Layout(blocks, block_of)
     buckets = {_split(f.uri)[0] for s in samples for f in s.fields}
     if len(buckets) != 1:
-        return blocks, block_of
+        return Layout(blocks, block_of)
     bucket = buckets.pop()
     keys = [[_split(f.uri)[1] for f in s.fields] for s in samples]
     lo = [min(k) for k in keys]

@@ -236,7 +236,7 @@ def read_manifest(path_or_uri: str, endpoint_url: str | None) -> tuple[list[str]
             continue
         try:
             rec = json.loads(line)
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             raise ManifestError(f"{path_or_uri} line {lineno}: not valid JSON ({exc.msg}): {line[:200]!r}") from exc
         if isinstance(rec, str):
             rec = {"uri": rec}

@@ -165,12 +165,13 @@ def classify(error: str) -> str:
 
 def error_for(kind: str, message: str) -> S5LoaderError:
     """The exception type for an error kind from :func:`classify`."""
-    return {
+    types: dict[str, type[S5LoaderError]] = {
         "not_found": ObjectNotFoundError,
         "bucket": NoSuchBucketError,
         "denied": AccessDeniedError,
         "endpoint": EndpointError,
-    }.get(kind, FetchError)(message)
+    }
+    return types.get(kind, FetchError)(message)
 
 
 def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child between fork and exec

@@ -433,7 +433,7 @@ class Stager:
             self._fields_left[pos] = len(self.samples[idx].fields)
         plan = plan_call(
             self.samples, self.order, positions, self.area.sample_dir, self.layout,
-            f"{self.area.path}/.c{self._seq}", single=self._attempts.keys(),
+            f"{self.area.path}/.c{self._seq}", single=set(self._attempts),
         )
         for pos, j, uri, dest in plan.aside:
             self._fetch_aside(pos, j, uri, dest)
@@ -445,6 +445,7 @@ class Stager:
         proc = self.s5cmd.run_file(cmd_file)
         call = _Call(self._seq, proc, cmd_file, plan)
         for stream in (proc.stdout, proc.stderr):
+            assert stream is not None
             fd = stream.fileno()
             os.set_blocking(fd, False)
             call.bufs[fd] = bytearray()

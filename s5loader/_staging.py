@@ -180,7 +180,7 @@ def clean_stale(root: str) -> list[str]:
     A directory whose lock is held (its loader, or that loader's DataLoader workers, still
     run) is never touched. Returns the removed paths.
     """
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(root)
     except OSError:

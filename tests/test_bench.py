@@ -219,3 +219,13 @@ def test_latency_proxy_passes_s3_traffic(seaweed_server: str) -> None:
         assert proxy.connections >= 1
     finally:
         proxy.stop()
+
+
+def test_repeat_reports_the_median(data: dict[str, str], tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    out_json = tmp_path / "r.json"
+    assert bench.main([data["source"], "--endpoint-url", data["endpoint"], "--steps", "2", "--batch-size", "2",
+                       "--methods", "s5cmd-bulk", "--repeat", "3", "--json", str(out_json)]) == 0
+    r = json.loads(out_json.read_text())["results"][0]
+    assert r["status"] == "ok" and len(r["repeats_samples_per_s"]) == 3
+    assert r["samples_per_s"] == sorted(r["repeats_samples_per_s"])[1]
+    assert "median of 3 repeats" in capsys.readouterr().out

@@ -6,17 +6,17 @@ import json
 import os
 
 import pytest
+from conftest import Store, make_pairs
 from torch.utils.data import DataLoader
 
-from conftest import Store, make_pairs
 from s5loader import (
+    ConfigError,
     EmptySourceError,
     NoSuchBucketError,
     S3URIError,
     S5cmdNotFoundError,
     S5Dataset,
     S5Sampler,
-    ConfigError,
 )
 
 

@@ -6,11 +6,10 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
-
 from conftest import Store, free_port, make_pairs
+
 from s5loader import S5Dataset, S5Sampler, StateError
 
 DDP_SCRIPT = """

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import pickle
@@ -12,10 +11,10 @@ import time
 
 import psutil
 import pytest
-from torch.utils.data import DataLoader
-
 from conftest import Store, make_pairs
 from faults import FaultProxy, Rule
+from torch.utils.data import DataLoader
+
 from s5loader import (
     AccessDeniedError,
     ConfigError,

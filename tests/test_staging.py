@@ -9,16 +9,15 @@ import signal
 import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
 import time
 from collections.abc import Iterator
 
 import psutil
 import pytest
+from conftest import Store, make_pairs
 from torch.utils.data import DataLoader
 
-from conftest import Store, make_pairs
 from s5loader import BudgetError, S5Dataset, S5Sampler, StagingSpaceError, StallError
 from s5loader._locals3 import SeaweedFS
 

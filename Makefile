@@ -8,7 +8,6 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
 	# The CPU build of PyTorch first: a bare `torch` requirement would fetch a CUDA build.
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[test]'

@@ -89,6 +89,7 @@ class LatencyProxy:
         self.listen = (listen_host, listen_port)
         self.port = 0
         self.connections = 0
+        self._tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.AbstractServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -98,17 +99,27 @@ class LatencyProxy:
         return f"http://{self.listen[0]}:{self.port}"
 
     async def _handle(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
+        me = asyncio.current_task()
+        if me is not None:  # asyncio holds tasks weakly: an idle connection's could be collected
+            self._tasks.add(me)
+            me.add_done_callback(self._tasks.discard)
         self.connections += 1
         try:
             s_reader, s_writer = await asyncio.open_connection(*self.upstream)
         except OSError:
             c_writer.close()
             return
+        up = asyncio.ensure_future(_delayed_pipe(c_reader, s_writer, self.delay))
+        down = asyncio.ensure_future(_pipe(s_reader, c_writer))
         try:
-            await asyncio.gather(_delayed_pipe(c_reader, s_writer, self.delay), _pipe(s_reader, c_writer))
+            # The server closing ends the connection; the client closing its side still
+            # waits for the server's answer (a half-close).
+            await down
         except (ConnectionError, OSError):
             pass
         finally:
+            up.cancel()
+            down.cancel()
             for w in (s_writer, c_writer):
                 with contextlib.suppress(Exception):
                     w.close()
@@ -188,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
         await stop.wait()
         assert proxy._server is not None
         proxy._server.close()
+        rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in rest:
+            t.cancel()
+        await asyncio.gather(*rest, return_exceptions=True)
 
     t0 = time.monotonic()
     asyncio.run(run())

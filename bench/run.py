@@ -41,7 +41,7 @@ def bench(label: str, endpoint: str, source: str, out: str, args: argparse.Names
     """One ``s5loader bench`` run; its output is echoed, its JSON returned."""
     argv = [PY, "-m", "s5loader", "bench", source, "--endpoint-url", endpoint,
             "--batch-size", str(args.batch_size), "--num-workers", str(args.num_workers),
-            "--samples-per-call", str(args.samples_per_call),
+            "--samples-per-call", str(args.samples_per_call), "--repeat", str(args.repeat),
             "--json", os.path.join(out, f"{label}.json"), "--markdown", os.path.join(out, f"{label}.md")]
     if args.methods:
         argv += ["--methods", *args.methods]
@@ -83,12 +83,14 @@ def start_proxy(upstream: str, delay_ms: float, tmp: str) -> tuple[subprocess.Po
         return proc, f"http://127.0.0.1:{int(f.read())}"
 
 
-def combined_chart(path: str, runs: dict[str, dict[str, Any]]) -> None:
+def combined_chart(path: str, runs: dict[str, dict[str, Any]], delay_ms: float = 20.0) -> None:
+    """latest.png: samples/s and CPU per 1,000 samples per method, direct and proxied side by side."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    legend = {"direct": "direct (loopback)", "proxy": f"through the {delay_ms:g} ms proxy"}
     methods: list[str] = []
     for doc in runs.values():
         for r in doc["results"]:
@@ -100,9 +102,12 @@ def combined_chart(path: str, runs: dict[str, dict[str, Any]]) -> None:
         by = {r["method"]: r for r in doc["results"] if r["status"] == "ok"}
         xs = [i + (k - (len(runs) - 1) / 2) * width for i in range(len(methods))]
         for ax, key in zip(axes, ("samples_per_s", "cpu_s_per_1k_samples"), strict=True):
-            ax.bar(xs, [by[m][key] if m in by and by[m][key] is not None else 0 for m in methods], width, label=label)
+            ax.bar(xs, [by[m][key] if m in by and by[m][key] is not None else 0 for m in methods], width,
+                   label=legend.get(label, label))
     axes[0].set_ylabel("samples/s (higher is better)")
-    axes[1].set_ylabel("CPU s per 1,000 samples, whole process tree (lower is better)")
+    axes[1].set_ylabel("CPU s per 1,000 samples (lower is better)")
+    axes[1].set_title("CPU of the whole process tree (s5cmd, workers included)", fontsize=9)
+    axes[0].set_title("throughput", fontsize=9)
     for ax in axes:
         ax.set_xticks(range(len(methods)), methods, rotation=30)
         ax.grid(axis="y", alpha=0.3)
@@ -111,7 +116,7 @@ def combined_chart(path: str, runs: dict[str, dict[str, Any]]) -> None:
     m, s = any_doc["machine"], any_doc["settings"]
     fig.suptitle(f"s5loader bench: batch {s['batch_size']}, {s['num_workers']} workers; {m['logical_cpus']} CPUs "
                  f"({m['cpu_model']}), local SeaweedFS", fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -122,10 +127,12 @@ def markdown(runs: dict[str, dict[str, Any]], info: dict[str, Any]) -> str:
     lines = [
         f"# s5loader bench, {any_doc['started']}",
         "",
-        f"Data: {info['samples']} samples (a {info['sample_size']}-byte `.image` + a small `.label` each) in a local "
+        f"Data: {info['samples']} samples (a {info['sample_size']} `.image` of random bytes + a small `.label` each) in a local "
         f"SeaweedFS; batch size {s['batch_size']}, {s['num_workers']} DataLoader workers, "
         f"samples_per_call {s['samples_per_call']}, buffers {s['buffers']}, "
-        + (f"{s['steps']} steps per method." if s.get("steps") else "one pass over the data set per method."),
+        + (f"{s['steps']} steps per method" if s.get("steps") else "one pass over the data set per method")
+        + f"; the method list was run {s.get('repeat', 1)} times, interleaved, and each row is the repeat with "
+        "the median samples/s (all repeats' samples/s are in the note and in latest.json).",
         f"Machine: {m['logical_cpus']} logical CPUs ({m['cpu_model']}), {m['memory_gb']} GB, {m['os']}, "
         f"Python {m['python']}; versions {json.dumps(m['versions'])}.",
         f"Total time of `make bench`: {info['elapsed_s']:.0f}s.",
@@ -140,13 +147,15 @@ def markdown(runs: dict[str, dict[str, Any]], info: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench/run.py", description="Run the reproducible s5loader benchmark.")
-    p.add_argument("--samples", type=int, default=3000, help="samples in the toy data set (default 3000)")
+    p.add_argument("--samples", type=int, default=2000, help="samples in the toy data set (default 2000)")
     p.add_argument("--sample-size", default="100KB", help="bytes of each .image (default 100KB)")
     p.add_argument("--shard-samples", type=int, default=100, help="samples per tar shard (default 100)")
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--num-workers", type=int, default=4)
     p.add_argument("--samples-per-call", type=int, default=1000)
     p.add_argument("--steps", type=int, default=None, help="steps per method (default: one pass)")
+    p.add_argument("--repeat", type=int, default=3,
+                   help="run the method list this many times, interleaved; the median is reported (default 3)")
     p.add_argument("--methods", nargs="+", help="default: all installed")
     p.add_argument("--delay-ms", type=float, default=20.0, help="latency the proxy adds per request (default 20)")
     p.add_argument("--only", choices=["direct", "proxy"], help="run one of the two")
@@ -197,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(os.path.join(out, "latest.md"), "w") as f:
         f.write(markdown(runs, info))
     try:
-        combined_chart(os.path.join(out, "latest.png"), runs)
+        combined_chart(os.path.join(out, "latest.png"), runs, args.delay_ms)
     except ImportError:
         print("matplotlib is not installed: no latest.png (pip install matplotlib)", file=sys.stderr)
     print(f"\nresults: {os.path.relpath(out, ROOT)}/latest.{{json,md,png}}; the benchmark took {elapsed:.0f}s")

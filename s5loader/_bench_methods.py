@@ -8,6 +8,7 @@ included) by :class:`TreeMonitor`. Only the public API of s5loader is used.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import math
@@ -28,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from . import S5Dataset, S5Sampler, find_s5cmd
 
-METHODS = ("s5loader", "boto3", "s5cmd-run", "s5cmd-bulk", "s3torchconnector", "webdataset")
+METHODS = ("s5loader", "s5loader-block", "boto3", "s5cmd-run", "s5cmd-bulk", "s3torchconnector", "webdataset")
 PEERS = ("s3torchconnector", "webdataset")  # optional packages: skipped with a note when absent
 
 
@@ -74,6 +75,7 @@ class Figures:
     mb_per_s: float | None = None
     step100_mean_s: float | None = None
     step100_var_s2: float | None = None
+    step100_s: list[float] | None = None  # the time of each full window of 100 steps, in order
     wait_fraction: float | None = None
     cpu_s: float | None = None
     cpu_util: float | None = None
@@ -81,6 +83,7 @@ class Figures:
     peak_mem_mb: float | None = None
     ratio_to_s5loader: float | None = None
     cpu_per_sample_ratio_to_s5loader: float | None = None
+    repeats_samples_per_s: list[float] | None = None  # every repeat's samples/s (--repeat)
 
 
 # -- CPU and memory of the process tree ---------------------------------------------------
@@ -95,18 +98,20 @@ class TreeMonitor:
     CPU = this process's user+system time plus its reaped children's (``os.times``, i.e.
     ``getrusage(RUSAGE_CHILDREN)``), plus, for every live descendant found recursively with
     psutil, its own and its reaped children's times. A thread samples the tree every
-    ``interval`` seconds for the peak memory (sum of the descendants' PSS, or RSS where PSS
+    ``interval`` seconds (0.5) for the peak memory (sum of the descendants' PSS, or RSS where PSS
     cannot be read) and keeps the largest CPU figure seen, so a descendant that vanished
-    without being reaped inside the tree is still counted up to its last sample.
+    without being reaped inside the tree is still counted up to its last sample. The
+    sampling thread's own CPU time is left out.
     """
 
-    def __init__(self, interval: float = 0.2) -> None:
+    def __init__(self, interval: float = 0.5) -> None:
         self.interval = interval
         self._proc = psutil.Process()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._start_cpu = 0.0
         self._max_cpu = 0.0
+        self._own_cpu = 0.0  # this thread's CPU: not counted
         self.peak_mem = 0
 
     def _sample(self) -> tuple[float, int]:
@@ -135,8 +140,10 @@ class TreeMonitor:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
             cpu, mem = self._sample()
-            self._max_cpu = max(self._max_cpu, cpu)
+            self._own_cpu = time.thread_time()
+            self._max_cpu = max(self._max_cpu, cpu - self._own_cpu)
             self.peak_mem = max(self.peak_mem, mem)
+        self._own_cpu = time.thread_time()
 
     def start(self) -> TreeMonitor:
         cpu, mem = self._sample()
@@ -153,7 +160,7 @@ class TreeMonitor:
             self._thread.join()
         cpu, mem = self._sample()
         self.peak_mem = max(self.peak_mem, mem)
-        return max(cpu, self._max_cpu) - self._start_cpu, self.peak_mem
+        return max(cpu - self._own_cpu, self._max_cpu) - self._start_cpu, self.peak_mem
 
 
 # -- timing ----------------------------------------------------------------------------------
@@ -200,6 +207,7 @@ class Recorder:
         windows = [self.step_at[k + 99] - (self.step_at[k - 1] if k else 0.0)
                    for k in range(0, len(self.step_at) - 99, 100)]
         if windows:
+            fig.step100_s = [round(w, 4) for w in windows]
             mean = sum(windows) / len(windows)
             fig.step100_mean_s = mean
             fig.step100_var_s2 = (sum((w - mean) ** 2 for w in windows) / (len(windows) - 1)
@@ -273,11 +281,11 @@ class Context:
                           collate_fn=collate_list, **kw)
 
 
-def run_s5loader(ctx: Context) -> Recorder:
-    """S5Sampler + S5Dataset through a DataLoader."""
+def run_s5loader(ctx: Context, shuffle: bool | str = True) -> Recorder:
+    """S5Sampler + S5Dataset through a DataLoader (``s5loader-block``: ``shuffle="block"``)."""
     s = ctx.settings
     ds = S5Dataset.from_prefix(s.source, endpoint_url=ctx.endpoint)
-    sampler = S5Sampler(ds, shuffle=True, seed=s.seed, samples_per_call=s.samples_per_call,
+    sampler = S5Sampler(ds, shuffle=shuffle, seed=s.seed, samples_per_call=s.samples_per_call,
                         buffers=s.buffers, budget=s.budget, staging_dir=s.staging_dir)
     try:
         loader = ctx.loader(ds, sampler=sampler)
@@ -468,17 +476,20 @@ def run_s5cmd_run(ctx: Context) -> Recorder:
         done = _Completions(ctx, rec)
         stop = threading.Event()
 
-        def call(item: tuple[int, str]) -> None:
-            ep, path = item
-            if stop.is_set() or rec.done():
-                return
-            argv = _s5cmd_argv(ctx, "--numworkers", "256", "run", path)
-            _remove(_run_s5cmd(argv, lambda line: done.line(ep, line), stop, rec))
+        with ThreadPoolExecutor(max_workers=1) as cleaner:
 
-        with ThreadPoolExecutor(max_workers=s.buffers) as pool:
-            for fut in [pool.submit(call, item) for item in plan]:
-                fut.result()
-        done.flush()
+            def call(item: tuple[int, str]) -> None:
+                ep, path = item
+                if stop.is_set() or rec.done():
+                    return
+                argv = _s5cmd_argv(ctx, "--numworkers", "256", "run", path)
+                # deleted by another thread, so that the next call starts at once
+                cleaner.submit(_remove, _run_s5cmd(argv, lambda line: done.line(ep, line), stop, rec))
+
+            with ThreadPoolExecutor(max_workers=s.buffers) as pool:
+                for fut in [pool.submit(call, item) for item in plan]:
+                    fut.result()
+            done.flush()
     finally:
         sampler.close()
         shutil.rmtree(root, ignore_errors=True)
@@ -497,7 +508,7 @@ def run_s5cmd_bulk(ctx: Context) -> Recorder:
             dest = os.path.join(root, f"e{epoch}") + "/"
             before = rec.samples
             argv = _s5cmd_argv(ctx, "--numworkers", "256", "cp", ctx.settings.source + "*", dest)
-            _run_s5cmd(argv, lambda line, ep=epoch: done.line(ep, line), stop, rec)
+            _run_s5cmd(argv, functools.partial(done.line, epoch), stop, rec)
             shutil.rmtree(dest, ignore_errors=True)
             if rec.samples == before and not done.in_step[0]:
                 raise RuntimeError(f"{shlex.join(argv)} copied none of the indexed objects")
@@ -621,6 +632,7 @@ def run_webdataset(ctx: Context) -> Recorder:
 
 RUNNERS: dict[str, Callable[[Context], Recorder]] = {
     "s5loader": run_s5loader,
+    "s5loader-block": lambda ctx: run_s5loader(ctx, shuffle="block"),
     "boto3": run_boto3,
     "s5cmd-run": run_s5cmd_run,
     "s5cmd-bulk": run_s5cmd_bulk,

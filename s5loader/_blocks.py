@@ -81,17 +81,24 @@ class Layout:
         return out
 
 
-def plan_blocks(samples: Sequence[Sample], block_size: int) -> Layout:
+def plan_blocks(samples: Sequence[Sample], block_size: int, listing: Sequence[str] | None) -> Layout:
     """Cut the (key-sorted) samples into blocks of at most ``block_size`` samples.
 
-    Samples outside any block (a key with glob characters or unsafe path parts, a prefix
-    shared with objects of other samples, or ``block_size`` 1) are fetched one object at a
-    time.
+    Args:
+        samples: the data set's samples, sorted by key.
+        block_size: most samples in a block.
+        listing: every key the source listing returned, those no sample uses included
+            (objects the grouping left out, folder markers). A block's prefix must match no
+            key outside the block. Without a listing (object lists, manifests) there are no
+            blocks: what else lies under a prefix is unknown.
+
+    Samples outside any block (a key with glob characters, ``..`` or unsafe path parts, a
+    prefix shared with other objects, or ``block_size`` 1) are fetched one object at a time.
     """
     n = len(samples)
     block_of = [-1] * n
     blocks: list[Block] = []
-    if n == 0 or block_size < 2:
+    if n == 0 or block_size < 2 or listing is None:
         return Layout(blocks, block_of)
     buckets = {_split(f.uri)[0] for s in samples for f in s.fields}
     if len(buckets) != 1:
@@ -100,7 +107,7 @@ def plan_blocks(samples: Sequence[Sample], block_size: int) -> Layout:
     keys = [[_split(f.uri)[1] for f in s.fields] for s in samples]
     lo = [min(k) for k in keys]
     hi = [max(k) for k in keys]
-    every = sorted(k for ks in keys for k in ks)
+    every = sorted(listing)
     counts = [len(k) for k in keys]
     prefix_counts = [0]
     for c in counts:
@@ -150,6 +157,8 @@ def _make_block(bucket: str, prefix: str, a: int, b: int, keys: list[list[str]])
     for i in range(a, b):
         rel = tuple(k[len(folder) :] for k in keys[i])
         for r in rel:
+            if ".." in r:  # wildcard lines exclude such keys (see _s5cmd.wildcard_line)
+                return None
             if not all(_SAFE_PART.match(part) and part != ".." for part in r.split("/")):
                 return None
         rels.append(rel)

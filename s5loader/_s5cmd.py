@@ -17,7 +17,7 @@ import subprocess
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, NamedTuple
+from typing import IO, Any, NamedTuple
 
 from .exceptions import (
     AccessDeniedError,
@@ -129,10 +129,15 @@ def copy_line(source: str, destination: str) -> str:
 
 def wildcard_line(pattern: str, folder: str) -> str:
     """One command-file line that copies every object matching ``pattern`` (a key prefix
-    followed by ``*``) into ``folder``, each at its path below the pattern's folder."""
+    followed by ``*``) into ``folder``, each at its path below the pattern's folder.
+
+    s5cmd joins a matched key onto ``folder`` as it is, so a key with a ``..`` component
+    (``p/../../x``) would land outside it; ``--exclude '*..*'`` leaves every key containing
+    ``..`` out of the match (blocks never contain one).
+    """
     if not can_write(pattern) or not can_write(folder):
         raise ValueError(f"cannot write {pattern!r} into an s5cmd command file")
-    return f"cp {shlex.quote(pattern)} {shlex.quote(folder)}\n"
+    return f"cp --exclude '*..*' {shlex.quote(pattern)} {shlex.quote(folder)}\n"
 
 
 def classify(error: str) -> str:
@@ -174,14 +179,18 @@ def error_for(kind: str, message: str) -> S5LoaderError:
     return types.get(kind, FetchError)(message)
 
 
+_PRCTL: Any
+try:  # resolved here, in the parent: no dlopen between fork and exec in a threaded process
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # pragma: no cover - not Linux
+    _PRCTL = None
+
+
 def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child between fork and exec
     # The kernel kills the child when the thread that started it dies, so a loader that is
     # SIGKILLed cannot leave a downloader running behind it.
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 @dataclass(frozen=True)
@@ -240,16 +249,19 @@ class S5cmd:
         if any(c in prefix_uri for c in "*?[") or not can_write(prefix_uri):
             raise _GlobInPrefix(prefix_uri)
         proc = self.start(["ls", prefix_uri + "*"])
+        out, err = proc.communicate()
+        rc = proc.returncode
+        stderr = err.decode("utf-8", "replace")
         objects = []
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            rec = json.loads(line)
-            if rec.get("type") == "file":
+        for line in out.splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # not a listing line
+            if isinstance(rec, dict) and rec.get("type") == "file":
                 uri = rec["key"]
                 key = uri.split("/", 3)[3] if uri.count("/") >= 3 else ""
                 objects.append(ObjectInfo(uri, key, int(rec.get("size", 0)), rec.get("etag", "").strip('"')))
-        stderr = proc.stderr.read().decode("utf-8", "replace") if proc.stderr else ""
-        rc = proc.wait()
         if rc != 0:
             msg = last_error(stderr) or f"exit code {rc}"
             kind = classify(msg)
@@ -285,12 +297,12 @@ def last_error(stderr: str) -> str:
     return ""
 
 
-def parse_line(line: bytes | str) -> Result | None:
+def parse_line(line: bytes | bytearray | str) -> Result | None:
     """Parse one line of ``s5cmd --json`` output; ``None`` for lines about something else."""
     try:
         rec = json.loads(line)
     except ValueError:
-        text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
+        text = line.decode("utf-8", "replace") if isinstance(line, (bytes, bytearray)) else line
         text = text.strip()
         return Result(False, "", "", text, "") if text else None
     if not isinstance(rec, dict):
@@ -302,9 +314,10 @@ def parse_line(line: bytes | str) -> Result | None:
     return None
 
 
-def error_command(source: str, destination: str) -> str:
-    """The ``command`` field s5cmd puts in a failure line for :func:`copy_line`."""
-    return f"cp {source} {destination}"
+def error_command(source: str, destination: str, wildcard: bool = False) -> str:
+    """The ``command`` field s5cmd puts in a failure line for :func:`copy_line` (or, with
+    ``wildcard``, for :func:`wildcard_line`)."""
+    return f"cp {'--exclude=*..* ' if wildcard else ''}{source} {destination}"
 
 
 def write_command_file(path: str | Path, lines: Iterable[str]) -> None:

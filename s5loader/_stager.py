@@ -146,7 +146,7 @@ def plan_call(
         scratch = f"{scratch_dir}/.{tag}"
         plan.scratch.append(scratch)
         plan.lines.append(_s5cmd.wildcard_line(blk.wildcard, scratch + "/"))
-        reported = plan.by_command.setdefault(_s5cmd.error_command(blk.wildcard, scratch + "/"), [])
+        reported = plan.by_command.setdefault(_s5cmd.error_command(blk.wildcard, scratch + "/", wildcard=True), [])
         for pos in ps:
             idx = order[pos]
             names = field_names(samples[idx])
@@ -186,6 +186,7 @@ class _Call:
     last_progress: float = field(default_factory=time.monotonic)
     rchar: int = -1
     stalled: bool = False
+    exited_at: float = 0.0
 
 
 @dataclass
@@ -255,6 +256,8 @@ class Stager:
         self._last_release = time.monotonic()
         self._last_stall_check = 0.0
         self._budget_blocked = False
+        self._last_poll = 0.0
+        self._warned_unexpected = False
         self._sel = selectors.DefaultSelector()
 
     # -- consumer side ------------------------------------------------------------------
@@ -274,16 +277,23 @@ class Stager:
         with self._cond:
             if self._state[pos] == WAITING and self._error is None:
                 self._consumer_waiting = t0
-                while self._state[pos] == WAITING and self._error is None:
+                while self._state[pos] == WAITING and self._error is None and self._running():
                     self._cond.wait(0.5)
                 self._consumer_waiting = 0.0
             waited = time.monotonic() - t0
             self.stats.wait_s += waited
             if pos == 0:
                 self.stats.first_wait_s = waited
-            if self._state[pos] == WAITING and self._error is not None:
-                raise self._error
+            if self._state[pos] == WAITING:
+                raise self._error or S5LoaderError(
+                    "this staging pass was closed: a newer iterator over the same S5Sampler "
+                    "replaced it, or close() was called"
+                )
             return self._state[pos] == READY
+
+    def _running(self) -> bool:
+        t = self._thread
+        return not self._stop.is_set() and t is not None and t.is_alive()
 
     def poll(self, pos: int, timeout: float) -> bool | None:
         """Like :meth:`wait` with a timeout: True staged, False skipped, None not yet.
@@ -323,7 +333,10 @@ class Stager:
             t.join()
         self._kill_all()
         if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
+            # close() may run on one of the pool's own threads (garbage collection happens
+            # anywhere); a pool cannot join itself
+            own = threading.current_thread().name.startswith("s5loader-aside")
+            self._executor.shutdown(wait=not own, cancel_futures=True)
             self._executor = None
         self._sel.close()
 
@@ -352,8 +365,12 @@ class Stager:
         return self._next >= len(self.order) and not self._retry and not self._calls and not self._side
 
     def _poll_releases(self) -> None:
-        if not self._yielded:
+        # A stat per sample handed out and not yet read: often while the budget blocks
+        # staging, rarely otherwise.
+        now = time.monotonic()
+        if not self._yielded or now - self._last_poll < (0.005 if self._budget_blocked else 0.05):
             return
+        self._last_poll = now
         with self._cond:
             candidates = list(self._yielded)
         freed = []
@@ -368,7 +385,10 @@ class Stager:
             self._last_release = time.monotonic()
 
     def _schedule(self) -> None:
-        spc, order, samples = self.opts.samples_per_call, self.order, self.samples
+        order, samples = self.order, self.samples
+        # The first calls are small (32, 64, 128, ... samples) so the first batch does not
+        # wait for a whole call of samples_per_call to come in.
+        spc = min(self.opts.samples_per_call, 32 << min(self.stats.calls, 20))
         while len(self._calls) < self.opts.buffers:
             now = time.monotonic()
             retried = sorted(p for t, p in self._retry if t <= now)[:spc]
@@ -460,16 +480,18 @@ class Stager:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(4, thread_name_prefix="s5loader-aside")
         fut = self._executor.submit(_download, uri, dest, self.endpoint_url)
-        self._side.append((fut, pos, j, uri))
+        self._side.append((fut, pos, self._attempts.get(pos, 0), uri))
 
     def _check_side(self) -> None:
         if not self._side:
             return
         still = []
-        for fut, pos, j, uri in self._side:
+        for fut, pos, attempt, uri in self._side:
             if not fut.done():
-                still.append((fut, pos, j, uri))
+                still.append((fut, pos, attempt, uri))
                 continue
+            if attempt != self._attempts.get(pos, 0) or pos not in self._fields_left:
+                continue  # the sample was retried (or given up) since: this result is stale
             exc = fut.exception()
             if exc is None:
                 self._field_done(pos)
@@ -506,6 +528,17 @@ class Stager:
                 if call.open_fds == 0:
                     self._end_call(call)
 
+    def _drain(self, call: _Call) -> None:
+        for fd, buf in call.bufs.items():
+            try:
+                while chunk := os.read(fd, 1 << 16):
+                    buf += chunk
+            except (BlockingIOError, OSError):
+                pass
+            for line in bytes(buf).split(b"\n"):
+                self._on_line(call, line, fd == call.proc.stdout.fileno())
+            buf.clear()
+
     def _on_line(self, call: _Call, line: bytes, is_stdout: bool) -> None:
         r = _s5cmd.parse_line(line)
         if r is None:
@@ -514,6 +547,7 @@ class Stager:
         if r.ok:
             item = items.pop(r.destination, None)
             if item is None:
+                self._unexpected(call, r.destination)
                 return
             pos, j = item
             f = self.samples[self.order[pos]].fields[j]
@@ -534,7 +568,23 @@ class Stager:
             for where in reported or ():
                 call.errors[where] = r.error
 
+    def _unexpected(self, call: _Call, where: str) -> None:
+        # A wildcard matched an object that was not in the listing (uploaded since): drop it
+        # at once so it does not sit on the budget. Its path is below the scratch folder,
+        # since wildcard lines exclude keys with "..".
+        if not call.plan.scratch or not os.path.realpath(where).startswith(self.area.path + os.sep):
+            return
+        try:
+            os.unlink(where)
+        except OSError:
+            return
+        if not self._warned_unexpected:
+            self._warned_unexpected = True
+            log.warning("an object not in the listing was fetched (%s): dropped; objects added since the listing are not loaded", where)
+
     def _field_done(self, pos: int) -> None:
+        if pos not in self._fields_left:
+            return  # a late answer for a sample already retried or given up
         left = self._fields_left[pos] - 1
         if left:
             self._fields_left[pos] = left
@@ -546,6 +596,13 @@ class Stager:
     def _end_call(self, call: _Call) -> None:
         rc = call.proc.wait()
         self._calls.remove(call)
+        for stream in (call.proc.stdout, call.proc.stderr):
+            if stream is not None:
+                try:
+                    self._sel.unregister(stream.fileno())
+                except (KeyError, ValueError):
+                    pass
+                stream.close()
         try:
             os.unlink(call.command_file)
         except OSError:
@@ -588,7 +645,7 @@ class Stager:
                     retry_again.append(pos)
                     continue
                 if pos in self._stalled_pos:
-                    stalled = [self.samples[self.order[p]].fields[0].uri for p in failures]
+                    stalled = [u for p, (k, _, u) in failures.items() if k == "stall"] or [uri]
                     raise StallError(
                         f"staging made no progress for {self.opts.stall_timeout:g}s, "
                         f"{self.opts.retries} times; gave up on {len(stalled)} object(s): "
@@ -630,6 +687,15 @@ class Stager:
             return
         self._last_stall_check = now
         for call in list(self._calls):
+            # s5cmd has exited but a pipe never reached EOF: a process forked meanwhile (a
+            # DataLoader worker) holds a copy of its write end. Finish the call from its exit.
+            if call.proc.poll() is not None:
+                if call.exited_at == 0.0:
+                    call.exited_at = now
+                elif now - call.exited_at > 2.0:
+                    self._drain(call)
+                    self._end_call(call)
+                continue
             if call.stalled:
                 continue
             # Bytes read from the network count as progress, so one large object that takes

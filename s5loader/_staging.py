@@ -9,11 +9,13 @@ import fcntl
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import signal
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -47,7 +49,9 @@ def choose_root(staging_dir: str | None, need: int, shrink: bool = False) -> tup
         BudgetError: the root has less free space than ``need`` and ``shrink`` is false.
     """
     if staging_dir is None:
-        if os.path.isdir(SHM) and os.access(SHM, os.W_OK) and free_bytes(SHM) >= need:
+        # the ranks of one node (torchrun sets LOCAL_WORLD_SIZE) share its tmpfs
+        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+        if os.path.isdir(SHM) and os.access(SHM, os.W_OK) and free_bytes(SHM) >= need * local:
             root = SHM
         else:
             root = tempfile.gettempdir()
@@ -155,14 +159,15 @@ class StagingArea:
         _LIVE.pop(id(self), None)
 
 
+_NAME = re.compile(r"^(\.init-)?s5loader-\d+-[0-9a-f]{8}$")
+
+
 def _owner_alive(path: str) -> bool:
-    """Whether a staging directory's owner still holds its lock."""
+    """Whether a staging directory's owner still holds its lock (or it is not ours at all)."""
     try:
         fd = os.open(os.path.join(path, _LOCK), os.O_RDONLY)
-    except FileNotFoundError:
-        return False
     except OSError:
-        return True  # cannot tell: leave it alone
+        return True  # no lock file: not a directory s5loader made, or cannot tell; leave it
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -186,11 +191,13 @@ def clean_stale(root: str) -> list[str]:
     except OSError:
         return removed
     for name in names:
-        if not (name.startswith(PREFIX) or name.startswith(f".init-{PREFIX}")):
+        if not _NAME.match(name):
             continue
         path = os.path.join(root, name)
         if os.path.islink(path) or not os.path.isdir(path) or _owner_alive(path):
             continue
+        if name.startswith(".init-") and time.time() - os.path.getmtime(path) < 60:
+            continue  # another loader may be setting it up right now
         try:
             if os.stat(path).st_uid != os.getuid():
                 continue

@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--buffers", type=_positive_int, default=2, help="S5Sampler s5cmd calls in flight (default 2)")
     p.add_argument("--budget", default="2GiB", help="S5Sampler staging budget (default 2GiB)")
     p.add_argument("--staging-dir", help="S5Sampler staging root (default: /dev/shm when it has room)")
+    p.add_argument("--repeat", type=_positive_int, default=1,
+                   help="run the method list this many times, interleaved, and report per method the "
+                   "repeat with the median samples/s (default 1)")
     p.add_argument("--compute-ms", type=float, default=0.0,
                    help="simulated training step in ms (default 0: an empty loop)")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed (and --generate's random seed)")
@@ -265,7 +268,10 @@ def table_rows(results: list[Figures]) -> list[list[str]]:
             _fmt(f.step100_var_s2, ".2g"), "-" if f.wait_fraction is None else f"{f.wait_fraction:.0%}",
             _fmt(f.cpu_util, ".2f"), _fmt(f.cpu_s_per_1k_samples, ".2f"), _fmt(f.peak_mem_mb, ".0f"),
             "-" if f.ratio_to_s5loader is None else f"{f.ratio_to_s5loader:.2f}x",
-            f"{f.samples} samples in {f.seconds:.1f}s" + (f"; {f.note}" if f.note else ""),
+            f"{f.samples} samples in {f.seconds:.1f}s" + (f"; {f.note}" if f.note else "")
+            + (f"; median of {len(f.repeats_samples_per_s)} repeats: "
+               + "/".join(f"{v:.0f}" for v in f.repeats_samples_per_s) + " samples/s"
+               if f.repeats_samples_per_s and len(f.repeats_samples_per_s) > 1 else ""),
         ])
     return rows
 
@@ -352,21 +358,41 @@ def _tmp_root() -> str:
     return tempfile.gettempdir()
 
 
-def run(settings: Settings, methods: list[str], echo: bool = True) -> list[Figures]:
-    """Run ``methods`` one after another on ``settings.source``; ratios filled in."""
+def _median_run(runs: list[Figures]) -> Figures:
+    """The repeat with the median samples/s (the lower one of an even count); a repeat that
+    was skipped or failed is reported instead, since its figures would be missing."""
+    bad = next((f for f in runs if f.status != "ok"), None)
+    if bad is not None:
+        if len(runs) > 1 and bad.status == "failed":
+            bad.note = f"in repeat {runs.index(bad) + 1} of {len(runs)}: {bad.note}"
+        return bad
+    ranked = sorted(runs, key=lambda f: f.samples_per_s or 0.0)
+    chosen = ranked[(len(ranked) - 1) // 2]
+    chosen.repeats_samples_per_s = [f.samples_per_s or 0.0 for f in runs]
+    return chosen
+
+
+def run(settings: Settings, methods: list[str], repeat: int = 1, echo: bool = True) -> list[Figures]:
+    """Run ``methods`` one after another on ``settings.source`` (the whole list ``repeat``
+    times, interleaved); per method the repeat with the median samples/s; ratios filled in."""
     dataset = S5Dataset.from_prefix(settings.source, endpoint_url=settings.endpoint_url)
     ctx = Context(settings, dataset, find_s5cmd(), settings.endpoint_url, _tmp_root())
-    results = []
-    for m in methods:
-        if echo:
-            print(f"s5loader bench: {m} ...", file=sys.stderr, flush=True)
-        f = measure(m, ctx)
-        if echo:
-            what = (f"{f.samples_per_s:.1f} samples/s, {f.cpu_s_per_1k_samples:.2f} CPU s/1k samples"
-                    if f.status == "ok" and f.samples_per_s and f.cpu_s_per_1k_samples is not None
-                    else f"{f.status}: {f.note}")
-            print(f"s5loader bench: {m}: {what}", file=sys.stderr, flush=True)
-        results.append(f)
+    runs: dict[str, list[Figures]] = {m: [] for m in methods}
+    for r in range(repeat):
+        for m in methods:
+            if r and runs[m][-1].status == "skipped":
+                continue  # a missing peer stays missing
+            tag = f"{m} (repeat {r + 1}/{repeat})" if repeat > 1 else m
+            if echo:
+                print(f"s5loader bench: {tag} ...", file=sys.stderr, flush=True)
+            f = measure(m, ctx)
+            if echo:
+                what = (f"{f.samples_per_s:.1f} samples/s, {f.cpu_s_per_1k_samples:.2f} CPU s/1k samples"
+                        if f.status == "ok" and f.samples_per_s and f.cpu_s_per_1k_samples is not None
+                        else f"{f.status}: {f.note}")
+                print(f"s5loader bench: {tag}: {what}", file=sys.stderr, flush=True)
+            runs[m].append(f)
+    results = [_median_run(runs[m]) for m in methods]
     base = next((f for f in results if f.method == "s5loader" and f.status == "ok"), None)
     for f in results:
         if base is not None and f.status == "ok" and base.samples_per_s and f.samples_per_s is not None:
@@ -419,14 +445,14 @@ def main(argv: list[str] | None = None) -> int:
     with warnings.catch_warnings():
         # DataLoader warns when num_workers exceeds the CPU count; the table says how many ran.
         warnings.filterwarnings("ignore", message=".*worker processes in total.*")
-        results = run(settings, methods)
+        results = run(settings, methods, repeat=args.repeat)
     print(format_table(results))
     machine = machine_info()
     doc = {
         "version": 1,
         "started": started.isoformat(timespec="seconds"),
         "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "settings": {**dataclasses.asdict(settings), "methods": methods},
+        "settings": {**dataclasses.asdict(settings), "methods": methods, "repeat": args.repeat},
         "machine": machine,
         "results": [dataclasses.asdict(f) for f in results],
     }

@@ -53,6 +53,7 @@ class S5Dataset(Dataset[Any]):
         if not samples:
             raise EmptySourceError(f"no sample in {source or 'the given objects'}")
         self._samples = list(samples)
+        self._listing: list[str] | None = None  # every key the prefix listing returned
         self.endpoint_url = endpoint_url
         self.transform = transform
         self.source = source
@@ -95,7 +96,9 @@ class S5Dataset(Dataset[Any]):
         uri = parse_s3_uri(prefix)
         objects = list_prefix(prefix, S5cmd(endpoint_url))
         samples = group(objects, group_by, base=uri.key, source=prefix)
-        return cls(samples, endpoint_url=endpoint_url, transform=transform, source=prefix)
+        dataset = cls(samples, endpoint_url=endpoint_url, transform=transform, source=prefix)
+        dataset._listing = [o.key for o in objects]
+        return dataset
 
     @classmethod
     def from_objects(

@@ -139,7 +139,7 @@ class S5Sampler(Sampler[int]):
                     + ("the whole data set with keep_staged" if keep_staged else f"sample {largest.key!r}")
                 )
             self._options = StagerOptions(**{**self._options.__dict__, "budget": room})
-        self._layout = plan_blocks(dataset.samples, block_size)
+        self._layout = plan_blocks(dataset.samples, block_size, dataset._listing)
         self._s5cmd = S5cmd(dataset.endpoint_url, numworkers=numworkers)
         self._area = StagingArea(root)
         self.keep_staged = bool(keep_staged)
@@ -217,14 +217,15 @@ class S5Sampler(Sampler[int]):
                     self._yielded += 1  # a skipped sample still counts as consumed
             finished = True
         finally:
+            superseded = self._active is not stager  # a newer pass owns the directory now
             stager.close()
-            if self._active is stager:
+            if not superseded:
                 self._active = None
             self._last_stats = stager.stats
             if self.keep_staged:
                 self._kept.update(order[p] for p in range(len(order)) if stager._state[p] == 1)
-            elif not finished:
-                # Abandoned (break, exception, new epoch): nothing staged is read any more.
+            elif not finished and not superseded:
+                # Abandoned (break, exception): nothing staged is read any more.
                 self._area.clear()
             if finished:
                 self._start = 0

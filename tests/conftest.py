@@ -28,6 +28,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def staged_bytes(path: str) -> int:
+    """Bytes of staged objects below ``path``, s5cmd's temporary files included; the small
+    control files (the lock, the command files of calls in flight) are not objects. A file
+    renamed while the walk runs (out of a block's scratch folder) is counted once, by inode."""
+    seen: dict[int, int] = {}
+    for root, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if d != ".calls"]
+        for f in files:
+            if f != ".lock":
+                try:
+                    st = os.lstat(os.path.join(root, f))
+                except FileNotFoundError:
+                    continue
+                seen[st.st_ino] = st.st_size
+    return sum(seen.values())
+
+
 @dataclass
 class Store:
     """A bucket on a real local S3 server, with a fresh prefix per test."""

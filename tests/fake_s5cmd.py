@@ -18,6 +18,9 @@ def local(uri: str) -> str:
 
 def cp(args: list[str]) -> bool:
     raw = "--raw" in args
+    if "--exclude" in args:
+        i = args.index("--exclude")
+        args = args[:i] + args[i + 2 :]
     src, dst = [a for a in args if a != "--raw"]
     if raw or "*" not in src:
         matches = [local(src)] if os.path.isfile(local(src)) else []

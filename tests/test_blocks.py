@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from conftest import Store, make_pairs
+from conftest import Store, make_pairs  # noqa: F401
 from torch.utils.data import DataLoader
 
 from s5loader import S5Dataset, S5Sampler
@@ -16,8 +16,13 @@ def samples_of(keys: list[str], fields=("image", "label")) -> list[Sample]:
     return [Sample(k, tuple(Field(f, f"s3://b/{k}.{f}", 1, "") for f in fields)) for k in keys]
 
 
+def listing_of(samples: list[Sample]) -> list[str]:
+    return [f.uri[7:] for s in samples for f in s.fields]
+
+
 def test_numbered_keys_form_blocks_of_their_decade() -> None:
-    layout = plan_blocks(samples_of([f"train/{i:05d}" for i in range(2000)]), 64)
+    samples = samples_of([f"train/{i:05d}" for i in range(2000)])
+    layout = plan_blocks(samples, 64, listing_of(samples))
     assert len(layout.blocks) == 200
     blk = layout.blocks[12]
     assert (blk.start, blk.stop, blk.wildcard) == (120, 130, "s3://b/train/0012*")
@@ -30,7 +35,7 @@ def test_numbered_keys_form_blocks_of_their_decade() -> None:
 def test_block_never_covers_objects_of_other_samples() -> None:
     # "a1" and "a10" share the prefix "train/a1": a block "train/a1*" would also match a10's
     keys = ["train/a1", "train/a10", "train/a11", "train/b"]
-    layout = plan_blocks(samples_of(keys), 2)
+    layout = plan_blocks(samples_of(keys), 2, listing_of(samples_of(keys)))
     for blk in layout.blocks:
         prefix = blk.prefix
         covered = [k for k in keys for f in ("image", "label") if f"{k}.{f}".startswith(prefix)]
@@ -38,13 +43,40 @@ def test_block_never_covers_objects_of_other_samples() -> None:
 
 
 def test_unsafe_keys_get_no_block() -> None:
-    keys = ["d/x*y", "d/q'uote", "d/../up", "d/sp ace", "d/.hidden"]
-    layout = plan_blocks(samples_of(keys), 8)
+    keys = ["d/x*y", "d/q'uote", "d/../up", "d/sp ace", "d/.hidden", "d/a..b"]
+    layout = plan_blocks(samples_of(keys), 8, listing_of(samples_of(keys)))
     for b in layout.block_of:
         if b >= 0:
             assert all(part not in layout.blocks[b].prefix for part in ("*", ".."))
             assert " " not in "".join(layout.blocks[b].rels[0]) and "'" not in "".join(layout.blocks[b].rels[0])
-    assert layout.block_of[0] == -1 and layout.block_of[2] == -1
+    assert layout.block_of[0] == -1 and layout.block_of[2] == -1 and layout.block_of[5] == -1
+
+
+def test_objects_outside_the_samples_keep_blocks_exact() -> None:
+    # README is left out by stem grouping, but a wildcard over train/ would fetch it
+    samples = samples_of(["train/apple", "train/berry", "train/cherry"])
+    listing = [*listing_of(samples), "train/README", "train/sub/"]
+    layout = plan_blocks(samples, 8, listing)
+    assert all(not blk.prefix == "train/" for blk in layout.blocks)
+    for blk in layout.blocks:
+        assert [k for k in listing if k.startswith(blk.prefix)] == [
+            k for i in range(blk.start, blk.stop) for k in listing_of([samples[i]])]
+    assert plan_blocks(samples, 8, None).blocks == []  # no listing (manifest): no blocks
+
+
+def test_wildcard_lines_never_write_outside(moto: Store, staging_root: str, tmp_path) -> None:
+    # a key with ".." that grouping drops, added after the listing, must not be fetched by a
+    # wildcard line into ../../ (s5cmd joins keys onto the destination as they are)
+    source = moto.put(make_pairs(20, size=50))
+    ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
+    escape = os.path.join(str(tmp_path), "escaped")
+    moto.client.put_object(Bucket="data", Key=f"{moto.prefix}000{'/..' * 12}{escape}", Body=b"x")
+    moto.client.put_object(Bucket="data", Key=f"{moto.prefix}0005.extra", Body=b"late")
+    with S5Sampler(ds, shuffle=False, block_size=10, staging_dir=staging_root) as sampler:
+        got = [ds[i] for i in sampler]
+    assert sorted(s["__key__"] for s in got) == sorted({k.rsplit(".", 1)[0] for k in source})
+    assert all("extra" not in s for s in got)
+    assert not os.path.exists(escape)
 
 
 def test_block_shuffle_end_to_end(seaweed: Store, staging_root: str, tmp_path) -> None:

@@ -309,8 +309,10 @@ def test_restart_completes_a_delivery_cut_by_a_crash(
     with Prefetcher(opts) as p:  # lays the cache out and writes the state of this run
         p.open()
     name0, sample0 = want[0]
-    staged = cache / STAGING_DIR / "s5loader-999999-dead" / "0"  # a dead daemon's staging area
+    dead = cache / STAGING_DIR / "s5loader-999999-deadbeef"  # a dead daemon's staging area
+    staged = dead / "0"
     staged.mkdir(parents=True)
+    (dead / ".lock").write_text('{"pid": 999999}')  # its lock file, no longer locked
     for f in ("image", "label"):
         (staged / f).write_bytes(source[sample0.key + "." + f])
     if renamed:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
-from conftest import Store, make_pairs
+from conftest import Store, make_pairs, staged_bytes
 from torch.utils.data import DataLoader
 
 from s5loader import BudgetError, S5Dataset, S5Sampler, StagingSpaceError, StallError
@@ -24,21 +24,6 @@ from s5loader._locals3 import SeaweedFS
 
 def collate(batch):
     return batch
-
-
-def disk_bytes(path: str) -> int:
-    """Bytes of staged objects below ``path``, s5cmd's temporary files included; the small
-    control files (the lock, the command files of calls in flight) are not objects."""
-    total = 0
-    for root, dirs, files in os.walk(path):
-        dirs[:] = [d for d in dirs if d != ".calls"]
-        for f in files:
-            if f != ".lock":
-                try:
-                    total += os.lstat(os.path.join(root, f)).st_size
-                except FileNotFoundError:
-                    pass
-    return total
 
 
 class PeakSampler(threading.Thread):
@@ -51,7 +36,7 @@ class PeakSampler(threading.Thread):
 
     def run(self) -> None:
         while not self._stop_event.is_set():
-            self.peak = max(self.peak, disk_bytes(self.path))
+            self.peak = max(self.peak, staged_bytes(self.path))
             self.samples += 1
             time.sleep(0.001)
 

@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+from conftest import staged_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -59,7 +60,7 @@ def test_copy_line_is_one_command_whatever_the_key(key: str) -> None:
     line = copy_line(uri, "/stage/1/data")
     assert line.endswith("\n") and line.count("\n") == 1
     assert shlex.split(line) == ["cp", "--raw", uri, "/stage/1/data"]
-    assert shlex.split(wildcard_line(uri + "*", "/stage/.b1/")) == ["cp", uri + "*", "/stage/.b1/"]
+    assert shlex.split(wildcard_line(uri + "*", "/stage/.b1/")) == ["cp", "--exclude", "*..*", uri + "*", "/stage/.b1/"]
 
 
 def test_copy_line_refuses_line_breaks() -> None:
@@ -119,19 +120,6 @@ def fake_s3(tmp_path, monkeypatch: pytest.MonkeyPatch):
     return root / "bkt"
 
 
-def _dir_bytes(path: str) -> int:
-    total = 0
-    for r, dirs, files in os.walk(path):
-        dirs[:] = [d for d in dirs if d != ".calls"]
-        for f in files:
-            if f != ".lock":
-                try:
-                    total += os.lstat(os.path.join(r, f)).st_size
-                except FileNotFoundError:
-                    pass
-    return total
-
-
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sizes=st.lists(st.integers(1, 3000), min_size=1, max_size=40), spc=st.integers(1, 12),
        buffers=st.integers(1, 3), slack=st.integers(0, 4000), shuffle=st.sampled_from([True, False, "block"]))
@@ -152,7 +140,7 @@ def test_budget_never_exceeded_and_each_sample_once(fake_s3, tmp_path, sizes, sp
 
     def watch() -> None:
         while not done.is_set():
-            peak[0] = max(peak[0], _dir_bytes(root))
+            peak[0] = max(peak[0], staged_bytes(root))
             time.sleep(0.0005)
 
     t = threading.Thread(target=watch)

@@ -318,6 +318,11 @@ class Stager:
             self._reserved += size
             self._yielded[idx] = size
 
+    def ready_indices(self) -> list[int]:
+        """The indices whose samples are staged."""
+        with self._cond:
+            return [self.order[p] for p, s in enumerate(self._state) if s == READY]
+
     def yielded(self, idx: int) -> None:
         """The sample ``idx`` went to a consumer, who deletes its folder when done."""
         with self._cond:

@@ -223,7 +223,7 @@ class S5Sampler(Sampler[int]):
                 self._active = None
             self._last_stats = stager.stats
             if self.keep_staged:
-                self._kept.update(order[p] for p in range(len(order)) if stager._state[p] == 1)
+                self._kept.update(stager.ready_indices())
             elif not finished and not superseded:
                 # Abandoned (break, exception): nothing staged is read any more.
                 self._area.clear()
@@ -232,9 +232,8 @@ class S5Sampler(Sampler[int]):
             self._report(stager.stats, time.monotonic() - t0, finished)
 
     def _epoch_order(self, epoch: int, start: int = 0) -> list[int]:
-        return self._order.indices(
-            len(self.dataset), epoch, start, units=self._layout.units, window=self._options.samples_per_call
-        )
+        units = self._layout.units if self._order.shuffle == "block" else None
+        return self._order.indices(len(self.dataset), epoch, start, units=units, window=self._options.samples_per_call)
 
     def _report(self, stats: Stats, elapsed: float, finished: bool) -> None:
         starved = stats.wait_s - stats.first_wait_s

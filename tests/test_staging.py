@@ -275,3 +275,26 @@ def test_server_back_within_retry_window(own_server: SeaweedFS, staging_root: st
         assert sampler.stats is not None and sampler.stats.stalls >= 1
     assert sorted(s["__key__"] for s in got) == keys_of(source)
     assert len(got) == 40
+
+
+def test_keep_staged_fetches_once_across_epochs(seaweed: Store, staging_root: str, caplog) -> None:
+    import logging
+
+    caplog.set_level(logging.INFO, logger="s5loader")
+    source = seaweed.put(make_pairs(30, size=200))
+    ds = S5Dataset.from_prefix(seaweed.uri(), endpoint_url=seaweed.endpoint)
+    with pytest.raises(BudgetError, match="keep_staged=True needs a budget that holds the whole data set"):
+        S5Sampler(ds, keep_staged=True, budget=ds.total_bytes - 1, staging_dir=staging_root)
+    with S5Sampler(ds, keep_staged=True, budget=ds.total_bytes, staging_dir=staging_root, samples_per_call=8) as sampler:
+        for epoch in range(2):
+            sampler.set_epoch(epoch)
+            got = [s for b in DataLoader(ds, sampler=sampler, batch_size=3, num_workers=2, collate_fn=collate) for s in b]
+            assert sorted(s["__key__"] for s in got) == keys_of(source)
+            assert all(s["image"] == source[s["__key__"] + ".image"] for s in got)
+            stats = sampler.stats
+            assert stats is not None
+            assert (stats.calls, stats.staged_samples) == ((4, 30) if epoch == 0 else (0, 0))
+        assert len([n for n in os.listdir(sampler.staging_dir) if not n.startswith(".")]) == 30
+        staging = sampler.staging_dir
+    assert not os.path.exists(staging)
+    assert "waited" in caplog.text and "epoch 1: 0 samples" in caplog.text  # the per-epoch staging report

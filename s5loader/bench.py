@@ -36,52 +36,12 @@ from typing import Any
 import psutil
 
 from . import S5Dataset, find_s5cmd, parse_size
+from ._args import non_negative_int, positive_float, positive_int, size_arg
 from ._bench_methods import METHODS, Context, Figures, Settings, measure, shards_prefix
 from .exceptions import ConfigError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 _ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "S3_ENDPOINT_URL")
-
-
-# -- arguments -------------------------------------------------------------------------------
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
-    return v
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {v}")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not v > 0 or not math.isfinite(v):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return v
-
-
-def _size(text: str) -> int:
-    try:
-        v = parse_size(text, "size")
-    except (ConfigError, ValueError) as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 byte, got {text!r}")
-    return v
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,18 +56,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--endpoint-url", help="S3 endpoint (else AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, S3_ENDPOINT_URL)")
     p.add_argument("--methods", nargs="+", metavar="M",
                    help=f"methods to run, in order (space or comma separated; default all: {', '.join(METHODS)})")
-    p.add_argument("--batch-size", type=_positive_int, default=4, help="samples per step (default 4)")
-    p.add_argument("--num-workers", type=_non_negative_int, default=4,
+    p.add_argument("--batch-size", type=positive_int, default=4, help="samples per step (default 4)")
+    p.add_argument("--num-workers", type=non_negative_int, default=4,
                    help="DataLoader workers of every DataLoader method (default 4)")
     stop = p.add_mutually_exclusive_group()
-    stop.add_argument("--steps", type=_positive_int, help="steps per method (default: one pass over the data set)")
-    stop.add_argument("--seconds", type=_positive_float, help="seconds per method instead of a step count")
-    p.add_argument("--samples-per-call", type=_positive_int, default=1000,
+    stop.add_argument("--steps", type=positive_int, help="steps per method (default: one pass over the data set)")
+    stop.add_argument("--seconds", type=positive_float, help="seconds per method instead of a step count")
+    p.add_argument("--samples-per-call", type=positive_int, default=1000,
                    help="S5Sampler samples per s5cmd call, also for s5cmd-run (default 1000)")
-    p.add_argument("--buffers", type=_positive_int, default=2, help="S5Sampler s5cmd calls in flight (default 2)")
+    p.add_argument("--buffers", type=positive_int, default=2, help="S5Sampler s5cmd calls in flight (default 2)")
     p.add_argument("--budget", default="2GiB", help="S5Sampler staging budget (default 2GiB)")
     p.add_argument("--staging-dir", help="S5Sampler staging root (default: /dev/shm when it has room)")
-    p.add_argument("--repeat", type=_positive_int, default=1,
+    p.add_argument("--repeat", type=positive_int, default=1,
                    help="run the method list this many times, interleaved, and report per method the "
                    "repeat with the median samples/s (default 1)")
     p.add_argument("--compute-ms", type=float, default=0.0,
@@ -119,13 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE", help="write a PNG bar chart of samples/s and CPU per method (matplotlib)")
     p.add_argument("--markdown", metavar="FILE", help="also write the table as Markdown")
     gen = p.add_argument_group("generating a toy data set")
-    gen.add_argument("--generate", type=_positive_int, metavar="N",
+    gen.add_argument("--generate", type=positive_int, metavar="N",
                      help="write N samples (NNNNNN.image + NNNNNN.label) under SOURCE and tar shards of "
                      "them under --shards-prefix, then exit")
-    gen.add_argument("--sample-size", type=_size, default=100_000, help="bytes of each .image (default 100KB)")
-    gen.add_argument("--label-size", type=_size, default=None,
+    gen.add_argument("--sample-size", type=size_arg, default=100_000, help="bytes of each .image (default 100KB)")
+    gen.add_argument("--label-size", type=size_arg, default=None,
                      help="bytes of each .label (default: the class number as text, a few bytes)")
-    gen.add_argument("--shard-samples", type=_positive_int, default=100, help="samples per tar shard (default 100)")
+    gen.add_argument("--shard-samples", type=positive_int, default=100, help="samples per tar shard (default 100)")
     return p
 
 

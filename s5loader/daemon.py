@@ -39,12 +39,13 @@ from dataclasses import asdict, dataclass, field
 from types import FrameType
 from typing import IO, Any, overload
 
+from ._args import positive_int, size_arg
 from ._index import GROUP_BY, Sample
 from ._order import Order
 from ._s5cmd import S5cmd
 from ._stager import ON_ERROR, Stager, StagerOptions
 from ._staging import StagingArea, free_bytes
-from ._uri import format_size, parse_size
+from ._uri import format_size
 from .consume import END_MARKER, SEQ_WIDTH, parse_seq, ready_names
 from .exceptions import BudgetError, ConfigError, DaemonError
 
@@ -783,23 +784,6 @@ class _Signals:
             signal.signal(sig, handler)
 
 
-def _size_arg(value: str) -> int:
-    try:
-        return parse_size(value, "--budget")
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _positive(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
-    return n
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="s5loader prefetch",
@@ -812,15 +796,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("source", help="s3://bucket/prefix/, or a JSON Lines manifest (local path or s3 URI)")
     p.add_argument("--cache", required=True, help="the cache directory consumers read from")
-    p.add_argument("--budget", required=True, type=_size_arg, help="most bytes in the cache (e.g. 2GiB)")
+    p.add_argument("--budget", required=True, type=size_arg, help="most bytes in the cache (e.g. 2GiB)")
     p.add_argument("--group-by", default="stem", choices=list(GROUP_BY), help="how objects form samples")
     p.add_argument("--shuffle", action="store_true", help="a seeded permutation per epoch")
     p.add_argument("--seed", type=int, default=0, help="the permutation's seed (default 0)")
-    p.add_argument("--epochs", type=_positive, default=1, help="passes over the source (default 1)")
+    p.add_argument("--epochs", type=positive_int, default=1, help="passes over the source (default 1)")
     p.add_argument("--endpoint-url", help="the S3 endpoint (else AWS_ENDPOINT_URL..., else AWS)")
-    p.add_argument("--samples-per-call", type=_positive, default=1000, help="samples per s5cmd call")
-    p.add_argument("--buffers", type=_positive, default=2, help="s5cmd calls in flight (default 2)")
-    p.add_argument("--numworkers", type=_positive, default=256, help="s5cmd --numworkers")
+    p.add_argument("--samples-per-call", type=positive_int, default=1000, help="samples per s5cmd call")
+    p.add_argument("--buffers", type=positive_int, default=2, help="s5cmd calls in flight (default 2)")
+    p.add_argument("--numworkers", type=positive_int, default=256, help="s5cmd --numworkers")
     p.add_argument("--on-error", default="raise", choices=list(ON_ERROR), help="a sample that cannot be fetched")
     p.add_argument("--fresh", action="store_true", help="discard the cache's samples and progress first")
     p.add_argument(

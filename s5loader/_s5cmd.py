@@ -1,5 +1,6 @@
 """Everything that knows about the s5cmd binary: finding it, writing command files, running
-it and reading its JSON output. Nothing outside this module builds an s5cmd command line.
+it and reading its JSON output. Nothing else in the loading path builds an s5cmd command line
+(the benchmark's s5cmd-only methods run the binary themselves on purpose, as a user would).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import urllib.parse
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,7 @@ from typing import IO, Any, NamedTuple
 
 from .exceptions import (
     AccessDeniedError,
+    ConfigError,
     EmptySourceError,
     EndpointError,
     FetchError,
@@ -83,13 +86,19 @@ def _is_python_script(path: str) -> bool:
 
 
 def resolve_endpoint(endpoint_url: str | None) -> str | None:
-    """The endpoint to use: the argument, else the standard environment variables."""
-    if endpoint_url:
-        return endpoint_url
-    for var in _ENDPOINT_VARS:
-        if os.environ.get(var):
-            return os.environ[var]
-    return None
+    """The endpoint to use: the argument, else the standard environment variables.
+
+    Raises:
+        ConfigError: the URL carries credentials (``http://key:secret@host``), which would
+            show in the process list; they belong in the AWS credential chain.
+    """
+    found = endpoint_url or next((os.environ[v] for v in _ENDPOINT_VARS if os.environ.get(v)), None)
+    if found and "@" in urllib.parse.urlsplit(found).netloc:
+        raise ConfigError(
+            "the endpoint URL carries credentials; pass them through the AWS credential chain "
+            "(environment, profile) and give the endpoint as scheme://host:port"
+        )
+    return found
 
 
 class ObjectInfo(NamedTuple):

@@ -12,7 +12,6 @@ budget when consumers delete the samples they have read.
 from __future__ import annotations
 
 import hashlib
-import heapq
 import logging
 import os
 import selectors
@@ -433,7 +432,6 @@ class Stager:
             if retried:
                 done = set(retried)
                 self._retry = [(t, p) for t, p in self._retry if p not in done]
-                heapq.heapify(self._retry)
             with self._cond:
                 for pos in picked[len(retried):]:
                     size = samples[order[pos]].size
@@ -598,8 +596,8 @@ class Stager:
         self.stats.staged_samples += 1
         self._mark_ready(pos)
 
-    def _end_call(self, call: _Call) -> None:
-        rc = call.proc.wait()
+    def _discard(self, call: _Call) -> None:
+        """Forget a call that has exited: its pipes, command file and scratch folders."""
         self._calls.remove(call)
         for stream in (call.proc.stdout, call.proc.stderr):
             if stream is not None:
@@ -612,10 +610,12 @@ class Stager:
             os.unlink(call.command_file)
         except OSError:
             pass
-        for scratch in call.plan.scratch:
-            shutil.rmtree(scratch, ignore_errors=True)
         if call.plan.scratch:
             shutil.rmtree(os.path.dirname(call.plan.scratch[0]), ignore_errors=True)
+
+    def _end_call(self, call: _Call) -> None:
+        rc = call.proc.wait()
+        self._discard(call)
         if not call.plan.items:
             return
         failures: dict[int, tuple[str, str, str]] = {}
@@ -666,7 +666,7 @@ class Stager:
             for pos in retry_again:
                 n = self._attempts[pos]
                 delay = min(self.opts.retry_backoff * 2 ** (n - 1), 30.0)
-                heapq.heappush(self._retry, (now + delay, pos))
+                self._retry.append((now + delay, pos))
             log.warning(
                 "retrying %d sample(s) (attempt %d of %d): %s",
                 len(retry_again), max(self._attempts[p] for p in retry_again), self.opts.retries,
@@ -738,22 +738,9 @@ class Stager:
 
     def _kill_all(self) -> None:
         for call in list(self._calls):
-            _s5cmd.kill(call.proc)
-            try:
-                self._sel.unregister(call.proc.stdout.fileno())
-            except (KeyError, ValueError, OSError):
-                pass
-            try:
-                self._sel.unregister(call.proc.stderr.fileno())
-            except (KeyError, ValueError, OSError):
-                pass
-            try:
-                os.unlink(call.command_file)
-            except OSError:
-                pass
-            for scratch in call.plan.scratch:
-                shutil.rmtree(scratch, ignore_errors=True)
-        self._calls.clear()
+            _s5cmd.kill_group(call.proc)
+            call.proc.wait()
+            self._discard(call)
 
     @property
     def reserved(self) -> int:

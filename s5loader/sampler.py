@@ -266,9 +266,11 @@ class S5Sampler(Sampler[int]):
     def write_command_files(self, directory: str, epoch: int | None = None) -> list[str]:
         """Write the s5cmd command files this rank would run for an epoch, without running them.
 
-        The files stage into ``directory`` exactly as the sampler stages into its own
-        directory (one ``cp --raw`` line per object, ``samples_per_call`` samples per file),
-        so ``s5cmd run FILE`` reproduces the sampler's fetching with no Python involved.
+        The files stage into ``directory`` as the sampler stages into its own directory (the
+        same wildcard lines for whole blocks and multi-object samples, ``cp --raw`` lines for
+        the rest, ``samples_per_call`` samples per file, without the small first calls), so
+        ``s5cmd run FILE`` reproduces the sampler's fetching with no Python involved; files
+        fetched by wildcard lines stay in their ``.cN/`` scratch folders.
 
         Returns:
             the paths of the command files, in order.

@@ -48,9 +48,10 @@ def load_all(ds: S5Dataset, staging_dir: str, **kw) -> list[dict]:
 
 def test_hostile_keys_load_with_right_bytes_and_stay_inside(moto: Store, tmp_path) -> None:
     source = moto.put({k: f"content of {k!r}".encode() for k in HOSTILE})
-    parent = tmp_path / "parent"
+    parent = tmp_path / "a" / "b" / "c" / "parent"
     root = parent / "staging"
     root.mkdir(parents=True)
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
     ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint, group_by="object")
     assert sorted(s.key for s in ds.samples) == sorted(source)
     got = load_all(ds, str(root))
@@ -58,6 +59,7 @@ def test_hostile_keys_load_with_right_bytes_and_stay_inside(moto: Store, tmp_pat
     for s in got:
         assert s["data"] == source[s["__key__"]], s["__key__"]
     assert os.listdir(parent) == ["staging"] and os.listdir(root) == []  # nothing written outside
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
     assert not os.path.exists("pwned.bin") and not os.path.exists(os.path.join(str(tmp_path), "pwned.bin"))
 
 

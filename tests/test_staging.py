@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -189,6 +190,10 @@ def test_abandoned_iterator_then_new_epoch(seaweed: Store, staging_root: str) ->
         for i, _ in enumerate(DataLoader(ds, sampler=sampler, batch_size=2, num_workers=2)):
             if i == 2:
                 break
+        import gc
+
+        gc.collect()  # the abandoned iterator is gone: its staged files must be too
+        assert [n for n in os.listdir(sampler.staging_dir) if not n.startswith(".")] == []
         sampler.set_epoch(1)
         got = [s for b in DataLoader(ds, sampler=sampler, batch_size=2, num_workers=2, collate_fn=collate) for s in b]
         assert sorted(s["__key__"] for s in got) == keys_of(source)
@@ -298,3 +303,51 @@ def test_keep_staged_fetches_once_across_epochs(seaweed: Store, staging_root: st
         staging = sampler.staging_dir
     assert not os.path.exists(staging)
     assert "waited" in caplog.text and "epoch 1: 0 samples" in caplog.text  # the per-epoch staging report
+
+
+def test_budget_smaller_than_a_batch_is_a_clear_error(moto: Store, staging_root: str) -> None:
+    moto.put(make_pairs(12, size=1000))
+    ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
+    one = max(s.size for s in ds.samples)
+    sampler = S5Sampler(ds, budget=one, staging_dir=staging_root, stall_timeout=1.0)
+    t0 = time.monotonic()
+    with pytest.raises(BudgetError, match="must hold at least one batch"):
+        for _ in DataLoader(ds, sampler=sampler, batch_size=4):  # the batch holds 1 sample of 4
+            pass
+    assert time.monotonic() - t0 < 30
+    sampler.close()
+
+
+def test_starvation_is_reported_at_warning(moto: Store, staging_root: str, caplog) -> None:
+    import logging
+
+    from s5loader._stager import Stats
+
+    moto.put(make_pairs(2))
+    ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
+    with S5Sampler(ds, staging_dir=staging_root) as sampler, caplog.at_level(logging.INFO, logger="s5loader"):
+        sampler._report(Stats(samples=10, wait_s=3.0, first_wait_s=0.5), elapsed=10.0, finished=True)
+        sampler._report(Stats(samples=10, wait_s=0.6, first_wait_s=0.5), elapsed=10.0, finished=True)
+    levels = [(r.levelname, r.getMessage().startswith("data starvation")) for r in caplog.records if "waited" in r.getMessage()]
+    assert levels == [("WARNING", True), ("INFO", False)]
+
+
+def test_own_sigterm_handler_is_left_alone(moto: Store, staging_root: str, tmp_path) -> None:
+    moto.put(make_pairs(4))
+    script = tmp_path / "own_handler.py"
+    script.write_text(textwrap.dedent(f"""
+        import signal
+        from s5loader import S5Dataset, S5Sampler
+        def mine(signum, frame):
+            raise SystemExit(3)
+        signal.signal(signal.SIGTERM, mine)
+        ds = S5Dataset.from_prefix({moto.uri()!r}, endpoint_url={moto.endpoint!r})
+        sampler = S5Sampler(ds, staging_dir={staging_root!r})
+        it = iter(sampler); next(it)
+        assert signal.getsignal(signal.SIGTERM) is mine
+        print(sampler.staging_dir, flush=True)
+        signal.raise_signal(signal.SIGTERM)
+    """))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 3, r.stderr[-2000:]  # the program's handler ran
+    assert not os.path.exists(r.stdout.strip())  # and atexit still cleaned up

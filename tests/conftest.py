@@ -7,8 +7,10 @@ import hashlib
 import os
 import socket
 import tempfile
+import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import boto3
@@ -43,6 +45,31 @@ def staged_bytes(path: str) -> int:
                     continue
                 seen[st.st_ino] = st.st_size
     return sum(seen.values())
+
+
+class Peak:
+    """Calls ``measure`` in a thread until the ``with`` block ends; :attr:`peak` is the most
+    it returned and :attr:`looks` how often it looked."""
+
+    def __init__(self, measure: Callable[[], int], interval: float = 0.001) -> None:
+        self.measure, self.interval = measure, interval
+        self.peak = self.looks = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.measure())
+            self.looks += 1
+            time.sleep(self.interval)
+
+    def __enter__(self) -> Peak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 @dataclass

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Store, make_pairs
+from conftest import Peak, Store, make_pairs
 
 from s5loader._order import Order
 from s5loader.consume import END_MARKER, consume, ready_names
@@ -121,31 +121,6 @@ def cache_bytes(cache: Path) -> int:
     return sum(seen.values())
 
 
-class PeakBytes:
-    """Samples :func:`cache_bytes` in a thread; :attr:`peak` is the most it saw."""
-
-    def __init__(self, cache: Path) -> None:
-        self.cache = cache
-        self.peak = 0
-        self.looks = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, cache_bytes(self.cache))
-            self.looks += 1
-            time.sleep(0.002)
-
-    def __enter__(self) -> PeakBytes:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 def wait_for(cond, timeout: float = 20.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -191,7 +166,7 @@ def test_stem_samples_shuffled_epochs_once_in_order_within_budget(seaweed: Store
     out = tmp_path / "got.jsonl"
     log = tmp_path / "progress.jsonl"
     consumer = start_consumer(cache, out, delay=0.03)  # started first: it waits for the daemon
-    with PeakBytes(cache) as peak:
+    with Peak(lambda: cache_bytes(cache), interval=0.002) as peak:
         daemon = start(
             daemon_argv(
                 seaweed.uri(), cache, budget, "--endpoint-url", seaweed.endpoint, "--shuffle",

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
-from conftest import Store, make_pairs, staged_bytes
+from conftest import Peak, Store, make_pairs, staged_bytes
 from torch.utils.data import DataLoader
 
 from s5loader import BudgetError, S5Dataset, S5Sampler, StagingSpaceError, StallError
@@ -25,26 +25,6 @@ from s5loader._locals3 import SeaweedFS
 
 def collate(batch):
     return batch
-
-
-class PeakSampler(threading.Thread):
-    """Samples the bytes on disk below a directory (s5cmd's temporary files included)."""
-
-    def __init__(self, path: str) -> None:
-        super().__init__(daemon=True)
-        self.path, self.peak, self.samples = path, 0, 0
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        while not self._stop_event.is_set():
-            self.peak = max(self.peak, staged_bytes(self.path))
-            self.samples += 1
-            time.sleep(0.001)
-
-    def stop(self) -> int:
-        self._stop_event.set()
-        self.join()
-        return self.peak
 
 
 def keys_of(source: dict[str, bytes]) -> list[str]:
@@ -57,14 +37,12 @@ def test_peak_staged_bytes_never_exceeds_budget(seaweed: Store, staging_root: st
     budget = ds.total_bytes // 10
     with S5Sampler(ds, budget=budget, samples_per_call=50, staging_dir=staging_root) as sampler:
         loader = DataLoader(ds, sampler=sampler, batch_size=4, num_workers=4, collate_fn=collate)
-        watcher = PeakSampler(staging_root)
-        watcher.start()
-        got = [s for b in loader for s in b]
-        peak = watcher.stop()
+        with Peak(lambda: staged_bytes(staging_root)) as watcher:
+            got = [s for b in loader for s in b]
     assert sorted(s["__key__"] for s in got) == keys_of(source)
     assert all(s["image"] == source[s["__key__"] + ".image"] for s in got)
-    assert watcher.samples > 50
-    assert 0 < peak <= budget, f"peak {peak} > budget {budget}"
+    assert watcher.looks > 50
+    assert 0 < watcher.peak <= budget, f"peak {watcher.peak} > budget {budget}"
 
 
 def test_budget_smaller_than_one_call_finishes(moto: Store, staging_root: str) -> None:

@@ -7,11 +7,9 @@ import os
 import shlex
 import stat
 import sys
-import threading
-import time
 
 import pytest
-from conftest import staged_bytes
+from conftest import Peak, staged_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -138,28 +136,17 @@ def test_budget_never_exceeded_and_each_sample_once(fake_s3, tmp_path, sizes, sp
     budget = max(s.size for s in ds.samples) + slack
     root = str(tmp_path / "stage")
     os.makedirs(root, exist_ok=True)
-    peak = [0]
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], staged_bytes(root))
-            time.sleep(0.0005)
-
-    t = threading.Thread(target=watch)
-    t.start()
-    with S5Sampler(ds, shuffle=shuffle, samples_per_call=spc, buffers=buffers, budget=budget, staging_dir=root,
-                   block_size=4) as sampler:
+    with Peak(lambda: staged_bytes(root), interval=0.0005) as peak, S5Sampler(
+        ds, shuffle=shuffle, samples_per_call=spc, buffers=buffers, budget=budget, staging_dir=root, block_size=4
+    ) as sampler:
         got = []
         for idx in sampler:
             s = ds[idx]
             assert s["bin"] == bytes([int(s["txt"]) % 256]) * sizes[int(s["txt"])]
             got.append(idx)
         assert sampler.stats is not None and sampler.stats.peak_reserved <= budget
-    done.set()
-    t.join()
     assert sorted(got) == list(range(len(sizes)))
-    assert peak[0] <= budget
+    assert peak.peak <= budget
 
 
 def test_finds_the_wheel_binary_not_the_wrapper(monkeypatch: pytest.MonkeyPatch) -> None:

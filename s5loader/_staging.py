@@ -16,7 +16,6 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 from ._uri import format_size
@@ -232,9 +231,6 @@ def cleanup_all() -> None:
 
 
 atexit.register(cleanup_all)
-
-_previous_handler: Callable[..., Any] | int | None = None
-
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     if os.getpid() == _PID:

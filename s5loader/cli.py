@@ -1,11 +1,14 @@
 """The ``s5loader`` command: ``ls`` (show the sample index), ``prefetch`` (the daemon) and
-``bench`` (the benchmark). The CLI owns the terminal; the library only logs."""
+``bench`` (the benchmark, the separate ``s5loader_bench`` package, imported only when that
+command runs). The CLI owns the terminal; the library only logs."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
+from typing import Any
 
 from .exceptions import S5LoaderError
 
@@ -35,8 +38,23 @@ def _ls(argv: list[str]) -> int:
 COMMANDS = {
     "ls": ("list the samples of a source", "s5loader.cli:_ls"),
     "prefetch": ("keep a bounded local cache filled for any consumer", "s5loader.daemon:main"),
-    "bench": ("measure loading methods on your bucket", "s5loader.bench:main"),
+    "bench": ("measure loading methods on your bucket", "s5loader_bench.cli:main"),
 }
+BENCH_INSTALL = "pip install 's5loader[bench]'"
+
+
+def _load(command: str) -> Any:
+    """The handler of ``command``, imported now: the benchmark and its dependencies load only
+    for ``s5loader bench``, and a missing one is a message that says how to install it."""
+    module, _, func = COMMANDS[command][1].partition(":")
+    try:
+        return getattr(importlib.import_module(module), func)
+    except ModuleNotFoundError as exc:
+        if command != "bench":
+            raise
+        print(f"s5loader bench: error: the benchmark needs {exc.name or exc}, which is not installed: "
+              f"{BENCH_INSTALL}", file=sys.stderr)
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,10 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"usage: s5loader COMMAND [ARGS]\n\ncommands:\n{lines}", file=out)
         return EXIT_OK if out is sys.stdout else EXIT_USAGE
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    module, _, func = COMMANDS[argv[0]][1].partition(":")
-    import importlib
-
-    handler = getattr(importlib.import_module(module), func)
+    handler = _load(argv[0])
+    if handler is None:
+        return EXIT_ERROR
     try:
         return int(handler(argv[1:]) or 0)
     except S5LoaderError as exc:

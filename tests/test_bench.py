@@ -1,6 +1,7 @@
 """``s5loader bench``: argument errors, ``--generate``, a short run of every method against a
-real local S3 server, peers reported as skipped when absent, the tree CPU monitor and the
-latency proxy. No timing assertions."""
+real local S3 server, peers reported as skipped when absent, the tree CPU monitor and its
+split by process kind, the latency proxy and its request counts, ``--steps`` bounding every
+method, and the runtime package loading none of it. No timing assertions."""
 
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ import uuid
 import boto3
 import pytest
 
-from s5loader import bench
-from s5loader._bench_methods import METHODS, Figures, Recorder, TreeMonitor
 from s5loader.cli import main as cli_main
+from s5loader_bench import cli as bench
+from s5loader_bench.methods import METHODS, Figures, Recorder, wildcard_cover
+from s5loader_bench.monitor import CpuSplit, ProcTimes, TreeMonitor
+from s5loader_bench.proxy import LatencyProxy, RequestParser, classify
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -68,7 +71,25 @@ def test_plot_without_matplotlib_is_a_clear_error(monkeypatch: pytest.MonkeyPatc
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     assert bench.main(["s3://b/p/", "--plot", "x.png"]) == 2
-    assert "--plot needs matplotlib" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--plot needs matplotlib" in err and "pip install 's5loader[bench]'" in err
+
+
+def test_counting_needs_a_plain_http_endpoint(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.main(["s3://b/p/", "--count-requests", "--endpoint-url", "https://s3.example.com"]) == 2
+    assert "need a plain http:// endpoint" in capsys.readouterr().err
+    assert bench.main(["s3://b/p/", "--delay-ms", "-1", "--endpoint-url", "http://127.0.0.1:1"]) == 2
+    assert "--delay-ms must be 0 or more" in capsys.readouterr().err
+
+
+def test_missing_bench_dependency_names_the_extra(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    for name in [m for m in sys.modules if m == "s5loader_bench" or m.startswith("s5loader_bench.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "psutil", None)  # import psutil -> ModuleNotFoundError
+    assert cli_main(["bench", "s3://b/p/"]) == 1
+    err = capsys.readouterr().err
+    assert "psutil" in err and "pip install 's5loader[bench]'" in err
 
 
 # -- against a real local S3 ---------------------------------------------------------------
@@ -166,6 +187,7 @@ def test_absent_peer_is_reported_not_faked(data: dict[str, str], tmp_path, monke
     for peer in ("s3torchconnector", "webdataset"):
         r = by[peer]
         assert r["status"] == "skipped" and f"{peer} is not installed" in r["note"]
+        assert "pip install 's5loader[bench]'" in r["note"]
         assert r["samples"] == 0 and r["samples_per_s"] is None and r["cpu_s"] is None
         assert f"skipped: {peer} is not installed" in table
     assert by["s5cmd-bulk"]["status"] == "ok" and by["s5cmd-bulk"]["ratio_to_s5loader"] is None
@@ -200,25 +222,137 @@ def test_tree_monitor_counts_children() -> None:
                    check=True)
     cpu, peak = mon.stop()
     assert cpu >= 0.4 and peak > 0
+    split = mon.cpu_split()
+    assert sum(split.values()) == pytest.approx(cpu)
+    assert split["s5cmd"] == 0.0
 
 
-def test_latency_proxy_passes_s3_traffic(seaweed_server: str) -> None:
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    try:
-        from latency_proxy import LatencyProxy
-    finally:
-        sys.path.pop(0)
+def test_tree_monitor_splits_s5cmd_from_the_rest(tmp_path) -> None:
+    s5cmd = tmp_path / "s5cmd"  # a process the system names s5cmd
+    s5cmd.symlink_to(sys.executable)
+    burn = "import time\nwhile time.process_time() < 0.5: pass"
+    mon = TreeMonitor(interval=0.05).start()
+    subprocess.run([str(s5cmd), "-c", burn], check=True)
+    subprocess.run([sys.executable, "-c", burn], check=True)
+    cpu, _ = mon.stop()
+    split = mon.cpu_split()
+    assert split["s5cmd"] >= 0.4 and split["workers"] >= 0.4
+    assert split["s5cmd"] + split["workers"] + split["unattributed"] >= 1.0
+    assert sum(split.values()) == pytest.approx(cpu)
+
+
+@pytest.mark.parametrize("delay_s", [0.005, 0.0])
+def test_latency_proxy_passes_and_counts_s3_traffic(seaweed_server: str, delay_s: float) -> None:
     host, port = seaweed_server.removeprefix("http://").split(":")
-    proxy = LatencyProxy(host, int(port), delay_s=0.005).start_thread()
+    proxy = LatencyProxy(host, int(port), delay_s=delay_s).start_thread()
     try:
         c = _client(proxy.endpoint)
         body = os.urandom(300_000)
         key = f"proxy-{uuid.uuid4().hex[:8]}"
-        c.put_object(Bucket="data", Key=key, Body=body)
+        c.put_object(Bucket="data", Key=key, Body=body)  # a body that must be skipped, not parsed
         assert c.get_object(Bucket="data", Key=key)["Body"].read() == body
+        c.head_object(Bucket="data", Key=key)
+        assert c.list_objects_v2(Bucket="data", Prefix=key)["KeyCount"] == 1
+        assert c.get_object(Bucket="data", Key=key)["Body"].read() == body  # a kept-alive connection
         assert proxy.connections >= 1
+        assert proxy.counts == {"GET": 2, "HEAD": 1, "LIST": 1, "other": 1}
     finally:
         proxy.stop()
+
+
+# -- counting requests and splitting CPU: the logic on made-up inputs ----------------------
+@pytest.mark.parametrize(
+    ("method", "target", "kind"),
+    [
+        ("GET", "/data/train/0001.image", "GET"),
+        ("GET", "/data/train/0001.image?x-id=GetObject", "GET"),
+        ("GET", "/train/0001.image", "GET"),  # virtual-hosted
+        ("HEAD", "/data/train/0001.image", "HEAD"),
+        ("GET", "/data?list-type=2&prefix=train%2F&encoding-type=url", "LIST"),
+        ("GET", "/data/?delimiter=%2F&prefix=", "LIST"),
+        ("GET", "/?list-type=2", "LIST"),
+        ("GET", "/", "LIST"),
+        ("GET", "/data?location", "other"),
+        ("PUT", "/data/train/0001.image", "other"),
+        ("DELETE", "/data/train/0001.image", "other"),
+        ("get", "http://127.0.0.1:8333/data/k", "GET"),  # an absolute target
+    ],
+)
+def test_classify(method: str, target: str, kind: str) -> None:
+    assert classify(method, target) == kind
+
+
+def _feed_in_pieces(parser: RequestParser, data: bytes, size: int) -> None:
+    for i in range(0, len(data), size):
+        parser.feed(data[i:i + size])
+
+
+@pytest.mark.parametrize("piece", [1, 7, 64, 100_000])
+def test_request_parser_follows_bodies_and_kept_alive_connections(piece: int) -> None:
+    fake = b"GET /data/fake HTTP/1.1\r\nHost: x\r\n\r\n"  # inside bodies: never a request
+    stream = (
+        b"GET /data/a HTTP/1.1\r\nHost: x\r\n\r\n"
+        + b"PUT /data/b HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(fake) + fake
+        + b"HEAD /data/a HTTP/1.1\r\n\r\n"
+        + b"PUT /data/c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"%x;ext=1\r\n" % len(fake) + fake + b"\r\n" + b"3\r\nabc\r\n0\r\nx-trailer: 1\r\n\r\n"
+        + b"GET /data?list-type=2&prefix=t HTTP/1.1\r\n\r\n"
+    )
+    counts: dict[str, int] = {}
+    _feed_in_pieces(RequestParser(counts), stream, piece)
+    assert counts == {"GET": 1, "other": 2, "HEAD": 1, "LIST": 1}
+
+
+def test_request_parser_gives_up_on_what_is_not_http() -> None:
+    counts: dict[str, int] = {}
+    parser = RequestParser(counts)
+    parser.feed(b"\x16\x03\x01 TLS hello\r\n\r\n")
+    parser.feed(b"GET /data/a HTTP/1.1\r\n\r\n")  # the stream is not followed any more
+    assert counts == {"unreadable": 1}
+
+
+def _p(pid: int, kind: str, own: float, reaped: float = 0.0) -> ProcTimes:
+    return ProcTimes((pid, 1.0), kind, own, reaped)
+
+
+def test_cpu_split_follows_processes_that_end_between_samples() -> None:
+    split = CpuSplit()
+    split.add(1.0, 0.0, [_p(10, "workers", 0.5)])  # the start: only what comes after counts
+    split.add(1.2, 0.0, [_p(10, "workers", 0.7), _p(11, "s5cmd", 0.4)])
+    # s5cmd 11 ended and was reaped by the training process with 0.6 s: 0.2 s after its last sample
+    split.add(1.3, 0.6, [_p(10, "workers", 0.8)])
+    assert split.result() == pytest.approx({"main": 0.3, "workers": 0.3, "s5cmd": 0.6, "unattributed": 0.0})
+    # a process that started and ended between two samples: nobody to give it to
+    split.add(1.3, 0.9, [_p(10, "workers", 0.8)])
+    assert split.result()["unattributed"] == pytest.approx(0.3)
+    # the worker ends and is reaped, with an s5cmd child of its own it had reaped unseen
+    split.add(1.4, 0.9 + 0.8 + 0.5, [])
+    r = split.result()
+    assert r == pytest.approx({"main": 0.4, "workers": 0.8, "s5cmd": 0.6, "unattributed": 0.3})
+    assert sum(r.values()) == pytest.approx((1.4 + 2.2) - (1.0 + 0.5))
+
+
+def test_cpu_split_of_a_grandchild_seen_alive() -> None:
+    split = CpuSplit()
+    split.add(0.0, 0.0, [])
+    split.add(0.1, 0.0, [_p(20, "workers", 0.2), _p(21, "s5cmd", 0.5)])
+    # s5cmd 21 (a worker's child) ended with 0.55 s, reaped by worker 20; worker still alive
+    split.add(0.1, 0.0, [_p(20, "workers", 0.3, reaped=0.55)])
+    r = split.result()
+    assert r["s5cmd"] == pytest.approx(0.55) and r["workers"] == pytest.approx(0.3)
+    assert r["unattributed"] == 0.0
+
+
+def test_wildcard_cover_names_exactly_the_needed_keys() -> None:
+    keys = [f"train/{i:06d}.{f}" for i in range(1000) for f in ("image", "label")] + ["train/odd*key"]
+    for count in (1, 2, 12, 137, 1000):
+        needed = {f"train/{i:06d}.{f}" for i in range(count) for f in ("image", "label")}
+        prefixes, singles = wildcard_cover(keys, needed, "train/")
+        matched = {k for k in keys for p in prefixes if k.startswith(p)} | set(singles)
+        assert matched == needed
+        assert len(prefixes) <= 40  # wildcards, not one line per object
+    prefixes, singles = wildcard_cover(keys, {"train/odd*key", "train/000003.image"}, "train/")
+    assert singles == ["train/odd*key"] and prefixes == ["train/000003.image"]
 
 
 def test_repeat_reports_the_median(data: dict[str, str], tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -229,3 +363,83 @@ def test_repeat_reports_the_median(data: dict[str, str], tmp_path, capsys: pytes
     assert r["status"] == "ok" and len(r["repeats_samples_per_s"]) == 3
     assert r["samples_per_s"] == sorted(r["repeats_samples_per_s"])[1]
     assert "median of 3 repeats" in capsys.readouterr().out
+
+
+# -- CPU split and requests in a real run ------------------------------------------------------
+def _counted_run(data: dict[str, str], tmp_path, *args: str) -> dict[str, dict]:  # type: ignore[type-arg]
+    out_json = tmp_path / f"r-{uuid.uuid4().hex[:6]}.json"
+    rc = bench.main([data["source"], "--endpoint-url", data["endpoint"], "--count-requests", "--batch-size", "2",
+                     "--num-workers", "2", "--samples-per-call", "4", "--json", str(out_json), *args])
+    by = {r["method"]: r for r in json.loads(out_json.read_text())["results"]}
+    assert rc == 0, {m: r["note"] for m, r in by.items()}
+    return by
+
+
+def test_real_run_reports_cpu_split_and_requests(data: dict[str, str], tmp_path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    methods = ["s5loader", "s5loader-block", "boto3", "s5cmd-run", "s5cmd-bulk"]
+    by = _counted_run(data, tmp_path, "--steps", "3", "--methods", *methods)
+    table = capsys.readouterr().out
+    assert "requests/sample" in table and "GET/HEAD/LIST/other per sample" in table
+    for m in methods:
+        r = by[m]
+        assert r["status"] == "ok", (m, r["note"])
+        assert r["objects"] == 2 * r["samples"] >= 6
+        # every object delivered was fetched with a GET at least once
+        assert r["requests"]["GET"] >= r["objects"], (m, r["requests"])
+        assert r["requests_per_sample"] > 0 and r["requests_per_object"] > 0
+        assert r["requests_per_sample_by_kind"]["GET"] == pytest.approx(r["requests"]["GET"] / r["samples"])
+        split = r["cpu_split_s"]
+        assert set(split) == {"s5cmd", "main", "workers", "unattributed"}
+        assert min(split.values()) >= 0 and sum(split.values()) == pytest.approx(r["cpu_s"], abs=1e-3)
+        assert set(r["cpu_split_s_per_1k_samples"]) == set(split)
+    assert by["s5loader"]["cpu_split_s"]["main"] > 0
+    assert by["boto3"]["cpu_split_s"]["s5cmd"] == 0 and by["boto3"]["requests"]["HEAD"] == 0
+    assert by["s5cmd-bulk"]["requests"]["HEAD"] == 0 and by["s5cmd-bulk"]["requests"]["LIST"] >= 1
+    for m in ("s5loader", "s5cmd-bulk"):  # s5cmd did the work: seen, or at least not given to another kind
+        split = by[m]["cpu_split_s"]
+        assert split["s5cmd"] + split["unattributed"] > 0
+
+
+def test_steps_bound_s5cmd_bulk(data: dict[str, str], tmp_path) -> None:
+    """16 samples of 2 objects: one step of 2 samples copies their 4 objects, not the 32 of a
+    whole pass; 9 steps copy one pass and the 4 objects of 2 more samples."""
+    one = _counted_run(data, tmp_path, "--steps", "1", "--methods", "s5cmd-bulk")["s5cmd-bulk"]
+    assert one["samples"] == 2 and one["requests"]["GET"] == 4 and one["requests"]["HEAD"] == 0
+    nine = _counted_run(data, tmp_path, "--steps", "9", "--methods", "s5cmd-bulk")["s5cmd-bulk"]
+    assert nine["samples"] == 18 and nine["requests"]["GET"] == 32 + 4
+
+
+def test_steps_bound_the_calls_of_s5cmd_run(data: dict[str, str], tmp_path) -> None:
+    """--samples-per-call 1000 with one step of 2 samples: calls of 2 samples, not of the whole
+    data set."""
+    out_json = tmp_path / "r.json"
+    rc = bench.main([data["source"], "--endpoint-url", data["endpoint"], "--count-requests", "--batch-size", "2",
+                     "--steps", "1", "--samples-per-call", "1000", "--methods", "s5cmd-run", "--json", str(out_json)])
+    doc = json.loads(out_json.read_text())
+    assert rc == 0 and doc["settings"]["samples_per_call_used"] == 2
+    r = doc["results"][0]
+    assert r["samples"] == 2 and r["requests"]["GET"] < 32
+
+
+def test_runtime_package_loads_no_benchmark_code(seaweed, staging_root: str) -> None:  # type: ignore[no-untyped-def]
+    from conftest import make_pairs
+
+    seaweed.put(make_pairs(4, size=64))
+    code = f"""
+import json, sys
+import s5loader
+from s5loader import S5Dataset, S5Sampler
+ds = S5Dataset.from_prefix({seaweed.uri()!r}, endpoint_url={seaweed.endpoint!r})
+with S5Sampler(ds, budget="1MiB", staging_dir={staging_root!r}) as sampler:
+    got = [ds[i]["label"] for i in sampler]
+assert len(got) == 4, got
+heavy = ("matplotlib", "webdataset", "s3torchconnector", "s5loader_bench", "psutil")
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in heavy)))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+    imported = subprocess.run([sys.executable, "-X", "importtime", "-c", "import s5loader"], capture_output=True,
+                              text=True, check=True).stderr
+    assert "s5loader_bench" not in imported and "matplotlib" not in imported and "psutil" not in imported

@@ -3,7 +3,9 @@
 Every method reads the same samples (the index :meth:`S5Dataset.from_prefix` lists) and is
 timed from the moment its loop starts (listing and other setup are timed apart, as
 ``setup_s``). CPU is counted over the whole process tree (DataLoader workers and s5cmd
-included) by :class:`TreeMonitor`. Only the public API of s5loader is used.
+included) and split by kind of process by :class:`~.monitor.TreeMonitor`; S3 requests are
+counted at the request-counting proxy when the run goes through one. Only the public API of
+s5loader is used.
 """
 
 from __future__ import annotations
@@ -24,13 +26,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import psutil
 from torch.utils.data import DataLoader, Dataset
 
-from . import S5Dataset, S5Sampler, find_s5cmd
+from s5loader import S5Dataset, S5Sampler
+
+from .monitor import TreeMonitor
 
 METHODS = ("s5loader", "s5loader-block", "boto3", "s5cmd-run", "s5cmd-bulk", "s3torchconnector", "webdataset")
 PEERS = ("s3torchconnector", "webdataset")  # optional packages: skipped with a note when absent
+INSTALL_HINT = "pip install 's5loader[bench]'"
 
 
 class SkipMethod(Exception):
@@ -56,6 +60,8 @@ class Settings:
     compute_ms: float = 0.0
     seed: int = 0
     region: str = "us-east-1"
+    count_requests: bool = False  # every method through the request-counting proxy
+    delay_ms: float = 0.0  # the latency the proxy adds per client-to-server chunk
 
 
 @dataclass
@@ -80,87 +86,19 @@ class Figures:
     cpu_s: float | None = None
     cpu_util: float | None = None
     cpu_s_per_1k_samples: float | None = None
+    # CPU seconds per kind of process: s5cmd, main (the training process), workers (DataLoader
+    # workers and anything else started below the training process), unattributed
+    cpu_split_s: dict[str, float] | None = None
+    cpu_split_s_per_1k_samples: dict[str, float] | None = None
+    objects: int = 0  # objects (fields) in the samples delivered
+    requests: dict[str, int] | None = None  # S3 requests by kind (GET, HEAD, LIST, other), at the proxy
+    requests_per_sample: float | None = None
+    requests_per_object: float | None = None
+    requests_per_sample_by_kind: dict[str, float] | None = None
     peak_mem_mb: float | None = None
     ratio_to_s5loader: float | None = None
     cpu_per_sample_ratio_to_s5loader: float | None = None
     repeats_samples_per_s: list[float] | None = None  # every repeat's samples/s (--repeat)
-
-
-# -- CPU and memory of the process tree ---------------------------------------------------
-def _self_cpu() -> float:
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
-
-
-class TreeMonitor:
-    """CPU seconds and peak memory of this process and all its descendants.
-
-    CPU = this process's user+system time plus its reaped children's (``os.times``, i.e.
-    ``getrusage(RUSAGE_CHILDREN)``), plus, for every live descendant found recursively with
-    psutil, its own and its reaped children's times. A thread samples the tree every
-    ``interval`` seconds (0.5) for the peak memory (sum of the descendants' PSS, or RSS where PSS
-    cannot be read) and keeps the largest CPU figure seen, so a descendant that vanished
-    without being reaped inside the tree is still counted up to its last sample. The
-    sampling thread's own CPU time is left out.
-    """
-
-    def __init__(self, interval: float = 0.5) -> None:
-        self.interval = interval
-        self._proc = psutil.Process()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._start_cpu = 0.0
-        self._max_cpu = 0.0
-        self._own_cpu = 0.0  # this thread's CPU: not counted
-        self.peak_mem = 0
-
-    def _sample(self) -> tuple[float, int]:
-        cpu = _self_cpu()
-        mem = self._memory(self._proc)
-        try:
-            children = self._proc.children(recursive=True)
-        except psutil.Error:
-            children = []
-        for c in children:
-            try:
-                t = c.cpu_times()
-                cpu += t.user + t.system + t.children_user + t.children_system
-                mem += self._memory(c)
-            except psutil.Error:
-                pass
-        return cpu, mem
-
-    @staticmethod
-    def _memory(p: psutil.Process) -> int:
-        try:
-            return int(getattr(p.memory_full_info(), "pss", 0)) or p.memory_info().rss
-        except (psutil.AccessDenied, AttributeError):
-            return p.memory_info().rss
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            cpu, mem = self._sample()
-            self._own_cpu = time.thread_time()
-            self._max_cpu = max(self._max_cpu, cpu - self._own_cpu)
-            self.peak_mem = max(self.peak_mem, mem)
-        self._own_cpu = time.thread_time()
-
-    def start(self) -> TreeMonitor:
-        cpu, mem = self._sample()
-        self._start_cpu = self._max_cpu = cpu
-        self.peak_mem = mem
-        self._thread = threading.Thread(target=self._loop, name="s5loader-bench-monitor", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> tuple[float, int]:
-        """Stop sampling; returns (CPU seconds since :meth:`start`, peak bytes)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        cpu, mem = self._sample()
-        self.peak_mem = max(self.peak_mem, mem)
-        return max(cpu - self._own_cpu, self._max_cpu) - self._start_cpu, self.peak_mem
 
 
 # -- timing ----------------------------------------------------------------------------------
@@ -175,6 +113,7 @@ class Recorder:
         self.t0 = time.perf_counter()
         self.step_at: list[float] = []
         self.samples = 0
+        self.objects = 0
         self.bytes = 0
         self.wait_s: float | None = None
 
@@ -186,10 +125,11 @@ class Recorder:
             return True
         return self.seconds is not None and self.elapsed() >= self.seconds
 
-    def step(self, samples: int, nbytes: int, waited: float | None) -> None:
+    def step(self, samples: int, nbytes: int, waited: float | None, objects: int = 0) -> None:
         """A step ended now; ``waited``: how long the loop waited for it (``None``: no loop)."""
         self.step_at.append(self.elapsed())
         self.samples += samples
+        self.objects += objects
         self.bytes += nbytes
         if waited is not None:
             self.wait_s = (self.wait_s or 0.0) + waited
@@ -197,6 +137,7 @@ class Recorder:
     def fill(self, fig: Figures) -> None:
         """Write the timing figures into ``fig``."""
         fig.samples, fig.bytes, fig.steps = self.samples, self.bytes, len(self.step_at)
+        fig.objects = self.objects
         if not self.step_at:
             raise RuntimeError("no step completed")
         end = self.step_at[-1]
@@ -221,6 +162,13 @@ def _sample_bytes(sample: Any) -> int:
     return len(sample) if isinstance(sample, (bytes, bytearray)) else 0
 
 
+def _sample_objects(sample: Any) -> int:
+    """The objects a sample was made of: its fields, less the ``__key__``-like metadata."""
+    if isinstance(sample, dict):
+        return sum(1 for k in sample if not str(k).startswith("__"))
+    return 1
+
+
 def collate_list(batch: list[Any]) -> list[Any]:
     """The DataLoader collate of every method: the batch as it came (no tensor work)."""
     return batch
@@ -238,7 +186,8 @@ def drive(make_loader: Callable[[int], Iterable[list[Any]]], rec: Recorder, comp
                 batch = next(it)  # type: ignore[arg-type]
             except StopIteration:
                 break
-            rec.step(len(batch), sum(_sample_bytes(s) for s in batch), time.perf_counter() - t)
+            rec.step(len(batch), sum(_sample_bytes(s) for s in batch), time.perf_counter() - t,
+                     sum(_sample_objects(s) for s in batch))
             got += 1
             if rec.done():
                 break
@@ -259,9 +208,12 @@ class Context:
     settings: Settings
     dataset: S5Dataset
     s5cmd: str
-    endpoint: str | None
+    endpoint: str | None  # what the methods talk to: the proxy's endpoint when there is one
     tmp_root: str
+    count_requests: Callable[[], dict[str, int]] | None = None  # the proxy's counts so far
+    exclude_pids: tuple[int, ...] = ()  # processes left out of the CPU figures (the proxy)
     max_steps: float = field(init=False)
+    samples_per_call: int = field(init=False)
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -271,6 +223,15 @@ class Context:
             self.max_steps = math.inf
         else:  # one pass over the data set
             self.max_steps = math.ceil(len(self.dataset) / s.batch_size)
+        # --steps N: no call larger than the samples the N steps need
+        self.samples_per_call = s.samples_per_call
+        if s.steps is not None:
+            self.samples_per_call = max(1, min(s.samples_per_call, s.steps * s.batch_size))
+
+    @property
+    def samples_needed(self) -> float:
+        """Samples the run delivers at most (``inf`` for ``--seconds``)."""
+        return self.max_steps * self.settings.batch_size
 
     def recorder(self) -> Recorder:
         return Recorder(self.settings.batch_size, self.max_steps, self.settings.seconds)
@@ -285,7 +246,7 @@ def run_s5loader(ctx: Context, shuffle: bool | str = True) -> Recorder:
     """S5Sampler + S5Dataset through a DataLoader (``s5loader-block``: ``shuffle="block"``)."""
     s = ctx.settings
     ds = S5Dataset.from_prefix(s.source, endpoint_url=ctx.endpoint)
-    sampler = S5Sampler(ds, shuffle=shuffle, seed=s.seed, samples_per_call=s.samples_per_call,
+    sampler = S5Sampler(ds, shuffle=shuffle, seed=s.seed, samples_per_call=ctx.samples_per_call,
                         buffers=s.buffers, budget=s.budget, staging_dir=s.staging_dir)
     try:
         loader = ctx.loader(ds, sampler=sampler)
@@ -377,7 +338,7 @@ class _Completions:
                 self.fields[f.uri] = (i, len(x.fields))
         self.lock = threading.Lock()
         self.pending: dict[tuple[int, int], int] = {}
-        self.in_step = [0, 0]  # samples, bytes of the step being filled
+        self.in_step = [0, 0, 0]  # samples, bytes, objects of the step being filled
 
     def line(self, epoch: int, rec_line: dict[str, Any]) -> None:
         hit = self.fields.get(str(rec_line.get("source", "")))
@@ -393,15 +354,16 @@ class _Completions:
             self.pending.pop(k, None)
             self.in_step[0] += 1
             self.in_step[1] += self.sizes[idx]
+            self.in_step[2] += nfields
             if self.in_step[0] == self.rec.batch_size:
-                self.rec.step(self.in_step[0], self.in_step[1], None)
-                self.in_step = [0, 0]
+                self.rec.step(self.in_step[0], self.in_step[1], None, self.in_step[2])
+                self.in_step = [0, 0, 0]
 
     def flush(self) -> None:
         with self.lock:
             if self.in_step[0]:
-                self.rec.step(self.in_step[0], self.in_step[1], None)
-                self.in_step = [0, 0]
+                self.rec.step(self.in_step[0], self.in_step[1], None, self.in_step[2])
+                self.in_step = [0, 0, 0]
 
 
 def _run_s5cmd(argv: list[str], on_line: Callable[[dict[str, Any]], None], stop: threading.Event,
@@ -458,13 +420,17 @@ def run_s5cmd_run(ctx: Context) -> Recorder:
     """The command files s5loader writes, run by s5cmd (``buffers`` in flight, as the sampler
     does) into tmpfs with no Python reading the files; each call's files are deleted after it."""
     s = ctx.settings
-    sampler = S5Sampler(ctx.dataset, shuffle=True, seed=s.seed, samples_per_call=s.samples_per_call,
+    spc = ctx.samples_per_call
+    sampler = S5Sampler(ctx.dataset, shuffle=True, seed=s.seed, samples_per_call=spc,
                         buffers=s.buffers, budget=s.budget, staging_dir=s.staging_dir)
     root = tempfile.mkdtemp(prefix="s5cmd-run-", dir=ctx.tmp_root)
     try:
         plan: list[tuple[int, str]] = []
-        per_epoch = math.ceil(len(ctx.dataset) / s.samples_per_call)
-        calls_needed = math.ceil(ctx.max_steps * s.batch_size / s.samples_per_call) if math.isfinite(ctx.max_steps) else None
+        per_epoch = math.ceil(len(ctx.dataset) / spc)
+        calls_needed = None
+        if math.isfinite(ctx.max_steps):  # whole epochs of calls, then the calls the rest needs
+            full, rest = divmod(int(ctx.samples_needed), len(ctx.dataset))
+            calls_needed = full * per_epoch + math.ceil(rest / spc)
         epoch = 0
         while calls_needed is None or len(plan) < calls_needed:
             files = sampler.write_command_files(os.path.join(root, f"e{epoch}"), epoch=epoch)
@@ -472,6 +438,8 @@ def run_s5cmd_run(ctx: Context) -> Recorder:
             epoch += 1
             if calls_needed is None and len(plan) >= per_epoch * 50:
                 break  # --seconds: more than any run will get through; killed at the deadline
+        if calls_needed is not None:
+            plan = plan[:calls_needed]
         rec = ctx.recorder()
         done = _Completions(ctx, rec)
         stop = threading.Event()
@@ -496,18 +464,79 @@ def run_s5cmd_run(ctx: Context) -> Recorder:
     return rec
 
 
+_GLOB = frozenset("*?[]{}\\")
+
+
+def wildcard_cover(keys: list[str], needed: set[str], base: str) -> tuple[list[str], list[str]]:
+    """The fewest key prefixes whose wildcards (``prefix*``) match exactly the ``needed`` keys
+    among ``keys`` (all of which start with ``base``), and the needed keys no clean wildcard can
+    name (a prefix with a glob character in it), to be copied one by one.
+
+    Returns:
+        (prefixes, single keys).
+    """
+    ordered = sorted(keys)
+    prefixes: list[str] = []
+    singles: list[str] = []
+
+    def walk(prefix: str, group: list[str]) -> None:
+        prefix = max(prefix, os.path.commonprefix(group), key=len)  # skip to the next branching
+        want = [k for k in group if k in needed]
+        if not want:
+            return
+        if len(want) == len(group) and not (_GLOB & set(prefix)):
+            prefixes.append(prefix)
+            return
+        if prefix in needed and prefix in group:  # a key that is also a prefix of others
+            singles.append(prefix)
+        by_next: dict[str, list[str]] = {}
+        for k in group:
+            if len(k) > len(prefix):
+                by_next.setdefault(k[len(prefix)], []).append(k)
+        for ch in sorted(by_next):
+            walk(prefix + ch, by_next[ch])
+
+    walk(base, [k for k in ordered if k.startswith(base)])
+    return prefixes, singles
+
+
+def bulk_lines(ctx: Context, count: int, dest: str) -> list[str]:
+    """``s5cmd run`` lines that copy the objects of the first ``count`` samples (in index
+    order) and as few others as wildcards allow: one ``cp 'PREFIX*'`` per prefix of
+    :func:`wildcard_cover`, each into a folder of its own, and ``cp --raw`` for the rest."""
+    bucket, base = _split_uri(ctx.settings.source)
+    keys = [_split_uri(f.uri)[1] for x in ctx.dataset.samples for f in x.fields]
+    needed = {_split_uri(f.uri)[1] for x in ctx.dataset.samples[:count] for f in x.fields}
+    prefixes, singles = wildcard_cover(keys, needed, base)
+    lines = [f"cp {shlex.quote(f's3://{bucket}/{p}*')} {shlex.quote(os.path.join(dest, str(n)) + '/')}"
+             for n, p in enumerate(prefixes)]
+    lines += [f"cp --raw {shlex.quote(f's3://{bucket}/{k}')} {shlex.quote(os.path.join(dest, 'raw', str(n)) + '/')}"
+              for n, k in enumerate(singles)]
+    return lines
+
+
 def run_s5cmd_bulk(ctx: Context) -> Recorder:
-    """One ``s5cmd cp 's3://prefix/*' DIR/`` per pass into tmpfs, no Python reading; deleted after."""
+    """One ``s5cmd cp 's3://prefix/*' DIR/`` per pass into tmpfs, no Python reading; deleted
+    after. With ``--steps`` the last pass copies only the samples the steps still need (by
+    :func:`bulk_lines`, with ``s5cmd run``)."""
     root = tempfile.mkdtemp(prefix="s5cmd-bulk-", dir=ctx.tmp_root)
     try:
         rec = ctx.recorder()
         done = _Completions(ctx, rec)
         stop = threading.Event()
         epoch = 0
+        n = len(ctx.dataset)
         while not rec.done() and not stop.is_set():
             dest = os.path.join(root, f"e{epoch}") + "/"
             before = rec.samples
-            argv = _s5cmd_argv(ctx, "--numworkers", "256", "cp", ctx.settings.source + "*", dest)
+            left = ctx.samples_needed - rec.samples - done.in_step[0]
+            if left >= n:
+                argv = _s5cmd_argv(ctx, "--numworkers", "256", "cp", ctx.settings.source + "*", dest)
+            else:
+                cmd_file = os.path.join(root, f"e{epoch}.txt")
+                with open(cmd_file, "w") as fh:
+                    fh.write("\n".join(bulk_lines(ctx, int(left), dest)) + "\n")
+                argv = _s5cmd_argv(ctx, "--numworkers", "256", "run", cmd_file)
             _run_s5cmd(argv, functools.partial(done.line, epoch), stop, rec)
             shutil.rmtree(dest, ignore_errors=True)
             if rec.samples == before and not done.in_step[0]:
@@ -524,7 +553,7 @@ def import_peer(name: str) -> Any:
     try:
         return importlib.import_module(name)
     except ImportError as exc:
-        raise SkipMethod(f"{name} is not installed ({exc}); pip install {name}") from exc
+        raise SkipMethod(f"{name} is not installed ({exc}); {INSTALL_HINT}") from exc
 
 
 def _reader_key_bytes(reader: Any) -> tuple[str, bytes]:
@@ -642,9 +671,11 @@ RUNNERS: dict[str, Callable[[Context], Recorder]] = {
 
 
 def measure(method: str, ctx: Context) -> Figures:
-    """Run one method under a :class:`TreeMonitor`; never raises for the method's own failure."""
+    """Run one method under a :class:`TreeMonitor`, counting its requests at the proxy when
+    there is one; never raises for the method's own failure."""
     fig = Figures(method)
-    monitor = TreeMonitor().start()
+    counts_before = ctx.count_requests() if ctx.count_requests else None
+    monitor = TreeMonitor(exclude=ctx.exclude_pids).start()
     t0 = time.perf_counter()
     try:
         rec = RUNNERS[method](ctx)
@@ -663,9 +694,22 @@ def measure(method: str, ctx: Context) -> Figures:
     fig.cpu_s = cpu
     fig.cpu_util = cpu / total if total > 0 else None
     fig.cpu_s_per_1k_samples = cpu / fig.samples * 1000 if fig.samples else None
+    fig.cpu_split_s = {k: round(v, 4) for k, v in monitor.cpu_split().items()}
+    if fig.samples:
+        fig.cpu_split_s_per_1k_samples = {k: v / fig.samples * 1000 for k, v in fig.cpu_split_s.items()}
     fig.peak_mem_mb = peak / 1e6
+    if ctx.count_requests is not None and counts_before is not None:
+        after = ctx.count_requests()
+        fig.requests = {k: after.get(k, 0) - counts_before.get(k, 0) for k in after}
+        fill_request_rates(fig)
     return fig
 
 
-def find_binary() -> str:
-    return find_s5cmd()
+def fill_request_rates(fig: Figures) -> None:
+    """Requests per sample and per object, in all and by kind, from ``fig.requests``."""
+    if fig.requests is None or not fig.samples:
+        return
+    total = sum(v for k, v in fig.requests.items() if k != "unreadable")
+    fig.requests_per_sample = total / fig.samples
+    fig.requests_per_object = total / fig.objects if fig.objects else None
+    fig.requests_per_sample_by_kind = {k: v / fig.samples for k, v in fig.requests.items()}

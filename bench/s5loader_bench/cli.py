@@ -2,7 +2,7 @@
 
     s5loader bench SOURCE [--endpoint-url URL] [--methods M ...] [--batch-size 4]
                    [--num-workers N] [--steps N | --seconds S] [--samples-per-call N]
-                   [--json FILE] [--plot FILE]
+                   [--count-requests] [--delay-ms D] [--json FILE] [--markdown FILE] [--plot FILE]
     s5loader bench --generate N SOURCE [--sample-size 100KB] [--shard-samples 100]
                    [--shards-prefix URI]
 
@@ -11,6 +11,10 @@ Methods: ``s5loader`` (S5Sampler + S5Dataset), ``boto3`` (one GetObject per file
 this design), ``s5cmd-bulk`` (one ``s5cmd cp 'prefix/*'``: the ceiling of the sidecar),
 ``s3torchconnector`` and ``webdataset`` (tar shards through ``pipe:s5cmd cat``) when installed;
 a peer that is absent or cannot work against the endpoint is skipped with a note.
+
+Per method: samples/s, CPU per 1,000 samples split into s5cmd, the training process and the
+DataLoader workers, and (through the request-counting proxy, ``--count-requests`` or
+``--delay-ms``) S3 requests per sample by kind.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import json
 import math
 import os
 import platform
+import random
 import shlex
 import subprocess
 import sys
@@ -31,17 +36,54 @@ import tarfile
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import psutil
 
-from . import S5Dataset, find_s5cmd, parse_size
-from ._args import non_negative_int, positive_float, positive_int, size_arg
-from ._bench_methods import METHODS, Context, Figures, Settings, measure, shards_prefix
-from .exceptions import ConfigError
+from s5loader import ConfigError, S5Dataset, find_s5cmd, parse_size
+
+from .methods import INSTALL_HINT, METHODS, Context, Figures, Settings, measure, shards_prefix
+from .proxy import ProxyProcess
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 _ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "S3_ENDPOINT_URL")
+
+
+# -- argparse types ----------------------------------------------------------------------------
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if v < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {v}")
+        return v
+
+    return parse
+
+
+positive_int = _int_at_least(1)
+non_negative_int = _int_at_least(0)
+
+
+def positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not v > 0 or not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return v
+
+
+def size_arg(text: str) -> int:
+    """A size such as ``2GiB``, ``500MB`` or a number of bytes."""
+    try:
+        return parse_size(text, "size")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,6 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compute-ms", type=float, default=0.0,
                    help="simulated training step in ms (default 0: an empty loop)")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed (and --generate's random seed)")
+    p.add_argument("--count-requests", action="store_true",
+                   help="run every method through a request-counting proxy in front of the endpoint (a child "
+                   "process, not counted in the CPU figures) and report S3 requests per sample by kind; needs "
+                   "a plain http:// endpoint")
+    p.add_argument("--delay-ms", type=float, default=None,
+                   help="hold every client-to-server chunk this many ms at that proxy, like a trip to a distant "
+                   "store (implies --count-requests; default 0)")
     p.add_argument("--region", default=None, help="region for boto3 and s3torchconnector (default AWS_REGION or us-east-1)")
     p.add_argument("--shards-prefix", help="tar shards for webdataset (default: SOURCE's sibling '<name>-shards/')")
     p.add_argument("--json", dest="json_file", metavar="FILE", help="write every figure and the settings as JSON")
@@ -169,11 +218,9 @@ def generate(source: str, n: int, *, sample_size: int = 100_000, label_size: int
 
     Returns (objects written, bytes written).
     """
-    import numpy as np
-
     shards = shards or shards_prefix(source)
     width = max(6, len(str(n - 1)))
-    rng = np.random.default_rng(seed)
+    rng = random.Random(seed)
     n_shards = math.ceil(n / shard_samples)
     total_bytes = 0
     with tempfile.TemporaryDirectory(prefix="s5loader-bench-gen-") as tmp:
@@ -183,7 +230,7 @@ def generate(source: str, n: int, *, sample_size: int = 100_000, label_size: int
         tar: tarfile.TarFile | None = None
         for i in range(n):
             key = f"{i:0{width}d}"
-            image = rng.bytes(sample_size)
+            image = rng.randbytes(sample_size)
             label = (f"{i % 1000}".encode().ljust(label_size, b" ") if label_size else f"{i % 1000}".encode())
             for name, data in (("image", image), ("label", label)):
                 with open(os.path.join(sdir, f"{key}.{name}"), "wb") as f:
@@ -214,21 +261,40 @@ def _fmt(v: float | None, spec: str = ".3g") -> str:
 
 
 COLUMNS = ("method", "samples/s", "MB/s", "s/100 steps (mean)", "s/100 steps (var, s²)", "waited",
-           "CPU (cores)", "CPU s/1k samples", "peak mem MB", "vs s5loader", "note")
+           "CPU (cores)", "CPU s/1k samples", "s5cmd", "main", "workers", "requests/sample",
+           "GET/HEAD/LIST/other per sample", "peak mem MB", "vs s5loader", "note")
+# the CPU split columns: CPU s per 1,000 samples of each kind of process (see monitor.CpuSplit)
+SPLIT_COLUMNS = ("s5cmd", "main", "workers")
+
+
+def _split(f: Figures, kind: str) -> str:
+    return _fmt((f.cpu_split_s_per_1k_samples or {}).get(kind), ".2f") if f.cpu_split_s_per_1k_samples else "-"
+
+
+def _by_kind(f: Figures) -> str:
+    r = f.requests_per_sample_by_kind
+    if not r:
+        return "-"
+    return "/".join(f"{r.get(k, 0.0):.2f}" for k in ("GET", "HEAD", "LIST", "other"))
 
 
 def table_rows(results: list[Figures]) -> list[list[str]]:
     rows = []
     for f in results:
         if f.status != "ok":
-            rows.append([f.method] + ["-"] * 9 + [f"{f.status}: {f.note}"])
+            rows.append([f.method] + ["-"] * (len(COLUMNS) - 2) + [f"{f.status}: {f.note}"])
             continue
+        unattributed = (f.cpu_split_s_per_1k_samples or {}).get("unattributed", 0.0)
         rows.append([
             f.method, _fmt(f.samples_per_s, ".1f"), _fmt(f.mb_per_s, ".1f"), _fmt(f.step100_mean_s, ".3f"),
             _fmt(f.step100_var_s2, ".2g"), "-" if f.wait_fraction is None else f"{f.wait_fraction:.0%}",
-            _fmt(f.cpu_util, ".2f"), _fmt(f.cpu_s_per_1k_samples, ".2f"), _fmt(f.peak_mem_mb, ".0f"),
+            _fmt(f.cpu_util, ".2f"), _fmt(f.cpu_s_per_1k_samples, ".2f"),
+            *(_split(f, k) for k in SPLIT_COLUMNS),
+            _fmt(f.requests_per_sample, ".2f"), _by_kind(f),
+            _fmt(f.peak_mem_mb, ".0f"),
             "-" if f.ratio_to_s5loader is None else f"{f.ratio_to_s5loader:.2f}x",
             f"{f.samples} samples in {f.seconds:.1f}s" + (f"; {f.note}" if f.note else "")
+            + (f"; {unattributed:.2f} CPU s/1k samples not attributed to a process" if unattributed >= 0.005 else "")
             + (f"; median of {len(f.repeats_samples_per_s)} repeats: "
                + "/".join(f"{v:.0f}" for v in f.repeats_samples_per_s) + " samples/s"
                if f.repeats_samples_per_s and len(f.repeats_samples_per_s) > 1 else ""),
@@ -243,7 +309,7 @@ def format_table(results: list[Figures], markdown: bool = False) -> str:
             return c.replace("|", "\\|")
 
         lines = ["| " + " | ".join(esc(c) for c in rows[0]) + " |",
-                 "|" + "|".join("---" if i in (0, 10) else "---:" for i in range(len(COLUMNS))) + "|"]
+                 "|" + "|".join("---" if i in (0, len(COLUMNS) - 1) else "---:" for i in range(len(COLUMNS))) + "|"]
         lines += ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows[1:]]
         return "\n".join(lines)
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS) - 1)]
@@ -336,7 +402,17 @@ def run(settings: Settings, methods: list[str], repeat: int = 1, echo: bool = Tr
     """Run ``methods`` one after another on ``settings.source`` (the whole list ``repeat``
     times, interleaved); per method the repeat with the median samples/s; ratios filled in."""
     dataset = S5Dataset.from_prefix(settings.source, endpoint_url=settings.endpoint_url)
-    ctx = Context(settings, dataset, find_s5cmd(), settings.endpoint_url, _tmp_root())
+    if settings.count_requests:
+        if not settings.endpoint_url:
+            raise ConfigError("counting requests needs an http:// endpoint (--endpoint-url)")
+        with ProxyProcess(settings.endpoint_url, settings.delay_ms) as proxy:
+            ctx = Context(settings, dataset, find_s5cmd(), proxy.endpoint, _tmp_root(),
+                          count_requests=proxy.counts, exclude_pids=(proxy.pid,))
+            return _run(ctx, methods, repeat, echo)
+    return _run(Context(settings, dataset, find_s5cmd(), settings.endpoint_url, _tmp_root()), methods, repeat, echo)
+
+
+def _run(ctx: Context, methods: list[str], repeat: int, echo: bool) -> list[Figures]:
     runs: dict[str, list[Figures]] = {m: [] for m in methods}
     for r in range(repeat):
         for m in methods:
@@ -372,6 +448,12 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--shards-prefix must be an s3:// URI, got {args.shards_prefix!r}")
         if args.compute_ms < 0 or not math.isfinite(args.compute_ms):
             parser.error(f"--compute-ms must be 0 or more, got {args.compute_ms}")
+        if args.delay_ms is not None and (args.delay_ms < 0 or not math.isfinite(args.delay_ms)):
+            parser.error(f"--delay-ms must be 0 or more, got {args.delay_ms}")
+        count = args.count_requests or args.delay_ms is not None
+        if count and args.generate is None and not (_endpoint(args.endpoint_url) or "").startswith("http://"):
+            parser.error("--count-requests and --delay-ms need a plain http:// endpoint (--endpoint-url or "
+                         "AWS_ENDPOINT_URL...): the proxy reads each request, which TLS would hide")
         methods = _methods(parser, args.methods)
         try:
             parse_size(args.budget, "budget")
@@ -381,8 +463,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 import matplotlib  # noqa: F401
             except ImportError:
-                parser.error("--plot needs matplotlib, which is not installed: pip install matplotlib "
-                             "(or pip install 's5loader[bench]')")
+                parser.error(f"--plot needs matplotlib, which is not installed: {INSTALL_HINT}")
     except SystemExit as exc:  # argparse: 2 with a message on stderr, 0 for --help
         return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
     endpoint = _endpoint(args.endpoint_url)
@@ -400,6 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         steps=args.steps, seconds=args.seconds, samples_per_call=args.samples_per_call, buffers=args.buffers,
         budget=args.budget, staging_dir=args.staging_dir, shards_prefix=shards, compute_ms=args.compute_ms,
         seed=args.seed, region=args.region or os.environ.get("AWS_REGION") or "us-east-1",
+        count_requests=count, delay_ms=args.delay_ms or 0.0,
     )
     started = datetime.datetime.now(datetime.timezone.utc)
     with warnings.catch_warnings():
@@ -412,7 +494,10 @@ def main(argv: list[str] | None = None) -> int:
         "version": 1,
         "started": started.isoformat(timespec="seconds"),
         "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "settings": {**dataclasses.asdict(settings), "methods": methods, "repeat": args.repeat},
+        "settings": {**dataclasses.asdict(settings), "methods": methods, "repeat": args.repeat,
+                     # --steps N: calls no larger than the N steps need (s5loader, s5cmd-run)
+                     "samples_per_call_used": (min(settings.samples_per_call, settings.steps * settings.batch_size)
+                                               if settings.steps else settings.samples_per_call)},
         "machine": machine,
         "results": [dataclasses.asdict(f) for f in results],
     }
@@ -429,4 +514,4 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_FAILED if any(f.status == "failed" for f in results) else EXIT_OK
 
 
-__all__ = ["main", "generate", "run", "Settings", "Figures", "METHODS"]
+__all__ = ["main", "generate", "run", "Settings", "Figures", "METHODS", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE"]

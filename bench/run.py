@@ -5,9 +5,12 @@
 2. writes a toy data set to it with ``s5loader bench --generate`` (image + label pairs, and
    tar shards of them for webdataset);
 3. runs ``s5loader bench`` with every installed method, directly on loopback and then through
-   ``bench/latency_proxy.py`` (20 ms per request by default, like a trip to a cloud store);
-4. writes bench/results/latest.json (both runs, settings, machine), latest.md (the tables)
-   and latest.png (the chart), plus direct.* and proxy.* from each run; stops the server.
+   its request-counting latency proxy (``--delay-ms 20``, like a trip to a cloud store), which
+   also counts each method's S3 requests; ``--count-direct`` counts the direct run's too, through
+   the same proxy at 0 ms;
+4. writes bench/results/latest.json (both runs, settings, machine), latest.md (the tables, and
+   the README's table made from them) and latest.png (the chart), plus direct.* and proxy.*
+   from each run; stops the server.
 
     .venv/bin/python bench/run.py [--samples 3000] [--sample-size 100KB] [--delay-ms 20] ...
 """
@@ -29,17 +32,31 @@ ROOT = os.path.dirname(HERE)
 PY = sys.executable
 
 
+def child_env() -> dict[str, str]:
+    """This environment, with s5loader and s5loader_bench importable from this checkout
+    whether they are installed or not."""
+    extra = [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, HERE, *extra])}
+
+
+# the README's names for the methods, in its order
+README_METHODS = {"s5loader": "s5loader", "s5loader-block": 's5loader, `shuffle="block"`', "boto3": "boto3",
+                  "s5cmd-run": "s5cmd-run", "s5cmd-bulk": "s5cmd-bulk", "s3torchconnector": "s3torchconnector",
+                  "webdataset": "webdataset (shards)"}
+
+
 def check_run(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
     """Run ``argv``; on a non-zero exit raise with the command, the code and stderr's tail."""
-    proc = subprocess.run(argv, text=True, capture_output=True, check=False, **kw)
+    proc = subprocess.run(argv, text=True, capture_output=True, check=False, env=child_env(), **kw)
     if proc.returncode != 0:
         raise RuntimeError(f"{shlex.join(argv)} exited with code {proc.returncode}:\n{proc.stderr[-3000:]}")
     return proc
 
 
-def bench(label: str, endpoint: str, source: str, out: str, args: argparse.Namespace) -> dict[str, Any]:
-    """One ``s5loader bench`` run; its output is echoed, its JSON returned."""
-    argv = [PY, "-m", "s5loader", "bench", source, "--endpoint-url", endpoint,
+def bench(label: str, endpoint: str, source: str, out: str, args: argparse.Namespace,
+          extra: list[str]) -> dict[str, Any]:
+    """One ``s5loader bench`` run with ``extra`` arguments; its output is echoed, its JSON returned."""
+    argv = [PY, "-m", "s5loader", "bench", source, "--endpoint-url", endpoint, *extra,
             "--batch-size", str(args.batch_size), "--num-workers", str(args.num_workers),
             "--samples-per-call", str(args.samples_per_call), "--repeat", str(args.repeat),
             "--json", os.path.join(out, f"{label}.json"), "--markdown", os.path.join(out, f"{label}.md")]
@@ -56,7 +73,7 @@ def bench(label: str, endpoint: str, source: str, out: str, args: argparse.Names
     print(f"\n== {label}: {shlex.join(argv)}", flush=True)
     t0 = time.monotonic()
     with open(os.path.join(out, f"{label}.log"), "w") as log:
-        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=log, text=True, check=False)
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=log, text=True, check=False, env=child_env())
     print(proc.stdout, end="", flush=True)
     if proc.returncode not in (0, 1):  # 1: a method failed, reported in the table
         tail = open(os.path.join(out, f"{label}.log")).read()[-3000:]
@@ -64,23 +81,6 @@ def bench(label: str, endpoint: str, source: str, out: str, args: argparse.Names
     print(f"== {label} took {time.monotonic() - t0:.0f}s (log: {os.path.relpath(out, ROOT)}/{label}.log)", flush=True)
     with open(os.path.join(out, f"{label}.json")) as f:
         return json.load(f)
-
-
-def start_proxy(upstream: str, delay_ms: float, tmp: str) -> tuple[subprocess.Popen[bytes], str]:
-    port_file = os.path.join(tmp, "proxy.port")
-    proc = subprocess.Popen([PY, os.path.join(HERE, "latency_proxy.py"), "--upstream", upstream,
-                             "--delay-ms", str(delay_ms), "--port-file", port_file],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
-    while not os.path.exists(port_file):
-        if proc.poll() is not None:
-            raise RuntimeError(f"the latency proxy exited with code {proc.returncode}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("the latency proxy did not start within 20s")
-        time.sleep(0.05)
-    with open(port_file) as f:
-        return proc, f"http://127.0.0.1:{int(f.read())}"
 
 
 def combined_chart(path: str, runs: dict[str, dict[str, Any]], delay_ms: float = 20.0) -> None:
@@ -136,12 +136,57 @@ def markdown(runs: dict[str, dict[str, Any]], info: dict[str, Any]) -> str:
         f"Machine: {m['logical_cpus']} logical CPUs ({m['cpu_model']}), {m['memory_gb']} GB, {m['os']}, "
         f"Python {m['python']}; versions {json.dumps(m['versions'])}.",
         f"Total time of `make bench`: {info['elapsed_s']:.0f}s.",
+        "CPU per 1,000 samples is split into s5cmd, the training process (main) and the DataLoader workers; "
+        "S3 requests are counted by the proxy that adds the latency"
+        + (", and by the same proxy at 0 ms for the direct run." if info.get("count_direct")
+           else " (the direct run goes straight to the server: no counts)."),
     ]
     titles = {"direct": "Direct (loopback)", "proxy": f"Through the latency proxy ({info['delay_ms']:g} ms per request)"}
     for label in runs:
         table = open(os.path.join(info["out"], f"{label}.md")).read().strip()
         lines += ["", f"## {titles.get(label, label)}", "", table]
     lines += ["", "![samples/s and CPU per method](latest.png)", ""]
+    lines += ["## The README's table", "", "(`README.md`, \"The benchmark\": paste it there with the run's date.)", "",
+              readme_table(runs, info["delay_ms"]), ""]
+    return "\n".join(lines)
+
+
+def _cell(r: dict[str, Any] | None, fmt: Any) -> str:
+    if r is None or r.get("status") != "ok":
+        return "-"
+    try:
+        return str(fmt(r))
+    except (KeyError, TypeError):
+        return "-"
+
+
+def readme_table(runs: dict[str, dict[str, Any]], delay_ms: float) -> str:
+    """The README's summary table: samples/s through the proxy and direct, CPU per 1,000
+    samples and its split (s5cmd / training process / workers), and S3 requests per sample."""
+    by = {label: {r["method"]: r for r in doc["results"]} for label, doc in runs.items()}
+    methods = [m for m in README_METHODS if any(m in b for b in by.values())]
+    rows = [["samples/s"] + [README_METHODS[m] for m in methods]]
+    if "proxy" in by:
+        rows.append([f"through the {delay_ms:g} ms proxy"] + [_cell(by["proxy"].get(m), lambda r: f"{r['samples_per_s']:.0f}")
+                                                           for m in methods])
+    if "direct" in by:
+        d = by["direct"]
+        rows.append(["direct (loopback)"] + [_cell(d.get(m), lambda r: f"{r['samples_per_s']:.0f}") for m in methods])
+        rows.append(["CPU s / 1,000 samples, direct"] + [_cell(d.get(m), lambda r: f"{r['cpu_s_per_1k_samples']:.2f}")
+                                                         for m in methods])
+        rows.append(["of which s5cmd / training process / workers"] + [
+            _cell(d.get(m), lambda r: " / ".join(f"{r['cpu_split_s_per_1k_samples'][k]:.2f}"
+                                                 for k in ("s5cmd", "main", "workers"))) for m in methods])
+    for label in ("direct", "proxy"):
+        counted = by.get(label, {})
+        if any(r.get("requests") for r in counted.values()):
+            rows.append([f"S3 requests per sample ({'direct' if label == 'direct' else 'proxy'} run): "
+                         "all (GET / HEAD / LIST)"] + [
+                _cell(counted.get(m), lambda r: f"{r['requests_per_sample']:.2f} ("
+                      + " / ".join(f"{r['requests_per_sample_by_kind'].get(k, 0):.2f}" for k in ("GET", "HEAD", "LIST"))
+                      + ")") for m in methods])
+    lines = ["| " + " | ".join(rows[0]) + " |", "|---|" + "---:|" * len(methods)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
     return "\n".join(lines)
 
 
@@ -158,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="run the method list this many times, interleaved; the median is reported (default 3)")
     p.add_argument("--methods", nargs="+", help="default: all installed")
     p.add_argument("--delay-ms", type=float, default=20.0, help="latency the proxy adds per request (default 20)")
+    p.add_argument("--count-direct", action="store_true",
+                   help="count the direct run's requests too, through the proxy at 0 ms (it shares the CPU)")
     p.add_argument("--only", choices=["direct", "proxy"], help="run one of the two")
     p.add_argument("--out", default=os.path.join(HERE, "results"), help="results folder (default bench/results)")
     args = p.parse_args(argv)
@@ -176,31 +223,26 @@ def main(argv: list[str] | None = None) -> int:
         s3dir = os.path.join(tmp, "s3")
         endpoint = check_run([PY, os.path.join(ROOT, "bin", "s3-local"), "start", "--dir", s3dir,
                               "--bucket", "bench"]).stdout.strip().splitlines()[-1]
-        proxy: subprocess.Popen[bytes] | None = None
         try:
             print(f"SeaweedFS serves S3 at {endpoint}", flush=True)
             t = time.monotonic()
             gen = subprocess.run([PY, "-m", "s5loader", "bench", "--generate", str(args.samples), source,
                                   "--endpoint-url", endpoint, "--sample-size", args.sample_size,
                                   "--shard-samples", str(args.shard_samples)],
-                                 stdout=subprocess.PIPE, text=True, check=False)
+                                 stdout=subprocess.PIPE, text=True, check=False, env=child_env())
             if gen.returncode != 0:
                 raise RuntimeError(f"generating the data set failed with exit code {gen.returncode} (see above)")
             print(gen.stdout.strip(), f"({time.monotonic() - t:.0f}s)", flush=True)
             if args.only in (None, "direct"):
-                runs["direct"] = bench("direct", endpoint, source, out, args)
+                runs["direct"] = bench("direct", endpoint, source, out, args,
+                                       ["--count-requests"] if args.count_direct else [])
             if args.only in (None, "proxy"):
-                proxy, proxied = start_proxy(endpoint, args.delay_ms, tmp)
-                print(f"latency proxy ({args.delay_ms:g} ms) at {proxied}", flush=True)
-                runs["proxy"] = bench("proxy", proxied, source, out, args)
+                runs["proxy"] = bench("proxy", endpoint, source, out, args, ["--delay-ms", f"{args.delay_ms:g}"])
         finally:
-            if proxy is not None:
-                proxy.terminate()
-                proxy.wait(10)
             subprocess.run([PY, os.path.join(ROOT, "bin", "s3-local"), "stop", "--dir", s3dir], check=False)
     elapsed = time.monotonic() - t0
     info = {"samples": args.samples, "sample_size": args.sample_size, "delay_ms": args.delay_ms,
-            "elapsed_s": elapsed, "out": out}
+            "count_direct": args.count_direct, "elapsed_s": elapsed, "out": out}
     with open(os.path.join(out, "latest.json"), "w") as f:
         json.dump({"bench": {k: v for k, v in info.items() if k != "out"}, "runs": runs}, f, indent=2)
     with open(os.path.join(out, "latest.md"), "w") as f:

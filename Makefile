@@ -23,8 +23,10 @@ test: venv
 
 lint: venv
 	$(VENV)/bin/ruff check s5loader tests bench bin
-	$(VENV)/bin/mypy s5loader
+	$(VENV)/bin/mypy s5loader bench/s5loader_bench bench/run.py
 
+# The bench extra (matplotlib, s3torchconnector) on top of the test one; a peer that cannot be
+# installed here is skipped in the tables, with the reason.
 bench: venv
 	$(PIP) install -q -e '.[bench]' || true
 	$(PY) bench/run.py

@@ -443,3 +443,19 @@ print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in heavy)))
     imported = subprocess.run([sys.executable, "-X", "importtime", "-c", "import s5loader"], capture_output=True,
                               text=True, check=True).stderr
     assert "s5loader_bench" not in imported and "matplotlib" not in imported and "psutil" not in imported
+
+
+def test_runtime_package_ships_no_benchmark() -> None:
+    """The benchmark's code lives in s5loader_bench and its needs in the bench extra."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    runtime = {d.split(">")[0].split("[")[0].strip() for d in project["dependencies"]}
+    assert runtime.isdisjoint({"psutil", "numpy", "matplotlib", "webdataset", "s3torchconnector"})
+    assert {"psutil", "matplotlib", "s3torchconnector"} <= {
+        d.split(">")[0].strip() for d in project["optional-dependencies"]["bench"]}
+    package = os.path.join(ROOT, "s5loader")
+    for name in os.listdir(package):
+        if name.endswith(".py"):
+            text = open(os.path.join(package, name)).read()
+            assert "bench" not in name and "import psutil" not in text and "matplotlib" not in text, name

@@ -52,8 +52,10 @@ def _load(command: str) -> Any:
     except ModuleNotFoundError as exc:
         if command != "bench":
             raise
-        print(f"s5loader bench: error: the benchmark needs {exc.name or exc}, which is not installed: "
-              f"{BENCH_INSTALL}", file=sys.stderr)
+        missing = exc.name or str(exc)
+        what = ("the benchmark package s5loader_bench is not installed" if missing.startswith("s5loader_bench")
+                else f"the benchmark needs {missing}, which is not installed")
+        print(f"s5loader bench: error: {what}: {BENCH_INSTALL}", file=sys.stderr)
         return None
 
 

@@ -89,7 +89,11 @@ def test_missing_bench_dependency_names_the_extra(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setitem(sys.modules, "psutil", None)  # import psutil -> ModuleNotFoundError
     assert cli_main(["bench", "s3://b/p/"]) == 1
     err = capsys.readouterr().err
-    assert "psutil" in err and "pip install 's5loader[bench]'" in err
+    assert "needs psutil" in err and "pip install 's5loader[bench]'" in err
+    monkeypatch.setitem(sys.modules, "s5loader_bench", None)
+    assert cli_main(["bench", "s3://b/p/"]) == 1
+    err = capsys.readouterr().err
+    assert "s5loader_bench is not installed" in err and "pip install 's5loader[bench]'" in err
 
 
 # -- against a real local S3 ---------------------------------------------------------------
@@ -459,3 +463,8 @@ def test_runtime_package_ships_no_benchmark() -> None:
         if name.endswith(".py"):
             text = open(os.path.join(package, name)).read()
             assert "bench" not in name and "import psutil" not in text and "matplotlib" not in text, name
+    bench_package = os.path.join(ROOT, "bench", "s5loader_bench")
+    for name in os.listdir(bench_package):
+        if name.endswith(".py"):  # the public API only
+            text = open(os.path.join(bench_package, name)).read()
+            assert "s5loader._" not in text and "from s5loader." not in text, name

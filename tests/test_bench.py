@@ -231,6 +231,17 @@ def test_tree_monitor_counts_children() -> None:
     assert split["s5cmd"] == 0.0
 
 
+def test_tree_monitor_leaves_out_processes_started_before_it() -> None:
+    burn = "import sys, time\nsys.stdin.readline()\nwhile time.process_time() < 0.6: pass"
+    before = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE)
+    mon = TreeMonitor(interval=0.05).start()
+    assert before.stdin is not None
+    before.stdin.close()  # burns now, while measured, and is reaped by this process
+    before.wait()
+    cpu, _ = mon.stop()
+    assert cpu < 0.3, mon.cpu_split()
+
+
 def test_tree_monitor_splits_s5cmd_from_the_rest(tmp_path) -> None:
     s5cmd = tmp_path / "s5cmd"  # a process the system names s5cmd
     s5cmd.symlink_to(sys.executable)
@@ -345,6 +356,14 @@ def test_cpu_split_of_a_grandchild_seen_alive() -> None:
     r = split.result()
     assert r["s5cmd"] == pytest.approx(0.55) and r["workers"] == pytest.approx(0.3)
     assert r["unattributed"] == 0.0
+
+
+def test_cpu_split_leaves_excluded_processes_out() -> None:
+    split = CpuSplit()
+    split.add(0.0, 0.0, [_p(30, "excluded", 5.0), _p(31, "workers", 0.0)])
+    split.add(0.0, 0.0, [_p(30, "excluded", 5.4), _p(31, "workers", 0.3)])
+    split.add(0.1, 5.6, [_p(31, "workers", 0.4)])  # the excluded one ended, reaped with 5.6 s
+    assert split.result() == pytest.approx({"main": 0.1, "workers": 0.4, "s5cmd": 0.0, "unattributed": 0.0})
 
 
 def test_wildcard_cover_names_exactly_the_needed_keys() -> None:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import psutil
 
 KINDS = ("s5cmd", "main", "workers", "unattributed")
+EXCLUDED = "excluded"  # a process followed so that its CPU is told apart, and left out
+_ALL = (*KINDS, EXCLUDED)
 
 
 @dataclass(frozen=True)
@@ -23,7 +25,7 @@ class ProcTimes:
     """One live descendant at one sample."""
 
     key: tuple[int, float]  # (pid, create time): a pid can be reused
-    kind: str  # "s5cmd" or "workers"
+    kind: str  # "s5cmd", "workers" or EXCLUDED
     own: float  # its own user + system CPU seconds
     reaped: float  # its reaped children's (``children_user + children_system``)
 
@@ -39,7 +41,8 @@ class CpuSplit:
     sample. What the total grew by beyond that in an interval (a finished process's CPU after
     its last sample, one that lived and ended between two samples, a live process's newly
     reaped children) goes to the kinds of the processes that ended in that interval, in
-    proportion to their CPU; when none did, it is reported as ``unattributed``.
+    proportion to their CPU; when none did, it is reported as ``unattributed``. Processes of
+    kind ``EXCLUDED`` are followed the same way and left out of the result.
     """
 
     def __init__(self) -> None:
@@ -48,11 +51,11 @@ class CpuSplit:
         self._base_own: dict[tuple[int, float], float] = {}
         self._live: dict[tuple[int, float], ProcTimes] = {}
         self._main = 0.0
-        self._done = dict.fromkeys(KINDS, 0.0)  # ended processes and distributed remainders
+        self._done = dict.fromkeys(_ALL, 0.0)  # ended processes and distributed remainders
         self.samples = 0
 
     def _live_part(self) -> dict[str, float]:
-        out = dict.fromkeys(KINDS, 0.0)
+        out = dict.fromkeys(_ALL, 0.0)
         out["main"] = self._main - self._base_main
         for key, p in self._live.items():
             out[p.kind] += p.own - self._base_own.get(key, 0.0)
@@ -69,7 +72,7 @@ class CpuSplit:
             self._live = now
             return
         ended = {k: p for k, p in self._live.items() if k not in now}
-        weights = dict.fromkeys(KINDS, 0.0)
+        weights = dict.fromkeys(_ALL, 0.0)
         for key, p in ended.items():
             share = max(p.own - self._base_own.get(key, 0.0), 0.0)
             self._done[p.kind] += share
@@ -104,8 +107,10 @@ def process_kind(p: psutil.Process) -> str:
 
 
 class TreeMonitor:
-    """CPU seconds, split by :class:`CpuSplit`, and peak memory of this process and all its
-    descendants (but the ``exclude`` pids, such as the request-counting proxy).
+    """CPU seconds, split by :class:`CpuSplit`, and peak memory of this process and the
+    descendants it starts while it runs: the ``exclude`` pids and processes already running at
+    :meth:`start` (a local S3 server started by the same program, the request-counting proxy)
+    are not the measured method's.
 
     A thread samples the tree every ``interval`` seconds (0.2): this process's CPU
     (``os.times``, less the sampling thread's own), its reaped children's
@@ -137,14 +142,14 @@ class TreeMonitor:
                 children = []
             procs = []
             for c in children:
-                if c.pid in self.exclude:
-                    continue
                 try:
                     key = (c.pid, c.create_time())
-                    kind = self._kinds.get(key) or self._kinds.setdefault(key, process_kind(c))
+                    kind = EXCLUDED if c.pid in self.exclude else (
+                        self._kinds.get(key) or self._kinds.setdefault(key, process_kind(c)))
                     ct = c.cpu_times()
                     procs.append(ProcTimes(key, kind, ct.user + ct.system, ct.children_user + ct.children_system))
-                    mem += self._memory(c)
+                    if kind != EXCLUDED:
+                        mem += self._memory(c)
                 except psutil.Error:
                     pass
             self.split.add(main_own, t.children_user + t.children_system, procs)
@@ -166,6 +171,10 @@ class TreeMonitor:
         self._own_cpu = time.thread_time()
 
     def start(self) -> TreeMonitor:
+        try:
+            self.exclude |= {c.pid for c in self._proc.children(recursive=True)}
+        except psutil.Error:
+            pass
         self._sample()
         self._thread = threading.Thread(target=self._loop, name="s5loader-bench-monitor", daemon=True)
         self._thread.start()

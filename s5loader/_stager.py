@@ -711,9 +711,10 @@ class Stager:
                 delay = min(self.opts.retry_backoff * 2 ** (n - 1), 30.0)
                 self._retry.append((now + delay, pos))
             log.warning(
-                "retrying %d sample(s) (attempt %d of %d): %s",
+                "retrying %d sample(s) (attempt %d of %d): %s%s",
                 len(retry_again), max(self._attempts[p] for p in retry_again), self.opts.retries,
-                failures[retry_again[0]][1],
+                "; ".join(f"{failures[p][2]}: {failures[p][1]}" for p in retry_again[:3]),
+                " ..." if len(retry_again) > 3 else "",
             )
 
     def _give_up(self, pos: int, kind: str, msg: str, uri: str) -> None:

@@ -87,8 +87,34 @@ def test_mixed_failures_in_one_call_each_get_their_own_cause(
         lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("skipping sample") and uri in r.getMessage()]
         assert len(lines) == 1, (uri, lines)
         assert cause in lines[0] and not any(c in lines[0] for c in causes.values() if c != cause), lines[0]
-    # the 403 is nobody's retry: it was asked for once (its own error was known at once)
+    retried = [r.getMessage() for r in caplog.records if r.getMessage().startswith("retrying")]
+    assert retried and all(denied not in m for m in retried), retried
+    assert all("SlowDown" not in m.split(gone)[1].split(";")[0] for m in retried if gone in m), retried
+    # the 403 was never retried: its own error was known at once, not another object's 503
     assert proxy.rules[0].hits == (1 if block_size > 1 else 2)  # a cp --raw line sends a HEAD first
+
+
+def test_object_without_an_error_line_never_gets_another_objects_error(
+    moto: Store, proxy: FaultProxy, staging_root: str, caplog
+) -> None:
+    # One wildcard line: the 403 has an error line of its own; the object deleted after the
+    # listing has none (the wildcard no longer matches it). It must not be skipped as a 403.
+    moto.put(make_pairs(6, size=100))
+    proxy.rules.append(Rule("0001.image", "403", method="*"))
+    ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=proxy.endpoint)
+    moto.client.delete_object(Bucket="data", Key="train/0004.label")
+    caplog.set_level(logging.WARNING, logger="s5loader")
+    with S5Sampler(ds, staging_dir=staging_root, shuffle=False, on_error="skip", retries=1) as sampler:
+        got = [ds[idx]["__key__"] for idx in sampler]
+        stats = sampler.stats
+        assert stats is not None
+    assert got == ["train/0000", "train/0002", "train/0003", "train/0005"]
+    gone = "s3://data/train/0004.label"
+    assert sorted(stats.skipped) == ["s3://data/train/0001.image", gone]
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"skipping sample 'train/0004': cannot stage {gone}")]
+    assert "NoSuchKey" in line and "AccessDenied" not in line, line
+    assert type(stats.skip_errors[gone]) is ObjectNotFoundError, stats.skip_errors[gone]
+    assert "AccessDenied" not in str(stats.skip_errors[gone])
 
 
 @pytest.mark.parametrize("block_size", [64, 1], ids=["wildcard-lines", "raw-lines"])

@@ -189,6 +189,7 @@ class _Call:
     errors: dict[str, str] = field(default_factory=dict)
     pending: set[str] = field(default_factory=set)  # reported paths with no answer yet
     given_up: set[str] = field(default_factory=set)  # reported paths retried in another call
+    given_up_bytes: int = 0  # budget held for them until the call ends (they may still land)
     all_running: float = 0.0  # since when s5cmd has a worker for every pending copy
     call_errors: list[str] = field(default_factory=list)  # error lines about no object of ours
     bufs: dict[int, bytearray] = field(default_factory=dict)
@@ -476,9 +477,16 @@ class Stager:
             self._fetch_aside(pos, j, uri, dest)
         if not plan.lines:
             return
-        os.makedirs(self.area.control_dir, mode=0o700, exist_ok=True)
         cmd_file = os.path.join(self.area.control_dir, f"{self._seq}.txt")
-        _s5cmd.write_command_file(cmd_file, plan.lines)
+        for attempt in range(3):
+            try:
+                os.makedirs(self.area.control_dir, mode=0o700, exist_ok=True)
+                _s5cmd.write_command_file(cmd_file, plan.lines)
+                break
+            except FileNotFoundError:
+                # the staging directory was removed (by someone else) while this ran
+                if attempt == 2:
+                    raise
         proc = self.s5cmd.run_file(cmd_file)
         call = _Call(self._seq, proc, cmd_file, plan, pending=set(plan.items))
         if len(call.pending) <= self._numworkers:
@@ -650,6 +658,10 @@ class Stager:
             pass
         if call.plan.scratch:
             shutil.rmtree(os.path.dirname(call.plan.scratch[0]), ignore_errors=True)
+        if call.given_up_bytes:
+            with self._cond:
+                self._reserved -= call.given_up_bytes
+            call.given_up_bytes = 0
 
     def _end_call(self, call: _Call) -> None:
         rc = call.proc.wait()
@@ -808,6 +820,13 @@ class Stager:
                 hung[pos] = ("stall", f"no answer for {limit:g}s (the request hung)", uri)
         if not hung:
             return
+        # The given-up copies may still land in this call's scratch folder while their samples
+        # are fetched again: their bytes stay on the budget until the call is gone.
+        extra = sum(self.samples[self.order[pos]].size for pos in hung)
+        with self._cond:
+            self._reserved += extra
+        call.given_up_bytes += extra
+        self.stats.peak_reserved = max(self.stats.peak_reserved, self._reserved)
         for where, (pos, _) in list(call.plan.items.items()):
             if pos in hung:  # the whole sample starts again elsewhere; late answers are ignored
                 del call.plan.items[where]

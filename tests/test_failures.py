@@ -160,6 +160,9 @@ def test_one_hung_request_among_many_is_retried_alone(
             consumer.join(60)
         assert not failed, failed
         assert stats.staged_samples == 60 and stats.stalls >= 1 and 1 <= stats.retries <= 5
+        # the given-up copy stayed on the budget while it could still land in its old call
+        hung_size = len(source["train/0000.bin"])
+        assert ds.total_bytes + hung_size <= stats.peak_reserved <= ds.total_bytes + stats.retries * hung_size
         assert not [r for r in caplog.records if "not in the listing" in r.getMessage()]
     assert got == source  # every sample once, with its own bytes (the late answer changed nothing)
 

@@ -3,10 +3,12 @@
 A background thread walks an ordered list of sample indices, cuts it into calls of at most
 ``samples_per_call`` samples that fit the byte budget, writes one command file per call and
 keeps ``buffers`` ``s5cmd run`` processes in flight. It reads their JSON output as it comes,
-so a sample is ready as soon as its last file is staged, not when its whole call ends. It
-retries what failed for a transient reason (with backoff), kills a call that makes no progress
-for ``stall_timeout`` seconds, applies the error policy to what cannot be fetched, and frees
-budget when consumers delete the samples they have read.
+so a sample is ready as soon as its last file is staged, not when its whole call ends, and
+gives each object the cause of the error line that names its destination. It retries what
+failed for a transient reason (with backoff), stages again in a new call a copy that hangs
+while the rest of its call goes on, kills a call that makes no progress for ``stall_timeout``
+seconds, applies the error policy to what cannot be fetched, and frees budget when consumers
+delete the samples they have read.
 """
 
 from __future__ import annotations
@@ -910,7 +912,7 @@ def _remove(path: str) -> None:
 
 
 def _move(src: str, dest: str) -> str:
-    """Rename a file out of a block's scratch folder into its sample's folder."""
+    """Rename a file out of a call's scratch folder into its sample's folder."""
     try:
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         os.rename(src, dest)

@@ -323,10 +323,31 @@ def parse_line(line: bytes | bytearray | str) -> Result | None:
     return None
 
 
-def error_command(source: str, destination: str, wildcard: bool = False) -> str:
-    """The ``command`` field s5cmd puts in a failure line for :func:`copy_line` (or, with
-    ``wildcard``, for :func:`wildcard_line`)."""
-    return f"cp {'--exclude=*..* ' if wildcard else ''}{source} {destination}"
+def reported_destinations(command: str) -> Iterator[str]:
+    """Where a failure line's ``command`` field may name the destination, longest first.
+
+    s5cmd prints the failing copy as ``cp [FLAGS] SOURCE DESTINATION``, unquoted, with one
+    object's source and destination even for a wildcard line (for an error of the whole line,
+    the line's own pattern and folder). Sources and destinations may hold spaces, so the
+    destination is some suffix after a space; the caller looks each up among the
+    destinations it wrote.
+    """
+    for i, c in enumerate(command):
+        if c == " ":
+            yield command[i + 1 :]
+
+
+def partial_of(name: str) -> Iterator[str]:
+    """The destination file names that ``name`` can be s5cmd's temporary file for.
+
+    s5cmd downloads into ``DESTINATION`` followed by random digits, in the destination's
+    folder, and renames it when the object is complete; the file appears when the GET
+    starts and its modification time moves with every write.
+    """
+    for k in range(len(name) - 1, 0, -1):
+        if not name[k].isdigit():
+            return
+        yield name[:k]
 
 
 def write_command_file(path: str | Path, lines: Iterable[str]) -> None:

@@ -3,10 +3,12 @@
 A background thread walks an ordered list of sample indices, cuts it into calls of at most
 ``samples_per_call`` samples that fit the byte budget, writes one command file per call and
 keeps ``buffers`` ``s5cmd run`` processes in flight. It reads their JSON output as it comes,
-so a sample is ready as soon as its last file is staged, not when its whole call ends. It
-retries what failed for a transient reason (with backoff), kills a call that makes no progress
-for ``stall_timeout`` seconds, applies the error policy to what cannot be fetched, and frees
-budget when consumers delete the samples they have read.
+so a sample is ready as soon as its last file is staged, not when its whole call ends, and
+gives each object the cause of the error line that names its destination. It retries what
+failed for a transient reason (with backoff), stages again in a new call a copy that hangs
+while the rest of its call goes on, kills a call that makes no progress for ``stall_timeout``
+seconds, applies the error policy to what cannot be fetched, and frees budget when consumers
+delete the samples they have read.
 """
 
 from __future__ import annotations
@@ -100,8 +102,8 @@ class CallPlan:
 
     lines: list[str] = field(default_factory=list)
     items: dict[str, tuple[int, int]] = field(default_factory=dict)  # reported path -> (position, field)
-    moves: dict[str, str] = field(default_factory=dict)  # reported path -> final path (wildcard lines)
-    by_command: dict[str, list[str]] = field(default_factory=dict)  # failure "command" -> reported paths
+    moves: dict[str, str] = field(default_factory=dict)  # reported path -> final path (scratch paths)
+    folders: dict[str, list[str]] = field(default_factory=dict)  # wildcard line's folder -> reported paths
     scratch: list[str] = field(default_factory=list)  # folders to remove when the call ends
     aside: list[tuple[int, int, str, str]] = field(default_factory=list)  # keys no command file can carry
 
@@ -114,6 +116,7 @@ def plan_call(
     layout: Layout | None = None,
     scratch_dir: str = "",
     single: set[int] | frozenset[int] = frozenset(),
+    via_scratch: bool = False,
 ) -> CallPlan:
     """Turn the samples at ``positions`` into s5cmd command lines.
 
@@ -124,6 +127,9 @@ def plan_call(
     Destinations come from sample indices and field names only, never from a key (block
     scratch paths come from keys that :mod:`._blocks` checked to be plain names).
     Positions in ``single`` (retries) always go one object at a time.
+    With ``via_scratch``, ``cp --raw`` lines also download below ``scratch_dir`` (to
+    ``.r/POSITION.FIELD``) and their files are renamed into place on arrival, so a copy
+    that is given up on while its call runs on can never write into a sample's folder.
     """
     plan = CallPlan()
     whole: dict[int, list[int]] = {}
@@ -145,7 +151,7 @@ def plan_call(
         scratch = f"{scratch_dir}/.{tag}"
         plan.scratch.append(scratch)
         plan.lines.append(_s5cmd.wildcard_line(blk.wildcard, scratch + "/"))
-        reported = plan.by_command.setdefault(_s5cmd.error_command(blk.wildcard, scratch + "/", wildcard=True), [])
+        reported = plan.folders.setdefault(scratch + "/", [])
         for pos in ps:
             idx = order[pos]
             names = field_names(samples[idx])
@@ -154,6 +160,7 @@ def plan_call(
                 plan.items[where] = (pos, j)
                 plan.moves[where] = f"{sample_dir(idx)}/{names[j]}"
                 reported.append(where)
+    raw = f"{scratch_dir}/.r"
     for pos in positions:
         if pos in in_blocks:
             continue
@@ -165,9 +172,13 @@ def plan_call(
             if not _s5cmd.can_write(f.uri):
                 plan.aside.append((pos, j, f.uri, dest))
                 continue
+            if via_scratch:
+                if not plan.scratch or plan.scratch[-1] != raw:
+                    plan.scratch.append(raw)
+                plan.moves[f"{raw}/{pos}.{j}"] = dest
+                dest = f"{raw}/{pos}.{j}"
             plan.lines.append(_s5cmd.copy_line(f.uri, dest))
             plan.items[dest] = (pos, j)
-            plan.by_command[_s5cmd.error_command(f.uri, dest)] = [dest]
     return plan
 
 
@@ -178,7 +189,11 @@ class _Call:
     command_file: str
     plan: CallPlan
     errors: dict[str, str] = field(default_factory=dict)
-    loose: list[str] = field(default_factory=list)
+    pending: set[str] = field(default_factory=set)  # reported paths with no answer yet
+    given_up: set[str] = field(default_factory=set)  # reported paths retried in another call
+    given_up_bytes: int = 0  # budget held for them until the call ends (they may still land)
+    all_running: float = 0.0  # since when s5cmd has a worker for every pending copy
+    call_errors: list[str] = field(default_factory=list)  # error lines about no object of ours
     bufs: dict[int, bytearray] = field(default_factory=dict)
     open_fds: int = 2
     started: float = field(default_factory=time.monotonic)
@@ -199,6 +214,7 @@ class Stats:
     retries: int = 0
     stalls: int = 0
     skipped: list[str] = field(default_factory=list)
+    skip_errors: dict[str, S5LoaderError] = field(default_factory=dict)  # skipped URI -> why
     wait_s: float = 0.0
     first_wait_s: float = 0.0
     peak_reserved: int = 0
@@ -258,6 +274,7 @@ class Stager:
         self._last_poll = 0.0
         self._warned_unexpected = False
         self._sel = selectors.DefaultSelector()
+        self._numworkers = getattr(s5cmd, "numworkers", 256)
 
     # -- consumer side ------------------------------------------------------------------
     def start(self) -> Stager:
@@ -456,17 +473,26 @@ class Stager:
             self._fields_left[pos] = len(self.samples[idx].fields)
         plan = plan_call(
             self.samples, self.order, positions, self.area.sample_dir, self.layout,
-            f"{self.area.path}/.c{self._seq}", single=set(self._attempts),
+            f"{self.area.path}/.c{self._seq}", single=set(self._attempts), via_scratch=True,
         )
         for pos, j, uri, dest in plan.aside:
             self._fetch_aside(pos, j, uri, dest)
         if not plan.lines:
             return
-        os.makedirs(self.area.control_dir, mode=0o700, exist_ok=True)
         cmd_file = os.path.join(self.area.control_dir, f"{self._seq}.txt")
-        _s5cmd.write_command_file(cmd_file, plan.lines)
+        for attempt in range(3):
+            try:
+                os.makedirs(self.area.control_dir, mode=0o700, exist_ok=True)
+                _s5cmd.write_command_file(cmd_file, plan.lines)
+                break
+            except FileNotFoundError:
+                # the staging directory was removed (by someone else) while this ran
+                if attempt == 2:
+                    raise
         proc = self.s5cmd.run_file(cmd_file)
-        call = _Call(self._seq, proc, cmd_file, plan)
+        call = _Call(self._seq, proc, cmd_file, plan, pending=set(plan.items))
+        if len(call.pending) <= self._numworkers:
+            call.all_running = call.started
         for stream in (proc.stdout, proc.stderr):
             assert stream is not None
             fd = stream.fileno()
@@ -548,10 +574,14 @@ class Stager:
             return
         items = call.plan.items
         if r.ok:
+            if r.destination in call.given_up:
+                _remove(r.destination)  # a late answer: the object was fetched again elsewhere
+                return
             item = items.pop(r.destination, None)
             if item is None:
                 self._unexpected(call, r.destination)
                 return
+            self._answered(call, r.destination)
             pos, j = item
             f = self.samples[self.order[pos]].fields[j]
             problem = _verify(r.destination, f) if self.opts.verify else ""
@@ -564,12 +594,30 @@ class Stager:
                 return
             self.stats.staged_bytes += f.size
             self._field_done(pos)
+            return
+        # A failure line is matched by the destination it names, which s5loader chose; a
+        # line that names none of this call's destinations is no object's error.
+        for where in _s5cmd.reported_destinations(r.command) if r.command else ():
+            if where in items or where in call.given_up:
+                reported = [where]
+            elif where in call.plan.folders:
+                reported = call.plan.folders[where]
+            else:
+                continue
+            for path in reported:
+                if path in items and path not in call.errors:
+                    call.errors[path] = r.error
+                    self._answered(call, path)
+            return
+        if r.command:
+            log.debug("s5cmd call %d: an error about no object of this call: %s: %s", call.seq, r.command, r.error)
         else:
-            reported = call.plan.by_command.get(r.command)
-            if reported is None:
-                call.loose.append(r.error)
-            for where in reported or ():
-                call.errors[where] = r.error
+            call.call_errors.append(r.error)
+
+    def _answered(self, call: _Call, where: str) -> None:
+        call.pending.discard(where)
+        if not call.all_running and len(call.pending) <= self._numworkers:
+            call.all_running = time.monotonic()
 
     def _unexpected(self, call: _Call, where: str) -> None:
         # A wildcard matched an object that was not in the listing (uploaded since): drop it
@@ -612,6 +660,10 @@ class Stager:
             pass
         if call.plan.scratch:
             shutil.rmtree(os.path.dirname(call.plan.scratch[0]), ignore_errors=True)
+        if call.given_up_bytes:
+            with self._cond:
+                self._reserved -= call.given_up_bytes
+            call.given_up_bytes = 0
 
     def _end_call(self, call: _Call) -> None:
         rc = call.proc.wait()
@@ -619,16 +671,21 @@ class Stager:
         if not call.plan.items:
             return
         failures: dict[int, tuple[str, str, str]] = {}
+        # An object without an error line of its own is never given another object's error.
+        said = f"; s5cmd said: {call.call_errors[-1]}" if call.call_errors else ""
         default = (
             f"no progress for {self.opts.stall_timeout:g}s (stalled: the server stopped answering?)"
             if call.stalled
-            else (call.loose[-1] if call.loose else f"s5cmd exited with code {rc} without a result")
+            else f"s5cmd reported no result for it (exit code {rc}{said})"
         )
         for dest, (pos, j) in call.plan.items.items():
-            if pos in failures:
-                continue
-            msg = call.errors.get(dest, default)
-            kind = "stall" if call.stalled and dest not in call.errors else _s5cmd.classify(msg)
+            msg = call.errors.get(dest)
+            if pos in failures and (msg is None or failures[pos][1] != default):
+                continue  # a sample's first field with an error line of its own decides
+            if msg is None:
+                kind, msg = ("stall" if call.stalled else "transient"), default
+            else:
+                kind = _s5cmd.classify(msg)
             failures[pos] = (kind, msg, self.samples[self.order[pos]].fields[j].uri)
         self._failed(failures)
 
@@ -668,9 +725,10 @@ class Stager:
                 delay = min(self.opts.retry_backoff * 2 ** (n - 1), 30.0)
                 self._retry.append((now + delay, pos))
             log.warning(
-                "retrying %d sample(s) (attempt %d of %d): %s",
+                "retrying %d sample(s) (attempt %d of %d): %s%s",
                 len(retry_again), max(self._attempts[p] for p in retry_again), self.opts.retries,
-                failures[retry_again[0]][1],
+                "; ".join(f"{failures[p][2]}: {failures[p][1]}" for p in retry_again[:3]),
+                " ..." if len(retry_again) > 3 else "",
             )
 
     def _give_up(self, pos: int, kind: str, msg: str, uri: str) -> None:
@@ -681,6 +739,7 @@ class Stager:
             raise error
         log.warning("skipping sample %r: %s", self.samples[idx].key, error)
         self.stats.skipped.append(uri)
+        self.stats.skip_errors[uri] = error
         with self._cond:
             self._reserved -= self._held.pop(idx, 0)
             self._state[pos] = SKIPPED
@@ -716,6 +775,74 @@ class Stager:
                 )
                 call.stalled = True
                 _s5cmd.kill_group(call.proc)
+                continue
+            self._check_copies(call, now)
+
+    def _check_copies(self, call: _Call, now: float) -> None:
+        """Give up, within this call, on copies that have had no answer and written no byte
+        for ``stall_timeout`` since they surely started, and stage their samples again in a
+        new call, while the call delivers the rest.
+
+        A copy has surely started once s5cmd has a worker for every pending copy of the call
+        (its workers take the next copy as soon as one is free); its temporary file shows
+        when its GET began and, by its modification time, when it last received bytes.
+        """
+        limit = self.opts.stall_timeout
+        if not call.pending or not call.all_running or now - call.all_running <= limit:
+            return
+        folders: dict[str, dict[str, str]] = {}
+        for where in call.pending:
+            folder, name = os.path.split(where)
+            folders.setdefault(folder, {})[name] = where
+        last_write: dict[str, float] = {}
+        for folder, names in folders.items():
+            try:
+                entries = list(os.scandir(folder))
+            except OSError:
+                continue
+            for e in entries:
+                for name in (e.name, *_s5cmd.partial_of(e.name)):
+                    dest = names.get(name)
+                    if dest is None:
+                        continue
+                    try:
+                        mtime = e.stat(follow_symlinks=False).st_mtime
+                    except OSError:
+                        continue
+                    last_write[dest] = max(last_write.get(dest, 0.0), mtime)
+        wall = time.time()
+        hung: dict[int, tuple[str, str, str]] = {}
+        for where in call.pending:
+            idle = now - call.all_running
+            if where in last_write:
+                idle = min(idle, wall - last_write[where])
+            if idle > limit:
+                pos, j = call.plan.items[where]
+                uri = self.samples[self.order[pos]].fields[j].uri
+                hung[pos] = ("stall", f"no answer for {limit:g}s (the request hung)", uri)
+        if not hung:
+            return
+        # The given-up copies may still land in this call's scratch folder while their samples
+        # are fetched again: their bytes stay on the budget until the call is gone.
+        extra = sum(self.samples[self.order[pos]].size for pos in hung)
+        with self._cond:
+            self._reserved += extra
+        call.given_up_bytes += extra
+        self.stats.peak_reserved = max(self.stats.peak_reserved, self._reserved)
+        for where, (pos, _) in list(call.plan.items.items()):
+            if pos in hung:  # the whole sample starts again elsewhere; late answers are ignored
+                del call.plan.items[where]
+                call.pending.discard(where)
+                call.errors.pop(where, None)
+                call.given_up.add(where)
+        log.warning(
+            "s5cmd call %d: no answer for %gs for %s; staging %s again in a new call",
+            call.seq, limit, ", ".join(u for _, _, u in list(hung.values())[:5]),
+            "it" if len(hung) == 1 else f"these {len(hung)} samples",
+        )
+        if not call.pending:
+            _s5cmd.kill_group(call.proc)  # only given-up copies keep it running
+        self._failed(hung)
 
     def _check_deadlock(self) -> None:
         # A consumer waiting for a sample that cannot be staged because the budget is held by
@@ -777,8 +904,15 @@ def _verify(path: str, f: Any) -> str:
     return ""
 
 
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 def _move(src: str, dest: str) -> str:
-    """Rename a file out of a block's scratch folder into its sample's folder."""
+    """Rename a file out of a call's scratch folder into its sample's folder."""
     try:
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         os.rename(src, dest)

@@ -1,5 +1,6 @@
 """A reverse proxy in front of a real S3 server that misbehaves on purpose: 503s, 500s, 403s,
-truncated or corrupted bodies, dropped connections."""
+truncated or corrupted bodies, dropped connections, requests held without an answer, bodies
+sent a byte at a time."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ class Rule:
     """Apply ``action`` to the next ``times`` requests whose path contains ``match``."""
 
     match: str
-    action: str  # 503 | 500 | 403 | badkey | truncate | corrupt | drop
+    action: str  # 503 | 500 | 403 | badkey | truncate | corrupt | drop | hold | trickle
     times: int = 1_000_000
     method: str = "GET"
     hits: int = 0
@@ -32,6 +33,10 @@ class Rule:
 
 @dataclass
 class FaultProxy:
+    """``hold`` answers nothing until :attr:`release` is set, then passes the request on;
+    :attr:`held` records (method, path) of each request it held. ``trickle`` sends a body one
+    byte every 50 ms until :attr:`release` is set, then the rest at once."""
+
     upstream: str
     rules: list[Rule] = field(default_factory=list)
 
@@ -39,6 +44,9 @@ class FaultProxy:
         up = urllib.parse.urlparse(self.upstream)
         self._up = (up.hostname, up.port)
         self._lock = threading.Lock()
+        self.release = threading.Event()
+        self.held: list[tuple[str, str]] = []
+        self._held_changed = threading.Condition(self._lock)
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -50,6 +58,11 @@ class FaultProxy:
             def _handle(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 action = proxy._match(self.command, urllib.parse.unquote(self.path))
+                if action == "hold":
+                    with proxy._held_changed:
+                        proxy.held.append((self.command, self.path))
+                        proxy._held_changed.notify_all()
+                    proxy.release.wait()
                 if action == "drop":
                     self.close_connection = True
                     self.connection.close()
@@ -87,6 +100,13 @@ class FaultProxy:
                     return
                 if action == "corrupt" and data:
                     data = bytes([data[0] ^ 0xFF]) + data[1:]
+                if action == "trickle":
+                    sent = 0
+                    while sent < len(data) - 1 and not proxy.release.wait(0.05):
+                        self.wfile.write(data[sent : sent + 1])
+                        self.wfile.flush()
+                        sent += 1
+                    data = data[sent:]
                 self.wfile.write(data)
 
             do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _handle
@@ -105,6 +125,14 @@ class FaultProxy:
                     return r.action
         return ""
 
+    def wait_held(self, match: str, count: int, timeout: float) -> bool:
+        """Wait until ``count`` requests whose path contains ``match`` have been held."""
+        with self._held_changed:
+            return self._held_changed.wait_for(
+                lambda: sum(match in path for _, path in self.held) >= count, timeout
+            )
+
     def close(self) -> None:
+        self.release.set()
         self.server.shutdown()
         self.server.server_close()

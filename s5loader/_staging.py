@@ -154,6 +154,30 @@ class StagingArea:
         _LIVE.pop(id(self), None)
 
 
+class PassArea(StagingArea):
+    """The folder of one staging pass inside a loader's :class:`StagingArea`: ``AREA/NAME/``.
+
+    Each pass (an epoch, or the resumed rest of one) stages into a folder of its own, and the
+    indices the sampler yields name it, so a DataLoader worker still reading a replaced pass's
+    samples never meets the next pass's files, and one dataset can serve several samplers.
+    """
+
+    def __init__(self, parent: StagingArea, name: str) -> None:
+        self.root = parent.path
+        self.path = os.path.join(parent.path, name)
+        self._owner = os.getpid()
+        self._lock_fd = None
+        self._lock = threading.Lock()
+
+    def create(self) -> str:
+        os.makedirs(self.control_dir, mode=0o700, exist_ok=True)
+        return self.path
+
+    def remove(self) -> None:
+        if os.getpid() == self._owner:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
 _NAME = re.compile(r"^(\.init-)?s5loader-\d+-[0-9a-f]{8}$")
 
 

@@ -256,9 +256,31 @@ def cleanup_all() -> None:
 
 atexit.register(cleanup_all)
 
+def abort_all() -> None:
+    """Kill s5cmd and remove the staging directories, taking no lock and joining no thread.
+
+    For the SIGTERM handler: it runs in the main thread between two of its instructions,
+    maybe while that thread holds a lock a ``close()`` would wait for (an engine's condition,
+    which the engine's thread needs before it can be joined). Objects registered with
+    :func:`register_cleanup` provide ``_abort()`` for this.
+    """
+    if os.getpid() != _PID:
+        return
+    for _ in range(2):  # again, for an s5cmd call started while the first round ran
+        for obj in list(_CLEANUPS):
+            abort = getattr(obj, "_abort", None)
+            if abort is not None:
+                try:
+                    abort()
+                except Exception:  # noqa: BLE001 - best effort, the process is ending
+                    pass
+        for area in list(_LIVE.values()):
+            area.remove()
+
+
 def _on_sigterm(signum: int, frame: Any) -> None:
     if os.getpid() == _PID:
-        cleanup_all()
+        abort_all()
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
 

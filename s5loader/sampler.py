@@ -439,6 +439,13 @@ class S5Sampler(Sampler[int]):
         self._kept.clear()
         self._area.remove()
 
+    def _abort(self) -> None:
+        """On SIGTERM: kill s5cmd and remove the staging directory, taking no lock."""
+        stager = self._active
+        if stager is not None:
+            stager.abort()
+        self._area.remove()
+
     def __enter__(self) -> S5Sampler:
         return self
 

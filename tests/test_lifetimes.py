@@ -155,3 +155,86 @@ def test_persistent_workers_after_a_break(
         assert no_direct_fetch.connections == 0  # no queued read found its sample gone
         assert staged_samples(sampler.staging_dir) == []
         del loader
+
+
+class BlackHole:
+    """An S3 endpoint that accepts connections and never answers."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                self.held.append(self.sock.accept()[0])
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.sock.close()
+        for c in self.held:
+            c.close()
+
+
+WAITING_SCRIPT = """
+import sys, time
+from s5loader import S5Dataset, S5Sampler
+uri, endpoint, hole, root, where = sys.argv[1:6]
+ds = S5Dataset.from_prefix(uri, endpoint_url=endpoint)
+ds.endpoint_url = hole  # staging requests go to a server that never answers
+sampler = S5Sampler(ds, staging_dir=root, samples_per_call=2, stall_timeout=3600)
+print(sampler.staging_dir, flush=True)
+if where != "waiting":
+    # The moment a signal can land between two instructions of the waiting loop: the main
+    # thread holds the staging engine's lock, which the engine's thread needs to go on.
+    from s5loader import _stager
+
+    def wait(self, pos):
+        with self._cond:
+            time.sleep(3600)
+
+    _stager.Stager.wait = wait
+next(iter(sampler))  # waits for the first sample, for ever
+"""
+
+
+@pytest.mark.parametrize("where", ["waiting", "holding the engine's lock"])
+def test_sigterm_while_the_sampler_waits(moto: Store, staging_root: str, tmp_path, where: str) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    moto.put(make_pairs(10, size=100))
+    hole = BlackHole()
+    script = tmp_path / "wait.py"
+    script.write_text(WAITING_SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script), moto.uri(), moto.endpoint, hole.url, staging_root, where],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        staging = proc.stdout.readline().strip()
+        assert staging.startswith(staging_root)
+        deadline = time.monotonic() + 60
+        while not hole.held and time.monotonic() < deadline:  # s5cmd's request hangs: the sampler waits
+            time.sleep(0.01)
+        assert hole.held, "s5cmd never connected"
+        s5cmd = [c for c in psutil.Process(proc.pid).children(recursive=True) if "s5cmd" in c.name()]
+        assert s5cmd
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=10)  # promptly, not blocked on a lock the main thread holds
+        assert rc == -signal.SIGTERM, proc.stderr.read()[-2000:] if proc.stderr else ""
+        assert not os.path.exists(staging)
+        assert not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in s5cmd)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        hole.close()

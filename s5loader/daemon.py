@@ -42,6 +42,7 @@ from typing import IO, Any, overload
 from ._args import positive_int, size_arg
 from ._index import GROUP_BY, Sample
 from ._order import Order
+from ._platform import require_linux
 from ._s5cmd import S5cmd
 from ._stager import ON_ERROR, Stager, StagerOptions
 from ._staging import StagingArea, free_bytes
@@ -403,6 +404,7 @@ class Prefetcher:
     """
 
     def __init__(self, options: PrefetchOptions, stop: threading.Event | None = None) -> None:
+        require_linux("the prefetch daemon")
         self.opts = options
         self.cache = os.path.abspath(options.cache)
         self.stop = stop or threading.Event()

@@ -15,6 +15,7 @@ from torch.utils.data import Sampler
 from ._blocks import plan_blocks
 from ._dist import rank_info
 from ._order import Order as _Order
+from ._platform import require_linux
 from ._s5cmd import S5cmd, write_command_file
 from ._stager import Stager, StagerOptions, Stats, plan_call
 from ._staging import PassArea, StagingArea, choose_root, register_cleanup
@@ -72,6 +73,7 @@ class S5Sampler(Sampler[int]):
     Raises:
         ConfigError: an invalid option.
         BudgetError: a sample larger than the budget, or a budget larger than the free space.
+        PlatformError: not Linux.
     """
 
     def __init__(
@@ -96,6 +98,7 @@ class S5Sampler(Sampler[int]):
         drop_last: bool = False,
         numworkers: int = 256,
     ) -> None:
+        require_linux("S5Sampler")
         if not isinstance(dataset, S5Dataset):
             raise ConfigError(f"S5Sampler needs an S5Dataset, got {type(dataset).__name__}")
         if shuffle not in (True, False, "block"):

@@ -190,7 +190,9 @@ class S5Dataset(Dataset[Any]):
         if isinstance(index, StagedIndex):
             folder = index.folder
             data = self._read_staged(f"{folder}/{int(index)}", sample, keep=index.keep)
-            if data is None and not self._warned_unstaged:
+            # A pass whose folder is gone was replaced: whoever asked will not use the sample
+            # (a worker of a loader that was shut down), so that is no staging fault to report.
+            if data is None and not self._warned_unstaged and os.path.isdir(folder):
                 self._warned_unstaged = True
                 log.warning(
                     "sample %d (%s) was not staged in %s; fetching it directly (further "

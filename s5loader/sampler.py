@@ -440,6 +440,7 @@ class S5Sampler(Sampler[int]):
         """Stop staging, kill s5cmd, remove the staging directory. Safe to call twice."""
         self._close_active()
         self._kept.clear()
+        self._replaced.clear()
         self._area.remove()
 
     def _abort(self) -> None:

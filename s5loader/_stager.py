@@ -869,6 +869,17 @@ class Stager:
             call.proc.wait()
             self._discard(call)
 
+    def abort(self) -> None:
+        """Kill s5cmd at once, taking no lock and joining no thread: for a signal handler,
+        which may have interrupted a thread that holds this engine's lock. The process is
+        about to end; nothing else is cleaned up."""
+        for call in list(self._calls):
+            _s5cmd.kill_group(call.proc)
+            try:
+                call.proc.wait(timeout=1)  # polls; never blocks on the engine thread's reaping
+            except Exception:  # noqa: BLE001 - dying anyway
+                pass
+
     @property
     def reserved(self) -> int:
         return self._reserved

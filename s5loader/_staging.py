@@ -33,27 +33,38 @@ def free_bytes(path: str) -> int:
     return st.f_bavail * st.f_frsize
 
 
-def choose_root(staging_dir: str | None, need: int, shrink: bool = False) -> tuple[str, int]:
-    """Pick the staging root and check that ``need`` bytes fit in it.
+def local_world_size() -> int:
+    """How many ranks of this job share this node, and so its staging file system
+    (``LOCAL_WORLD_SIZE``, which torchrun sets; 1 without it)."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    except ValueError:
+        return 1
 
-    ``staging_dir=None`` picks ``/dev/shm`` when it has room for ``need`` bytes, else the
-    system temp directory.
+
+def choose_root(staging_dir: str | None, need: int, shrink: bool = False) -> tuple[str, int]:
+    """Pick the staging root and check that ``need`` bytes fit in it, for every rank of the node.
+
+    The ranks of one node (``LOCAL_WORLD_SIZE``) stage into the same file system, each up to
+    its own budget, so the check is against ``need`` times their number. ``staging_dir=None``
+    picks ``/dev/shm`` when it has room for all of them, else the system temp directory.
 
     Returns:
-        the root directory and the number of bytes that may be staged (``need``, or less
-        when ``shrink`` is true and the root has less room).
+        the root directory and the number of bytes this rank may stage (``need``, or its
+        share of the free space when ``shrink`` is true and the root has less room).
 
     Raises:
-        BudgetError: the root has less free space than ``need`` and ``shrink`` is false.
+        BudgetError: the root has less free space than the node's ranks need and ``shrink``
+            is false.
     """
+    local = local_world_size()
+    ranks = f" x {local} ranks on this node (LOCAL_WORLD_SIZE)" if local > 1 else ""
     if staging_dir is None:
-        # the ranks of one node (torchrun sets LOCAL_WORLD_SIZE) share its tmpfs
-        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
         if os.path.isdir(SHM) and os.access(SHM, os.W_OK) and free_bytes(SHM) >= need * local:
             root = SHM
         else:
             root = tempfile.gettempdir()
-        log.info("staging in %s (%s free, budget %s)", root, format_size(free_bytes(root)), format_size(need))
+        log.info("staging in %s (%s free, budget %s%s)", root, format_size(free_bytes(root)), format_size(need), ranks)
     else:
         root = os.path.abspath(os.fspath(staging_dir))
         try:
@@ -61,17 +72,17 @@ def choose_root(staging_dir: str | None, need: int, shrink: bool = False) -> tup
         except OSError as exc:
             raise ConfigError(f"cannot create the staging directory {root!r}: {exc.strerror}") from exc
     free = free_bytes(root)
-    if need > free:
+    if need * local > free:
         if not shrink:
             raise BudgetError(
-                f"the budget of {format_size(need)} does not fit the {format_size(free)} free in "
-                f"{root}; lower the budget, free space, choose another staging_dir, or pass "
+                f"the budget of {format_size(need)}{ranks} does not fit the {format_size(free)} free "
+                f"in {root}; lower the budget, free space, choose another staging_dir, or pass "
                 "shrink_budget=True"
             )
-        shrunk = int(free * 0.9)
+        shrunk = int(free * 0.9) // local
         log.warning(
-            "budget shrunk from %s to %s to fit the free space of %s",
-            format_size(need), format_size(shrunk), root,
+            "budget shrunk from %s to %s to fit the free space of %s%s",
+            format_size(need), format_size(shrunk), root, f" shared by {local} ranks" if local > 1 else "",
         )
         return root, shrunk
     return root, need
@@ -154,6 +165,30 @@ class StagingArea:
         _LIVE.pop(id(self), None)
 
 
+class PassArea(StagingArea):
+    """The folder of one staging pass inside a loader's :class:`StagingArea`: ``AREA/NAME/``.
+
+    Each pass (an epoch, or the resumed rest of one) stages into a folder of its own, and the
+    indices the sampler yields name it, so a DataLoader worker still reading a replaced pass's
+    samples never meets the next pass's files, and one dataset can serve several samplers.
+    """
+
+    def __init__(self, parent: StagingArea, name: str) -> None:
+        self.root = parent.path
+        self.path = os.path.join(parent.path, name)
+        self._owner = os.getpid()
+        self._lock_fd = None
+        self._lock = threading.Lock()
+
+    def create(self) -> str:
+        os.makedirs(self.control_dir, mode=0o700, exist_ok=True)
+        return self.path
+
+    def remove(self) -> None:
+        if os.getpid() == self._owner:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
 _NAME = re.compile(r"^(\.init-)?s5loader-\d+-[0-9a-f]{8}$")
 
 
@@ -232,9 +267,31 @@ def cleanup_all() -> None:
 
 atexit.register(cleanup_all)
 
+def abort_all() -> None:
+    """Kill s5cmd and remove the staging directories, taking no lock and joining no thread.
+
+    For the SIGTERM handler: it runs in the main thread between two of its instructions,
+    maybe while that thread holds a lock a ``close()`` would wait for (an engine's condition,
+    which the engine's thread needs before it can be joined). Objects registered with
+    :func:`register_cleanup` provide ``_abort()`` for this.
+    """
+    if os.getpid() != _PID:
+        return
+    for _ in range(2):  # again, for an s5cmd call started while the first round ran
+        for obj in list(_CLEANUPS):
+            abort = getattr(obj, "_abort", None)
+            if abort is not None:
+                try:
+                    abort()
+                except Exception:  # noqa: BLE001 - best effort, the process is ending
+                    pass
+        for area in list(_LIVE.values()):
+            area.remove()
+
+
 def _on_sigterm(signum: int, frame: Any) -> None:
     if os.getpid() == _PID:
-        cleanup_all()
+        abort_all()
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
 

@@ -42,6 +42,7 @@ from typing import IO, Any, overload
 from ._args import positive_int, size_arg
 from ._index import GROUP_BY, Sample
 from ._order import Order
+from ._platform import require_linux
 from ._s5cmd import S5cmd
 from ._stager import ON_ERROR, Stager, StagerOptions
 from ._staging import StagingArea, free_bytes
@@ -195,20 +196,32 @@ class CacheLock:
 
 
 def _write_atomic(path: str, text: str, tmp: str | None = None) -> None:
-    """Write ``text`` to ``tmp`` (default ``PATH.tmp``), then rename it over ``path``."""
+    """Write ``text`` to ``tmp`` (default ``PATH.tmp``), then rename it over ``path``.
+
+    The file is flushed to disk before the rename and the directory after it, so a power loss
+    leaves the old content or the new one, never an empty or missing file.
+    """
     tmp = tmp or f"{path}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @dataclass
 class DaemonState:
     """``CACHE/.state.json``: which run the cache belongs to and how far delivery got.
 
-    ``delivered`` is the next delivery number; ``pending`` describes a rename in progress
-    (written before it, cleared after it), so a daemon killed between the two neither
-    delivers that sample twice nor loses it.
+    ``delivered`` is the next delivery number. It is written once per delivery, before the
+    sample's rename, already counting it, with ``pending`` naming that rename: a daemon
+    killed before the rename is done completes it at the next start, so the sample is
+    neither delivered twice nor lost.
     """
 
     source: str
@@ -391,6 +404,7 @@ class Prefetcher:
     """
 
     def __init__(self, options: PrefetchOptions, stop: threading.Event | None = None) -> None:
+        require_linux("the prefetch daemon")
         self.opts = options
         self.cache = os.path.abspath(options.cache)
         self.stop = stop or threading.Event()
@@ -588,6 +602,9 @@ class Prefetcher:
             ready = self._await(seq)
             if ready is None:
                 self.summary.stopped = True
+                if st.pending is not None:  # the last delivery's rename is done
+                    st.pending = None
+                    st.save(self._state_path)
                 break
             if ready:
                 self._deliver(seq)
@@ -653,12 +670,11 @@ class Prefetcher:
         sample = view[seq]
         name = sample_folder_name(seq, sample.key)
         src, dst = area.sample_dir(seq), os.path.join(self.cache, name)
-        st.pending = {"seq": seq, "from": src, "to": dst}
+        # the one write of this delivery: a restart completes the rename if it did not happen
+        st.delivered, st.pending = seq + 1, {"seq": seq, "from": src, "to": dst}
         st.save(self._state_path)
         os.rename(src, dst)  # the sample appears complete, or not at all
         self._ledger.add(seq, name, sample.size)
-        st.delivered, st.pending = seq + 1, None
-        st.save(self._state_path)
         assert self._stager is not None
         self._stager.yielded(seq)
         self.summary.delivered += 1
@@ -669,7 +685,7 @@ class Prefetcher:
     def _skip(self, seq: int) -> None:
         st, view = self._state, self._view
         assert st is not None and view is not None
-        st.delivered, st.skipped = seq + 1, st.skipped + 1
+        st.delivered, st.skipped, st.pending = seq + 1, st.skipped + 1, None
         st.save(self._state_path)
         self.summary.skipped += 1
         self.summary.skipped_uris.append(view[seq].fields[0].uri)
@@ -677,7 +693,7 @@ class Prefetcher:
     def _finish(self) -> None:
         st = self._state
         assert st is not None
-        st.done = True
+        st.done, st.pending = True, None
         st.save(self._state_path)
         _write_atomic(
             os.path.join(self.cache, END_MARKER),

@@ -30,14 +30,39 @@ log = logging.getLogger(__name__)
 Transform = Callable[[dict[str, Any]], Any]
 
 
+class StagedIndex(int):
+    """A sample index as :class:`~s5loader.S5Sampler` yields it: the int, plus the folder of
+    the staging pass that staged the sample and whether reading it keeps the files.
+
+    The index carries its folder through the DataLoader's index queue to the workers, so one
+    dataset can serve several samplers (a training and an evaluation loader), and a worker
+    that reads a sample of a pass that was replaced (``persistent_workers`` after a
+    ``break``) reads that pass's files, never the next pass's.
+    """
+
+    folder: str
+    keep: bool
+
+    def __new__(cls, value: int, folder: str, keep: bool = False) -> StagedIndex:
+        self = super().__new__(cls, value)
+        self.folder = folder
+        self.keep = keep
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (StagedIndex, (int(self), self.folder, self.keep))
+
+
 class S5Dataset(Dataset[Any]):
     """Samples in S3, each a dict ``{"__key__": key, FIELD: bytes, ...}``.
 
-    ``dataset[i]`` reads the sample's files from the staging directory of the
-    :class:`~s5loader.S5Sampler` it is used with, and deletes them right after reading (the
-    releaser: inline, so the budget is freed at once and nothing is left when a DataLoader
-    worker exits). Without a sampler, or when a file is not staged, it fetches the sample
-    directly from S3, so the dataset works with any sampler.
+    ``dataset[i]``, for an index ``i`` an :class:`~s5loader.S5Sampler` yielded, reads the
+    sample's files from that sampler's staging directory, and deletes them right after
+    reading (the releaser: inline, so the budget is freed at once and nothing is left when a
+    DataLoader worker exits). Any number of samplers may share one dataset; each index says
+    where its sample was staged. For any other index (no sampler, another sampler), or when a
+    file is not staged, it fetches the sample directly from S3, so the dataset works with any
+    sampler.
 
     Build one with :meth:`from_prefix`, :meth:`from_objects` or :meth:`from_manifest`.
     """
@@ -57,8 +82,6 @@ class S5Dataset(Dataset[Any]):
         self.endpoint_url = endpoint_url
         self.transform = transform
         self.source = source
-        self._staging_path: str | None = None
-        self._keep_staged = False
         self._client: Any = None
         self._client_pid = -1
         self._warned_unstaged = False
@@ -164,13 +187,16 @@ class S5Dataset(Dataset[Any]):
     def __getitem__(self, index: int) -> Any:
         sample = self._samples[index]
         data = None
-        if self._staging_path is not None:
-            data = self._read_staged(f"{self._staging_path}/{index}", sample)
-            if data is None and not self._warned_unstaged:
+        if isinstance(index, StagedIndex):
+            folder = index.folder
+            data = self._read_staged(f"{folder}/{int(index)}", sample, keep=index.keep)
+            # A pass whose folder is gone was replaced: whoever asked will not use the sample
+            # (a worker of a loader that was shut down), so that is no staging fault to report.
+            if data is None and not self._warned_unstaged and os.path.isdir(folder):
                 self._warned_unstaged = True
                 log.warning(
                     "sample %d (%s) was not staged in %s; fetching it directly (further "
-                    "cases are not logged)", index, sample.key, self._staging_path,
+                    "cases are not logged)", index, sample.key, folder,
                 )
         if data is None:
             data = self._fetch(sample)
@@ -182,7 +208,7 @@ class S5Dataset(Dataset[Any]):
                 out.setdefault(k, v)
         return self.transform(out) if self.transform is not None else out
 
-    def _read_staged(self, folder: str, sample: Sample) -> list[bytes] | None:
+    def _read_staged(self, folder: str, sample: Sample, keep: bool) -> list[bytes] | None:
         names = field_names(sample)
         paths = [f"{folder}/{n}" for n in names]
         data = []
@@ -194,7 +220,7 @@ class S5Dataset(Dataset[Any]):
             if not data:
                 return None
             raise
-        if not self._keep_staged:
+        if not keep:
             self._release(folder, paths, nested=any("/" in n for n in names))
         return data
 
@@ -225,11 +251,6 @@ class S5Dataset(Dataset[Any]):
             except Exception as exc:
                 raise boto3_error(exc, f.uri) from exc
         return out
-
-    # -- wiring with the sampler ----------------------------------------------------------
-    def _attach(self, staging_path: str | None, keep: bool = False) -> None:
-        self._staging_path = staging_path
-        self._keep_staged = keep
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -74,5 +74,9 @@ class StateError(S5LoaderError, ValueError):
     """A ``state_dict`` given to ``load_state_dict`` does not fit this sampler."""
 
 
+class PlatformError(S5LoaderError, OSError):
+    """s5loader runs on Linux only; the message names what it needs that this system lacks."""
+
+
 class DaemonError(S5LoaderError, RuntimeError):
     """The prefetch daemon cannot start (a second daemon on one cache, a bad cache)."""

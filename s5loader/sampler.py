@@ -15,16 +15,18 @@ from torch.utils.data import Sampler
 from ._blocks import plan_blocks
 from ._dist import rank_info
 from ._order import Order as _Order
+from ._platform import require_linux
 from ._s5cmd import S5cmd, write_command_file
 from ._stager import Stager, StagerOptions, Stats, plan_call
-from ._staging import StagingArea, choose_root, register_cleanup
+from ._staging import PassArea, StagingArea, choose_root, register_cleanup
 from ._uri import format_size, parse_size
-from .dataset import S5Dataset
+from .dataset import S5Dataset, StagedIndex
 from .exceptions import BudgetError, ConfigError, StateError
 
 log = logging.getLogger(__name__)
 
-_STATE_VERSION = 1
+# 2 added "complete": the state was taken after the epoch's last sample (1 is still read)
+_STATE_VERSION = 2
 
 
 class S5Sampler(Sampler[int]):
@@ -71,6 +73,7 @@ class S5Sampler(Sampler[int]):
     Raises:
         ConfigError: an invalid option.
         BudgetError: a sample larger than the budget, or a budget larger than the free space.
+        PlatformError: not Linux.
     """
 
     def __init__(
@@ -95,6 +98,7 @@ class S5Sampler(Sampler[int]):
         drop_last: bool = False,
         numworkers: int = 256,
     ) -> None:
+        require_linux("S5Sampler")
         if not isinstance(dataset, S5Dataset):
             raise ConfigError(f"S5Sampler needs an S5Dataset, got {type(dataset).__name__}")
         if shuffle not in (True, False, "block"):
@@ -143,10 +147,14 @@ class S5Sampler(Sampler[int]):
         self._s5cmd = S5cmd(dataset.endpoint_url, numworkers=numworkers)
         self._area = StagingArea(root)
         self.keep_staged = bool(keep_staged)
-        dataset._attach(self._area.path, self.keep_staged)
         self.epoch = 0
+        self._epoch_set = False  # set_epoch was called (a loaded end-of-epoch state defers to it)
         self._start = 0  # global position the next pass starts at (resume)
         self._yielded = 0  # indices yielded in the current pass
+        self._pass_len: int | None = None  # indices in the current pass, once it began
+        self._epoch_done = False  # the last pass ran to the end of self.epoch
+        self._passes = 0  # staging passes made; each stages into a folder of its own
+        self._replaced: list[StagingArea] = []  # folders of earlier passes, removed by the next
         self._kept: set[int] = set()
         self._active: Stager | None = None
         self._last_stats: Stats | None = None
@@ -177,25 +185,41 @@ class S5Sampler(Sampler[int]):
         return math.ceil(n / w)
 
     def set_epoch(self, epoch: int) -> None:
-        """Use the order of ``epoch`` for the next pass (as ``DistributedSampler``)."""
+        """Use the order of ``epoch`` for the next pass (as ``DistributedSampler``).
+
+        It may come before or after :meth:`load_state_dict` (``StatefulDataLoader`` applies a
+        loaded state lazily, at the next ``iter(loader)``): a state saved mid-epoch continues
+        its own epoch; a state saved after an epoch's last sample leaves the next pass to the
+        epoch set here.
+        """
         if epoch != self.epoch:
             self._start = 0
+            self._yielded = 0
+            self._pass_len = None
+            self._epoch_done = False
         self.epoch = int(epoch)
+        self._epoch_set = True
 
     def __iter__(self) -> Iterator[int]:
         return self._iterate()
 
     def _iterate(self) -> Iterator[int]:
         self._close_active()
+        if self._epoch_done:
+            self._start, self._epoch_done = 0, False  # the same epoch again, from its start
         order = self._epoch_order(self.epoch, self._start)
         self._area.create()
         register_cleanup(self)
-        if not self.keep_staged:
-            self._area.clear()
+        # The earlier passes' folders go now, not when they were abandoned: DataLoader workers
+        # read their queued samples (persistent workers do so in iter(loader), before this
+        # pass begins), and those reads must find their files.
+        self._remove_replaced()
+        where = self._new_pass()
+        keep = self.keep_staged
         stager = Stager(
             self.dataset.samples,
             order,
-            self._area,
+            where,
             self._s5cmd,
             self._options,
             kept=self._kept if self.keep_staged else None,
@@ -204,32 +228,48 @@ class S5Sampler(Sampler[int]):
         ).start()
         self._active = stager
         self._yielded = 0
+        self._pass_len = len(order)
         t0 = time.monotonic()
         finished = False
         try:
             for pos, idx in enumerate(order):
                 if stager.wait(pos):
-                    if not self.keep_staged:
+                    if not keep:
                         stager.yielded(idx)
                     self._yielded += 1
-                    yield idx
+                    yield StagedIndex(idx, where.path, keep)
                 else:
                     self._yielded += 1  # a skipped sample still counts as consumed
             finished = True
         finally:
-            superseded = self._active is not stager  # a newer pass owns the directory now
+            superseded = self._active is not stager  # a newer pass owns the sampler now
             stager.close()
             if not superseded:
                 self._active = None
             self._last_stats = stager.stats
-            if self.keep_staged:
+            if keep:
                 self._kept.update(stager.ready_indices())
-            elif not finished and not superseded:
-                # Abandoned (break, exception): nothing staged is read any more.
-                self._area.clear()
-            if finished:
-                self._start = 0
+            elif not superseded:
+                # Finished or abandoned (break, exception): the next pass, close() or exit
+                # removes this pass's folder once no worker can still be reading from it.
+                self._replaced.append(where)
+            if finished and not superseded:
+                self._epoch_done = True
             self._report(stager.stats, time.monotonic() - t0, finished)
+
+    def _new_pass(self) -> PassArea:
+        if self.keep_staged:
+            where = PassArea(self._area, "kept")  # one folder: its files outlive the pass
+        else:
+            self._passes += 1
+            where = PassArea(self._area, f"p{self._passes}")
+        where.create()
+        return where
+
+    def _remove_replaced(self) -> None:
+        replaced, self._replaced = self._replaced, []
+        for where in replaced:
+            where.remove()
 
     def _epoch_order(self, epoch: int, start: int = 0) -> list[int]:
         units = self._layout.units if self._order.shuffle == "block" else None
@@ -292,7 +332,12 @@ class S5Sampler(Sampler[int]):
 
     # -- resume (torchdata's Stateful protocol) --------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Where this rank is in the current epoch: epoch, seed and samples consumed."""
+        """Where this rank is: the epoch, the samples consumed in it, and whether it is complete.
+
+        A state taken after the epoch's last sample was handed out (``"complete": True``)
+        means "epoch ``epoch`` is done": loading it makes the next pass a whole epoch, the one
+        :meth:`set_epoch` names.
+        """
         o = self._order
         return {
             "version": _STATE_VERSION,
@@ -304,13 +349,19 @@ class S5Sampler(Sampler[int]):
             "dataset_len": len(self.dataset),
             "start": self._start,
             "yielded": self._yielded,
+            "complete": self._epoch_done or (self._pass_len is not None and self._yielded >= self._pass_len),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue the epoch a :meth:`state_dict` describes, staging only what is left.
+        """Continue from a :meth:`state_dict`, staging only what is left.
 
-        A state from a different number of ranks continues the same global order at the
-        position all ranks had reached together.
+        A state saved mid-epoch continues that epoch where it stopped, whatever
+        :meth:`set_epoch` said. A state saved after an epoch's last sample makes the next
+        pass a whole epoch: the one given to :meth:`set_epoch` (before or after this call),
+        else the epoch after the saved one. So resuming a loop that saves
+        ``loader.state_dict()`` after each epoch and calls ``set_epoch(epoch + 1)`` yields
+        exactly the epoch an uninterrupted run yields. A state from a different number of
+        ranks continues the same global order at the position all ranks had reached together.
 
         Raises:
             StateError: the state does not fit (another data set size, negative counts, an
@@ -318,46 +369,64 @@ class S5Sampler(Sampler[int]):
         """
         if not isinstance(state, dict):
             raise StateError(f"expected a dict from S5Sampler.state_dict(), got {type(state).__name__}")
-        need = ("version", "epoch", "seed", "shuffle", "drop_last", "num_replicas", "dataset_len", "start", "yielded")
+        need = ["version", "epoch", "seed", "shuffle", "drop_last", "num_replicas", "dataset_len", "start", "yielded"]
+        if state.get("version") == _STATE_VERSION:
+            need.append("complete")
         missing = [k for k in need if k not in state]
         if missing:
             raise StateError(f"the state lacks {', '.join(missing)}; was it made by S5Sampler.state_dict()?")
-        if state["version"] != _STATE_VERSION:
+        if state["version"] not in (1, _STATE_VERSION):
             raise StateError(f"unknown state version {state['version']!r} (this s5loader writes {_STATE_VERSION})")
         for k in ("epoch", "start", "yielded", "num_replicas", "dataset_len", "seed"):
             v = state[k]
             if not isinstance(v, int) or isinstance(v, bool) or (k != "seed" and v < 0):
                 raise StateError(f"state[{k!r}] must be a non-negative int, got {v!r}")
+        if state["shuffle"] not in (True, False, "block"):
+            raise StateError(f"state['shuffle'] must be True, False or 'block', got {state['shuffle']!r}")
+        if not isinstance(state.get("complete", False), bool):
+            raise StateError(f"state['complete'] must be a bool, got {state['complete']!r}")
         if state["num_replicas"] < 1:
             raise StateError(f"state['num_replicas'] must be >= 1, got {state['num_replicas']}")
-        if state["dataset_len"] != len(self.dataset):
-            raise StateError(
-                f"the state is for a data set of {state['dataset_len']} samples; this one has "
-                f"{len(self.dataset)}"
-            )
-        if state["start"] > len(self.dataset):
-            raise StateError(f"state['start']={state['start']} is past the data set's {len(self.dataset)} samples")
+        n = len(self.dataset)
+        if state["dataset_len"] != n:
+            raise StateError(f"the state is for a data set of {state['dataset_len']} samples; this one has {n}")
+        if state["start"] > n:
+            raise StateError(f"state['start']={state['start']} is past the data set's {n} samples")
         block = state["shuffle"] == "block"
-        if block and state["num_replicas"] != self._order.num_replicas:
+        w, drop_last = state["num_replicas"], bool(state["drop_last"])
+        # block order: a position in this rank's slice; otherwise a position in the global order
+        consumed = state["start"] + state["yielded"] * (1 if block else w)
+        if block:
+            end = n // w if drop_last else math.ceil(n / w)
+        else:
+            end = n - n % w if drop_last else n
+        # version 1 did not say whether the epoch was complete: all of it consumed means it was
+        complete = state["complete"] if "complete" in state else consumed >= end
+        if block and w != self._order.num_replicas and not complete:
             raise StateError(
                 f"a shuffle='block' epoch resumes only with the same number of ranks: the state "
-                f"has {state['num_replicas']}, this job {self._order.num_replicas}"
+                f"has {w}, this job {self._order.num_replicas}"
             )
-        # block order: a position in this rank's slice; otherwise a position in the global order
-        consumed = state["start"] + state["yielded"] * (1 if block else state["num_replicas"])
-        if state["num_replicas"] != self._order.num_replicas:
+        if w != self._order.num_replicas and not complete:
             log.warning(
                 "resuming with %d rank(s) from a state saved with %d: continuing the global "
                 "order at position %d of %d",
-                self._order.num_replicas, state["num_replicas"], min(consumed, len(self.dataset)), len(self.dataset),
+                self._order.num_replicas, w, min(consumed, n), n,
             )
         self._order = _Order(
             "block" if block else bool(state["shuffle"]), state["seed"], self._order.num_replicas, self._order.rank,
-            bool(state["drop_last"]),
+            drop_last,
         )
-        self.epoch = state["epoch"]
-        self._start = min(consumed, len(self.dataset))
         self._yielded = 0
+        self._pass_len = None
+        self._epoch_done = False
+        if complete:
+            if not self._epoch_set:
+                self.epoch = state["epoch"] + 1
+            self._start = 0
+        else:
+            self.epoch = state["epoch"]
+            self._start = min(consumed, n)
 
     # -- lifetime -----------------------------------------------------------------------
     def _close_active(self) -> None:
@@ -365,12 +434,20 @@ class S5Sampler(Sampler[int]):
         if stager is not None:
             stager.close()
             if not self.keep_staged:
-                self._area.clear()
+                self._replaced.append(stager.area)
 
     def close(self) -> None:
         """Stop staging, kill s5cmd, remove the staging directory. Safe to call twice."""
         self._close_active()
         self._kept.clear()
+        self._replaced.clear()
+        self._area.remove()
+
+    def _abort(self) -> None:
+        """On SIGTERM: kill s5cmd and remove the staging directory, taking no lock."""
+        stager = self._active
+        if stager is not None:
+            stager.abort()
         self._area.remove()
 
     def __enter__(self) -> S5Sampler:

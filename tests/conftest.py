@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import socket
 import tempfile
 import threading
@@ -45,6 +46,21 @@ def staged_bytes(path: str) -> int:
                     continue
                 seen[st.st_ino] = st.st_size
     return sum(seen.values())
+
+
+def staged_samples(path: str) -> list[str]:
+    """The sample folders left in a sampler's staging directory, as ``PASS/INDEX`` (each
+    staging pass of a sampler has a folder of its own)."""
+    out = []
+    for p in sorted(os.listdir(path)):
+        if not p.startswith(".") and os.path.isdir(os.path.join(path, p)):
+            out += [f"{p}/{n}" for n in sorted(os.listdir(os.path.join(path, p))) if not n.startswith(".")]
+    return out
+
+
+def scratch_folders(path: str) -> list[str]:
+    """s5cmd scratch folders of wildcard lines (``.cN``) anywhere below ``path``."""
+    return [os.path.join(r, d) for r, dirs, _ in os.walk(path) for d in dirs if re.fullmatch(r"\.c\d+", d)]
 
 
 class Peak:

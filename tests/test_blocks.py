@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from conftest import Store, make_pairs  # noqa: F401
+from conftest import Store, make_pairs, scratch_folders, staged_samples  # noqa: F401
 from torch.utils.data import DataLoader
 
 from s5loader import S5Dataset, S5Sampler
@@ -95,8 +95,8 @@ def test_block_shuffle_end_to_end(seaweed: Store, staging_root: str, tmp_path) -
             assert all(s["image"] == source[s["__key__"] + ".image"] for s in got)
             assert all(s["label"] == source[s["__key__"] + ".label"] for s in got)
             orders.append([s["__key__"] for s in got])
-            assert [n for n in os.listdir(sampler.staging_dir) if not n.startswith(".")] == []
-            assert sorted(os.listdir(sampler.staging_dir)) == [".calls", ".lock"]  # scratch folders gone
+            assert staged_samples(sampler.staging_dir) == []
+            assert scratch_folders(sampler.staging_dir) == []  # scratch folders gone
     assert orders[0] != orders[1]
     assert orders[0] != sorted(orders[0])
 

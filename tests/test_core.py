@@ -6,7 +6,7 @@ import json
 import os
 
 import pytest
-from conftest import Store, make_pairs
+from conftest import Store, make_pairs, staged_samples
 from torch.utils.data import DataLoader
 
 from s5loader import (
@@ -44,7 +44,7 @@ def test_every_sample_once_with_right_bytes(store: Store, staging_root: str, num
                 assert s["image"] == source[s["__key__"] + ".image"]
                 assert s["label"] == source[s["__key__"] + ".label"]
             # the releaser deleted every staged file as it was read
-            assert [n for n in os.listdir(sampler.staging_dir) if not n.startswith(".")] == []
+            assert staged_samples(sampler.staging_dir) == []
         stats = sampler.stats
         assert stats is not None and stats.staged_samples == 40 and stats.calls >= 6
         staging = sampler.staging_dir

@@ -28,10 +28,26 @@ for epoch in range(2):
     sampler.set_epoch(epoch)
     epochs.append([s["__key__"] for b in loader for s in b])
     dist.barrier()
+# resume from a state saved at the end of epoch 0, in a new loader on a new sampler
+from torchdata.stateful_dataloader import StatefulDataLoader
+def stateful(s):
+    return StatefulDataLoader(ds, sampler=s, batch_size=2, num_workers=2, collate_fn=lambda b: b)
+first = S5Sampler(ds, seed=3, drop_last=drop_last, samples_per_call=4)
+saver = stateful(first)
+first.set_epoch(0)
+list(saver)
+state = saver.state_dict()
+first.close()
+again = S5Sampler(ds, seed=3, drop_last=drop_last, samples_per_call=4)
+resumer = stateful(again)
+again.set_epoch(1)
+resumer.load_state_dict(state)
+resumed = [s["__key__"] for b in resumer for s in b]
+again.close()
 rank = dist.get_rank()
 with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
     json.dump({"rank": rank, "world": dist.get_world_size(), "len": len(sampler), "epochs": epochs,
-               "staging": sampler.staging_dir}, f)
+               "staging": sampler.staging_dir, "resumed": resumed}, f)
 sampler.close()
 dist.destroy_process_group()
 """
@@ -69,6 +85,8 @@ def test_torchrun_two_ranks(seaweed: Store, tmp_path, drop_last: bool) -> None:
             assert sorted(set(a) | set(b)) == keys  # together they cover the data set
             assert len(set(a) & set(b)) == 1  # padding repeated exactly one sample
     assert r0["epochs"][0] != r0["epochs"][1]  # a new order each epoch
+    # a state saved at the end of epoch 0 resumes into exactly epoch 1, on each rank
+    assert (r0["resumed"], r1["resumed"]) == (r0["epochs"][1], r1["epochs"][1])
 
 
 RESUME_SCRIPT = """

@@ -270,14 +270,15 @@ def test_secrets_never_written_logged_or_shown(moto: Store, staging_root: str, m
                     seen_argv.append(" ".join(p.cmdline()))
                 except psutil.Error:
                     pass
-            calls = os.path.join(sampler.staging_dir, ".calls")
-            for name in os.listdir(calls) if os.path.isdir(calls) else []:
-                try:
-                    with open(os.path.join(calls, name)) as f:
-                        seen_files.append(f.read())
-                    modes.append(os.stat(os.path.join(calls, name)).st_mode & 0o777)
-                except FileNotFoundError:
-                    pass
+            # command files: in each staging pass's folder, PASS/.calls/
+            for calls in (r for r, _, _ in os.walk(sampler.staging_dir) if os.path.basename(r) == ".calls"):
+                for name in os.listdir(calls) if os.path.isdir(calls) else []:
+                    try:
+                        with open(os.path.join(calls, name)) as f:
+                            seen_files.append(f.read())
+                        modes.append(os.stat(os.path.join(calls, name)).st_mode & 0o777)
+                    except FileNotFoundError:
+                        pass
             ds[idx]  # read and release, as a worker would
         assert os.stat(sampler.staging_dir).st_mode & 0o077 == 0  # not readable by others
     assert any("s5cmd" in a for a in seen_argv) and seen_files

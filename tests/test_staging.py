@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
-from conftest import Peak, Store, make_pairs, staged_bytes
+from conftest import Peak, Store, make_pairs, staged_bytes, staged_samples
 from torch.utils.data import DataLoader
 
 from s5loader import BudgetError, S5Dataset, S5Sampler, StagingSpaceError, StallError
@@ -170,13 +170,17 @@ def test_abandoned_iterator_then_new_epoch(seaweed: Store, staging_root: str) ->
                 break
         import gc
 
-        gc.collect()  # the abandoned iterator is gone: its staged files must be too
-        assert [n for n in os.listdir(sampler.staging_dir) if not n.startswith(".")] == []
+        gc.collect()  # the abandoned iterator is gone: its s5cmd calls must be too
+        assert s5cmd_children_of(sampler.staging_dir) == []
+        abandoned = {s.split("/")[0] for s in staged_samples(sampler.staging_dir)}
+        assert abandoned  # its staged files wait for the next pass (a worker may still read them)
         sampler.set_epoch(1)
-        got = [s for b in DataLoader(ds, sampler=sampler, batch_size=2, num_workers=2, collate_fn=collate) for s in b]
+        got = []
+        for b in DataLoader(ds, sampler=sampler, batch_size=2, num_workers=2, collate_fn=collate):
+            got += b
+            assert not abandoned & {s.split("/")[0] for s in staged_samples(sampler.staging_dir)}
         assert sorted(s["__key__"] for s in got) == keys_of(source)
-        left = [n for n in os.listdir(sampler.staging_dir) if not n.startswith(".")]
-        assert left == []
+        assert staged_samples(sampler.staging_dir) == []
         staging = sampler.staging_dir
     assert not os.path.exists(staging)
 
@@ -277,7 +281,7 @@ def test_keep_staged_fetches_once_across_epochs(seaweed: Store, staging_root: st
             stats = sampler.stats
             assert stats is not None
             assert (stats.calls, stats.staged_samples) == ((4, 30) if epoch == 0 else (0, 0))
-        assert len([n for n in os.listdir(sampler.staging_dir) if not n.startswith(".")]) == 30
+        assert len(staged_samples(sampler.staging_dir)) == 30
         staging = sampler.staging_dir
     assert not os.path.exists(staging)
     assert "waited" in caplog.text and "epoch 1: 0 samples" in caplog.text  # the per-epoch staging report

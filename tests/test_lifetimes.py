@@ -1,0 +1,240 @@
+"""Lifetimes: several samplers on one dataset, persistent workers after a ``break``."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import Store, make_pairs, staged_samples
+from torch.utils.data import DataLoader, DistributedSampler
+
+from s5loader import S5Dataset, S5Sampler
+
+
+def collate(batch):
+    return batch
+
+
+class CountingEndpoint:
+    """A TCP port that accepts connections, counts them and closes them: an S3 endpoint that
+    can never answer, so that a dataset pointed at it proves it fetched nothing directly."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.connections = 0
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def no_direct_fetch() -> Iterator[CountingEndpoint]:
+    endpoint = CountingEndpoint()
+    yield endpoint
+    endpoint.close()
+
+
+def expected(ds: S5Dataset, shuffle: bool, seed: int, epoch: int) -> list[str]:
+    ref = DistributedSampler(range(len(ds)), num_replicas=1, rank=0, shuffle=shuffle, seed=seed)
+    ref.set_epoch(epoch)
+    return [ds.samples[i].key for i in ref]
+
+
+def check(got: list[dict[str, Any]], want: list[str], source: dict[str, bytes]) -> None:
+    assert [s["__key__"] for s in got] == want
+    for s in got:
+        assert s["image"] == source[s["__key__"] + ".image"] and s["label"] == source[s["__key__"] + ".label"]
+
+
+def test_two_samplers_on_one_dataset(moto: Store, staging_root: str, no_direct_fetch: CountingEndpoint) -> None:
+    """A training and an evaluation sampler on the same dataset, used one after the other and
+    with both iterators alive at once: each loader reads its own staging directory."""
+    source = moto.put(make_pairs(30, size=200))
+    ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
+    budget = 8 * max(s.size for s in ds.samples)  # two batches and the workers' prefetch
+    train = S5Sampler(ds, shuffle=True, seed=3, budget=budget, samples_per_call=4, staging_dir=staging_root,
+                      stall_timeout=20)
+    evaluation = S5Sampler(ds, shuffle=False, budget=budget, samples_per_call=4, staging_dir=staging_root,
+                           stall_timeout=20)
+    ds.endpoint_url = no_direct_fetch.url  # the samplers stage with s5cmd; the dataset cannot fetch
+    assert train.staging_dir != evaluation.staging_dir
+    train_loader = DataLoader(ds, sampler=train, batch_size=2, num_workers=2, collate_fn=collate)
+    eval_loader = DataLoader(ds, sampler=evaluation, batch_size=2, num_workers=2, collate_fn=collate)
+    with train, evaluation:
+        for epoch in range(2):  # one after the other
+            train.set_epoch(epoch)
+            check([s for b in train_loader for s in b], expected(ds, True, 3, epoch), source)
+            check([s for b in eval_loader for s in b], expected(ds, False, 0, 0), source)
+        train.set_epoch(2)  # interleaved: both iterators alive at once
+        got: dict[str, list[dict[str, Any]]] = {"train": [], "eval": []}
+        iters = {"train": iter(train_loader), "eval": iter(eval_loader)}
+        while iters:
+            for name, it in list(iters.items()):
+                batch = next(it, None)
+                if batch is None:
+                    del iters[name]
+                else:
+                    got[name] += batch
+        check(got["train"], expected(ds, True, 3, 2), source)
+        check(got["eval"], expected(ds, False, 0, 0), source)
+        for s in (train, evaluation):
+            assert staged_samples(s.staging_dir) == []  # every staged file read and released
+            assert s.stats is not None and s.stats.skipped == [] and s.stats.staged_samples == 30
+    assert no_direct_fetch.connections == 0  # nothing was fetched around the staging directories
+    assert not os.path.exists(train.staging_dir) and not os.path.exists(evaluation.staging_dir)
+
+
+class GatedDataset(S5Dataset):
+    """Each DataLoader worker reads ``free`` samples, then waits until ``gate`` exists."""
+
+    gate = ""
+    free = 0
+
+    def __getitem__(self, index: int) -> Any:
+        self.free -= 1
+        if self.free < 0:
+            while not os.path.exists(self.gate):
+                time.sleep(0.01)
+        return super().__getitem__(index)
+
+
+def test_persistent_workers_after_a_break(
+    moto: Store, staging_root: str, tmp_path, no_direct_fetch: CountingEndpoint
+) -> None:
+    """A ``break``, then the next epoch: the persistent workers read the samples still queued
+    for them from the abandoned pass (while iter(loader) waits for them) and the new epoch is
+    complete and exact, with no sample fetched around the staging directory."""
+    source = moto.put(make_pairs(24, size=200))
+    ds = GatedDataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
+    ds.gate, ds.free = str(tmp_path / "gate"), 2  # each worker's first batch, then the gate
+    with S5Sampler(ds, seed=9, samples_per_call=4, staging_dir=staging_root) as sampler:
+        ds.endpoint_url = no_direct_fetch.url
+        loader = DataLoader(ds, sampler=sampler, batch_size=2, num_workers=2, persistent_workers=True,
+                            collate_fn=collate)
+        sampler.set_epoch(0)
+        it = iter(loader)
+        first = next(it)
+        check(first, expected(ds, True, 9, 0)[:2], source)
+        del it  # the break: batches 1..3 stay queued in the workers, behind the gate
+        old = weakref.ref(loader._iterator._sampler_iter)  # type: ignore[union-attr]
+
+        def open_gate() -> None:
+            # once the next iter(loader) has dropped the old pass (the sampler's iterator is
+            # replaced, and so closed, before the workers are drained), let the workers read
+            deadline = time.monotonic() + 60
+            while old() is not None and time.monotonic() < deadline:
+                time.sleep(0.005)
+            open(ds.gate, "w").close()
+
+        opener = threading.Thread(target=open_gate)
+        opener.start()
+        sampler.set_epoch(1)
+        got = [s for b in loader for s in b]
+        opener.join()
+        check(got, expected(ds, True, 9, 1), source)
+        assert no_direct_fetch.connections == 0  # no queued read found its sample gone
+        assert staged_samples(sampler.staging_dir) == []
+        del loader
+
+
+class BlackHole:
+    """An S3 endpoint that accepts connections and never answers."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                self.held.append(self.sock.accept()[0])
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.sock.close()
+        for c in self.held:
+            c.close()
+
+
+WAITING_SCRIPT = """
+import sys, time
+from s5loader import S5Dataset, S5Sampler
+uri, endpoint, hole, root, where = sys.argv[1:6]
+ds = S5Dataset.from_prefix(uri, endpoint_url=endpoint)
+ds.endpoint_url = hole  # staging requests go to a server that never answers
+sampler = S5Sampler(ds, staging_dir=root, samples_per_call=2, stall_timeout=3600)
+print(sampler.staging_dir, flush=True)
+if where != "waiting":
+    # The moment a signal can land between two instructions of the waiting loop: the main
+    # thread holds the staging engine's lock, which the engine's thread needs to go on.
+    from s5loader import _stager
+
+    def wait(self, pos):
+        with self._cond:
+            time.sleep(3600)
+
+    _stager.Stager.wait = wait
+next(iter(sampler))  # waits for the first sample, for ever
+"""
+
+
+@pytest.mark.parametrize("where", ["waiting", "holding the engine's lock"])
+def test_sigterm_while_the_sampler_waits(moto: Store, staging_root: str, tmp_path, where: str) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    moto.put(make_pairs(10, size=100))
+    hole = BlackHole()
+    script = tmp_path / "wait.py"
+    script.write_text(WAITING_SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script), moto.uri(), moto.endpoint, hole.url, staging_root, where],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        staging = proc.stdout.readline().strip()
+        assert staging.startswith(staging_root)
+        deadline = time.monotonic() + 60
+        while not hole.held and time.monotonic() < deadline:  # s5cmd's request hangs: the sampler waits
+            time.sleep(0.01)
+        assert hole.held, "s5cmd never connected"
+        s5cmd = [c for c in psutil.Process(proc.pid).children(recursive=True) if "s5cmd" in c.name()]
+        assert s5cmd
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=10)  # promptly, not blocked on a lock the main thread holds
+        assert rc == -signal.SIGTERM, proc.stderr.read()[-2000:] if proc.stderr else ""
+        assert not os.path.exists(staging)
+        assert not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in s5cmd)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        hole.close()

@@ -254,6 +254,7 @@ class Stager:
         self._cond = threading.Condition()
         self._error: BaseException | None = None
         self._stop = threading.Event()
+        self._aborted = False
         self._thread: threading.Thread | None = None
         self._next = 0
         self._retry: list[tuple[float, int]] = []
@@ -364,7 +365,7 @@ class Stager:
     # -- engine ---------------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            while not self._stop.is_set():
+            while not self._stop.is_set() and not self._aborted:
                 self._poll_releases()
                 self._schedule()
                 if self._finished():
@@ -480,6 +481,8 @@ class Stager:
         if not plan.lines:
             return
         cmd_file = os.path.join(self.area.control_dir, f"{self._seq}.txt")
+        if self._aborted:
+            return
         for attempt in range(3):
             try:
                 os.makedirs(self.area.control_dir, mode=0o700, exist_ok=True)
@@ -873,6 +876,9 @@ class Stager:
         """Kill s5cmd at once, taking no lock and joining no thread: for a signal handler,
         which may have interrupted a thread that holds this engine's lock. The process is
         about to end; nothing else is cleaned up."""
+        # A plain attribute, not the stop event (whose lock the interrupted thread may
+        # hold): the engine thread starts no new call, nor recreates folders, from now on.
+        self._aborted = True
         for call in list(self._calls):
             _s5cmd.kill_group(call.proc)
             try:

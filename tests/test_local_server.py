@@ -92,3 +92,31 @@ def test_stop_leaves_nothing_in_the_temp_directory(local: tuple[Path, dict[str, 
     left = [p for port in state["ports"] for p in glob.glob(f"/tmp/seaweedfs-*-{port}.sock")]
     assert left == []
     assert _run(["stop", "--dir", str(server_dir)], env).returncode == 0  # twice is fine
+
+
+def _readme_block(lang: str, starts: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    for block in text.split(f"```{lang}\n")[1:]:
+        code = block.split("```", 1)[0]
+        if code.startswith(starts):
+            return code
+    raise AssertionError(f"no ```{lang} block starting with {starts!r} in the README")
+
+
+def test_readme_quick_start_in_a_fresh_shell(local: tuple[Path, dict[str, str]]) -> None:
+    server_dir, env = local
+    start = _readme_block("bash", "eval")
+    assert start.startswith('eval "$(bin/s3-local start)"')
+    code = _readme_block("python", "import boto3")
+    # The quick start, pasted into a fresh shell in the project: the server's folder is the
+    # test's own, and python is the project's.
+    script = start.replace("bin/s3-local start", f"{sys.executable} bin/s3-local start --dir {server_dir}")
+    script += f"\n{sys.executable} - <<'PYEOF'\n{code}PYEOF\n"
+    shell_env = {
+        "PATH": os.environ["PATH"], "HOME": env.get("HOME", "/root"), "TMPDIR": env["TMPDIR"], "PYTHONPATH": str(ROOT),
+    }
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=shell_env, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert [line for line in out.stdout.splitlines() if line.startswith("epoch")] == [
+        f"epoch {e}: 100 samples staged" for e in range(3)
+    ]

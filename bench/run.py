@@ -221,8 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="s5loader-bench-") as tmp:
         s3dir = os.path.join(tmp, "s3")
-        endpoint = check_run([PY, os.path.join(ROOT, "bin", "s3-local"), "start", "--dir", s3dir,
-                              "--bucket", "bench"]).stdout.strip().splitlines()[-1]
+        check_run([PY, os.path.join(ROOT, "bin", "s3-local"), "start", "--dir", s3dir, "--bucket", "bench"])
+        with open(os.path.join(s3dir, "endpoint")) as f:
+            endpoint = f.read().strip()
         try:
             print(f"SeaweedFS serves S3 at {endpoint}", flush=True)
             t = time.monotonic()

@@ -26,6 +26,10 @@ from .exceptions import (
 log = logging.getLogger(__name__)
 
 GROUP_BY = ("stem", "folder", "object")
+LABELS = ("folder",)
+# A grouping that puts more objects than this into a sample on average is probably a
+# folder-per-class layout grouped by folder (an ImageFolder read with group_by="folder").
+_MANY_FIELDS = 20
 
 
 class Field(NamedTuple):
@@ -55,6 +59,82 @@ def check_group_by(group_by: str) -> str:
     return group_by
 
 
+def check_label(label: str | None) -> str | None:
+    if label is not None and label not in LABELS:
+        raise ConfigError(f"label must be None or one of {', '.join(LABELS)}; got {label!r}")
+    return label
+
+
+def folder_labels(samples: list[Sample], base: str | None, source: str = "") -> tuple[list[Sample], list[str]]:
+    """Label each sample with its class folder, as torchvision's ``ImageFolder`` does.
+
+    The class of a sample is the first folder below ``base`` on its key (``train/cat/1.jpg``
+    under ``train/`` is ``cat``), or, for object lists and manifests (``base`` None), the
+    folder that holds it. Classes are the sorted folder names; each sample gets
+    ``"label"``, the class's index, among its extra fields. Samples without a class folder
+    are left out with a warning (``ImageFolder`` ignores files beside the class folders).
+
+    Returns:
+        the labelled samples and the classes.
+
+    Raises:
+        ConfigError: a sample already has a field or manifest key named ``label``.
+    """
+    names: list[str | None] = []
+    for s in samples:
+        path = s.key
+        if base is not None:
+            rel = path[len(base):] if path.startswith(base) else path
+            cls, slash, _ = rel.partition("/")
+            names.append(cls if slash and cls else None)
+        else:
+            head, slash, _ = path.rpartition("/")
+            names.append(head.rpartition("/")[2] if slash and head else None)
+    classes = sorted({n for n in names if n is not None})
+    class_to_idx = {c: i for i, c in enumerate(classes)}
+    out: list[Sample] = []
+    left_out = [s.key for s, n in zip(samples, names, strict=True) if n is None]
+    for s, n in zip(samples, names, strict=True):
+        if n is None:
+            continue
+        if any(f.name == "label" for f in s.fields) or (s.extra and "label" in s.extra):
+            raise ConfigError(
+                f"sample {s.key!r} ({s.fields[0].uri}) already has a field 'label'; "
+                "label='folder' would hide it (leave label=None and read it yourself)"
+            )
+        out.append(s._replace(extra={**(s.extra or {}), "label": class_to_idx[n]}))
+    if left_out:
+        log.warning(
+            "label='folder' left out %d sample(s) of %s that lie in no class folder, e.g. %s",
+            len(left_out), source or "the source", ", ".join(left_out[:3]),
+        )
+    return out, classes
+
+
+def _warn_grouping(samples: list[Sample], n_objects: int, group_by: str, source: str) -> None:
+    """Warn about groupings that are most likely not what the layout wants."""
+    if samples and n_objects >= 2 * _MANY_FIELDS and n_objects > _MANY_FIELDS * len(samples):
+        log.warning(
+            "group_by=%r made %d sample(s) of %d objects in %s (%.0f objects per sample): if the "
+            "folders are classes (an ImageFolder layout, train/<class>/<image>), use "
+            "group_by='object', label='folder'",
+            group_by, len(samples), n_objects, source or "the source", n_objects / len(samples),
+        )
+    if group_by != "stem":
+        return
+    counts: dict[str, int] = {}
+    for s in samples:
+        for f in s.fields:
+            counts[f.name] = counts.get(f.name, 0) + 1
+    if any(n != n.lower() for n in counts) and any(n == n.lower() and n.upper() != n for n in counts):
+        log.warning(
+            "group_by='stem' names fields by extension, case included, and %s mixes cases: %s; a "
+            "sample has only the field of its own extension, so read e.g. sample.get('jpg') or "
+            "sample.get('JPEG'), or use group_by='object' (field 'data')",
+            source or "the source", ", ".join(f"{n!r} ({c})" for n, c in sorted(counts.items())),
+        )
+
+
 def group(
     objects: Iterable[ObjectInfo],
     group_by: str,
@@ -74,12 +154,14 @@ def group(
         source: what was listed, for messages.
     """
     check_group_by(group_by)
+    n_objects = 0
     groups: dict[tuple[str, str], list[Field]] = {}
     sample_extra: dict[tuple[str, str], dict[str, Any]] = {}
     skipped: list[str] = []
     for obj in objects:
         if obj.key.endswith("/") and obj.size == 0:
             continue  # a "directory marker", not data
+        n_objects += 1
         bucket = obj.uri[5:].split("/", 1)[0]
         if group_by == "object":
             skey, field = obj.key, "data"
@@ -129,6 +211,7 @@ def group(
             )
         key = gkey[1] if len(buckets) == 1 else f"{gkey[0]}/{gkey[1]}"
         samples.append(Sample(key, fields, sample_extra.get(gkey)))
+    _warn_grouping(samples, n_objects, group_by, source)
     return samples
 
 

@@ -1,19 +1,24 @@
 """An embedded local S3 server (SeaweedFS's ``weed mini``) for the demo, tests and benchmark.
 
 Not part of the loading API: it starts a real S3 endpoint on loopback, on ports of its own so
-that several can run side by side.
+that several can run side by side. Everything the server writes (data, logs, the sockets it can
+be told about) stays in its data folder; the sockets ``weed`` always puts into ``/tmp`` are
+removed when it stops.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import random
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 # Flags that take a port, as offsets from a random base so instances do not collide.
@@ -22,6 +27,12 @@ _PORT_FLAGS = (
     "s3.port.iceberg", "s3.port.lance", "metricsPort", "debug.port",
     "master.port.grpc", "volume.port.grpc", "filer.port.grpc", "s3.port.grpc", "admin.port.grpc",
 )
+
+
+# The credentials and region the local server is used with: it accepts any key (see start()).
+LOCAL_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local", "AWS_REGION": "us-east-1"}
+# Unix socket paths are limited to 107 bytes; longer data folders keep weed's default place.
+_SOCKET_PATH_MAX = 100
 
 
 def find_weed() -> str:
@@ -54,10 +65,17 @@ class SeaweedFS:
     Use as a context manager, or :meth:`start` / :meth:`stop`.
     """
 
-    def __init__(self, data_dir: str, buckets: tuple[str, ...] = ("data",), base_port: int | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: str,
+        buckets: tuple[str, ...] = ("data",),
+        base_port: int | None = None,
+        s3_port: int | None = None,
+    ) -> None:
         self.data_dir = data_dir
         self.buckets = buckets
         self.base_port = base_port
+        self.s3_port = s3_port
         self.proc: subprocess.Popen[bytes] | None = None
         self.ports: dict[str, int] = {}
         self._last_error = ""
@@ -67,9 +85,15 @@ class SeaweedFS:
         return f"http://127.0.0.1:{self.ports['s3.port']}"
 
     def _pick_ports(self) -> None:
+        if self.s3_port is not None and not _port_free(self.s3_port):
+            raise RuntimeError(f"port {self.s3_port} on 127.0.0.1 is in use; pick another --port")
         for _ in range(50):
             base = self.base_port or random.randrange(20000, 29000, 20)
             ports = {flag: base + i for i, flag in enumerate(_PORT_FLAGS)}
+            if self.s3_port is not None:
+                if self.s3_port in ports.values() and not self.base_port:
+                    continue
+                ports["s3.port"] = self.s3_port
             if all(_port_free(p) for p in ports.values()):
                 self.ports = ports
                 return
@@ -77,17 +101,31 @@ class SeaweedFS:
                 time.sleep(0.2)  # a restart: wait for the old process to let go
         raise RuntimeError("no free ports for SeaweedFS")
 
+    def _local_socket_args(self) -> list[str]:
+        """Put the two sockets weed lets us place into the data folder, when the path fits."""
+        out = []
+        for flag, name in (("filer.localSocket", "filer"), ("s3.localSocket", "s3")):
+            path = os.path.join(os.path.abspath(self.data_dir), f"{name}.sock")
+            if len(path.encode()) <= _SOCKET_PATH_MAX:
+                out.append(f"-{flag}={path}")
+        return out
+
     def start(self, timeout: float = 60.0) -> SeaweedFS:
         os.makedirs(self.data_dir, exist_ok=True)
+        logdir = os.path.join(self.data_dir, "logs")
+        os.makedirs(logdir, exist_ok=True)
         self._pick_ports()
+        # -logdir: weed writes its weed.* log files to $TMPDIR otherwise; -webdav=false: the
+        # WebDAV gateway keeps a chunk cache in $TMPDIR, and nothing here uses WebDAV.
         argv = [
-            find_weed(), "mini", f"-dir={self.data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-            "-admin.ui=false",
-        ] + [f"-{flag}={port}" for flag, port in self.ports.items()]
+            find_weed(), f"-logdir={logdir}", "mini", f"-dir={self.data_dir}", "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1", "-admin.ui=false", "-webdav=false",
+        ] + self._local_socket_args() + [f"-{flag}={port}" for flag, port in self.ports.items()]
         log = open(os.path.join(self.data_dir, "weed.log"), "ab")
         # weed mini turns AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY into its only identity;
         # without them it accepts any credentials, which is what a local test store wants.
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "S3_"))}
+        env["TMPDIR"] = os.path.abspath(self.data_dir)  # anything else weed keeps stays here
         self.proc = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
         )
@@ -95,7 +133,10 @@ class SeaweedFS:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"weed exited with code {self.proc.returncode}; see {self.data_dir}/weed.log")
+                code = self.proc.returncode
+                self.proc = None
+                remove_sockets(self.ports.values())
+                raise RuntimeError(f"weed exited with code {code}; see {self.data_dir}/weed.log")
             if self._buckets_ready():
                 return self
             time.sleep(0.2)
@@ -131,19 +172,22 @@ class SeaweedFS:
     def stop(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL). Safe to call twice."""
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        remove_sockets(self.ports.values())
 
     def restart(self) -> None:
         """Stop the server and start it again on the same ports and data."""
         self.stop()
-        self.base_port = min(self.ports.values())
+        self.base_port = min(p for f, p in self.ports.items() if f != "s3.port")
+        self.s3_port = self.ports["s3.port"]
         self.start()
 
     def pause(self) -> None:
@@ -160,3 +204,18 @@ class SeaweedFS:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def remove_sockets(ports: Iterable[int]) -> None:
+    """Remove the Unix sockets a stopped ``weed`` left in ``/tmp`` for its ``ports``.
+
+    ``weed mini`` places its gRPC sockets at ``/tmp/seaweedfs-SERVICE[-grpc]-PORT.sock``
+    whatever it is told; only the sockets of ports this server held are touched.
+    """
+    for port in set(ports):
+        for path in glob.glob(f"/tmp/seaweedfs-*-{int(port)}.sock"):
+            try:
+                if stat.S_ISSOCK(os.lstat(path).st_mode):
+                    os.unlink(path)
+            except FileNotFoundError:
+                pass

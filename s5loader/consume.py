@@ -8,7 +8,8 @@ The protocol (see docs/daemon.md) needs nothing but a file system:
 * the files in the folder are named by the sample's fields (``image``, ``label``,
   ``text.txt``, ``video.mp4``);
 * the consumer deletes the folder when done with it, and the daemon refills the cache;
-* the file :data:`END_MARKER` appears once every sample has been delivered;
+* the file :data:`END_MARKER` appears once every sample has been delivered; it names the run
+  (a new one with every ``--fresh`` start), so an old run's end can be told from a new one's;
 * everything else in the cache (the daemon's lock, state and staging area) is hidden
   (a name starting with ``.``).
 
@@ -34,6 +35,15 @@ SEQ_WIDTH = 12
 #: The file the daemon writes into the cache once every sample has been delivered.
 END_MARKER = "END"
 _SAMPLE_RE = re.compile(rf"^(\d{{{SEQ_WIDTH}}})-")
+
+
+def _read_end(cache: str) -> str | None:
+    """The end marker's content, or None when there is none."""
+    try:
+        with open(os.path.join(cache, END_MARKER), encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
 
 
 def parse_seq(name: str) -> int | None:
@@ -121,6 +131,12 @@ def consume(
     so the next consumer starts with it. The iteration ends at the end marker, once every
     sample before it has been consumed. One consumer per cache.
 
+    A cache that holds nothing but a finished run's end marker when the iteration starts
+    (every sample consumed) has nothing for this consumer: it waits for the next run
+    (``s5loader prefetch --fresh``, started before or after it) and ends at that run's end
+    marker. This keeps a consumer started together with ``--fresh`` from ending at once on
+    the old run's marker; pass ``timeout`` to give up instead.
+
     Args:
         cache: the daemon's ``--cache`` directory.
         poll_interval: seconds between looks at the cache while waiting.
@@ -143,8 +159,12 @@ def consume(
     cache = os.fspath(cache)
     last = -1
     since = time.monotonic()
+    stale = _read_end(cache) if not ready_names(cache) else None
+    if stale is not None:
+        log.info("%s holds only the end of a finished run: waiting for the next run", cache)
     while True:
-        ended = os.path.exists(os.path.join(cache, END_MARKER))  # before listing: no race
+        end = _read_end(cache)  # before listing: no race
+        ended = end is not None and end != stale
         names = ready_names(cache)
         if not delete:  # what was yielded stays: never yield it again
             names = [n for n in names if (parse_seq(n) or 0) > last]
@@ -161,8 +181,12 @@ def consume(
         if ended:
             return
         if timeout is not None and time.monotonic() - since > timeout:
+            why = (
+                "only the end marker of a finished run, whose samples were all consumed, is there"
+                if stale is not None and end == stale else "the end marker is not there"
+            )
             raise StallError(
-                f"no sample arrived in {cache} for {timeout:g}s and the end marker is not there; "
+                f"no sample arrived in {cache} for {timeout:g}s and {why}; "
                 "is 's5loader prefetch --cache' running on it?"
             )
         time.sleep(poll_interval)

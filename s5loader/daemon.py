@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import signal
 import sys
@@ -222,6 +223,8 @@ class DaemonState:
     sample's rename, already counting it, with ``pending`` naming that rename: a daemon
     killed before the rename is done completes it at the next start, so the sample is
     neither delivered twice nor lost.
+    ``run`` names this pass over the source (new with every ``--fresh`` start); ``END``
+    repeats it, so a consumer can tell a new run's end from an old one.
     """
 
     source: str
@@ -236,6 +239,7 @@ class DaemonState:
     pending: dict[str, Any] | None = None
     version: int = STATE_VERSION
     done: bool = False
+    run: str = ""
 
     IDENTITY = ("version", "source", "group_by", "shuffle", "seed", "epochs", "samples", "index")
 
@@ -440,6 +444,8 @@ class Prefetcher:
         if not os.path.exists(self._state_path):
             self._check_unused()  # before leaving a .lock in someone else's directory
         self._lock.acquire()
+        if self.opts.fresh:
+            self._remove_end()  # first: a consumer must not take the old run's END for this run's
         old = DaemonState.load(self._state_path)
         if old is None:
             self._check_unused()  # again, under the lock
@@ -451,7 +457,7 @@ class Prefetcher:
         self._view = EpochSamples(samples, order, self.opts.epochs)
         state = DaemonState(
             self.opts.source, self.opts.group_by, self.opts.shuffle, self.opts.seed,
-            self.opts.epochs, len(samples), index_fingerprint(samples),
+            self.opts.epochs, len(samples), index_fingerprint(samples), run=secrets.token_hex(8),
         )
         if old is not None:
             diff = old.differences(state)
@@ -461,6 +467,7 @@ class Prefetcher:
                     "use the same arguments to continue it, another --cache, or --fresh to start over"
                 )
             state = old
+            state.run = state.run or secrets.token_hex(8)  # a state from before runs were named
         self._state = state
         self._recover_pending()
         self._check_budget(samples, self._adopt_delivered())
@@ -653,8 +660,18 @@ class Prefetcher:
         self._starving = time.monotonic()
         self.summary.starved += 1
         consumed = self._consumed()
+        # Right after a restart the consumer has used up what the last run delivered while this
+        # run's first s5cmd call is under way: an ordinary restart, not a slow source.
+        catching_up = bool(self.summary.resumed_from) and self.summary.delivered < self.opts.samples_per_call
         assert self._reporter is not None
-        self._reporter.event("starved", seq=seq, consumed=consumed)
+        self._reporter.event("starved", seq=seq, consumed=consumed, catching_up=catching_up)
+        if catching_up:
+            log.info(
+                "catching up after a restart at sample %d: the consumer has consumed the samples "
+                "delivered before it (%d in all) and waits for sample %d, which this run is fetching",
+                self.summary.resumed_from, consumed, seq,
+            )
+            return
         now = time.monotonic()
         if now - self._last_starve_log > 30:
             self._last_starve_log = now
@@ -697,7 +714,7 @@ class Prefetcher:
         st.save(self._state_path)
         _write_atomic(
             os.path.join(self.cache, END_MARKER),
-            json.dumps({"samples": st.delivered, "skipped": st.skipped}) + "\n",
+            json.dumps({"samples": st.delivered, "skipped": st.skipped, "run": st.run}) + "\n",
             tmp=os.path.join(self.cache, f".{END_MARKER}.tmp"),
         )
         log.info("all %d samples delivered to %s; wrote %s", st.delivered, self.cache, END_MARKER)
@@ -800,9 +817,21 @@ class _Signals:
             signal.signal(sig, handler)
 
 
+class _DefaultsHelp(argparse.HelpFormatter):
+    """Shows every option's default, except for required options and those without one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.required or action.default in (None, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        default = "off" if action.default is False else "%(default)s"
+        return f"{text} (default: {default})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="s5loader prefetch",
+        formatter_class=_DefaultsHelp,
         description=(
             "Keep a local cache directory filled with samples from S3, up to a byte budget, "
             "for any consumer: each sample appears complete as a folder SEQUENCE-KEY/ (ls order "
@@ -815,21 +844,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", required=True, type=size_arg, help="most bytes in the cache (e.g. 2GiB)")
     p.add_argument("--group-by", default="stem", choices=list(GROUP_BY), help="how objects form samples")
     p.add_argument("--shuffle", action="store_true", help="a seeded permutation per epoch")
-    p.add_argument("--seed", type=int, default=0, help="the permutation's seed (default 0)")
-    p.add_argument("--epochs", type=positive_int, default=1, help="passes over the source (default 1)")
-    p.add_argument("--endpoint-url", help="the S3 endpoint (else AWS_ENDPOINT_URL..., else AWS)")
+    p.add_argument("--seed", type=int, default=0, help="the permutation's seed")
+    p.add_argument("--epochs", type=positive_int, default=1, help="passes over the source")
+    p.add_argument("--endpoint-url", help="the S3 endpoint (default: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL or S3_ENDPOINT_URL, else AWS)")
     p.add_argument("--samples-per-call", type=positive_int, default=1000, help="samples per s5cmd call")
-    p.add_argument("--buffers", type=positive_int, default=2, help="s5cmd calls in flight (default 2)")
+    p.add_argument("--buffers", type=positive_int, default=2, help="s5cmd calls in flight")
     p.add_argument("--numworkers", type=positive_int, default=256, help="s5cmd --numworkers")
     p.add_argument("--on-error", default="raise", choices=list(ON_ERROR), help="a sample that cannot be fetched")
     p.add_argument("--fresh", action="store_true", help="discard the cache's samples and progress first")
     p.add_argument(
         "--json-log", nargs="?", const="-", metavar="PATH",
-        help="write JSON lines of progress to PATH (default: stdout)",
+        help="write JSON lines of progress to PATH, or to stdout without PATH (default: none)",
     )
     bar = p.add_mutually_exclusive_group()
-    bar.add_argument("--progress", dest="progress", action="store_true", default=None, help="always draw the bar")
-    bar.add_argument("--no-progress", dest="progress", action="store_false", help="never draw the bar")
+    bar.add_argument("--progress", dest="progress", action="store_true", default=None, help="always draw the bar (default: only when stderr is a terminal)")
+    bar.add_argument("--no-progress", dest="progress", action="store_false", default=None, help="never draw the bar")
     return p
 
 

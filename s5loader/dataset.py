@@ -14,6 +14,8 @@ from ._index import (
     Sample,
     boto3_error,
     check_group_by,
+    check_label,
+    folder_labels,
     group,
     list_prefix,
     make_boto3_client,
@@ -23,7 +25,7 @@ from ._index import (
 from ._s5cmd import ObjectInfo, S5cmd
 from ._stager import field_names
 from ._uri import parse_s3_uri
-from .exceptions import EmptySourceError, S3URIError
+from .exceptions import ConfigError, EmptySourceError, S3URIError
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,22 @@ class S5Dataset(Dataset[Any]):
         self._client: Any = None
         self._client_pid = -1
         self._warned_unstaged = False
+        #: Class names (sorted folder names) with ``label="folder"``, as torchvision's ImageFolder.
+        self.classes: list[str] = []
+        #: Class name -> the int ``"label"`` of its samples.
+        self.class_to_idx: dict[str, int] = {}
+
+    @classmethod
+    def _labelled(
+        cls, samples: list[Sample], label: str | None, base: str | None, source: str, **kw: Any
+    ) -> S5Dataset:
+        classes: list[str] = []
+        if label == "folder":
+            samples, classes = folder_labels(samples, base, source)
+        dataset = cls(samples, source=source, **kw)
+        dataset.classes = classes
+        dataset.class_to_idx = {c: i for i, c in enumerate(classes)}
+        return dataset
 
     # -- constructors -------------------------------------------------------------------
     @classmethod
@@ -95,6 +113,7 @@ class S5Dataset(Dataset[Any]):
         endpoint_url: str | None = None,
         group_by: str = "stem",
         transform: Transform | None = None,
+        label: str | None = None,
     ) -> S5Dataset:
         """All objects under ``s3://bucket/prefix``, listed with one ``s5cmd ls``.
 
@@ -108,18 +127,31 @@ class S5Dataset(Dataset[Any]):
                 fields named by their path inside it) or ``"object"`` (one object, one
                 sample, field ``data``).
             transform: called with each sample dict; its result is what ``dataset[i]`` returns.
+            label: ``"folder"``: an ImageFolder layout (``PREFIX/<class>/<image>``): each sample
+                gets an int ``"label"``, the index of its class folder (the first folder below
+                the prefix) in :attr:`classes`, the sorted folder names, as torchvision's
+                ``ImageFolder``; :attr:`class_to_idx` maps names to labels. ``None``: no label.
 
         Raises:
             S3URIError: the prefix is not an s3 URI.
             NoSuchBucketError, AccessDeniedError, EndpointError: the listing failed.
             EmptySourceError: nothing under the prefix.
-            ConfigError: an unknown ``group_by``.
+            ConfigError: an unknown ``group_by`` or ``label``; ``label="folder"`` with
+                ``group_by="folder"`` (the samples would be the class folders).
         """
         check_group_by(group_by)
+        check_label(label)
+        if label is not None and group_by == "folder":
+            raise ConfigError(
+                f"label='folder' with group_by='folder' would make each class folder under {prefix} "
+                "one sample; use group_by='object' (one image, one sample) or 'stem'"
+            )
         uri = parse_s3_uri(prefix)
         objects = list_prefix(prefix, S5cmd(endpoint_url))
         samples = group(objects, group_by, base=uri.key, source=prefix)
-        dataset = cls(samples, endpoint_url=endpoint_url, transform=transform, source=prefix)
+        dataset = cls._labelled(
+            samples, label, uri.key, prefix, endpoint_url=endpoint_url, transform=transform
+        )
         dataset._listing = [o.key for o in objects]
         return dataset
 
@@ -131,19 +163,23 @@ class S5Dataset(Dataset[Any]):
         endpoint_url: str | None = None,
         group_by: str = "object",
         transform: Transform | None = None,
+        label: str | None = None,
     ) -> S5Dataset:
         """The given object URIs (sizes and ETags are read with one HEAD each).
 
-        ``group_by="folder"`` makes each object's parent folder a sample.
+        ``group_by="folder"`` makes each object's parent folder a sample. ``label="folder"``
+        labels each sample with the folder that holds it (``.../train/cat/1.jpg``: ``cat``),
+        as :meth:`from_prefix` does.
         """
         check_group_by(group_by)
+        check_label(label)
         uris = list(uris)
         for u in uris:
             if not parse_s3_uri(u).key:
                 raise S3URIError(f"{u!r} names a bucket, not an object")
         objects = stat_objects(uris, endpoint_url)
         samples = group(objects, group_by, source="the object list")
-        return cls(samples, endpoint_url=endpoint_url, transform=transform, source="the object list")
+        return cls._labelled(samples, label, None, "the object list", endpoint_url=endpoint_url, transform=transform)
 
     @classmethod
     def from_manifest(
@@ -153,23 +189,26 @@ class S5Dataset(Dataset[Any]):
         endpoint_url: str | None = None,
         group_by: str = "object",
         transform: Transform | None = None,
+        label: str | None = None,
     ) -> S5Dataset:
         """Objects listed in a JSON Lines manifest (a local path or an s3 URI).
 
         Each line is a URI string, or an object ``{"uri": ..., "size": ..., "etag": ...,
         ...}``; ``size`` and ``etag`` spare a HEAD request, and any other keys are carried
-        into the sample dict.
+        into the sample dict. ``label="folder"`` labels each sample with the folder that
+        holds it, as :meth:`from_objects` does.
 
         Raises:
             ManifestError: a line is broken (the message names its number).
         """
         check_group_by(group_by)
+        check_label(label)
         uris, extras, known = read_manifest(path_or_uri, endpoint_url)
         missing = [u for u in uris if u not in known]
         stat = {o.uri: o for o in stat_objects(missing, endpoint_url)} if missing else {}
         objects: list[ObjectInfo] = [known.get(u) or stat[u] for u in uris]
         samples = group(objects, group_by, extras=extras, source=path_or_uri)
-        return cls(samples, endpoint_url=endpoint_url, transform=transform, source=path_or_uri)
+        return cls._labelled(samples, label, None, path_or_uri, endpoint_url=endpoint_url, transform=transform)
 
     # -- map-style access ---------------------------------------------------------------
     @property

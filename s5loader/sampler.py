@@ -27,6 +27,10 @@ log = logging.getLogger(__name__)
 
 # 2 added "complete": the state was taken after the epoch's last sample (1 is still read)
 _STATE_VERSION = 2
+# "data starvation" is a WARNING only when waiting takes this share of an epoch, in a run
+# (all passes of the sampler so far) at least this long; a short run is not worth tuning.
+_STARVED_SHARE = 0.2
+_STARVED_MIN_RUN_S = 60.0
 
 
 class S5Sampler(Sampler[int]):
@@ -69,10 +73,14 @@ class S5Sampler(Sampler[int]):
             ``WORLD_SIZE`` / ``RANK``, else one process.
         drop_last: drop the tail so ranks get equal parts, instead of padding by repetition.
         numworkers: s5cmd's ``--numworkers`` (parallel requests per call).
+        batch_size: the DataLoader's ``batch_size``, if you pass it here too (a sampler does not
+            see its DataLoader): a budget that cannot hold one batch of the largest samples is
+            then a :class:`BudgetError` at once instead of after ``stall_timeout``.
 
     Raises:
         ConfigError: an invalid option.
-        BudgetError: a sample larger than the budget, or a budget larger than the free space.
+        BudgetError: a sample larger than the budget, a budget larger than the free space, or
+            (with ``batch_size``) a budget smaller than a batch.
         PlatformError: not Linux.
     """
 
@@ -97,6 +105,7 @@ class S5Sampler(Sampler[int]):
         rank: int | None = None,
         drop_last: bool = False,
         numworkers: int = 256,
+        batch_size: int | None = None,
     ) -> None:
         require_linux("S5Sampler")
         if not isinstance(dataset, S5Dataset):
@@ -109,6 +118,8 @@ class S5Sampler(Sampler[int]):
             raise ConfigError(f"seed must be an int, got {seed!r}")
         if not isinstance(numworkers, int) or numworkers <= 0:
             raise ConfigError(f"numworkers must be a positive int, got {numworkers!r}")
+        if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1):
+            raise ConfigError(f"batch_size must be a positive int or None, got {batch_size!r}")
         r, world = rank_info(num_replicas, rank)
         self.dataset = dataset
         self._order = _Order(shuffle if shuffle == "block" else bool(shuffle), seed, world, r, bool(drop_last))
@@ -143,6 +154,8 @@ class S5Sampler(Sampler[int]):
                     + ("the whole data set with keep_staged" if keep_staged else f"sample {largest.key!r}")
                 )
             self._options = StagerOptions(**{**self._options.__dict__, "budget": room})
+        if batch_size is not None:
+            _check_batch_fits(dataset, batch_size, self._options.budget)
         self._layout = plan_blocks(dataset.samples, block_size, dataset._listing)
         self._s5cmd = S5cmd(dataset.endpoint_url, numworkers=numworkers)
         self._area = StagingArea(root)
@@ -158,6 +171,7 @@ class S5Sampler(Sampler[int]):
         self._kept: set[int] = set()
         self._active: Stager | None = None
         self._last_stats: Stats | None = None
+        self._run_s = 0.0  # seconds of all passes so far, for the starvation report
         self._finalizer = weakref.finalize(self, StagingArea.remove, self._area)
 
     # -- the Sampler protocol -----------------------------------------------------------
@@ -292,8 +306,16 @@ class S5Sampler(Sampler[int]):
                 self.epoch, len(stats.skipped), ", ".join(stats.skipped[:10]),
                 " ..." if len(stats.skipped) > 10 else "",
             )
-        if elapsed > 0 and starved > max(0.05 * elapsed, 0.5):
-            log.warning("data starvation: " + msg, *args)
+        self._run_s += elapsed
+        if self._run_s >= _STARVED_MIN_RUN_S and elapsed > 0 and starved >= _STARVED_SHARE * elapsed:
+            o = self._options
+            log.warning(
+                "data starvation: " + msg + "; the loader waited %.0f%% of the epoch after its first "
+                "sample. To stage faster: more buffers (now %d s5cmd calls in flight), a larger "
+                "samples_per_call (now %d), shuffle='block' (one request per block of samples), or a "
+                "larger budget (now %s)",
+                *args, 100 * starved / elapsed, o.buffers, o.samples_per_call, format_size(o.budget),
+            )
         else:
             log.info(msg, *args)
 
@@ -470,4 +492,19 @@ class S5Sampler(Sampler[int]):
         return (
             f"S5Sampler({self.dataset!r}, shuffle={o.shuffle}, seed={o.seed}, rank={o.rank}/"
             f"{o.num_replicas}, budget={format_size(self.budget)}, staging_dir={self.staging_dir!r})"
+        )
+
+
+def _check_batch_fits(dataset: S5Dataset, batch_size: int, budget: int) -> None:
+    """A DataLoader waits for a whole batch of indices before any sample of it is read, so a
+    budget that cannot hold ``batch_size`` samples can stall; fail now with the numbers."""
+    n = min(batch_size, len(dataset))
+    biggest = sorted((s.size for s in dataset.samples), reverse=True)[:n]
+    need = sum(biggest)
+    if need > budget:
+        raise BudgetError(
+            f"the budget of {format_size(budget)} does not hold one batch: batch_size={batch_size} of "
+            f"the largest samples of {dataset.source or 'the data set'} take {format_size(need)} "
+            f"(the largest is {format_size(biggest[0])}); the budget must hold at least one batch: "
+            f"raise it to at least {format_size(need)} or lower batch_size"
         )

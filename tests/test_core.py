@@ -175,15 +175,14 @@ def test_readme_quick_start_runs_as_written(moto_server: str, monkeypatch: pytes
     import urllib.request
 
     urllib.request.urlopen(urllib.request.Request(f"{moto_server}/moto-api/reset", method="POST")).close()
-    store = Store("moto", moto_server, "bucket", "train/")
-    store.client.create_bucket(Bucket="bucket")
-    store.put(make_pairs(12, size=64))
+    store = Store("moto", moto_server, "demo", "train/")
+    store.client.create_bucket(Bucket="demo")  # as bin/s3-local creates it; the code uploads its data
     readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
-    code = re.search(r"## Quick start\n\n```python\n(.*?)```", readme, re.S).group(1)
+    code = re.search(r"## Quick start\n.*?```python\n(.*?)```", readme, re.S).group(1)
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_server)
     namespace: dict = {}
     exec(compile(code, "README.md", "exec"), namespace)
-    assert len(namespace["dataset"]) == 12
+    assert len(namespace["dataset"]) == 100
     assert not os.path.exists(namespace["sampler"].staging_dir)
 
 

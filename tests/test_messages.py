@@ -1,0 +1,61 @@
+"""Messages a first run meets: no starvation warning on a short run, a budget below one batch
+fails at once with the numbers."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import Store, make_pairs
+from torch.utils.data import DataLoader
+
+from s5loader import S5Dataset, S5Sampler
+from s5loader._stager import Stats
+from s5loader.exceptions import BudgetError, ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_short_run_is_not_starvation(moto: Store, staging_root: str, caplog: pytest.LogCaptureFixture) -> None:
+    moto.put(make_pairs(2))
+    ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
+    with S5Sampler(ds, staging_dir=staging_root) as sampler, caplog.at_level(logging.INFO, logger="s5loader"):
+        for _ in range(4):  # four one-second epochs that wait 60% of the time: a demo, not a problem
+            sampler._report(Stats(samples=10, wait_s=0.7, first_wait_s=0.1), elapsed=1.0, finished=True)
+        assert [r.levelname for r in caplog.records if r.name == "s5loader.sampler"] == ["INFO"] * 4
+        for _ in range(60):  # the same, for a minute: now it matters
+            sampler._report(Stats(samples=10, wait_s=0.7, first_wait_s=0.1), elapsed=1.0, finished=True)
+    last = [r for r in caplog.records if r.name == "s5loader.sampler"][-1]
+    assert last.levelname == "WARNING" and "waited 60% of the epoch" in last.getMessage()
+
+
+@pytest.mark.slow
+def test_demo_does_not_warn_and_leaves_no_temp_files(tmp_path: Path) -> None:
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "S3_"))}
+    env.update(TMPDIR=str(tmpdir), PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, str(ROOT / "bin" / "demo")], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    out = r.stdout + r.stderr
+    assert "Done." in out and "epoch 3" in out
+    assert "data starvation" not in out and "WARNING" not in out
+    assert list(tmpdir.iterdir()) == []
+
+
+def test_budget_below_one_batch_fails_at_once(moto: Store, staging_root: str) -> None:
+    moto.put(make_pairs(12, size=1000))
+    ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
+    one = max(s.size for s in ds.samples)
+    with pytest.raises(BudgetError, match=r"does not hold one batch: batch_size=4 .* raise it to at least") as exc:
+        S5Sampler(ds, budget=one, staging_dir=staging_root, batch_size=4)
+    assert moto.uri() in str(exc.value)
+    with pytest.raises(ConfigError, match="batch_size"):
+        S5Sampler(ds, staging_dir=staging_root, batch_size=0)
+    # a budget of exactly one batch of the largest samples is enough, and loads everything
+    with S5Sampler(ds, budget=4 * one, staging_dir=staging_root, batch_size=4) as sampler:
+        assert sum(len(b["__key__"]) for b in DataLoader(ds, sampler=sampler, batch_size=4)) == 12

@@ -8,18 +8,33 @@ arrive and sorts only when it is not.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
+import re
 from array import array
 from typing import Any
 
 import numpy as np
 
-from ._compact import _DATA, _ETAG_OTHER, ENC, SampleIndex, Sparse, Strings, etag_code
+from ._compact import _DATA, _ETAG_MD5, _ETAG_OTHER, ENC, SampleIndex, Sparse, Strings, etag_code
 from ._index import check_group_by
 from .exceptions import ConfigError
 
 log = logging.getLogger(__name__)
+
+_LOWER_HEX = re.compile(r"[0-9a-f]{32}").fullmatch
+
+
+class SameObjectTwice(ConfigError):
+    """An object was given twice (a sample would have the same field twice)."""
+
+    def __init__(self, message: str, uri: str = "") -> None:
+        super().__init__(message)
+        self.uri = uri
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (self.__class__, (self.args[0], self.uri))
 
 
 class IndexBuilder:
@@ -56,6 +71,9 @@ class IndexBuilder:
         self._n_skipped = 0
         self._prev: tuple[str, str, str] | None = None
         self._in_order = True
+        self._last_bucket, self._last_id = "", 0
+        self._put_bucket, self._put_off, self._put_size = self._bucket.append, self._off.append, self._size.append
+        self._put_kind, self._put_name_at, self._put_klen = self._kind.append, self._name_at.append, self._klen.append
 
     def __len__(self) -> int:
         return len(self._size)
@@ -92,29 +110,36 @@ class IndexBuilder:
                     return self._skip(uri, key)
             at = len(key) - len(name)
         j = len(self._size)
-        cur = (bucket, skey, key[at:] if at >= 0 else "data")
-        prev = self._prev
-        if prev is None or cur > prev:
-            self._new.append(prev is None or cur[:2] != prev[:2])
+        if self._in_order:
+            cur = (bucket, skey, key[at:] if at >= 0 else "data")
+            prev = self._prev
+            if prev is None or cur > prev:
+                self._new.append(prev is None or cur[:2] != prev[:2])
+            else:
+                self._in_order = False  # out of order, or a field twice: sort and check
+            self._prev = cur
+        if bucket != self._last_bucket:
+            self._last_id = self._buckets.setdefault(bucket, len(self._buckets))
+            self._last_bucket = bucket
+        self._put_bucket(self._last_id)
+        text = self._text
+        text += key.encode("utf-8", ENC)
+        self._put_off(len(text))
+        self._put_size(size)
+        if len(etag) == 32 and _LOWER_HEX(etag):
+            self._put_kind(_ETAG_MD5)
+            self._etag += bytes.fromhex(etag)
         else:
-            self._in_order = False  # out of order, or a field twice: sort and check
-            self._new.append(1)
-        self._prev = cur
-        b = self._buckets.setdefault(bucket, len(self._buckets))
-        self._bucket.append(b)
-        self._text += key.encode("utf-8", ENC)
-        self._off.append(len(self._text))
-        self._size.append(size)
-        kind, raw = etag_code(etag)
-        self._kind.append(kind)
-        self._etag += raw
-        if kind == _ETAG_OTHER:
-            self._odd_etags[j] = etag
-        self._name_at.append(at)
-        if key.startswith(skey):
-            self._klen.append(len(skey))
+            kind, raw = etag_code(etag)
+            self._put_kind(kind)
+            self._etag += raw
+            if kind == _ETAG_OTHER:
+                self._odd_etags[j] = etag
+        self._put_name_at(at)
+        if at == _DATA or key.startswith(skey):
+            self._put_klen(len(skey))
         else:
-            self._klen.append(-1)
+            self._put_klen(-1)
             self._odd_keys[j] = skey
         if extra:
             self._extras[j] = (order if order >= 0 else j, json.dumps(extra))
@@ -148,7 +173,7 @@ class IndexBuilder:
         kind = np.frombuffer(self._kind, dtype=np.int8).copy()
         name_at = np.frombuffer(self._name_at, dtype=np.int32).copy()
         klen = np.frombuffer(self._klen, dtype=np.int32).copy()
-        new = np.frombuffer(bytes(self._new), dtype=np.uint8).astype(bool)
+        new = np.frombuffer(bytes(self._new), dtype=np.uint8).astype(bool) if self._in_order else None
         bucket_names = sorted(self._buckets, key=self._buckets.__getitem__)
         odd_keys, odd_etags, extras = self._odd_keys, self._odd_etags, self._extras
         if not self._in_order:
@@ -166,10 +191,11 @@ class IndexBuilder:
             odd_keys = {int(inv[j]): v for j, v in odd_keys.items()}
             odd_etags = {int(inv[j]): v for j, v in odd_etags.items()}
             extras = {int(inv[j]): v for j, v in extras.items()}
+        assert new is not None
         first = np.concatenate([np.flatnonzero(new), [m]]).astype(np.int64) if m else np.zeros(1, dtype=np.int64)
         starts = first[:-1]
         sample_odd = {i: odd_keys[int(j)] for i, j in enumerate(starts.tolist()) if klen[j] < 0} if odd_keys else {}
-        return SampleIndex(
+        index = SampleIndex(
             text=text,
             buckets=bucket_names,
             bucket=bucket,
@@ -187,34 +213,53 @@ class IndexBuilder:
             unused=Strings.of(self._unused) if self._unused is not None else None,
             meta={"source": self.source, "group_by": self.group_by, **(meta or {})},
         )
+        _trim()
+        return index
 
     def _sort(
         self, text: Strings, buckets: list[str], bucket: np.ndarray, klen: np.ndarray, name_at: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """The order of (bucket, sample key, field name), and where samples start in it."""
-        okeys = list(text)
         odd = self._odd_keys
-        sort_keys = [
-            (
-                buckets[b],
-                okey[:k] if k >= 0 else odd[j],
-                okey[at:] if at >= 0 else "data",
-            )
-            for j, (okey, b, k, at) in enumerate(zip(okeys, bucket.tolist(), klen.tolist(), name_at.tolist(), strict=True))
+        parts = zip(list(text), bucket.tolist(), klen.tolist(), name_at.tolist(), strict=True)
+        # One string per object sorts like the (bucket, key, name) tuple as long as no part
+        # holds a NUL character (which sorts below every other), and sorts faster.
+        joined = b"\0" not in text.blob and not any("\0" in b for b in buckets)
+        sort_keys: list[Any] = [
+            (f"{buckets[b]}\0{okey[:k] if k >= 0 else odd[j]}\0{okey[at:] if at >= 0 else 'data'}" if joined else
+             (buckets[b], okey[:k] if k >= 0 else odd[j], okey[at:] if at >= 0 else "data"))
+            for j, (okey, b, k, at) in enumerate(parts)
         ]
-        del okeys
         perm = sorted(range(len(sort_keys)), key=sort_keys.__getitem__)
+        def parts_of(k: Any) -> tuple[str, str, str]:
+            return tuple(k.split("\0")) if joined else k  # type: ignore[no-any-return]
+
+        def group_of(k: Any) -> Any:
+            return k.rpartition("\0")[0] if joined else k[:2]
+
         new = np.ones(len(perm), dtype=bool)
+        prev = sort_keys[perm[0]] if perm else None
+        prev_group = group_of(prev) if perm else None
         for n in range(1, len(perm)):
-            a, b = sort_keys[perm[n - 1]], sort_keys[perm[n]]
-            if a == b:
-                dup = [f"s3://{b_[0]}/{text[j]}" for j in perm if (b_ := sort_keys[j]) == a]
-                raise ConfigError(
-                    f"sample {a[1]!r} has the field {a[2]!r} twice ({', '.join(sorted(dup))}); "
-                    "use another group_by"
-                )
-            new[n] = a[:2] != b[:2]
+            cur = sort_keys[perm[n]]
+            if cur == prev:
+                b_, skey, name = parts_of(cur)
+                dup = sorted(f"s3://{b_}/{text[j]}" for j in perm if sort_keys[j] == cur)
+                message = f"sample {skey!r} has the field {name!r} twice ({', '.join(dup)}); use another group_by"
+                raise SameObjectTwice(message, dup[0]) if len(set(dup)) == 1 else ConfigError(message)
+            g = group_of(cur)
+            new[n] = g != prev_group
+            prev, prev_group = cur, g
         return np.array(perm, dtype=np.int64), new
+
+
+def _trim() -> None:
+    # The build's buffers grew by realloc on the C heap; hand what they left free back to the
+    # system so that the index's own size is what stays resident (glibc only).
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # pragma: no cover - not glibc
+        pass
 
 
 def _merge_extras(extras: dict[int, tuple[int, str]], first: np.ndarray) -> dict[int, str]:

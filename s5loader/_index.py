@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -218,16 +219,24 @@ def index_manifest(path_or_uri: str, endpoint_url: str | None, group_by: str) ->
     Blank lines are ignored. Objects without a size get one HEAD request each.
 
     Raises:
-        ManifestError: a line is not valid; the message names the manifest and the line number.
+        ManifestError: a line is not valid (the message names the manifest and the line
+            number), or an object is listed twice.
         EmptySourceError: the manifest lists no object.
     """
-    from ._build import IndexBuilder
+    from ._build import IndexBuilder, SameObjectTwice
 
     builder = IndexBuilder(group_by, source=path_or_uri)
     missing: list[tuple[int, str, dict[str, Any]]] = []
-    seen: set[int] = set()  # hashes of the URIs so far: a repeated one is an error
     count = 0
+    fast = _FAST_LINE.match
     for lineno, line in enumerate(_read_lines(path_or_uri, endpoint_url), 1):
+        m = fast(line)
+        if m is not None and not m[2].endswith("/"):
+            # the usual {"uri": ..., "size": ..., "etag": ...} without escapes: what json.loads
+            # and parse_s3_uri make of it, at a fraction of the cost
+            count += 1
+            builder.add(f"s3://{m[1]}/{m[2]}", m[2], int(m[3]), m[4] or "", None, order=count)
+            continue
         if not line.strip():
             continue
         try:
@@ -249,10 +258,6 @@ def index_manifest(path_or_uri: str, endpoint_url: str | None, group_by: str) ->
         if not u.key or u.key.endswith("/"):
             raise ManifestError(f"{path_or_uri} line {lineno}: {uri!r} names no object")
         size, etag = rec.pop("size", None), rec.pop("etag", "")
-        h = hash(uri)
-        if h in seen and _listed_before(path_or_uri, endpoint_url, uri, lineno):
-            raise ManifestError(f"{path_or_uri} line {lineno}: {uri} is listed twice")
-        seen.add(h)
         count += 1
         if size is None:
             missing.append((count, uri, rec))
@@ -262,23 +267,22 @@ def index_manifest(path_or_uri: str, endpoint_url: str | None, group_by: str) ->
         builder.add(uri, u.key, size, str(etag).strip('"'), rec, order=count)
     if not count:
         raise EmptySourceError(f"the manifest {path_or_uri} lists no object")
-    del seen
     if missing:
         for (order, _, rec), obj in zip(missing, stat_objects([m[1] for m in missing], endpoint_url), strict=True):
             builder.add(obj.uri, obj.key, obj.size, obj.etag, rec, order=order)
-    return builder.build()
+    try:
+        return builder.build()
+    except SameObjectTwice as exc:
+        raise ManifestError(f"{path_or_uri}: {exc.uri} is listed twice") from exc
 
 
-def _listed_before(path_or_uri: str, endpoint_url: str | None, uri: str, lineno: int) -> bool:
-    # Hashes collide now and then: read the lines before this one again to be sure.
-    for n, line in enumerate(_read_lines(path_or_uri, endpoint_url), 1):
-        if n >= lineno:
-            return False
-        if uri in line and line.strip():
-            rec = json.loads(line)
-            if (rec if isinstance(rec, str) else rec.get("uri")) == uri:
-                return True
-    return False
+# A manifest line in the usual shape, its JSON strings free of escapes and control characters,
+# its bucket name one that parse_s3_uri accepts; any other line takes the full path.
+_FAST_LINE = re.compile(
+    r'[ \t]*\{[ \t]*"uri"[ \t]*:[ \t]*"s3://([A-Za-z0-9][A-Za-z0-9._-]{1,254})/([^"\\\x00-\x1f]+)"'
+    r'[ \t]*,[ \t]*"size"[ \t]*:[ \t]*(0|[1-9][0-9]*)[ \t]*'
+    r'(?:,[ \t]*"etag"[ \t]*:[ \t]*"([^"\\\x00-\x1f]*)"[ \t]*)?\}[ \t]*\r?\n?$'
+)
 
 
 def _read_lines(path_or_uri: str, endpoint_url: str | None) -> Iterator[str]:

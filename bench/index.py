@@ -197,6 +197,7 @@ def main() -> None:
     p.add_argument("what", choices=["manifest", "prefix"])
     p.add_argument("--objects", type=int, default=1_000_000)
     p.add_argument("--json", help="also write the result here")
+    p.add_argument("--before", metavar="TREE", help="prefix: also measure the s5loader source tree TREE on the same objects")
     p.add_argument("--_child", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args._child:  # the measured process
@@ -227,6 +228,11 @@ def main() -> None:
                 child = ["prefix", uri, s3.endpoint]
                 result = json.loads(subprocess.run([sys.executable, __file__, "prefix", "--_child", *child],
                                                    check=True, capture_output=True, text=True).stdout)
+                if args.before:
+                    env = {**os.environ, "PYTHONPATH": args.before}
+                    result["before"] = json.loads(subprocess.run(
+                        [sys.executable, __file__, "prefix", "--_child", *child],
+                        check=True, capture_output=True, text=True, env=env, cwd=args.before).stdout)
         result["what"] = args.what
         result["load_average"] = os.getloadavg()[0]
         print(json.dumps(result, indent=1))

@@ -157,6 +157,18 @@ def measure_prefix(uri: str, endpoint: str) -> dict[str, Any]:
         json.loads(line)
     parse_s = time.perf_counter() - t0
     del out, lines
+    # the same objects listed as 8 parallel runs of s5cmd ls over the top-level folders
+    tops = [rec["key"] for x in subprocess.run(argv[:-1] + [uri], capture_output=True, env=env, check=True).stdout.splitlines()
+            if (rec := json.loads(x)).get("type") == "directory"]
+    t0 = time.perf_counter()
+    procs: list[subprocess.Popen[bytes]] = []
+    for top in tops:
+        if len(procs) >= 8:
+            procs.pop(0).wait()
+        procs.append(subprocess.Popen(argv[:-1] + [top + "*"], stdout=subprocess.DEVNULL, env=env))
+    for proc in procs:
+        proc.wait()
+    parallel_s = time.perf_counter() - t0 if tops else None
     gc.collect()
     before = rss()
     t0, c0 = time.perf_counter(), time.process_time()
@@ -168,6 +180,8 @@ def measure_prefix(uri: str, endpoint: str) -> dict[str, Any]:
         "objects": len(ds),
         "s5cmd_ls_s": round(ls_s, 2),
         "json_parse_s": round(parse_s, 2),
+        "s5cmd_ls_8_parallel_s": round(parallel_s, 2) if parallel_s is not None else None,
+        "top_folders": len(tops),
         "from_prefix_s": round(prefix_s, 2),
         "from_prefix_python_cpu_s": round(prefix_cpu, 2),
         "rss_added_mb": round(added / MiB, 1),
@@ -221,7 +235,7 @@ def main() -> None:
 
             os.environ.setdefault("AWS_ACCESS_KEY_ID", "any")
             os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "any")
-            with SeaweedFS(os.path.join(work, "weed"), buckets=("bench",)).start() as s3:
+            with SeaweedFS(os.path.join(work, "weed"), buckets=("bench",)) as s3:
                 t0 = time.perf_counter()
                 uri = upload(s3.endpoint, "bench", args.objects, work)
                 print(f"uploaded {args.objects} objects in {time.perf_counter() - t0:.1f}s", file=sys.stderr)

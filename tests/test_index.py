@@ -4,6 +4,7 @@ listed with retries, and listed once per torchrun job."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import stat
@@ -199,13 +200,20 @@ exec {find_s5cmd()} "$@"
     return str(script), log
 
 
-def test_interrupted_listing_is_listed_again(moto: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_interrupted_listing_is_listed_again(
+    moto: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     moto.put(make_pairs(3))
     binary, log = wrapper(tmp_path, fail_first=1)
     monkeypatch.setenv("S5LOADER_S5CMD", binary)
-    ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
+    with caplog.at_level(logging.INFO, logger="s5loader"):
+        ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
     assert len(ds) == 3
     assert log.read_text().count(" ls ") == 2
+    assert any("connection reset by peer" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    done = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO and "listed " in r.getMessage()]
+    assert done and f"listed {moto.uri()} with s5cmd ls: 6 objects" in done[0]
+    assert "2 attempt(s), about 2 LIST requests" in done[0]
 
 
 def test_listing_that_keeps_failing_names_the_prefix(moto: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -111,7 +111,7 @@ def _through_file(build: Callable[[], SampleIndex], what: list[str | None], loca
         if time.monotonic() > deadline:
             raise IndexShareError(
                 f"local rank {local_rank} waited {limit:g}s for local rank 0 to build the sample "
-                f"index of {what[0]} into {path}; set {ENV_TIMEOUT} to wait longer"
+                f"index of {what[1]} into {path}; set {ENV_TIMEOUT} to wait longer"
             )
         time.sleep(_POLL)
     index = load(path)

@@ -259,3 +259,38 @@ def test_torchrun_lists_once(seaweed: Store, tmp_path: Path, mode: str) -> None:
     r0, r1 = (json.loads((out / f"rank{i}.json").read_text()) for i in range(2))
     assert len(r0["samples"]) == 9 and r0 == r1
     assert r0["blocks"] > 0  # the listing came along: blocks are planned on both ranks
+
+
+def test_local_ranks_share_one_index_through_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    from s5loader import IndexShareError, NoSuchBucketError
+    from s5loader._share import shared_index
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("S5LOADER_INDEX_TIMEOUT", "0.2")
+    what: list[str | None] = ["prefix", "s3://b/p/", None, "stem"]
+    index = group([ObjectInfo("s3://b/p/1.jpg", "p/1.jpg", 3, MD5)], "stem", base="p/")
+
+    def never() -> SampleIndex:
+        raise AssertionError("a local rank other than 0 built the index")
+
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(IndexShareError, match=r"waited 0.2s for local rank 0 .* s3://b/p/"):
+        shared_index(never, what)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert shared_index(lambda: index, what) is index
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert list(shared_index(never, what)) == list(index)
+    assert not list((tmp_path / f"s5loader-index-{os.getuid()}").iterdir())  # the last reader removed it
+
+    def fails() -> SampleIndex:
+        raise NoSuchBucketError("s3://b/p/: NoSuchBucket")
+
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.raises(NoSuchBucketError):
+        shared_index(fails, what)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(NoSuchBucketError, match="local rank 0 could not build the index: s3://b/p/: NoSuchBucket"):
+        shared_index(never, what)

@@ -7,7 +7,10 @@
   builds it and writes an index file into a private folder of the temporary directory, named
   after the source, the endpoint and the run; the other local ranks wait for it (at most
   ``S5LOADER_INDEX_TIMEOUT`` seconds, default 3600) and read it. The last reader deletes it.
-- Otherwise the process builds it itself.
+- Otherwise, or with ``S5LOADER_SHARE_INDEX=0``, the process builds it itself.
+
+Under a process group, a rank whose source differs from rank 0's builds its own index. Local
+ranks sharing through a file must all build the same sources, in the same order.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from .exceptions import IndexShareError, S5LoaderError
 log = logging.getLogger(__name__)
 
 ENV_TIMEOUT = "S5LOADER_INDEX_TIMEOUT"
+ENV_SHARE = "S5LOADER_SHARE_INDEX"  # "0": every process builds its own index
 _POLL = 0.05
 
 
@@ -41,28 +45,33 @@ def shared_index(build: Callable[[], SampleIndex], what: list[str | None]) -> Sa
     """
     import torch.distributed as dist
 
+    if os.environ.get(ENV_SHARE, "1") == "0":
+        return build()
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return _broadcast(build)
+        return _broadcast(build, what)
     local_rank, local_world = os.environ.get("LOCAL_RANK"), os.environ.get("LOCAL_WORLD_SIZE")
     if local_rank is not None and local_world is not None and int(local_world) > 1:
         return _through_file(build, what, int(local_rank), int(local_world))
     return build()
 
 
-def _broadcast(build: Callable[[], SampleIndex]) -> SampleIndex:
+def _broadcast(build: Callable[[], SampleIndex], what: list[str | None]) -> SampleIndex:
     import torch.distributed as td
 
     if td.get_rank() == 0:
         try:
             index = build()
         except S5LoaderError as exc:
-            td.broadcast_object_list([("error", exc)], src=0)
+            td.broadcast_object_list([("error", exc, what)], src=0)
             raise
-        td.broadcast_object_list([("index", index.to_bytes())], src=0)
+        td.broadcast_object_list([("index", index.to_bytes(), what)], src=0)
         return index
     box: list[Any] = [None]
     td.broadcast_object_list(box, src=0)
-    kind, payload = box[0]
+    kind, payload, theirs = box[0]
+    if theirs != what:  # this rank reads another source (a manifest per rank): its own index
+        log.debug("rank 0 built the index of %s, this rank wants %s: building its own", theirs, what)
+        return build()
     if kind == "error":
         raise payload
     log.debug("received the sample index from rank 0 (%d bytes)", len(payload))

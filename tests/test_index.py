@@ -228,9 +228,11 @@ def test_listing_that_keeps_failing_names_the_prefix(moto: Store, tmp_path: Path
 LIST_ONCE_SCRIPT = """
 import json, os, sys
 uri, endpoint, out, mode = sys.argv[1:5]
-if mode == "dist":
+if mode.startswith("dist"):
     import torch.distributed as dist
     dist.init_process_group("gloo")
+if mode == "dist-split":  # a source per rank
+    uri += "a/" if os.environ["RANK"] == "0" else "b/"
 from s5loader import S5Dataset, S5Sampler
 ds = S5Dataset.from_prefix(uri, endpoint_url=endpoint)
 sampler = S5Sampler(ds, samples_per_call=4)
@@ -242,9 +244,10 @@ sampler.close()
 """
 
 
-@pytest.mark.parametrize("mode", ["dist", "local"])
+@pytest.mark.parametrize("mode", ["dist", "local", "dist-split"])
 def test_torchrun_lists_once(seaweed: Store, tmp_path: Path, mode: str) -> None:
-    seaweed.put(make_pairs(9, size=32))
+    pairs = make_pairs(9, size=32)
+    seaweed.put({f"{half}/{k}": v for k, v in pairs.items() for half in "ab"} if mode == "dist-split" else pairs)
     binary, log = wrapper(tmp_path, fail_first=0)
     script = tmp_path / "job.py"
     script.write_text(LIST_ONCE_SCRIPT)
@@ -255,8 +258,13 @@ def test_torchrun_lists_once(seaweed: Store, tmp_path: Path, mode: str) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "S5LOADER_S5CMD": binary}
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert log.read_text().count(" ls ") == 1  # one listing for the whole job
     r0, r1 = (json.loads((out / f"rank{i}.json").read_text()) for i in range(2))
+    if mode == "dist-split":  # each rank lists its own source
+        assert log.read_text().count(" ls ") == 2
+        assert len(r0["samples"]) == len(r1["samples"]) == 9
+        assert all("/train/a/" in s[0] for s in r0["samples"]) and all("/train/b/" in s[0] for s in r1["samples"])
+        return
+    assert log.read_text().count(" ls ") == 1  # one listing for the whole job
     assert len(r0["samples"]) == 9 and r0 == r1
     assert r0["blocks"] > 0  # the listing came along: blocks are planned on both ranks
 

@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import pickle
+import resource
 import shutil
 import subprocess
 import sys
@@ -146,6 +147,15 @@ def measure_manifest(path: str, staging: str) -> dict[str, Any]:
 def measure_prefix(uri: str, endpoint: str) -> dict[str, Any]:
     from s5loader import S5Dataset, find_s5cmd
 
+    # from_prefix first, in the fresh process, so that the memory it adds is its own
+    gc.collect()
+    before = rss()
+    t0, c0 = time.perf_counter(), time.process_time()
+    ds = S5Dataset.from_prefix(uri, endpoint_url=endpoint, group_by="object")
+    prefix_s, prefix_cpu = time.perf_counter() - t0, time.process_time() - c0
+    gc.collect()
+    added = rss() - before
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
     env = {**os.environ, "AWS_REGION": "us-east-1"}
     argv = [find_s5cmd(), "--json", "--endpoint-url", endpoint, "ls", uri + "*"]
     t0 = time.perf_counter()
@@ -169,13 +179,6 @@ def measure_prefix(uri: str, endpoint: str) -> dict[str, Any]:
     for proc in procs:
         proc.wait()
     parallel_s = time.perf_counter() - t0 if tops else None
-    gc.collect()
-    before = rss()
-    t0, c0 = time.perf_counter(), time.process_time()
-    ds = S5Dataset.from_prefix(uri, endpoint_url=endpoint, group_by="object")
-    prefix_s, prefix_cpu = time.perf_counter() - t0, time.process_time() - c0
-    gc.collect()
-    added = rss() - before
     return {
         "objects": len(ds),
         "s5cmd_ls_s": round(ls_s, 2),
@@ -186,6 +189,7 @@ def measure_prefix(uri: str, endpoint: str) -> dict[str, Any]:
         "from_prefix_python_cpu_s": round(prefix_cpu, 2),
         "rss_added_mb": round(added / MiB, 1),
         "bytes_per_object": round(added / len(ds), 1),
+        "peak_rss_added_mb": round(peak / MiB, 1),
     }
 
 

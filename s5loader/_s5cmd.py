@@ -274,7 +274,11 @@ class S5cmd:
             rc = proc.wait()
             drain.join()
         finally:
-            kill(proc)  # the caller stopped early, or an error: no s5cmd left behind
+            # the caller stopped early, or an error: no s5cmd left behind, and the stderr
+            # reader done before the pipes close
+            kill_group(proc)
+            drain.join(timeout=10)
+            kill(proc)
         if rc != 0:
             msg = last_error(b"".join(tail).decode("utf-8", "replace")) or f"exit code {rc}"
             kind = classify(msg)

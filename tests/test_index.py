@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reference_index import group as reference_group
 
-from s5loader import FetchError, IndexFileError, S5Dataset
+from s5loader import FetchError, IndexFileError, ManifestError, S5Dataset
 from s5loader._compact import SampleIndex
 from s5loader._index import GROUP_BY, Sample, group
 from s5loader._indexfile import MAGIC, dumps, loads
@@ -302,3 +302,34 @@ def test_local_ranks_share_one_index_through_a_file(tmp_path: Path, monkeypatch:
     monkeypatch.setenv("LOCAL_RANK", "1")
     with pytest.raises(NoSuchBucketError, match="local rank 0 could not build the index: s3://b/p/: NoSuchBucket"):
         shared_index(never, what)
+
+
+def test_manifest_fast_lines_read_as_json_does(tmp_path: Path) -> None:
+    from s5loader._index import index_manifest
+
+    lines = [
+        '{"uri": "s3://bk/p/1.jpg", "size": 3, "etag": "' + MD5 + '"}',  # the usual shape
+        '{"uri":"s3://bk/p/1.cls","size":0}',
+        '  {"uri": "s3://bk/p/é 2.jpg", "size": 12}  ',
+        '{"uri": "s3://bk/p/2\\u00e9.jpg", "size": 5, "etag": "\\"' + MD5 + '\\""}',  # escapes: json
+        '{"size": 4, "uri": "s3://bk/p/3.jpg"}',  # another key order
+        '{"uri": "s3://bk/p/4.jpg", "size": 7, "etag": "x-2", "label": 4}',  # extra fields
+        "",
+    ]
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("\n".join(lines) + "\n")
+    objects, extras = [], {}
+    for line in filter(None, lines):
+        rec = json.loads(line)
+        uri = rec.pop("uri")
+        objects.append(ObjectInfo(uri, uri.split("/", 3)[3], rec.pop("size"), rec.pop("etag", "").strip('"')))
+        extras[uri] = rec
+    for group_by in GROUP_BY:
+        got = list(index_manifest(str(manifest), None, group_by))
+        assert got == normal(reference_group(objects, group_by, extras=extras))
+    manifest.write_text(lines[0] + "\n" + lines[1] + "\n" + lines[0] + "\n")
+    with pytest.raises(ManifestError, match=r"m.jsonl: s3://bk/p/1.jpg is listed twice"):
+        index_manifest(str(manifest), None, "object")
+    manifest.write_text('{"uri": "s3://bk/p/", "size": 0}\n')
+    with pytest.raises(ManifestError, match="line 1: 's3://bk/p/' names no object"):
+        index_manifest(str(manifest), None, "object")

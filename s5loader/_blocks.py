@@ -15,13 +15,15 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ._compact import SampleIndex
 from ._index import Sample
 
 # Relative paths that s5cmd writes under the block's scratch folder come from the keys, so a
 # block is only formed where every component is plainly safe.
-_SAFE_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,254}$")
+_SAFE_REL = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9._-]{0,254}/)*[A-Za-z0-9_][A-Za-z0-9._-]{0,254}").fullmatch
 _GLOB = re.compile(r"[*?\[\]\\\n\r\x00]")
 _MAX = chr(0x10FFFF)
+_ODD_FOLDER = re.compile(r"/(?:\.\.?)?/")  # an empty, "." or ".." component
 
 
 @dataclass(frozen=True)
@@ -48,11 +50,17 @@ def _split(uri: str) -> tuple[str, str]:
 
 
 def _lcp(a: str, b: str) -> str:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return a[:i]
+    # bisect on the length: a few slice comparisons in C instead of a loop per character
+    lo, hi = 0, min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return a[:hi]
+    while hi - lo > 1:  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return a[:lo]
 
 
 @dataclass(frozen=True)
@@ -100,11 +108,21 @@ def plan_blocks(samples: Sequence[Sample], block_size: int, listing: Sequence[st
     blocks: list[Block] = []
     if n == 0 or block_size < 2 or listing is None:
         return Layout(blocks, block_of)
-    buckets = {_split(f.uri)[0] for s in samples for f in s.fields}
-    if len(buckets) != 1:
-        return Layout(blocks, block_of)
-    bucket = buckets.pop()
-    keys = [[_split(f.uri)[1] for f in s.fields] for s in samples]
+    if isinstance(samples, SampleIndex):
+        # the keys straight from the index's string table, no Sample built per sample
+        if len(samples.buckets) != 1:
+            return Layout(blocks, block_of)
+        bucket = samples.buckets[0]
+        every_key = list(samples.text)
+        at = samples.first.tolist()
+        keys = [every_key[at[i] : at[i + 1]] for i in range(n)]
+        del every_key
+    else:
+        buckets = {_split(f.uri)[0] for s in samples for f in s.fields}
+        if len(buckets) != 1:
+            return Layout(blocks, block_of)
+        bucket = buckets.pop()
+        keys = [[_split(f.uri)[1] for f in s.fields] for s in samples]
     lo = [min(k) for k in keys]
     hi = [max(k) for k in keys]
     every = sorted(listing)
@@ -151,7 +169,7 @@ def _make_block(bucket: str, prefix: str, a: int, b: int, keys: list[list[str]])
     folder = prefix[: prefix.rfind("/") + 1]
     # s5cmd cleans paths: a "." or ".." or empty component would change what the wildcard
     # means, so such prefixes never become blocks
-    if _GLOB.search(prefix) or any(part in ("", ".", "..") for part in folder.split("/")[:-1]):
+    if _GLOB.search(prefix) or (folder and _ODD_FOLDER.search("/" + folder)):
         return None
     rels = []
     for i in range(a, b):
@@ -159,7 +177,7 @@ def _make_block(bucket: str, prefix: str, a: int, b: int, keys: list[list[str]])
         for r in rel:
             if ".." in r:  # wildcard lines exclude such keys (see _s5cmd.wildcard_line)
                 return None
-            if not all(_SAFE_PART.match(part) and part != ".." for part in r.split("/")):
+            if not _SAFE_REL(r):
                 return None
         rels.append(rel)
     return Block(bucket, prefix, a, b, tuple(rels))

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple
+import re
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._s5cmd import ObjectInfo, S5cmd, _GlobInPrefix, resolve_endpoint
 from ._uri import parse_s3_uri
@@ -23,13 +25,14 @@ from .exceptions import (
     S5LoaderError,
 )
 
+if TYPE_CHECKING:
+    from ._compact import SampleIndex
+
 log = logging.getLogger(__name__)
 
 GROUP_BY = ("stem", "folder", "object")
-LABELS = ("folder",)
 # A grouping that puts more objects than this into a sample on average is probably a
 # folder-per-class layout grouped by folder (an ImageFolder read with group_by="folder").
-_MANY_FIELDS = 20
 
 
 class Field(NamedTuple):
@@ -59,90 +62,14 @@ def check_group_by(group_by: str) -> str:
     return group_by
 
 
-def check_label(label: str | None) -> str | None:
-    if label is not None and label not in LABELS:
-        raise ConfigError(f"label must be None or one of {', '.join(LABELS)}; got {label!r}")
-    return label
-
-
-def folder_labels(samples: list[Sample], base: str | None, source: str = "") -> tuple[list[Sample], list[str]]:
-    """Label each sample with its class folder, as torchvision's ``ImageFolder`` does.
-
-    The class of a sample is the first folder below ``base`` on its key (``train/cat/1.jpg``
-    under ``train/`` is ``cat``), or, for object lists and manifests (``base`` None), the
-    folder that holds it. Classes are the sorted folder names; each sample gets
-    ``"label"``, the class's index, among its extra fields. Samples without a class folder
-    are left out with a warning (``ImageFolder`` ignores files beside the class folders).
-
-    Returns:
-        the labelled samples and the classes.
-
-    Raises:
-        ConfigError: a sample already has a field or manifest key named ``label``.
-    """
-    names: list[str | None] = []
-    for s in samples:
-        path = s.key
-        if base is not None:
-            rel = path[len(base):] if path.startswith(base) else path
-            cls, slash, _ = rel.partition("/")
-            names.append(cls if slash and cls else None)
-        else:
-            head, slash, _ = path.rpartition("/")
-            names.append(head.rpartition("/")[2] if slash and head else None)
-    classes = sorted({n for n in names if n is not None})
-    class_to_idx = {c: i for i, c in enumerate(classes)}
-    out: list[Sample] = []
-    left_out = [s.key for s, n in zip(samples, names, strict=True) if n is None]
-    for s, n in zip(samples, names, strict=True):
-        if n is None:
-            continue
-        if any(f.name == "label" for f in s.fields) or (s.extra and "label" in s.extra):
-            raise ConfigError(
-                f"sample {s.key!r} ({s.fields[0].uri}) already has a field 'label'; "
-                "label='folder' would hide it (leave label=None and read it yourself)"
-            )
-        out.append(s._replace(extra={**(s.extra or {}), "label": class_to_idx[n]}))
-    if left_out:
-        log.warning(
-            "label='folder' left out %d sample(s) of %s that lie in no class folder, e.g. %s",
-            len(left_out), source or "the source", ", ".join(left_out[:3]),
-        )
-    return out, classes
-
-
-def _warn_grouping(samples: list[Sample], n_objects: int, group_by: str, source: str) -> None:
-    """Warn about groupings that are most likely not what the layout wants."""
-    if samples and n_objects >= 2 * _MANY_FIELDS and n_objects > _MANY_FIELDS * len(samples):
-        log.warning(
-            "group_by=%r made %d sample(s) of %d objects in %s (%.0f objects per sample): if the "
-            "folders are classes (an ImageFolder layout, train/<class>/<image>), use "
-            "group_by='object', label='folder'",
-            group_by, len(samples), n_objects, source or "the source", n_objects / len(samples),
-        )
-    if group_by != "stem":
-        return
-    counts: dict[str, int] = {}
-    for s in samples:
-        for f in s.fields:
-            counts[f.name] = counts.get(f.name, 0) + 1
-    if any(n != n.lower() for n in counts) and any(n == n.lower() and n.upper() != n for n in counts):
-        log.warning(
-            "group_by='stem' names fields by extension, case included, and %s mixes cases: %s; a "
-            "sample has only the field of its own extension, so read e.g. sample.get('jpg') or "
-            "sample.get('JPEG'), or use group_by='object' (field 'data')",
-            source or "the source", ", ".join(f"{n!r} ({c})" for n, c in sorted(counts.items())),
-        )
-
-
 def group(
     objects: Iterable[ObjectInfo],
     group_by: str,
     base: str = "",
     extras: dict[str, dict[str, Any]] | None = None,
     source: str = "",
-) -> list[Sample]:
-    """Group objects into samples, sorted by sample key.
+) -> SampleIndex:
+    """Group objects into samples, sorted by sample key, then by field name.
 
     Args:
         objects: the objects, in any order.
@@ -152,96 +79,85 @@ def group(
             object lists, where a sample is the folder an object lies in.
         extras: extra fields per object URI (from a manifest), merged into its sample.
         source: what was listed, for messages.
+
+    Raises:
+        ConfigError: a sample would have the same field twice.
     """
-    check_group_by(group_by)
-    n_objects = 0
-    groups: dict[tuple[str, str], list[Field]] = {}
-    sample_extra: dict[tuple[str, str], dict[str, Any]] = {}
-    skipped: list[str] = []
+    from ._build import IndexBuilder
+
+    builder = IndexBuilder(group_by, base=base, source=source)
     for obj in objects:
-        if obj.key.endswith("/") and obj.size == 0:
-            continue  # a "directory marker", not data
-        n_objects += 1
-        bucket = obj.uri[5:].split("/", 1)[0]
-        if group_by == "object":
-            skey, field = obj.key, "data"
-        elif group_by == "stem":
-            head, _, base_name = obj.key.rpartition("/")
-            stem, dot, ext = base_name.partition(".")
-            if not dot or not stem or not ext:
-                skipped.append(obj.uri)
-                continue
-            skey, field = (f"{head}/{stem}" if head else stem), ext
-        else:
-            rel = obj.key[len(base):] if base and obj.key.startswith(base) else obj.key
-            if base:
-                folder, slash, field = rel.partition("/")
-                if not slash or not field:
-                    skipped.append(obj.uri)
-                    continue
-                skey = base + folder
-            else:
-                skey, slash, field = obj.key.rpartition("/")
-                if not slash:
-                    skipped.append(obj.uri)
-                    continue
-        gkey = (bucket, skey)
-        groups.setdefault(gkey, []).append(Field(field, obj.uri, obj.size, obj.etag))
-        if extras and obj.uri in extras:
-            sample_extra.setdefault(gkey, {}).update(extras[obj.uri])
-    if skipped:
-        why = {
-            "stem": "no extension to name a field (expected NAME.FIELD)",
-            "folder": "not inside a sub-folder",
-        }[group_by]
-        log.warning(
-            "group_by=%r left out %d object(s) of %s with %s, e.g. %s",
-            group_by, len(skipped), source or "the source", why, ", ".join(skipped[:3]),
-        )
-    buckets = {b for b, _ in groups}
-    samples = []
-    for gkey in sorted(groups):
-        fields = tuple(sorted(groups[gkey]))
-        names = [f.name for f in fields]
-        if len(set(names)) != len(names):
-            dup = next(n for n in names if names.count(n) > 1)
-            raise ConfigError(
-                f"sample {gkey[1]!r} has the field {dup!r} twice "
-                f"({', '.join(f.uri for f in fields if f.name == dup)}); use another group_by"
-            )
-        key = gkey[1] if len(buckets) == 1 else f"{gkey[0]}/{gkey[1]}"
-        samples.append(Sample(key, fields, sample_extra.get(gkey)))
-    _warn_grouping(samples, n_objects, group_by, source)
-    return samples
+        builder.add(obj.uri, obj.key, obj.size, obj.etag, extras.get(obj.uri) if extras else None)
+    return builder.build()
 
 
-def list_prefix(prefix: str, s5cmd: S5cmd) -> list[ObjectInfo]:
-    """List the objects under ``s3://bucket/prefix`` with one ``s5cmd ls``.
+LIST_ATTEMPTS = 4
+_PAGE = 1000  # keys per LIST response (the S3 maximum, which s5cmd asks for)
+
+
+def index_prefix(prefix: str, s5cmd: S5cmd, group_by: str) -> SampleIndex:
+    """List the objects under ``s3://bucket/prefix`` with ``s5cmd ls`` and group them, reading
+    the listing as it streams in. A listing that fails on a transient error (the store
+    dropped the connection, a 5xx after s5cmd's own retries) starts again, up to
+    ``LIST_ATTEMPTS`` times with a growing pause.
 
     Raises:
         S3URIError, NoSuchBucketError, AccessDeniedError, EndpointError, EmptySourceError
+        FetchError: the listing kept failing; the message names the prefix and why.
     """
+    from ._build import IndexBuilder
+
     uri = parse_s3_uri(prefix)
-    try:
-        objects = list(s5cmd.list(str(uri)))
-    except _GlobInPrefix:
-        objects = _list_boto3(uri.bucket, uri.key, s5cmd.endpoint_url)
-    if not objects:
+    start = time.monotonic()
+    for attempt in range(1, LIST_ATTEMPTS + 1):
+        builder = IndexBuilder(group_by, base=uri.key, source=prefix, listing=True)
+        seen = 0
+        how = "s5cmd ls"
+        try:
+            try:
+                for obj in s5cmd.list(str(uri)):
+                    builder.add(obj.uri, obj.key, obj.size, obj.etag)
+                    seen += 1
+            except _GlobInPrefix:
+                how = "the S3 API (s5cmd ls reads '*?[' in a prefix as wildcards)"
+                for obj in _list_boto3(uri.bucket, uri.key, s5cmd.endpoint_url):
+                    builder.add(obj.uri, obj.key, obj.size, obj.etag)
+                    seen += 1
+        except FetchError as exc:
+            if attempt == LIST_ATTEMPTS:
+                raise FetchError(f"cannot list {prefix} ({attempt} attempts): {exc}") from exc
+            delay = 0.5 * 2 ** (attempt - 1)
+            log.warning("listing %s failed after %d object(s) (%s); listing again in %.1fs", prefix, seen, exc, delay)
+            time.sleep(delay)
+            continue
+        break
+    if not seen:
         raise EmptySourceError(f"no object under {prefix}")
-    return objects
+    listed = time.monotonic() - start
+    index = builder.build()
+    log.info(
+        "listed %s with %s: %d objects in %.1fs (%d attempt(s), about %d LIST requests), "
+        "%d samples indexed in %.1fs",
+        prefix, how, seen, listed, attempt, attempt - 1 + max(1, -(-seen // _PAGE)),
+        len(index), time.monotonic() - start - listed,
+    )
+    return index
 
 
-def _list_boto3(bucket: str, prefix: str, endpoint_url: str | None) -> list[ObjectInfo]:
+def index_objects(uris: Sequence[str], endpoint_url: str | None, group_by: str) -> SampleIndex:
+    """The given objects (one HEAD each for sizes and ETags), grouped."""
+    return group(stat_objects(uris, endpoint_url), group_by, source="the object list")
+
+
+def _list_boto3(bucket: str, prefix: str, endpoint_url: str | None) -> Iterator[ObjectInfo]:
     # s5cmd's ls reads '*', '?' and '[' in a prefix as wildcards; list such a prefix by API.
     client = make_boto3_client(endpoint_url)
-    out = []
     try:
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             for o in page.get("Contents", []):
-                out.append(ObjectInfo(f"s3://{bucket}/{o['Key']}", o["Key"], o["Size"], o["ETag"].strip('"')))
+                yield ObjectInfo(f"s3://{bucket}/{o['Key']}", o["Key"], o["Size"], o["ETag"].strip('"'))
     except Exception as exc:  # botocore's errors: map them to ours
         raise boto3_error(exc, f"s3://{bucket}/{prefix}") from exc
-    return out
 
 
 def stat_objects(uris: Sequence[str], endpoint_url: str | None) -> list[ObjectInfo]:
@@ -297,24 +213,32 @@ def boto3_error(exc: Exception, uri: str) -> S5LoaderError:
     return FetchError(msg)
 
 
-def read_manifest(path_or_uri: str, endpoint_url: str | None) -> tuple[list[str], dict[str, dict[str, Any]], dict[str, ObjectInfo]]:
-    """Read a JSON Lines manifest from a local path or an s3 URI.
+def index_manifest(path_or_uri: str, endpoint_url: str | None, group_by: str) -> SampleIndex:
+    """Read a JSON Lines manifest from a local path or an s3 URI into an index, line by line.
 
     Each line is either a JSON string (an object URI) or an object with ``"uri"`` and, where
     known, ``"size"`` and ``"etag"``; any other keys are extra fields carried into the sample.
-    Blank lines are ignored.
-
-    Returns:
-        the URIs in order, the extra fields per URI, and what the manifest said of sizes.
+    Blank lines are ignored. Objects without a size get one HEAD request each.
 
     Raises:
-        ManifestError: a line is not valid; the message names the manifest and the line number.
+        ManifestError: a line is not valid (the message names the manifest and the line
+            number), or an object is listed twice.
+        EmptySourceError: the manifest lists no object.
     """
-    text = _read_text(path_or_uri, endpoint_url)
-    uris: list[str] = []
-    extras: dict[str, dict[str, Any]] = {}
-    known: dict[str, ObjectInfo] = {}
-    for lineno, line in enumerate(text.splitlines(), 1):
+    from ._build import IndexBuilder, SameObjectTwice
+
+    builder = IndexBuilder(group_by, source=path_or_uri)
+    missing: list[tuple[int, str, dict[str, Any]]] = []
+    count = 0
+    fast = _FAST_LINE.match
+    for lineno, line in enumerate(_read_lines(path_or_uri, endpoint_url), 1):
+        m = fast(line)
+        if m is not None and not m[2].endswith("/"):
+            # the usual {"uri": ..., "size": ..., "etag": ...} without escapes: what json.loads
+            # and parse_s3_uri make of it, at a fraction of the cost
+            count += 1
+            builder.add(f"s3://{m[1]}/{m[2]}", m[2], int(m[3]), m[4] or "", None, order=count)
+            continue
         if not line.strip():
             continue
         try:
@@ -336,31 +260,47 @@ def read_manifest(path_or_uri: str, endpoint_url: str | None) -> tuple[list[str]
         if not u.key or u.key.endswith("/"):
             raise ManifestError(f"{path_or_uri} line {lineno}: {uri!r} names no object")
         size, etag = rec.pop("size", None), rec.pop("etag", "")
-        if size is not None:
-            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                raise ManifestError(f"{path_or_uri} line {lineno}: size must be a non-negative int, got {size!r}")
-            known[uri] = ObjectInfo(uri, u.key, size, str(etag).strip('"'))
-        if uri in extras:
-            raise ManifestError(f"{path_or_uri} line {lineno}: {uri} is listed twice")
-        uris.append(uri)
-        extras[uri] = rec
-    if not uris:
+        count += 1
+        if size is None:
+            missing.append((count, uri, rec))
+            continue
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ManifestError(f"{path_or_uri} line {lineno}: size must be a non-negative int, got {size!r}")
+        builder.add(uri, u.key, size, str(etag).strip('"'), rec, order=count)
+    if not count:
         raise EmptySourceError(f"the manifest {path_or_uri} lists no object")
-    return uris, extras, known
+    if missing:
+        for (order, _, rec), obj in zip(missing, stat_objects([m[1] for m in missing], endpoint_url), strict=True):
+            builder.add(obj.uri, obj.key, obj.size, obj.etag, rec, order=order)
+    try:
+        return builder.build()
+    except SameObjectTwice as exc:
+        raise ManifestError(f"{path_or_uri}: {exc.uri} is listed twice") from exc
 
 
-def _read_text(path_or_uri: str, endpoint_url: str | None) -> str:
+# A manifest line in the usual shape, its JSON strings free of escapes and control characters,
+# its bucket name one that parse_s3_uri accepts; any other line takes the full path.
+_FAST_LINE = re.compile(
+    r'[ \t]*\{[ \t]*"uri"[ \t]*:[ \t]*"s3://([A-Za-z0-9][A-Za-z0-9._-]{1,254})/([^"\\\x00-\x1f]+)"'
+    r'[ \t]*,[ \t]*"size"[ \t]*:[ \t]*(0|[1-9][0-9]*)[ \t]*'
+    r'(?:,[ \t]*"etag"[ \t]*:[ \t]*"([^"\\\x00-\x1f]*)"[ \t]*)?\}[ \t]*\r?\n?$'
+)
+
+
+def _read_lines(path_or_uri: str, endpoint_url: str | None) -> Iterator[str]:
     if path_or_uri.startswith("s3://"):
         u = parse_s3_uri(path_or_uri)
         client = make_boto3_client(endpoint_url)
         try:
-            body = client.get_object(Bucket=u.bucket, Key=u.key)["Body"].read()
+            body = client.get_object(Bucket=u.bucket, Key=u.key)["Body"]
+            for raw in body.iter_lines(chunk_size=1 << 20, keepends=True):
+                yield raw.decode("utf-8")
         except Exception as exc:
             raise boto3_error(exc, path_or_uri) from exc
-        return body.decode("utf-8")
+        return
     try:
-        with open(path_or_uri, encoding="utf-8") as f:
-            return f.read()
+        f = open(path_or_uri, encoding="utf-8")
     except OSError as exc:
         raise ManifestError(f"cannot read the manifest {path_or_uri!r}: {exc.strerror}") from exc
-
+    with f:
+        yield from f

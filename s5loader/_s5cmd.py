@@ -15,6 +15,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import threading
 import urllib.parse
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -250,7 +251,8 @@ class S5cmd:
         return self.start(["--numworkers", str(self.numworkers), "run", command_file])
 
     def list(self, prefix_uri: str) -> Iterator[ObjectInfo]:
-        """List every object under an ``s3://bucket/prefix`` (recursively) with ``ls --json``.
+        """List every object under an ``s3://bucket/prefix`` (recursively) with ``ls --json``,
+        yielding each object as its line arrives (the output is never held whole).
 
         Raises:
             NoSuchBucketError, AccessDeniedError, EndpointError, EmptySourceError, FetchError
@@ -258,28 +260,46 @@ class S5cmd:
         if any(c in prefix_uri for c in "*?[") or not can_write(prefix_uri):
             raise _GlobInPrefix(prefix_uri)
         proc = self.start(["ls", prefix_uri + "*"])
-        out, err = proc.communicate()
-        rc = proc.returncode
-        stderr = err.decode("utf-8", "replace")
-        objects = []
-        for line in out.splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue  # not a listing line
-            if isinstance(rec, dict) and rec.get("type") == "file":
-                uri = rec["key"]
-                key = uri.split("/", 3)[3] if uri.count("/") >= 3 else ""
-                objects.append(ObjectInfo(uri, key, int(rec.get("size", 0)), rec.get("etag", "").strip('"')))
+        assert proc.stdout is not None and proc.stderr is not None
+        err = proc.stderr
+        tail: list[bytes] = []
+        # stderr is read by a thread: a full stderr pipe would stop s5cmd while we read stdout
+        drain = threading.Thread(target=lambda: tail.append(err.read()[-65536:]), daemon=True)
+        drain.start()
+        try:
+            for line in proc.stdout:
+                obj = _ls_object(line)
+                if obj is not None:
+                    yield obj
+            rc = proc.wait()
+            drain.join()
+        finally:
+            # the caller stopped early, or an error: no s5cmd left behind, and the stderr
+            # reader done before the pipes close
+            kill_group(proc)
+            drain.join(timeout=10)
+            kill(proc)
         if rc != 0:
-            msg = last_error(stderr) or f"exit code {rc}"
+            msg = last_error(b"".join(tail).decode("utf-8", "replace")) or f"exit code {rc}"
             kind = classify(msg)
             if kind == "not_found":
                 raise EmptySourceError(f"no object under {prefix_uri} ({msg})")
             if kind == "transient" and _looks_unreachable(msg):
                 kind = "endpoint"
             raise error_for(kind, f"cannot list {prefix_uri}: {msg} (s5cmd exit code {rc})")
-        return iter(objects)
+
+
+def _ls_object(line: bytes) -> ObjectInfo | None:
+    """One object of ``s5cmd ls --json`` output; ``None`` for other lines."""
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return None  # not a listing line
+    if isinstance(rec, dict) and rec.get("type") == "file":
+        uri = rec["key"]
+        key = uri.split("/", 3)[3] if uri.count("/") >= 3 else ""
+        return ObjectInfo(uri, key, int(rec.get("size", 0)), rec.get("etag", "").strip('"'))
+    return None
 
 
 class _GlobInPrefix(Exception):

@@ -480,7 +480,7 @@ class Prefetcher:
         self._open_stager(samples, endpoint)
         return self
 
-    def _index(self) -> tuple[list[Sample], str | None]:
+    def _index(self) -> tuple[Sequence[Sample], str | None]:
         from .dataset import S5Dataset
 
         src, ep, gb = self.opts.source, self.opts.endpoint_url, self.opts.group_by

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -10,19 +11,20 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
+from . import _indexfile
+from ._compact import SampleIndex
 from ._index import (
     Sample,
     boto3_error,
     check_group_by,
-    check_label,
-    folder_labels,
-    group,
-    list_prefix,
+    index_manifest,
+    index_objects,
+    index_prefix,
     make_boto3_client,
-    read_manifest,
-    stat_objects,
 )
-from ._s5cmd import ObjectInfo, S5cmd
+from ._labels import check_label, folder_labels, warn_grouping
+from ._s5cmd import S5cmd, resolve_endpoint
+from ._share import shared_index
 from ._stager import field_names
 from ._uri import parse_s3_uri
 from .exceptions import ConfigError, EmptySourceError, S3URIError
@@ -79,8 +81,7 @@ class S5Dataset(Dataset[Any]):
     ) -> None:
         if not samples:
             raise EmptySourceError(f"no sample in {source or 'the given objects'}")
-        self._samples = list(samples)
-        self._listing: list[str] | None = None  # every key the prefix listing returned
+        self._samples = SampleIndex.from_samples(samples, {"source": source})
         self.endpoint_url = endpoint_url
         self.transform = transform
         self.source = source
@@ -88,21 +89,18 @@ class S5Dataset(Dataset[Any]):
         self._client_pid = -1
         self._warned_unstaged = False
         #: Class names (sorted folder names) with ``label="folder"``, as torchvision's ImageFolder.
-        self.classes: list[str] = []
+        self.classes: list[str] = list(self._samples.meta.get("classes", []))
         #: Class name -> the int ``"label"`` of its samples.
-        self.class_to_idx: dict[str, int] = {}
+        self.class_to_idx: dict[str, int] = {c: i for i, c in enumerate(self.classes)}
 
     @classmethod
     def _labelled(
-        cls, samples: list[Sample], label: str | None, base: str | None, source: str, **kw: Any
+        cls, index: SampleIndex, label: str | None, base: str | None, source: str, group_by: str, **kw: Any
     ) -> S5Dataset:
-        classes: list[str] = []
+        warn_grouping(index, group_by, source)
         if label == "folder":
-            samples, classes = folder_labels(samples, base, source)
-        dataset = cls(samples, source=source, **kw)
-        dataset.classes = classes
-        dataset.class_to_idx = {c: i for i, c in enumerate(classes)}
-        return dataset
+            index, _ = folder_labels(index, base, source)
+        return cls(index, source=source, **kw)
 
     # -- constructors -------------------------------------------------------------------
     @classmethod
@@ -116,6 +114,9 @@ class S5Dataset(Dataset[Any]):
         label: str | None = None,
     ) -> S5Dataset:
         """All objects under ``s3://bucket/prefix``, listed with one ``s5cmd ls``.
+
+        Under ``torch.distributed`` or ``torchrun`` one process of the job lists and the
+        others receive the index (see the README), so every rank must call this.
 
         Args:
             prefix: ``s3://bucket/prefix/``; a literal key prefix (a trailing ``/`` names a
@@ -147,13 +148,11 @@ class S5Dataset(Dataset[Any]):
                 "one sample; use group_by='object' (one image, one sample) or 'stem'"
             )
         uri = parse_s3_uri(prefix)
-        objects = list_prefix(prefix, S5cmd(endpoint_url))
-        samples = group(objects, group_by, base=uri.key, source=prefix)
-        dataset = cls._labelled(
-            samples, label, uri.key, prefix, endpoint_url=endpoint_url, transform=transform
+        index = shared_index(
+            lambda: index_prefix(prefix, S5cmd(endpoint_url), group_by),
+            ["prefix", prefix, resolve_endpoint(endpoint_url), group_by],
         )
-        dataset._listing = [o.key for o in objects]
-        return dataset
+        return cls._labelled(index, label, uri.key, prefix, group_by, endpoint_url=endpoint_url, transform=transform)
 
     @classmethod
     def from_objects(
@@ -177,9 +176,12 @@ class S5Dataset(Dataset[Any]):
         for u in uris:
             if not parse_s3_uri(u).key:
                 raise S3URIError(f"{u!r} names a bucket, not an object")
-        objects = stat_objects(uris, endpoint_url)
-        samples = group(objects, group_by, source="the object list")
-        return cls._labelled(samples, label, None, "the object list", endpoint_url=endpoint_url, transform=transform)
+        digest = hashlib.sha256("\n".join(uris).encode("utf-8", "surrogatepass")).hexdigest()
+        samples = shared_index(
+            lambda: index_objects(uris, endpoint_url, group_by),
+            ["objects", digest, resolve_endpoint(endpoint_url), group_by],
+        )
+        return cls._labelled(samples, label, None, "the object list", group_by, endpoint_url=endpoint_url, transform=transform)
 
     @classmethod
     def from_manifest(
@@ -203,25 +205,65 @@ class S5Dataset(Dataset[Any]):
         """
         check_group_by(group_by)
         check_label(label)
-        uris, extras, known = read_manifest(path_or_uri, endpoint_url)
-        missing = [u for u in uris if u not in known]
-        stat = {o.uri: o for o in stat_objects(missing, endpoint_url)} if missing else {}
-        objects: list[ObjectInfo] = [known.get(u) or stat[u] for u in uris]
-        samples = group(objects, group_by, extras=extras, source=path_or_uri)
-        return cls._labelled(samples, label, None, path_or_uri, endpoint_url=endpoint_url, transform=transform)
+        samples = shared_index(
+            lambda: index_manifest(path_or_uri, endpoint_url, group_by),
+            ["manifest", path_or_uri, resolve_endpoint(endpoint_url), group_by],
+        )
+        return cls._labelled(samples, label, None, path_or_uri, group_by, endpoint_url=endpoint_url, transform=transform)
+
+    @classmethod
+    def from_index(
+        cls,
+        path_or_uri: str,
+        *,
+        endpoint_url: str | None = None,
+        transform: Transform | None = None,
+    ) -> S5Dataset:
+        """The data set whose index :meth:`save_index` wrote (a local path or an s3 URI),
+        without listing or reading the source again.
+
+        Raises:
+            IndexFileError: not an index file, another format version, or damaged.
+        """
+        if path_or_uri.startswith("s3://"):
+            index = _indexfile.loads(_read_object(path_or_uri, endpoint_url), path_or_uri)
+        else:
+            index = _indexfile.load(path_or_uri)
+        source = str(index.meta.get("source", path_or_uri))
+        return cls(index, endpoint_url=endpoint_url, transform=transform, source=source)
+
+    def save_index(self, path_or_uri: str) -> None:
+        """Save the sample index (keys, fields, sizes, ETags, extra fields, the listing) to a
+        local file or an s3 URI, for :meth:`from_index`. The format is versioned and
+        checksummed; see the README."""
+        data = self._samples.to_bytes()
+        if not path_or_uri.startswith("s3://"):
+            _indexfile.save(self._samples, path_or_uri)
+            return
+        u = parse_s3_uri(path_or_uri)
+        client = make_boto3_client(self.endpoint_url)
+        try:
+            client.put_object(Bucket=u.bucket, Key=u.key, Body=data)
+        except Exception as exc:
+            raise boto3_error(exc, path_or_uri) from exc
 
     # -- map-style access ---------------------------------------------------------------
     @property
-    def samples(self) -> list[Sample]:
-        """The sample index: keys, fields, URIs and sizes."""
+    def samples(self) -> SampleIndex:
+        """The sample index: keys, fields, URIs and sizes (a sequence of :class:`Sample`)."""
         return self._samples
 
     def __len__(self) -> int:
         return len(self._samples)
 
     @property
+    def _listing(self) -> Sequence[str] | None:
+        # every key the prefix listing returned; none for object lists and manifests
+        return self._samples.listing
+
+    @property
     def total_bytes(self) -> int:
-        return sum(s.size for s in self._samples)
+        return self._samples.total_bytes
 
     def __getitem__(self, index: int) -> Any:
         sample = self._samples[index]
@@ -299,3 +341,11 @@ class S5Dataset(Dataset[Any]):
 
     def __repr__(self) -> str:
         return f"S5Dataset({self.source!r}, {len(self)} samples)"
+
+
+def _read_object(uri: str, endpoint_url: str | None) -> bytes:
+    u = parse_s3_uri(uri)
+    try:
+        return bytes(make_boto3_client(endpoint_url).get_object(Bucket=u.bucket, Key=u.key)["Body"].read())
+    except Exception as exc:
+        raise boto3_error(exc, uri) from exc

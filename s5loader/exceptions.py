@@ -30,6 +30,15 @@ class ManifestError(S5LoaderError, ValueError):
     """A manifest file cannot be read; the message names the line."""
 
 
+class IndexFileError(S5LoaderError, ValueError):
+    """A saved sample index cannot be used: not an index file, another format version, or
+    damaged; the message names the file."""
+
+
+class IndexShareError(S5LoaderError, TimeoutError):
+    """Waiting for the sample index that another process of the job builds failed."""
+
+
 class EmptySourceError(S5LoaderError, ValueError):
     """A prefix, manifest or object list holds no sample."""
 

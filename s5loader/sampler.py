@@ -133,7 +133,7 @@ class S5Sampler(Sampler[int]):
             on_error=on_error,
             verify=verify,
         )
-        largest = max(dataset.samples, key=lambda s: s.size)
+        largest = dataset.samples[dataset.samples.largest()]
         if largest.size > budget_bytes:
             raise BudgetError(
                 f"sample {largest.key!r} ({', '.join(f.uri for f in largest.fields[:3])}) is "

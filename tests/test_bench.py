@@ -474,7 +474,7 @@ def test_runtime_package_ships_no_benchmark() -> None:
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         project = tomllib.load(f)["project"]
     runtime = {d.split(">")[0].split("[")[0].strip() for d in project["dependencies"]}
-    assert runtime.isdisjoint({"psutil", "numpy", "matplotlib", "webdataset", "s3torchconnector"})
+    assert runtime.isdisjoint({"psutil", "matplotlib", "webdataset", "s3torchconnector"})
     assert {"psutil", "matplotlib", "s3torchconnector"} <= {
         d.split(">")[0].strip() for d in project["optional-dependencies"]["bench"]}
     package = os.path.join(ROOT, "s5loader")

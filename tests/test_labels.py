@@ -100,3 +100,17 @@ def test_label_conflicts_and_bad_values_are_clear(moto: Store) -> None:
         S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint, group_by="folder", label="folder")
     ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
     assert (ds.classes, ds.class_to_idx) == ([], {})
+
+
+def test_labels_survive_a_saved_index_and_pickling(moto: Store, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import pickle
+
+    moto.put(LAYOUT)
+    ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint, group_by="object", label="folder")
+    labels = [ds[i]["label"] for i in range(len(ds))]
+    assert sorted(set(labels)) == [0, 1, 2]
+    path = str(tmp_path / "index.s5i")
+    ds.save_index(path)
+    for again in (S5Dataset.from_index(path, endpoint_url=moto.endpoint), pickle.loads(pickle.dumps(ds))):
+        assert again.classes == ds.classes and again.class_to_idx == ds.class_to_idx
+        assert [again[i]["label"] for i in range(len(again))] == labels

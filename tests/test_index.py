@@ -1,0 +1,335 @@
+"""The compact sample index: the same samples as the straightforward model, saved and loaded,
+listed with retries, and listed once per torchrun job."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import Store, free_port, make_pairs
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from reference_index import group as reference_group
+
+from s5loader import FetchError, IndexFileError, ManifestError, S5Dataset
+from s5loader._compact import SampleIndex
+from s5loader._index import GROUP_BY, Sample, group
+from s5loader._indexfile import MAGIC, dumps, loads
+from s5loader._s5cmd import ObjectInfo, find_s5cmd
+from s5loader.exceptions import ConfigError
+
+MD5 = "0123456789abcdef0123456789abcdef"
+PARTS = ["a", "b", "a.b", "a-b", "x.y.z", "_", "é", "0", "a.", ".b", "."]
+
+
+def normal(samples: list[Sample]) -> list[Sample]:
+    # The compact index keeps no empty extra dict: a sample without extra fields has None.
+    return [s._replace(extra=s.extra or None) for s in samples]
+
+
+@st.composite
+def object_sets(draw: st.DrawFn) -> tuple[list[ObjectInfo], str, dict[str, dict[str, object]] | None, bool]:
+    """Inputs shaped like the three constructors': a listing under a base prefix, an object
+    list (no base, maybe repeated URIs, maybe two buckets), a manifest with extra fields."""
+    shape = draw(st.sampled_from(["listing", "objects", "manifest"]))
+    base = draw(st.sampled_from(["", "p/", "p/a"])) if shape == "listing" else ""
+    buckets = ["b"] if shape == "listing" else draw(st.sampled_from([["b"], ["b", "bb"]]))
+    rels = draw(st.lists(st.lists(st.sampled_from(PARTS), min_size=1, max_size=3).map("/".join), max_size=25))
+    objects = []
+    for i, rel in enumerate(rels):
+        key = base + rel + draw(st.sampled_from(["", "", "/"]))
+        etag = draw(st.sampled_from(["", MD5, MD5.upper(), "abc-2", MD5[:31]]))
+        b = draw(st.sampled_from(buckets))
+        objects.append(ObjectInfo(f"s3://{b}/{key}", key, draw(st.integers(0, 3)) * i, etag))
+    if shape != "objects":  # a listing or a manifest names each object once
+        seen: set[str] = set()
+        objects = [o for o in objects if not (o.uri in seen or seen.add(o.uri))]  # type: ignore[func-returns-value]
+    extras = None
+    if shape == "manifest":
+        values = st.dictionaries(st.sampled_from(["label", "w", "x"]), st.integers(0, 5) | st.text(max_size=3), max_size=2)
+        extras = {o.uri: draw(values) for o in objects}
+    return objects, base, extras, draw(st.booleans())
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(object_sets(), st.sampled_from(GROUP_BY))
+def test_compact_index_matches_reference(case, group_by: str) -> None:
+    objects, base, extras, in_order = case
+    if in_order:  # a listing's order, which skips the builder's sort when it is the samples' order
+        objects = sorted(objects, key=lambda o: o.uri)
+    try:
+        expected = normal(reference_group(objects, group_by, base=base, extras=extras))
+    except ConfigError as exc:
+        with pytest.raises(ConfigError) as got:
+            group(objects, group_by, base=base, extras=extras)
+        assert str(got.value) == str(exc)
+        return
+    index = group(objects, group_by, base=base, extras=extras)
+    assert list(index) == expected
+    assert [index[i] for i in range(-len(index), 0)] == expected
+    assert list(index.sizes()) == [s.size for s in expected]
+    assert index.total_bytes == sum(s.size for s in expected)
+    assert list(loads(dumps(index))) == expected  # the saved form
+    assert list(pickle.loads(pickle.dumps(index))) == expected
+    assert list(SampleIndex.from_samples(expected)) == expected  # plain samples, order kept
+
+
+def test_index_of_plain_samples_keeps_their_order_and_names() -> None:
+    from s5loader._index import Field
+
+    samples = [
+        Sample("z", (Field("odd", "s3://b/k1", 5, MD5), Field("x", "s3://c/other", 1, "w-1"))),
+        Sample("a/b", (Field("data", "s3://b/a/b", 2, ""),), {"label": 3}),
+    ]
+    index = SampleIndex.from_samples(samples)
+    assert list(index) == samples
+    assert index[1].extra == {"label": 3} and index.largest() == 0
+
+
+# -- real listings ------------------------------------------------------------------------------
+def test_from_prefix_matches_reference_and_keeps_the_listing(moto: Store) -> None:
+    objects = {**make_pairs(5), "odd-name.x.y": b"1", "noext": b"22", "sub/": b"", "sub/9.image": b"333"}
+    moto.put(objects)
+    ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
+    c = moto.client
+    listed = [
+        ObjectInfo(f"s3://{moto.bucket}/{o['Key']}", o["Key"], o["Size"], o["ETag"].strip('"'))
+        for o in c.list_objects_v2(Bucket=moto.bucket, Prefix=moto.prefix)["Contents"]
+    ]
+    assert list(ds.samples) == reference_group(listed, "stem", base=moto.prefix)
+    # blocks see every key s5cmd listed, those no sample uses too (s5cmd leaves out "sub/")
+    assert sorted(ds._listing or []) == sorted(o.key for o in listed if o.key != "train/sub/")
+    assert "train/noext" in (ds._listing or [])
+
+
+def test_from_manifest_with_extras_matches_reference(moto: Store, tmp_path: Path) -> None:
+    data = moto.put({"a/1.jpg": b"x" * 3, "a/1.cls": b"7", "b/2.jpg": b"yy"})
+    uris = [f"s3://{moto.bucket}/{k}" for k in data]
+    lines = [
+        json.dumps({"uri": uris[0], "size": 3, "etag": MD5, "label": 1, "w": 0.5}),
+        json.dumps(uris[1]),  # no size: one HEAD
+        json.dumps({"uri": uris[2], "size": 2, "label": 2}),
+    ]
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("\n".join(lines) + "\n")
+    ds = S5Dataset.from_manifest(str(manifest), endpoint_url=moto.endpoint, group_by="folder")
+    head = moto.client.head_object(Bucket=moto.bucket, Key="train/a/1.cls")
+    objs = [
+        ObjectInfo(uris[0], "train/a/1.jpg", 3, MD5),
+        ObjectInfo(uris[1], "train/a/1.cls", 1, head["ETag"].strip('"')),
+        ObjectInfo(uris[2], "train/b/2.jpg", 2, ""),
+    ]
+    extras = {uris[0]: {"label": 1, "w": 0.5}, uris[1]: {}, uris[2]: {"label": 2}}
+    assert list(ds.samples) == normal(reference_group(objs, "folder", extras=extras))
+    assert ds[0]["label"] == 1 and ds[0]["1.cls"] == b"7"
+
+
+# -- saving and loading ---------------------------------------------------------------------------
+def test_saved_index_round_trips_and_damage_is_refused(moto: Store, tmp_path: Path) -> None:
+    data = moto.put(make_pairs(6))
+    ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
+    path = str(tmp_path / "train.s5idx")
+    ds.save_index(path)
+    back = S5Dataset.from_index(path, endpoint_url=moto.endpoint)
+    assert list(back.samples) == list(ds.samples) and back.source == moto.uri()
+    assert list(back._listing or []) == list(ds._listing or [])
+    assert back[2]["image"] == data[f"{moto.prefix}0002.image"]  # reads the objects it names
+    ds.save_index(moto.uri("../index/train.s5idx").replace("train/../", ""))
+    from_s3 = S5Dataset.from_index(f"s3://{moto.bucket}/index/train.s5idx", endpoint_url=moto.endpoint)
+    assert list(from_s3.samples) == list(ds.samples)
+
+    raw = bytearray(Path(path).read_bytes())
+    damaged = tmp_path / "damaged.s5idx"
+    raw[len(raw) // 2] ^= 0x01
+    damaged.write_bytes(bytes(raw))
+    with pytest.raises(IndexFileError, match="damaged.s5idx.*checksum"):
+        S5Dataset.from_index(str(damaged))
+    truncated = tmp_path / "truncated.s5idx"
+    truncated.write_bytes(Path(path).read_bytes()[:-100])
+    with pytest.raises(IndexFileError, match="checksum"):
+        S5Dataset.from_index(str(truncated))
+    foreign = tmp_path / "foreign.s5idx"
+    foreign.write_text('{"not": "an index"}\n')
+    with pytest.raises(IndexFileError, match="not an s5loader index file"):
+        S5Dataset.from_index(str(foreign))
+    newer = tmp_path / "newer.s5idx"
+    newer.write_bytes(MAGIC + (2).to_bytes(4, "little") + Path(path).read_bytes()[12:])
+    with pytest.raises(IndexFileError, match="format version 2.*save the index again"):
+        S5Dataset.from_index(str(newer))
+    with pytest.raises(IndexFileError, match="cannot read"):
+        S5Dataset.from_index(str(tmp_path / "missing.s5idx"))
+
+
+def test_pickled_dataset_carries_the_compact_index(moto: Store) -> None:
+    moto.put(make_pairs(50))
+    ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
+    blob = pickle.dumps(ds)
+    back = pickle.loads(blob)
+    assert list(back.samples) == list(ds.samples)
+    # one compressed buffer, not 100 pickled NamedTuples with their URIs
+    assert len(blob) < len(pickle.dumps(list(ds.samples)))
+
+
+# -- listing: retries, and once per job ------------------------------------------------------------
+def wrapper(tmp_path: Path, fail_first: int) -> tuple[str, Path]:
+    """An s5cmd that logs each run's arguments and fails its first ``fail_first`` ``ls`` runs
+    the way an interrupted listing does (an error line, exit code 1)."""
+    log = tmp_path / "s5cmd-runs.log"
+    script = tmp_path / "s5cmd"
+    script.write_text(
+        f"""#!/bin/sh
+echo "$*" >> {log}
+case " $* " in *" ls "*)
+  n=$(grep -c ' ls ' {log})
+  if [ "$n" -le {fail_first} ]; then
+    echo '{{"operation":"ls","error":"RequestError: send request failed: read: connection reset by peer"}}' >&2
+    exit 1
+  fi;;
+esac
+exec {find_s5cmd()} "$@"
+"""
+    )
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return str(script), log
+
+
+def test_interrupted_listing_is_listed_again(
+    moto: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    moto.put(make_pairs(3))
+    binary, log = wrapper(tmp_path, fail_first=1)
+    monkeypatch.setenv("S5LOADER_S5CMD", binary)
+    with caplog.at_level(logging.INFO, logger="s5loader"):
+        ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
+    assert len(ds) == 3
+    assert log.read_text().count(" ls ") == 2
+    assert any("connection reset by peer" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    done = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO and "listed " in r.getMessage()]
+    assert done and f"listed {moto.uri()} with s5cmd ls: 6 objects" in done[0]
+    assert "2 attempt(s), about 2 LIST requests" in done[0]
+
+
+def test_listing_that_keeps_failing_names_the_prefix(moto: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    moto.put(make_pairs(1))
+    binary, log = wrapper(tmp_path, fail_first=100)
+    monkeypatch.setenv("S5LOADER_S5CMD", binary)
+    with pytest.raises(FetchError, match=rf"cannot list {moto.uri()} \(4 attempts\).*connection reset by peer"):
+        S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
+    assert log.read_text().count(" ls ") == 4
+
+
+LIST_ONCE_SCRIPT = """
+import json, os, sys
+uri, endpoint, out, mode = sys.argv[1:5]
+if mode.startswith("dist"):
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+if mode == "dist-split":  # a source per rank
+    uri += "a/" if os.environ["RANK"] == "0" else "b/"
+from s5loader import S5Dataset, S5Sampler
+ds = S5Dataset.from_prefix(uri, endpoint_url=endpoint)
+sampler = S5Sampler(ds, samples_per_call=4)
+rank = os.environ["RANK"]
+with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+    json.dump({"samples": [list(s) for s in ds.samples], "blocks": len(sampler._layout.blocks),
+               "sizes": [ds[i]["__key__"] for i in range(2)]}, f)
+sampler.close()
+"""
+
+
+@pytest.mark.parametrize("mode", ["dist", "local", "dist-split"])
+def test_torchrun_lists_once(seaweed: Store, tmp_path: Path, mode: str) -> None:
+    pairs = make_pairs(9, size=32)
+    seaweed.put({f"{half}/{k}": v for k, v in pairs.items() for half in "ab"} if mode == "dist-split" else pairs)
+    binary, log = wrapper(tmp_path, fail_first=0)
+    script = tmp_path / "job.py"
+    script.write_text(LIST_ONCE_SCRIPT)
+    out = tmp_path / "out"
+    out.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+           f"--master_port={free_port()}", str(script), seaweed.uri(), seaweed.endpoint, str(out), mode]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "S5LOADER_S5CMD": binary}
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r0, r1 = (json.loads((out / f"rank{i}.json").read_text()) for i in range(2))
+    if mode == "dist-split":  # each rank lists its own source
+        assert log.read_text().count(" ls ") == 2
+        assert len(r0["samples"]) == len(r1["samples"]) == 9
+        assert all("/train/a/" in s[0] for s in r0["samples"]) and all("/train/b/" in s[0] for s in r1["samples"])
+        return
+    assert log.read_text().count(" ls ") == 1  # one listing for the whole job
+    assert len(r0["samples"]) == 9 and r0 == r1
+    assert r0["blocks"] > 0  # the listing came along: blocks are planned on both ranks
+
+
+def test_local_ranks_share_one_index_through_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    from s5loader import IndexShareError, NoSuchBucketError
+    from s5loader._share import shared_index
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("S5LOADER_INDEX_TIMEOUT", "0.2")
+    what: list[str | None] = ["prefix", "s3://b/p/", None, "stem"]
+    index = group([ObjectInfo("s3://b/p/1.jpg", "p/1.jpg", 3, MD5)], "stem", base="p/")
+
+    def never() -> SampleIndex:
+        raise AssertionError("a local rank other than 0 built the index")
+
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(IndexShareError, match=r"waited 0.2s for local rank 0 .* s3://b/p/"):
+        shared_index(never, what)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert shared_index(lambda: index, what) is index
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert list(shared_index(never, what)) == list(index)
+    assert not list((tmp_path / f"s5loader-index-{os.getuid()}").iterdir())  # the last reader removed it
+
+    def fails() -> SampleIndex:
+        raise NoSuchBucketError("s3://b/p/: NoSuchBucket")
+
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.raises(NoSuchBucketError):
+        shared_index(fails, what)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(NoSuchBucketError, match="local rank 0 could not build the index: s3://b/p/: NoSuchBucket"):
+        shared_index(never, what)
+
+
+def test_manifest_fast_lines_read_as_json_does(tmp_path: Path) -> None:
+    from s5loader._index import index_manifest
+
+    lines = [
+        '{"uri": "s3://bk/p/1.jpg", "size": 3, "etag": "' + MD5 + '"}',  # the usual shape
+        '{"uri":"s3://bk/p/1.cls","size":0}',
+        '  {"uri": "s3://bk/p/é 2.jpg", "size": 12}  ',
+        '{"uri": "s3://bk/p/2\\u00e9.jpg", "size": 5, "etag": "\\"' + MD5 + '\\""}',  # escapes: json
+        '{"size": 4, "uri": "s3://bk/p/3.jpg"}',  # another key order
+        '{"uri": "s3://bk/p/4.jpg", "size": 7, "etag": "x-2", "label": 4}',  # extra fields
+        "",
+    ]
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("\n".join(lines) + "\n")
+    objects, extras = [], {}
+    for line in filter(None, lines):
+        rec = json.loads(line)
+        uri = rec.pop("uri")
+        objects.append(ObjectInfo(uri, uri.split("/", 3)[3], rec.pop("size"), rec.pop("etag", "").strip('"')))
+        extras[uri] = rec
+    for group_by in GROUP_BY:
+        got = list(index_manifest(str(manifest), None, group_by))
+        assert got == normal(reference_group(objects, group_by, extras=extras))
+    manifest.write_text(lines[0] + "\n" + lines[1] + "\n" + lines[0] + "\n")
+    with pytest.raises(ManifestError, match=r"m.jsonl: s3://bk/p/1.jpg is listed twice"):
+        index_manifest(str(manifest), None, "object")
+    manifest.write_text('{"uri": "s3://bk/p/", "size": 0}\n')
+    with pytest.raises(ManifestError, match="line 1: 's3://bk/p/' names no object"):
+        index_manifest(str(manifest), None, "object")

@@ -36,6 +36,7 @@ COMMANDS = {
     "ls": ("list the samples of a source", "s5loader.cli:_ls"),
     "prefetch": ("keep a bounded local cache filled for any consumer", "s5loader.daemon:main"),
     "bench": ("measure loading methods on your bucket", "s5loader.bench:main"),
+    "fetch": ("download big objects or a split archive through a small disk", "s5loader.fetch:main"),
 }
 
 

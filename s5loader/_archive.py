@@ -18,7 +18,7 @@ from .exceptions import ConfigError, FetchError, StagingSpaceError, UnsafeArchiv
 
 log = logging.getLogger(__name__)
 
-MARGIN = 16 * 1024**2
+MARGIN = 1024**2
 SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst", ".tzst")
 
 

@@ -23,8 +23,12 @@ from .exceptions import S3URIError, StagingSpaceError
 
 log = logging.getLogger(__name__)
 
-# Room left free beside a staged file: file-system metadata, other writers.
-MARGIN = 64 * 1024**2
+# Room left free beside a staged file (file-system metadata, other writers): 1 MiB + 2%.
+MARGIN = 1024**2
+
+
+def margin(need: int) -> int:
+    return MARGIN + need // 50
 
 
 def object_uri(uri: str) -> tuple[str, str]:
@@ -66,7 +70,7 @@ def pick_staging(need: int, staging_dir: str | None) -> tuple[str | None, str]:
             seen.append(f"{root}: {exc.strerror}")
             continue
         seen.append(f"{format_size(free)} free in {root}")
-        if free >= need + MARGIN:
+        if free >= need + margin(need):
             return root, ", ".join(seen)
     return None, ", ".join(seen)
 

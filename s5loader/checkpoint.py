@@ -91,10 +91,14 @@ def save(
         try:
             path = os.path.join(area.create(), "checkpoint.pt")
             try:
-                torch.save(obj, path)
-            except OSError as exc:
-                if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or stream is False:
-                    raise _space_or(exc, uri, need, seen) from exc
+                with open(path, "wb") as f:
+                    torch.save(obj, f)
+            except Exception as exc:
+                # torch reports a full disk as a RuntimeError whose context is the OSError
+                if not _no_space(exc):
+                    raise
+                if stream is False:
+                    raise _transfer.space_error(uri, need, seen, "saving this checkpoint") from exc
                 log.info("%s: %s filled up while serialising; streaming instead", uri, root)
             else:
                 size = os.path.getsize(path)
@@ -112,10 +116,13 @@ def save(
     _save_streaming(obj, uri, s5, endpoint_url, concurrency, part, need)
 
 
-def _space_or(exc: OSError, uri: str, need: int, seen: str) -> Exception:
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return _transfer.space_error(uri, need, seen, "saving this checkpoint")
-    return exc
+def _no_space(exc: BaseException | None) -> bool:
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 class _PipeWriter(io.RawIOBase):

@@ -128,7 +128,7 @@ class S5StorageWriter(FileSystemWriter):
         need = sum(_tensor_bytes(item) for item in plan.items)
         self.path = Path(self._staged.path(need, self.uri, "this rank's share of the checkpoint"))
         free = free_bytes(str(self.path))
-        if need + _transfer.MARGIN > free:
+        if need + _transfer.margin(need) > free:
             raise _transfer.space_error(self.uri, need, f"{format_size(free)} free in {self.path}", "this rank's share")
         return super().prepare_local_plan(plan)
 

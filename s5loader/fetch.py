@@ -130,7 +130,7 @@ def fetch(
         )
     else:
         need, what = total, f"{len(objects)} objects"
-    if need + _transfer.MARGIN > free:
+    if need + _transfer.margin(need) > free:
         raise StagingSpaceError(
             f"{uris[0]}: fetching into {dest_dir} needs {format_size(need)} ({what}); "
             f"{format_size(free)} free there"

@@ -366,9 +366,16 @@ MIN_PART_SIZE = 5 * 1024**2  # S3's smallest multipart part
 MAX_PARTS = 10_000  # S3's most parts in one upload
 
 
-def part_size_mib(part_size: int, object_size: int | None = None) -> int:
+AUTO_MAX_PART = 32 * 1024**2
+
+
+def part_size_mib(part_size: int, object_size: int | None = None, concurrency: int = 1) -> int:
     """s5cmd's ``--part-size`` (whole MiB) for ``part_size`` bytes, raised where an object of
-    ``object_size`` bytes would need more than S3's 10,000 parts."""
+    ``object_size`` bytes would need more than S3's 10,000 parts. ``part_size=0`` picks one:
+    the object split over the ``concurrency`` parallel requests, 5 to 32 MiB (small parts
+    would leave requests idle on a small object; big ones cost a long tail on a large one)."""
+    if part_size <= 0:
+        part_size = min(AUTO_MAX_PART, (object_size or 16 * 1024**2 * concurrency) // max(1, concurrency))
     size = max(part_size, MIN_PART_SIZE)
     if object_size:
         size = max(size, -(-object_size // (MAX_PARTS - 100)))
@@ -376,7 +383,8 @@ def part_size_mib(part_size: int, object_size: int | None = None) -> int:
 
 
 def _part_args(concurrency: int, part_size: int, object_size: int | None) -> list[str]:
-    return ["--concurrency", str(max(1, concurrency)), "--part-size", str(part_size_mib(part_size, object_size))]
+    concurrency = max(1, concurrency)
+    return ["--concurrency", str(concurrency), "--part-size", str(part_size_mib(part_size, object_size, concurrency))]
 
 
 def start_copy(
@@ -391,7 +399,12 @@ def start_pipe(
     s5: S5cmd, destination: str, *, concurrency: int, part_size: int, size: int | None = None
 ) -> subprocess.Popen[bytes]:
     """Start ``s5cmd pipe``: whatever is written to the process's stdin becomes the object
-    ``destination`` when stdin is closed (a multipart upload for more than one part)."""
+    ``destination`` when stdin is closed (a multipart upload for more than one part).
+
+    s5cmd holds every part in flight in memory: the automatic part size is 8 MiB here and
+    at most 16 parts are in flight, so a stream costs at most 128 MiB unless told otherwise."""
+    if part_size <= 0:
+        concurrency, part_size = min(concurrency, 16), 8 * 1024**2
     return s5.start(
         ["pipe", "--raw", *_part_args(concurrency, part_size, size), destination], stdin=subprocess.PIPE
     )

@@ -18,7 +18,7 @@ from . import _s5cmd
 from ._index import boto3_error, make_boto3_client
 from ._s5cmd import S5cmd
 from ._staging import SHM, free_bytes, register_cleanup
-from ._uri import format_size, parse_s3_uri
+from ._uri import format_size, parse_s3_uri, parse_size
 from .exceptions import S3URIError, StagingSpaceError
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,18 @@ def margin(need: int) -> int:
     return MARGIN + need // 50
 
 
+_CLIENTS: dict[tuple[int, str | None], Any] = {}
+
+
+def client(endpoint_url: str | None) -> Any:
+    """A boto3 client per endpoint, made once per process (making one costs ~0.1 s, more
+    than a HEAD request); botocore clients are thread-safe."""
+    key = (os.getpid(), endpoint_url)
+    if key not in _CLIENTS:
+        _CLIENTS[key] = make_boto3_client(endpoint_url)
+    return _CLIENTS[key]
+
+
 def object_uri(uri: str) -> tuple[str, str]:
     """Check that ``uri`` names one object; return its bucket and key.
 
@@ -41,6 +53,11 @@ def object_uri(uri: str) -> tuple[str, str]:
     if not u.key or u.key.endswith("/"):
         raise S3URIError(f"{uri!r} names no object (it needs a key that does not end with '/')")
     return u.bucket, u.key
+
+
+def part_bytes(part_size: int | str | None) -> int:
+    """Bytes per part from what a user gave; 0 (``None``) lets s5loader pick per object."""
+    return 0 if part_size is None else parse_size(part_size, "part_size")
 
 
 def staging_candidates(staging_dir: str | None) -> list[str]:
@@ -119,7 +136,7 @@ class UploadGuard:
     def __init__(self, uri: str, endpoint_url: str | None) -> None:
         self.uri = uri
         self.bucket, self.key = object_uri(uri)
-        self._client: Any = make_boto3_client(endpoint_url)
+        self._client: Any = client(endpoint_url)
         self._before: set[str] = set()
         self._procs: list[subprocess.Popen[bytes]] = []
         self._active = False
@@ -179,7 +196,7 @@ def head_size(uri: str, endpoint_url: str | None) -> tuple[int, str]:
     """Size and ETag of one object (a HEAD request)."""
     bucket, key = object_uri(uri)
     try:
-        head = make_boto3_client(endpoint_url).head_object(Bucket=bucket, Key=key)
+        head = client(endpoint_url).head_object(Bucket=bucket, Key=key)
     except Exception as exc:
         raise boto3_error(exc, uri) from exc
     return int(head["ContentLength"]), str(head.get("ETag", "")).strip('"')

@@ -34,13 +34,12 @@ from typing import IO, Any
 from . import _s5cmd, _transfer
 from ._s5cmd import S5cmd
 from ._staging import StagingArea
-from ._uri import format_size, parse_size
+from ._uri import format_size
 from .exceptions import FetchError, StagingSpaceError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CONCURRENCY = 16
-DEFAULT_PART_SIZE = 32 * 1024**2
+DEFAULT_CONCURRENCY = 32
 
 __all__ = ["save", "load"]
 
@@ -53,7 +52,7 @@ def save(
     staging_dir: str | None = None,
     stream: bool | None = None,
     concurrency: int = DEFAULT_CONCURRENCY,
-    part_size: int | str = DEFAULT_PART_SIZE,
+    part_size: int | str | None = None,
 ) -> None:
     """Save ``obj`` with ``torch.save`` to the object ``uri``.
 
@@ -69,8 +68,9 @@ def save(
             stages and fails when there is no room; ``None`` (default) stages when the
             estimated size fits and streams otherwise.
         concurrency: parts uploaded in parallel.
-        part_size: bytes per part (``"32MiB"``); raised where an object would need more than
-            10,000 parts.
+        part_size: bytes per part (``"32MiB"``); default: the object split over the
+            ``concurrency`` requests, 5 to 32 MiB (8 MiB when streaming). Raised where an
+            object would need more than 10,000 parts.
 
     Raises:
         S3URIError: ``uri`` names no object.
@@ -82,7 +82,7 @@ def save(
     import torch
 
     _transfer.object_uri(uri)
-    part = parse_size(part_size, "part_size")
+    part = _transfer.part_bytes(part_size)
     s5 = S5cmd(endpoint_url=endpoint_url)
     need = estimate_size(obj)
     root, seen = (None, "streaming requested") if stream else _transfer.pick_staging(need, staging_dir)
@@ -182,7 +182,7 @@ def load(
     staging_dir: str | None = None,
     stream: bool | None = None,
     concurrency: int = DEFAULT_CONCURRENCY,
-    part_size: int | str = DEFAULT_PART_SIZE,
+    part_size: int | str | None = None,
     **torch_load_kwargs: Any,
 ) -> Any:
     """Load what :func:`save` (or ``torch.save`` and any upload) wrote to ``uri``.
@@ -207,7 +207,7 @@ def load(
     """
     import torch
 
-    part = parse_size(part_size, "part_size")
+    part = _transfer.part_bytes(part_size)
     s5 = S5cmd(endpoint_url=endpoint_url)
     size, _ = _transfer.head_size(uri, endpoint_url)
     root, seen = (None, "streaming requested") if stream else _transfer.pick_staging(size, staging_dir)

@@ -34,8 +34,8 @@ from torch.futures import Future
 from . import _transfer
 from ._s5cmd import S5cmd
 from ._staging import StagingArea, free_bytes
-from ._uri import format_size, parse_s3_uri, parse_size
-from .checkpoint import DEFAULT_CONCURRENCY, DEFAULT_PART_SIZE
+from ._uri import format_size, parse_s3_uri
+from .checkpoint import DEFAULT_CONCURRENCY
 
 log = logging.getLogger(__name__)
 
@@ -100,13 +100,13 @@ class S5StorageWriter(FileSystemWriter):
         endpoint_url: str | None = None,
         staging_dir: str | None = None,
         concurrency: int = DEFAULT_CONCURRENCY,
-        part_size: int | str = DEFAULT_PART_SIZE,
+        part_size: int | str | None = None,
         **kwargs: Any,
     ) -> None:
         self.uri = _prefix(uri)
         self.endpoint_url = endpoint_url
         self.concurrency = concurrency
-        self.part_size = parse_size(part_size, "part_size")
+        self.part_size = _transfer.part_bytes(part_size)
         self._staged = _Staged(staging_dir)
         kwargs.setdefault("sync_files", False)  # the files only live until they are uploaded
         super().__init__("/nonexistent-until-staged", **kwargs)
@@ -183,13 +183,13 @@ class S5StorageReader(FileSystemReader):
         endpoint_url: str | None = None,
         staging_dir: str | None = None,
         concurrency: int = DEFAULT_CONCURRENCY,
-        part_size: int | str = DEFAULT_PART_SIZE,
+        part_size: int | str | None = None,
         **kwargs: Any,
     ) -> None:
         self.uri = _prefix(uri)
         self.endpoint_url = endpoint_url
         self.concurrency = concurrency
-        self.part_size = parse_size(part_size, "part_size")
+        self.part_size = _transfer.part_bytes(part_size)
         self._staged = _Staged(staging_dir)
         super().__init__("/nonexistent-until-staged", **kwargs)
 

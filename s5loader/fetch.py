@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from . import _archive, _s5cmd, _transfer, _verify
-from ._index import boto3_error, list_prefix, make_boto3_client
+from ._index import boto3_error, list_prefix
 from ._s5cmd import ObjectInfo, S5cmd
 from ._staging import free_bytes, register_cleanup
 from ._uri import format_size, parse_s3_uri, parse_size
-from .checkpoint import DEFAULT_CONCURRENCY, DEFAULT_PART_SIZE
+from .checkpoint import DEFAULT_CONCURRENCY
 from .exceptions import (
     ConfigError,
     EmptySourceError,
@@ -81,7 +81,7 @@ def fetch(
     budget: int | str | None = None,
     endpoint_url: str | None = None,
     concurrency: int = DEFAULT_CONCURRENCY,
-    part_size: int | str = DEFAULT_PART_SIZE,
+    part_size: int | str | None = None,
     progress: ProgressFn | None = None,
 ) -> FetchResult:
     """Download one object, several, or every object under a prefix into ``dest``.
@@ -112,7 +112,7 @@ def fetch(
     uris = [sources] if isinstance(sources, str) else list(sources)
     if not uris:
         raise ConfigError("fetch needs at least one source")
-    part = parse_size(part_size, "part_size")
+    part = _transfer.part_bytes(part_size)
     limit = parse_size(budget, "budget") if budget is not None else DEFAULT_BUDGET
     s5 = S5cmd(endpoint_url=endpoint_url)
     objects, names, md5_files = _resolve(uris, s5, endpoint_url, skip_md5=verify or extract, verify=verify)
@@ -215,7 +215,7 @@ def _checker(o: ObjectInfo, md5_files: dict[str, ObjectInfo], endpoint_url: str 
     if o.uri + ".md5" in md5_files:
         u = parse_s3_uri(o.uri + ".md5")
         try:
-            body = make_boto3_client(endpoint_url).get_object(Bucket=u.bucket, Key=u.key)["Body"].read()
+            body = _transfer.client(endpoint_url).get_object(Bucket=u.bucket, Key=u.key)["Body"].read()
         except Exception as exc:
             raise boto3_error(exc, str(u)) from exc
         md5 = _verify.parse_md5_file(body.decode("utf-8", "replace"), o.key.rsplit("/", 1)[-1])
@@ -491,7 +491,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--budget", type=size_arg, default=None, help="with --extract: most bytes of volumes on disk at once (default 1GiB)")
     p.add_argument("--endpoint-url")
     p.add_argument("--concurrency", type=positive_int, default=DEFAULT_CONCURRENCY, help="parallel parts per object")
-    p.add_argument("--part-size", type=size_arg, default=DEFAULT_PART_SIZE, help="bytes per part (default 32MiB)")
+    p.add_argument("--part-size", type=size_arg, default=None, help="bytes per part (default: per object, 5 to 32 MiB)")
     args = p.parse_args(argv)
     logging.getLogger("botocore").setLevel(logging.WARNING)
     bar = _Bar(sys.stderr)

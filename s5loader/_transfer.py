@@ -161,9 +161,12 @@ class UploadGuard:
     def __enter__(self) -> UploadGuard:
         try:
             self._before = self._upload_ids()
-        except Exception as exc:
-            raise boto3_error(exc, self.uri) from exc
-        self._active = True
+            self._active = True
+        except Exception as exc:  # noqa: BLE001 - a save must not need this permission
+            log.warning(
+                "%s: cannot list multipart uploads (%s); an interrupted save may leave one "
+                "behind for a lifecycle rule to remove", self.uri, boto3_error(exc, self.uri),
+            )
         register_cleanup(self)  # SIGTERM and exit run close() while the save is under way
         return self
 
@@ -171,15 +174,16 @@ class UploadGuard:
         if exc_type is None:
             self._active = False
         self.close()
+        self._procs.clear()
 
     def close(self) -> None:
         """Kill the transfer and abort this save's uploads, unless it finished. Idempotent."""
         with self._lock:
-            if not self._active:
-                return
-            self._active = False
+            active, self._active = self._active, False
         for proc in self._procs:
-            _s5cmd.kill(proc)
+            _s5cmd.kill(proc)  # a no-op for a finished transfer
+        if not active:
+            return
         try:
             stale = self._upload_ids() - self._before
             for upload_id in sorted(stale):

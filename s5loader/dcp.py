@@ -226,6 +226,7 @@ class S5StorageReader(FileSystemReader):
             return super().read_metadata(*args, **kwargs)
         finally:
             _unlink(local)
+            self._staged.remove()  # read_data picks its place by the size of the files
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         per_file: dict[str, list[Any]] = {}

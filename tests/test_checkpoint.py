@@ -127,7 +127,8 @@ def test_disk_filling_up_while_serialising_falls_back_to_streaming(moto: Store, 
 
 
 SAVER = """
-import sys, torch
+import signal, sys, torch
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even if started in the background
 from s5loader import checkpoint
 uri, endpoint, stream = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 sd = {"w": torch.randn(60 * 1024 * 1024 // 4, generator=torch.Generator().manual_seed(0))}  # 60 MiB

@@ -238,7 +238,8 @@ def test_zstd_without_the_module_is_a_clear_error(moto: Store, tmp_path, monkeyp
 
 
 FETCHER = """
-import sys
+import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even if started in the background
 from s5loader.fetch import fetch
 fetch(sys.argv[1], sys.argv[2], extract=True, verify=True, endpoint_url=sys.argv[3], budget="3MiB", concurrency=1, part_size="5MiB")
 print("finished")

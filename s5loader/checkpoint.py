@@ -258,12 +258,15 @@ def _read_all(s5: S5cmd, uri: str, size: int, concurrency: int, part: int) -> me
 
 
 def _available_memory() -> int | None:
+    """The kernel's estimate of memory available without swapping (``MemAvailable``)."""
     try:
-        import psutil
-
-        return int(psutil.virtual_memory().available)
-    except Exception:  # noqa: BLE001 - no estimate: try anyway
-        return None
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None  # unknown: try anyway
 
 
 def estimate_size(obj: Any) -> int:

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from . import checkpoint, fetch
 from ._s5cmd import find_s5cmd
 from ._uri import parse_size
 from .consume import consume
@@ -13,6 +14,7 @@ from .dataset import S5Dataset
 from .exceptions import (
     AccessDeniedError,
     BudgetError,
+    ChecksumError,
     ConfigError,
     DaemonError,
     EmptySourceError,
@@ -30,6 +32,7 @@ from .exceptions import (
     StagingSpaceError,
     StallError,
     StateError,
+    UnsafeArchiveError,
 )
 from .sampler import S5Sampler
 
@@ -38,12 +41,16 @@ __version__ = "0.1.0"
 __all__ = [
     "S5Dataset",
     "S5Sampler",
+    "checkpoint",
+    "dcp",
+    "fetch",
     "consume",
     "parse_size",
     "find_s5cmd",
     "S5LoaderError",
     "AccessDeniedError",
     "BudgetError",
+    "ChecksumError",
     "ConfigError",
     "DaemonError",
     "EmptySourceError",
@@ -60,4 +67,14 @@ __all__ = [
     "StagingSpaceError",
     "StallError",
     "StateError",
+    "UnsafeArchiveError",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # s5loader.dcp imports torch.distributed.checkpoint: only when it is asked for.
+    if name == "dcp":
+        import importlib
+
+        return importlib.import_module(".dcp", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

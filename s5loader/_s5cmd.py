@@ -399,3 +399,80 @@ def kill(proc: subprocess.Popen[bytes]) -> None:
                 stream.close()
             except OSError:
                 pass
+
+
+# One large object at a time, in many parallel parts: checkpoints and archive volumes.
+
+MIN_PART_SIZE = 5 * 1024**2  # S3's smallest multipart part
+MAX_PARTS = 10_000  # S3's most parts in one upload
+
+
+AUTO_MAX_PART = 32 * 1024**2
+
+
+def part_size_mib(part_size: int, object_size: int | None = None, concurrency: int = 1) -> int:
+    """s5cmd's ``--part-size`` (whole MiB) for ``part_size`` bytes, raised where an object of
+    ``object_size`` bytes would need more than S3's 10,000 parts. ``part_size=0`` picks one:
+    the object split over the ``concurrency`` parallel requests, 5 to 32 MiB (small parts
+    would leave requests idle on a small object; big ones cost a long tail on a large one)."""
+    if part_size <= 0:
+        part_size = min(AUTO_MAX_PART, (object_size or 16 * 1024**2 * concurrency) // max(1, concurrency))
+    size = max(part_size, MIN_PART_SIZE)
+    if object_size:
+        size = max(size, -(-object_size // (MAX_PARTS - 100)))
+    return -(-size // 1024**2)
+
+
+def _part_args(concurrency: int, part_size: int, object_size: int | None) -> list[str]:
+    concurrency = max(1, concurrency)
+    return ["--concurrency", str(concurrency), "--part-size", str(part_size_mib(part_size, object_size, concurrency))]
+
+
+def start_copy(
+    s5: S5cmd, source: str, destination: str, *, concurrency: int, part_size: int, size: int | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``s5cmd cp --raw`` of one object (upload, download or server-side copy) in
+    ``concurrency`` parallel parts of ``part_size`` bytes."""
+    return s5.start(["cp", "--raw", *_part_args(concurrency, part_size, size), source, destination])
+
+
+def start_pipe(
+    s5: S5cmd, destination: str, *, concurrency: int, part_size: int, size: int | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``s5cmd pipe``: whatever is written to the process's stdin becomes the object
+    ``destination`` when stdin is closed (a multipart upload for more than one part).
+
+    s5cmd holds every part in flight in memory: the automatic part size is 8 MiB here and
+    at most 16 parts are in flight, so a stream costs at most 128 MiB unless told otherwise."""
+    if part_size <= 0:
+        concurrency, part_size = min(concurrency, 16), 8 * 1024**2
+    return s5.start(
+        ["pipe", "--raw", *_part_args(concurrency, part_size, size), destination], stdin=subprocess.PIPE
+    )
+
+
+def start_cat(
+    s5: S5cmd, source: str, *, concurrency: int, part_size: int, size: int | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``s5cmd cat``: the object's bytes, in order, on the process's stdout, fetched in
+    ``concurrency`` parallel ranged requests."""
+    return s5.start(["cat", "--raw", *_part_args(concurrency, part_size, size), source])
+
+
+def error_from_exit(rc: int, stderr: bytes | str, what: str) -> S5LoaderError:
+    """The exception for an s5cmd run about ``what`` (an ``s3://`` URI) that exited ``rc``.
+
+    A full local disk is a ``StagingSpaceError``; everything else is sorted by
+    :func:`classify`.
+    """
+    from .exceptions import StagingSpaceError
+
+    text = stderr.decode("utf-8", "replace") if isinstance(stderr, bytes) else stderr
+    msg = last_error(text) or f"exit code {rc}"
+    kind = classify(msg)
+    full = f"{what}: {msg} (s5cmd exit code {rc})"
+    if kind == "no_space":
+        return StagingSpaceError(full)
+    if kind == "transient" and _looks_unreachable(msg):
+        kind = "endpoint"
+    return error_for(kind, full)

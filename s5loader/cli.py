@@ -39,6 +39,7 @@ COMMANDS = {
     "ls": ("list the samples of a source", "s5loader.cli:_ls"),
     "prefetch": ("keep a bounded local cache filled for any consumer", "s5loader.daemon:main"),
     "bench": ("measure loading methods on your bucket", "s5loader_bench.cli:main"),
+    "fetch": ("download big objects or a split archive through a small disk", "s5loader.fetch:main"),
 }
 BENCH_INSTALL = "pip install 's5loader[bench]'"
 

@@ -89,3 +89,11 @@ class PlatformError(S5LoaderError, OSError):
 
 class DaemonError(S5LoaderError, RuntimeError):
     """The prefetch daemon cannot start (a second daemon on one cache, a bad cache)."""
+
+
+class ChecksumError(FetchError):
+    """An object's bytes do not match its ``.md5`` file or its ETag; the message names it."""
+
+
+class UnsafeArchiveError(S5LoaderError, ValueError):
+    """An archive member would land outside the destination (``..``, absolute, a link out)."""

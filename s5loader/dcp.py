@@ -1,0 +1,305 @@
+"""A ``torch.distributed.checkpoint`` storage writer and reader over S3.
+
+``S5StorageWriter`` is torch's ``FileSystemWriter`` pointed at a local staging directory of
+each rank's own: every rank writes its files there (``__RANK_N.distcp``), uploads them with
+s5cmd in parallel parts (all of a rank's files side by side) and deletes them; the
+coordinator then uploads ``.metadata`` last. A checkpoint without ``.metadata`` is not a
+checkpoint to a reader, and each file is atomic (a single PUT or a completed multipart
+upload), so a reader never sees half of one. ``S5StorageReader`` downloads ``.metadata``,
+then on each rank only the files its load plan reads, as many at a time as the staging
+directory has room for, and deletes them once read.
+
+    import torch.distributed.checkpoint as dcp
+    from s5loader.dcp import S5StorageReader, S5StorageWriter
+
+    dcp.save(state_dict, storage_writer=S5StorageWriter("s3://bucket/run1/step-1000/"))
+    dcp.load(state_dict, storage_reader=S5StorageReader("s3://bucket/run1/step-1000/"))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, SavePlan, SavePlanner
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
+
+from . import _transfer
+from ._s5cmd import S5cmd
+from ._staging import StagingArea, free_bytes
+from ._uri import format_size, parse_s3_uri
+from .checkpoint import DEFAULT_CONCURRENCY
+
+log = logging.getLogger(__name__)
+
+METADATA = ".metadata"
+
+__all__ = ["S5StorageReader", "S5StorageWriter"]
+
+
+def _prefix(uri: str | os.PathLike[str]) -> str:
+    text = os.fspath(uri)
+    parse_s3_uri(text)
+    return text if text.endswith("/") else text + "/"
+
+
+def _is_s3(checkpoint_id: str | os.PathLike[str]) -> bool:
+    return isinstance(checkpoint_id, str) and checkpoint_id.startswith("s3://")
+
+
+class _Staged:
+    """A rank's staging directory, made on first use."""
+
+    def __init__(self, staging_dir: str | None) -> None:
+        self._staging_dir = staging_dir
+        self._area: StagingArea | None = None
+
+    def path(self, need: int, uri: str, what: str) -> str:
+        if self._area is None:
+            root, seen = _transfer.pick_staging(need, self._staging_dir)
+            if root is None:
+                raise _transfer.space_error(uri, need, seen, what)
+            self._area = StagingArea(root)
+        return self._area.create()
+
+    def remove(self) -> None:
+        if self._area is not None:
+            self._area.remove()
+            self._area = None
+
+
+class S5StorageWriter(FileSystemWriter):
+    """Save a distributed checkpoint to ``s3://bucket/prefix/`` through s5cmd.
+
+    Args:
+        uri: the checkpoint's prefix (one "directory" per checkpoint).
+        endpoint_url: the S3 endpoint, as for the datasets.
+        staging_dir: where each rank writes its files before uploading them; default tmpfs
+            when it has room for the rank's share, else the temp directory.
+        concurrency, part_size: parallel parts per file and their size.
+        **kwargs: passed to ``FileSystemWriter`` (``thread_count``, ``single_file_per_rank``,
+            ...); ``thread_count=N`` makes N files per rank, uploaded side by side.
+
+    Raises (from ``dcp.save``):
+        StagingSpaceError: a rank's share does not fit its staging directory.
+        AccessDeniedError, NoSuchBucketError, EndpointError, FetchError: an upload failed
+            (unfinished multipart uploads are aborted; ``.metadata`` is not written).
+    """
+
+    def __init__(
+        self,
+        uri: str,
+        *,
+        endpoint_url: str | None = None,
+        staging_dir: str | None = None,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        part_size: int | str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.uri = _prefix(uri)
+        self.endpoint_url = endpoint_url
+        self.concurrency = concurrency
+        self.part_size = _transfer.part_bytes(part_size)
+        self._staged = _Staged(staging_dir)
+        self._coordinator = True
+        kwargs.setdefault("sync_files", False)  # the files only live until they are uploaded
+        super().__init__("/nonexistent-until-staged", **kwargs)
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        if checkpoint_id and _is_s3(checkpoint_id):
+            self.uri = _prefix(checkpoint_id)
+        super().reset(None)
+
+    @property
+    def checkpoint_id(self) -> str:
+        return self.uri
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return _is_s3(checkpoint_id)
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self._coordinator = is_coordinator
+        super().set_up_storage_writer(is_coordinator, *args, **kwargs)
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        need = sum(_tensor_bytes(item) for item in plan.items)
+        self.path = Path(self._staged.path(need, self.uri, "this rank's share of the checkpoint"))
+        free = free_bytes(str(self.path))
+        if need + _transfer.margin(need) > free:
+            raise _transfer.space_error(self.uri, need, f"{format_size(free)} free in {self.path}", "this rank's share")
+        return super().prepare_local_plan(plan)
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        try:
+            fut = super().write_data(plan, planner)
+            results = fut.wait()
+            names = sorted({r.storage_data.relative_path for r in results})
+            self._upload(names)
+            return fut
+        finally:
+            self._clear()
+            if not self._coordinator:  # the coordinator still writes .metadata there
+                self._staged.remove()
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        try:
+            os.makedirs(self.path, exist_ok=True)
+            super().finish(metadata, results)
+            self._upload([METADATA])  # last: its presence marks a complete checkpoint
+        finally:
+            self._staged.remove()
+
+    def _upload(self, names: Sequence[str]) -> None:
+        pairs = [(os.path.join(self.path, n), self.uri + n) for n in names]
+        log.info("uploading %d files to %s", len(pairs), self.uri)
+        _transfer.upload_many(
+            S5cmd(endpoint_url=self.endpoint_url), pairs, self.endpoint_url,
+            concurrency=self.concurrency, part_size=self.part_size,
+        )
+
+    def _clear(self) -> None:
+        for name in os.listdir(self.path) if os.path.isdir(self.path) else ():
+            if not name.startswith("."):
+                os.unlink(os.path.join(self.path, name))
+
+
+class S5StorageReader(FileSystemReader):
+    """Load a distributed checkpoint from ``s3://bucket/prefix/`` through s5cmd.
+
+    Args:
+        uri: the checkpoint's prefix.
+        endpoint_url, staging_dir, concurrency, part_size: as for :class:`S5StorageWriter`.
+
+    Raises (from ``dcp.load``):
+        ObjectNotFoundError: no ``.metadata`` under the prefix (no complete checkpoint).
+        StagingSpaceError: one of the files this rank reads does not fit its staging dir.
+    """
+
+    def __init__(
+        self,
+        uri: str,
+        *,
+        endpoint_url: str | None = None,
+        staging_dir: str | None = None,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        part_size: int | str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.uri = _prefix(uri)
+        self.endpoint_url = endpoint_url
+        self.concurrency = concurrency
+        self.part_size = _transfer.part_bytes(part_size)
+        self._staged = _Staged(staging_dir)
+        super().__init__("/nonexistent-until-staged", **kwargs)
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        if checkpoint_id and _is_s3(checkpoint_id):
+            self.uri = _prefix(checkpoint_id)
+        super().reset(None)
+
+    @property
+    def checkpoint_id(self) -> str:
+        return self.uri
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return _is_s3(checkpoint_id)
+
+    def _s5(self) -> S5cmd:
+        return S5cmd(endpoint_url=self.endpoint_url)
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        uri = self.uri + METADATA
+        size, _ = _transfer.head_size(uri, self.endpoint_url)
+        self.path = Path(self._staged.path(size, uri, "the checkpoint's metadata"))
+        local = os.path.join(self.path, METADATA)
+        try:
+            _transfer.download(self._s5(), uri, local, size=size, concurrency=self.concurrency, part_size=self.part_size)
+            return super().read_metadata(*args, **kwargs)
+        finally:
+            _unlink(local)
+            self._staged.remove()  # read_data picks its place by the size of the files
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        per_file: dict[str, list[Any]] = {}
+        size: dict[str, int] = {}
+        for item in plan.items:
+            info = self.storage_data[item.storage_index]
+            per_file.setdefault(info.relative_path, []).append(item)
+            size[info.relative_path] = max(size.get(info.relative_path, 0), info.offset + info.length)
+        names = sorted(per_file)
+        try:
+            while names:
+                self.path = Path(self._staged.path(size[names[0]], self.uri + names[0], "reading this file"))
+                room = free_bytes(str(self.path)) - _transfer.MARGIN
+                batch: list[str] = []
+                used = 0
+                for n in names:  # as many files as fit, at least one
+                    if batch and used + size[n] > room:
+                        break
+                    batch.append(n)
+                    used += size[n]
+                if used > room:
+                    raise _transfer.space_error(
+                        self.uri + batch[0], used, f"{format_size(room)} free in {self.path}", "reading this file"
+                    )
+                names = names[len(batch):]
+                self._download(batch, size)
+                items = [i for n in batch for i in per_file[n]]
+                try:
+                    super().read_data(dataclasses.replace(plan, items=items), planner).wait()
+                finally:
+                    for n in batch:
+                        _unlink(os.path.join(self.path, n))
+        finally:
+            self._staged.remove()
+        fut: Future[None] = Future()
+        fut.set_result(None)
+        return fut
+
+    def _download(self, names: Sequence[str], size: dict[str, int]) -> None:
+        import threading
+
+        errors: list[BaseException] = []
+
+        def one(name: str) -> None:
+            try:
+                _transfer.download(
+                    self._s5(), self.uri + name, os.path.join(self.path, name),
+                    size=size[name], concurrency=self.concurrency, part_size=self.part_size,
+                )
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in names]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+
+
+def _tensor_bytes(item: Any) -> int:
+    data = item.tensor_data
+    if data is None:  # a pickled object: small next to the tensors
+        return 0
+    n = 1
+    for d in data.size:
+        n *= d
+    return n * data.properties.dtype.itemsize
+
+
+def _unlink(path: str | os.PathLike[str]) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,231 @@
+"""Checkpoints to and from S3: byte-exact round trips, streaming when staging has no room,
+interrupted saves that leave nothing behind, and torch.distributed.checkpoint over two ranks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+import torch
+from conftest import Store, free_port
+
+from s5loader import ObjectNotFoundError, S3URIError, StagingSpaceError, checkpoint
+
+MiB = 1024**2
+
+
+def state_dict(scale: int = 1) -> dict:
+    g = torch.Generator().manual_seed(scale)
+    return {
+        "model": {
+            "w": torch.randn(512, 1024 * scale, generator=g),  # 2 MiB per scale
+            "b": torch.randn(1024, generator=g).to(torch.bfloat16),
+            "idx": torch.randint(0, 1 << 40, (4096,), generator=g),
+            "mask": torch.rand(333, generator=g) > 0.5,
+        },
+        "optim": {"step": 1000, "lr": [0.1, 0.01]},
+        "name": "run1",
+    }
+
+
+def assert_same(a: object, b: object) -> None:
+    """Tensor by tensor: dtype, shape and every byte."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys()
+        for k in a:
+            assert_same(a[k], b[k])
+    else:
+        assert a == b
+
+
+def pending_uploads(store: Store, key: str) -> list[str]:
+    ups = store.client.list_multipart_uploads(Bucket=store.bucket, Prefix=key).get("Uploads", [])
+    return [u["UploadId"] for u in ups if u["Key"] == key]
+
+
+def object_exists(store: Store, key: str) -> bool:
+    return store.client.list_objects_v2(Bucket=store.bucket, Prefix=key).get("KeyCount", 0) > 0
+
+
+@pytest.fixture
+def small_fs() -> Iterator[str]:
+    """A 4 MiB tmpfs made for the test."""
+    d = tempfile.mkdtemp(prefix="s5loader-smallfs-")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", d], capture_output=True)
+    if r.returncode != 0:
+        os.rmdir(d)
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", "-l", d])
+        os.rmdir(d)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_round_trip_is_byte_exact(store: Store, tmp_path, stream: bool) -> None:
+    sd = state_dict(scale=3)  # about 6.5 MiB: two 5 MiB parts, a multipart upload
+    uri = store.uri("run1/step-1000.pt")
+    stage = str(tmp_path / "stage")
+    checkpoint.save(sd, uri, endpoint_url=store.endpoint, staging_dir=stage, stream=stream, part_size="5MiB")
+    head = store.client.head_object(Bucket=store.bucket, Key=store.prefix + "run1/step-1000.pt")
+    assert head["ETag"].strip('"').endswith("-2")  # went up in parallel parts
+    for load_stream in (False, True):
+        got = checkpoint.load(uri, endpoint_url=store.endpoint, staging_dir=stage, stream=load_stream)
+        assert_same(sd, got)
+    assert os.listdir(stage) == []  # staged files and directories removed
+    assert pending_uploads(store, store.prefix + "run1/step-1000.pt") == []
+
+
+def test_load_options_and_errors(moto: Store, tmp_path) -> None:
+    uri = moto.uri("ck.pt")
+    checkpoint.save({"t": torch.arange(6).reshape(2, 3)}, uri, endpoint_url=moto.endpoint)
+    got = checkpoint.load(uri, map_location="cpu", endpoint_url=moto.endpoint, staging_dir=str(tmp_path))
+    assert torch.equal(got["t"], torch.arange(6).reshape(2, 3))
+    checkpoint.save({"obj": ValueError("boom")}, uri, endpoint_url=moto.endpoint)
+    with pytest.raises(Exception, match="Weights only load failed"):  # torch's default safety kept
+        checkpoint.load(uri, endpoint_url=moto.endpoint)
+    assert isinstance(checkpoint.load(uri, weights_only=False, endpoint_url=moto.endpoint)["obj"], ValueError)
+    with pytest.raises(ObjectNotFoundError, match=moto.uri("missing.pt")):
+        checkpoint.load(moto.uri("missing.pt"), endpoint_url=moto.endpoint)
+    with pytest.raises(S3URIError, match="names no object"):
+        checkpoint.save({}, "s3://data/prefix/", endpoint_url=moto.endpoint)
+
+
+def test_streams_when_staging_has_no_room(moto: Store, small_fs: str, caplog: pytest.LogCaptureFixture) -> None:
+    sd = state_dict(scale=2)
+    uri = moto.uri("big.pt")
+    with caplog.at_level("INFO", logger="s5loader"):
+        checkpoint.save(sd, uri, endpoint_url=moto.endpoint, staging_dir=small_fs, part_size="5MiB")
+    assert "streaming" in caplog.text
+    with pytest.raises(StagingSpaceError, match=r"needs [\d.]+ MiB .* free in " + small_fs) as e:
+        checkpoint.save(sd, uri, endpoint_url=moto.endpoint, staging_dir=small_fs, stream=False)
+    assert uri in str(e.value)
+    assert_same(sd, checkpoint.load(uri, endpoint_url=moto.endpoint, staging_dir=small_fs))  # read into memory
+    with pytest.raises(StagingSpaceError, match=r"loading this checkpoint needs [\d.]+ MiB") as e:
+        checkpoint.load(uri, endpoint_url=moto.endpoint, staging_dir=small_fs, stream=False)
+    assert uri in str(e.value)
+    assert os.listdir(small_fs) == []
+
+
+def test_disk_filling_up_while_serialising_falls_back_to_streaming(moto: Store, small_fs: str) -> None:
+    # Plain Python numbers: the size estimate sees almost nothing, torch.save writes ~7 MB.
+    obj = {"numbers": list(range(1_500_000))}
+    checkpoint.save(obj, moto.uri("py.pt"), endpoint_url=moto.endpoint, staging_dir=small_fs)
+    assert checkpoint.load(moto.uri("py.pt"), endpoint_url=moto.endpoint) == obj
+    assert os.listdir(small_fs) == []
+
+
+SAVER = """
+import signal, sys, torch
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even if started in the background
+from s5loader import checkpoint
+uri, endpoint, stream = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+sd = {"w": torch.randn(60 * 1024 * 1024 // 4, generator=torch.Generator().manual_seed(0))}  # 60 MiB
+checkpoint.save(sd, uri, endpoint_url=endpoint, stream=stream, concurrency=1, part_size="5MiB")
+print("finished")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig,stream", [(signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGTERM, True)])
+def test_interrupted_save_leaves_nothing(moto: Store, tmp_path, sig: int, stream: bool) -> None:
+    key = moto.prefix + "interrupted.pt"
+    moto.client.put_object(Bucket=moto.bucket, Key=key, Body=b"the previous checkpoint")
+    script = tmp_path / "saver.py"
+    script.write_text(SAVER)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), moto.uri("interrupted.pt"), moto.endpoint, "1" if stream else "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        # Wait for the multipart upload to exist, then freeze s5cmd so the save cannot finish
+        # before the signal lands; the saver must kill it and abort the upload.
+        deadline = time.monotonic() + 60
+        while not pending_uploads(moto, key):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no multipart upload started"
+            time.sleep(0.01)
+        s5 = [c for c in psutil.Process(proc.pid).children(recursive=True) if c.name() == "s5cmd"]
+        assert s5, "s5cmd is not running"
+        for c in s5:
+            c.send_signal(signal.SIGSTOP)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "finished" not in out
+    assert proc.returncode != 0, err
+    assert pending_uploads(moto, key) == []  # the multipart upload was aborted
+    body = moto.client.get_object(Bucket=moto.bucket, Key=key)["Body"].read()
+    assert body == b"the previous checkpoint"  # no partial object under the final name
+    _, alive = psutil.wait_procs(s5, timeout=10)
+    assert not alive  # no uploader outlives the save
+
+
+DCP_SCRIPT = """
+import os, sys, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+from torch.distributed.tensor import DeviceMesh, Shard, distribute_tensor
+from s5loader.dcp import S5StorageReader, S5StorageWriter
+
+def main(rank, world, port, endpoint, uri, stage):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    mesh = DeviceMesh("cpu", list(range(world)))
+    full = torch.randn(256, 1024, generator=torch.Generator().manual_seed(1))  # 1 MiB, half per rank
+    emb = torch.arange(64 * 48, dtype=torch.float64).reshape(64, 48)
+    sd = {"w": distribute_tensor(full, mesh, [Shard(0)]), "emb": distribute_tensor(emb, mesh, [Shard(1)]),
+          "b": torch.arange(5) * 1.5, "step": 7}
+    dcp.save(sd, storage_writer=S5StorageWriter(uri, endpoint_url=endpoint, staging_dir=stage, part_size="5MiB"))
+    dist.barrier()
+    out = {"w": distribute_tensor(torch.zeros_like(full), mesh, [Shard(0)]),
+           "emb": distribute_tensor(torch.zeros_like(emb), mesh, [Shard(1)]), "b": torch.zeros(5), "step": 0}
+    dcp.load(out, storage_reader=S5StorageReader(uri, endpoint_url=endpoint, staging_dir=stage))
+    assert torch.equal(out["w"].full_tensor(), full), "w differs"
+    assert torch.equal(out["w"].to_local(), sd["w"].to_local()), "local shard differs"
+    assert torch.equal(out["emb"].full_tensor(), emb), "emb differs"
+    assert torch.equal(out["b"], sd["b"]) and out["step"] == 7, out
+    dist.barrier()
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    import torch.multiprocessing as mp
+    mp.spawn(main, args=(2, int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]), nprocs=2)
+    print("both ranks ok")
+"""
+
+
+@pytest.mark.slow
+def test_distributed_checkpoint_two_gloo_ranks(seaweed: Store, tmp_path) -> None:
+    script = tmp_path / "dcp_two_ranks.py"
+    script.write_text(DCP_SCRIPT)
+    stage = tmp_path / "stage"
+    uri = seaweed.uri("dcp/step-10")
+    r = subprocess.run(
+        [sys.executable, str(script), str(free_port()), seaweed.endpoint, uri, str(stage)],
+        capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "both ranks ok" in r.stdout
+    listed = seaweed.client.list_objects_v2(Bucket=seaweed.bucket, Prefix=seaweed.prefix + "dcp/step-10/")
+    names = sorted(o["Key"].rsplit("/", 1)[1] for o in listed.get("Contents", []))
+    assert names == [".metadata", "__0_0.distcp", "__1_0.distcp"]  # each rank wrote its own file
+    assert os.listdir(stage) == []  # every rank's staged files removed
+
+
+def test_distributed_reader_without_metadata(moto: Store) -> None:
+    from s5loader.dcp import S5StorageReader
+
+    with pytest.raises(ObjectNotFoundError, match="nothing/.metadata"):
+        S5StorageReader(moto.uri("nothing"), endpoint_url=moto.endpoint).read_metadata()

@@ -144,6 +144,22 @@ def index_prefix(prefix: str, s5cmd: S5cmd, group_by: str) -> SampleIndex:
     return index
 
 
+def list_prefix(prefix: str, s5cmd: S5cmd) -> list[ObjectInfo]:
+    """Every object under ``s3://bucket/prefix``, ungrouped (for :mod:`s5loader.fetch`).
+
+    Raises:
+        S3URIError, NoSuchBucketError, AccessDeniedError, EndpointError, EmptySourceError
+    """
+    uri = parse_s3_uri(prefix)
+    try:
+        objects = list(s5cmd.list(str(uri)))
+    except _GlobInPrefix:
+        objects = list(_list_boto3(uri.bucket, uri.key, s5cmd.endpoint_url))
+    if not objects:
+        raise EmptySourceError(f"no object under {prefix}")
+    return objects
+
+
 def index_objects(uris: Sequence[str], endpoint_url: str | None, group_by: str) -> SampleIndex:
     """The given objects (one HEAD each for sizes and ETags), grouped."""
     return group(stat_objects(uris, endpoint_url), group_by, source="the object list")

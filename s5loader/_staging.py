@@ -273,18 +273,24 @@ def abort_all() -> None:
     For the SIGTERM handler: it runs in the main thread between two of its instructions,
     maybe while that thread holds a lock a ``close()`` would wait for (an engine's condition,
     which the engine's thread needs before it can be joined). Objects registered with
-    :func:`register_cleanup` provide ``_abort()`` for this.
+    :func:`register_cleanup` provide ``_abort()`` for this; for one that does not (a transfer,
+    a fetch: no engine thread), ``close()`` runs once, and must take no such lock.
     """
     if os.getpid() != _PID:
         return
+    closed: set[int] = set()
     for _ in range(2):  # again, for an s5cmd call started while the first round ran
         for obj in list(_CLEANUPS):
             abort = getattr(obj, "_abort", None)
-            if abort is not None:
-                try:
-                    abort()
-                except Exception:  # noqa: BLE001 - best effort, the process is ending
-                    pass
+            if abort is None:
+                if id(obj) in closed:
+                    continue
+                closed.add(id(obj))
+                abort = obj.close
+            try:
+                abort()
+            except Exception:  # noqa: BLE001 - best effort, the process is ending
+                pass
         for area in list(_LIVE.values()):
             area.remove()
 

@@ -56,6 +56,9 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SHAPES = ("raw", "block10", "prefix")
+# Not copies: one ``head`` (a HEAD request) or ``presign`` (a signature, no request) per object,
+# to take the HEAD of a ``cp --raw`` line apart from the rest of the line's cost.
+PROBES = ("head", "presign")
 SOURCE = "s3://costs/obj/"
 MiB = 1 << 20
 _UNITS = {"": 1, "B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30}
@@ -201,20 +204,26 @@ def command_lines(shape: str, bucket: str, prefix: str, keys: Sequence[str], des
                 for b in blocks]
     if shape == "prefix":
         return [f"cp --exclude '*..*' {shlex.quote(src + prefix + '*')} {shlex.quote(os.path.join(dest, prefix))}\n"]
-    raise ValueError(f"unknown line shape {shape!r}; one of {', '.join(SHAPES)}")
+    if shape in PROBES:
+        return [f"{shape} {shlex.quote(src + k)}\n" for k in keys]
+    raise ValueError(f"unknown line shape {shape!r}; one of {', '.join(SHAPES + PROBES)}")
 
 
-def count_successes(output: Iterable[str]) -> tuple[int, list[str]]:
-    """The copies ``s5cmd --json`` reports as done, and its error lines (at most 5)."""
+def count_successes(output: Iterable[str], shape: str = "raw") -> tuple[int, list[str]]:
+    """The objects ``s5cmd --json`` reports as done (copied; for the probes, an object's
+    ``head`` record or a presigned URL), and its error lines (at most 5)."""
     ok, errors = 0, list[str]()
     for line in output:
+        if shape == "presign" and line.startswith("http"):
+            ok += 1
+            continue
         try:
             rec = json.loads(line)
         except ValueError:
             if line.strip() and len(errors) < 5:
                 errors.append(line.strip())
             continue
-        if isinstance(rec, dict) and rec.get("success") is True:
+        if isinstance(rec, dict) and (rec.get("success") is True or (shape == "head" and "size" in rec)):
             ok += 1
         elif len(errors) < 5:
             errors.append(line.strip())
@@ -350,10 +359,10 @@ def run_once(s5cmd: str, endpoint: str, setting: Setting, shape: str, source: st
         usage = json.load(f)
     server = (_proc_cpu(server_pid) - server0) if server_pid else 0.0
     with open(out_path, errors="replace") as f:
-        ok, errors = count_successes(f)
+        ok, errors = count_successes(f, shape)
     files = sum(len(names) for _, _, names in os.walk(dest))
     shutil.rmtree(dest)
-    if proc.returncode != 0 or ok != len(keys) or files != len(keys):
+    if proc.returncode != 0 or ok != len(keys) or files != (0 if shape in PROBES else len(keys)):
         with open(err_path, errors="replace") as f:
             tail = f.read()[-2000:]
         raise RuntimeError(f"{shlex.join(argv)} ({setting.label}): exit code {proc.returncode}, {ok} copies "
@@ -400,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--objects", type=int, default=4000, help="objects in the data set (default 4000)")
     p.add_argument("--size", type=parse_size, default=parse_size("100KB"), help="bytes per object (default 100KB)")
     p.add_argument("--repeat", type=int, default=3, help="repeats of every run; figures are medians (default 3)")
-    p.add_argument("--shapes", default=",".join(SHAPES), help=f"line shapes (default {','.join(SHAPES)})")
+    p.add_argument("--shapes", default=",".join(SHAPES),
+                   help=f"line shapes (default {','.join(SHAPES)}; also {' and '.join(PROBES)}: one such command per object)")
     p.add_argument("--grid", default="oat", choices=("oat", "full"),
                    help="oat: one variable at a time from the base (default); full: the whole product")
     p.add_argument("--gogc", default="100,200,400,800,off:256MiB,off:512MiB",

@@ -75,6 +75,8 @@ def test_command_lines_are_the_lines_s5loader_writes(tmp_path) -> None:  # type:
     # every line is one s5cmd command: cp, flags, source, destination
     for line in raw + block:
         assert shlex.split(line)[0] == "cp"
+    assert costs.command_lines("head", "b", "p/", keys[:2], dest) == ["head s3://b/p/000000.bin\n",
+                                                                      "head s3://b/p/000001.bin\n"]
     with pytest.raises(ValueError, match="unknown line shape"):
         costs.command_lines("zigzag", "b", "p/", keys, dest)
 
@@ -94,6 +96,8 @@ def test_count_successes() -> None:
     ok, errors = costs.count_successes(lines)
     assert ok == 2
     assert len(errors) == 2 and "NoSuchKey" in errors[0]
+    assert costs.count_successes(['{"key":"s3://b/k","size":3}\n', "ERROR x\n"], "head")[0] == 1
+    assert costs.count_successes(["http://h/b/k?X-Amz-Signature=1\n", "ERROR x\n"], "presign")[0] == 1
 
 
 def test_aggregate_takes_medians_and_compares_with_the_base() -> None:
@@ -124,7 +128,7 @@ def test_real_run_counts_the_head_of_each_raw_line(seaweed_server: str, tmp_path
     out_json, out_md = str(tmp_path / "c.json"), str(tmp_path / "c.md")
     rc = costs.main(["--endpoint-url", seaweed_server, "--upload", "--source", source, "--objects", "20",
                      "--size", "2KB", "--repeat", "2", "--gogc", "100,off:256MiB", "--gomaxprocs", "default",
-                     "--numworkers", "8", "--base", "numworkers=8", "--work-dir", str(tmp_path), "--json", out_json, "--markdown", out_md])
+                     "--numworkers", "8", "--base", "numworkers=8", "--shapes", "raw,block10,prefix,head,presign", "--work-dir", str(tmp_path), "--json", out_json, "--markdown", out_md])
     assert rc == 0
     with open(out_json) as f:
         doc = json.load(f)
@@ -134,10 +138,13 @@ def test_real_run_counts_the_head_of_each_raw_line(seaweed_server: str, tmp_path
     # a wildcard line lists, then GETs each object it found: no HEAD
     assert req["block10"]["GET"] == 20 and req["block10"]["HEAD"] == 0 and req["block10"]["LIST"] == 2
     assert req["prefix"]["GET"] == 20 and req["prefix"]["HEAD"] == 0 and req["prefix"]["LIST"] == 1
+    # the probes: a head line is one HEAD, a presign line no request at all
+    assert req["head"]["HEAD"] == 20 and req["head"]["GET"] == 0
+    assert sum(v for k, v in req["presign"].items() if k != "lines") == 0
     labels = [r["setting"] for r in doc["summary"]]
     assert labels[0] == "GOGC=default GOMAXPROCS=default numworkers=8"
     assert "GOGC=off GOMEMLIMIT=256MiB GOMAXPROCS=default numworkers=8" in labels
-    assert len(doc["runs"]) == 2 * 2 * 3
+    assert len(doc["runs"]) == 2 * 2 * 5
     for r in doc["summary"]:
         assert r["repeats"] == 2 and r["cpu_s"] > 0
         # s5cmd's own peak, not this (much larger) Python's, which a fork would carry over

@@ -7,17 +7,22 @@ shape and by Go runtime setting.
         [--gomaxprocs default,1,2] [--numworkers 32,64,128,256] [--also GOGC=400,NUMWORKERS=64]
 
 1. starts the embedded SeaweedFS (``s5loader._locals3.SeaweedFS``) in a temporary folder and
-   uploads ``--objects`` random objects of ``--size`` bytes under ``s3://costs/obj/`` with
-   ``s5cmd cp`` of a local folder (or uses ``--endpoint-url`` where they already are);
+   uploads ``--objects`` random objects of ``--size`` bytes under ``--source`` (default
+   ``s3://costs/obj/``) with ``s5cmd cp`` of a local folder (or uses ``--endpoint-url``, where
+   they already are or where ``--upload`` puts them);
 2. for every setting of the grid and every line shape, runs ``s5cmd --json run FILE`` into a
    tmpfs folder and takes the CPU (user + sys) and the peak RSS of the s5cmd process from
-   ``os.wait4``, and the server's CPU from ``/proc``; every run is checked (one success line
-   and one file per object). The line shapes are what s5loader writes:
+   ``os.wait4`` (s5cmd is started by a small interpreter: Linux would otherwise report this
+   process's own peak RSS as s5cmd's), and the server's CPU from ``/proc``; every run is
+   checked (one success line and one file per object). The line shapes are what s5loader writes:
 
    - ``raw``: one ``cp --raw SOURCE DEST`` per object (``shuffle=True``);
    - ``block10``: one ``cp --exclude '*..*' 'PREFIX*' FOLDER/`` per block of 10 objects
      (``shuffle="block"``);
-   - ``prefix``: one such wildcard line for the whole prefix (a bulk copy).
+   - ``prefix``: one such wildcard line for the whole prefix (a bulk copy);
+   - ``head`` and ``presign`` (only when asked for): one ``head`` (a HEAD request) or
+     ``presign`` (a signed URL, no request) line per object, to take a ``cp --raw`` line's
+     HEAD apart from the rest of its cost.
 
    Repeats are interleaved (the order of the runs is shuffled within each repeat), and every
    figure is the median over the repeats;

@@ -252,7 +252,8 @@ def test_tree_monitor_splits_s5cmd_from_the_rest(tmp_path) -> None:
     cpu, _ = mon.stop()
     split = mon.cpu_split()
     assert split["s5cmd"] >= 0.4 and split["workers"] >= 0.4
-    assert split["s5cmd"] + split["workers"] + split["unattributed"] >= 1.0
+    # each child burned 0.5 s; /proc counts in clock ticks, so allow a tick or two per process
+    assert split["s5cmd"] + split["workers"] + split["unattributed"] >= 0.9
     assert sum(split.values()) == pytest.approx(cpu)
 
 

@@ -203,6 +203,48 @@ def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child between fo
         _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+# Starting s5cmd and forking this process (a DataLoader starting its workers) must not
+# overlap. Until Popen returns it holds open the write end of the pipe on which the child
+# reports its exec, and reads that pipe to its end; a process forked meanwhile by another
+# thread keeps a copy of that write end (and of s5cmd's stdout and stderr) and never execs,
+# so Popen would block until that process exits. A DataLoader worker exits only when its
+# iterator shuts down, possibly after the main thread has begun to wait for the very thread
+# that is starting s5cmd (closing a replaced staging pass): neither would ever go on. So a
+# fork waits for a start in progress (milliseconds), and a start waits for a fork.
+_spawn_lock = threading.RLock()
+_fork_hooks_registered = False
+
+
+def _before_fork() -> None:
+    _spawn_lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _spawn_lock.release()
+
+
+def _after_fork_in_child() -> None:
+    global _spawn_lock
+    _spawn_lock = threading.RLock()  # held by the forking thread in the parent only
+
+
+def _register_fork_hooks() -> None:
+    """Register the hooks once, at the first start (called holding ``_spawn_lock``).
+
+    ``os.fork()`` runs "before" hooks newest first, so a fork meets this one before those of
+    modules imported earlier (logging, concurrent.futures), which take locks of their own:
+    it waits holding none of them, and the start it waits for can run them (its own fork,
+    with a ``preexec_fn``, runs them too, in the starting thread, which already holds
+    ``_spawn_lock``: hence a reentrant lock).
+    """
+    global _fork_hooks_registered
+    if not _fork_hooks_registered:
+        _fork_hooks_registered = True
+        os.register_at_fork(
+            before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
+        )
+
+
 @dataclass(frozen=True)
 class S5cmd:
     """How to run s5cmd: the binary, the endpoint and the worker count. Picklable."""
@@ -233,16 +275,19 @@ class S5cmd:
     def start(self, args: list[str], stdin: int | IO[bytes] | None = None) -> subprocess.Popen[bytes]:
         """Start s5cmd with ``args`` in a process group of its own, killed if we die."""
         argv = self._argv(*args)
+        env = self.env()
         try:
-            return subprocess.Popen(
-                argv,
-                stdin=stdin if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=self.env(),
-                start_new_session=True,
-                preexec_fn=_set_pdeathsig,
-            )
+            with _spawn_lock:
+                _register_fork_hooks()
+                return subprocess.Popen(
+                    argv,
+                    stdin=stdin if stdin is not None else subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    env=env,
+                    start_new_session=True,
+                    preexec_fn=_set_pdeathsig,
+                )
         except FileNotFoundError as exc:
             raise S5cmdNotFoundError(f"cannot run {argv[0]!r}; {_INSTALL_HINT}") from exc
 

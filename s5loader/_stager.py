@@ -754,8 +754,9 @@ class Stager:
             return
         self._last_stall_check = now
         for call in list(self._calls):
-            # s5cmd has exited but a pipe never reached EOF: a process forked meanwhile (a
-            # DataLoader worker) holds a copy of its write end. Finish the call from its exit.
+            # s5cmd has exited but a pipe never reached EOF: a process forked meanwhile other
+            # than by os.fork() (which waits for a start, see _s5cmd) holds a copy of its write
+            # end. Finish the call from its exit.
             if call.proc.poll() is not None:
                 if call.exited_at == 0.0:
                     call.exited_at = now

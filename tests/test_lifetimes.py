@@ -238,3 +238,45 @@ def test_sigterm_while_the_sampler_waits(moto: Store, staging_root: str, tmp_pat
             proc.kill()
             proc.wait()
         hole.close()
+
+
+def test_a_fork_while_s5cmd_starts_does_not_hold_the_start() -> None:
+    """A process forked by one thread while another starts s5cmd (a DataLoader forking its
+    workers while a staging pass runs) must not keep that start waiting until it exits: the
+    main thread may be waiting for the starting thread meanwhile (a replaced pass closing)."""
+    import signal
+
+    from s5loader._s5cmd import S5cmd
+
+    s5 = S5cmd()
+    done = threading.Event()
+    starts: list[float] = []
+
+    def start_again_and_again() -> None:
+        while not done.is_set():
+            t0 = time.monotonic()
+            proc = s5.start(["version"])
+            starts.append(time.monotonic() - t0)
+            proc.communicate()
+
+    starter = threading.Thread(target=start_again_and_again, daemon=True)
+    starter.start()
+    children = []
+    try:
+        for _ in range(40):
+            pid = os.fork()
+            if pid == 0:  # a worker that never execs, and outlives the test unless killed
+                time.sleep(60)
+                os._exit(0)
+            children.append(pid)
+            time.sleep(0.01)
+        done.set()
+        starter.join(timeout=20)
+        assert not starter.is_alive(), "starting s5cmd waits for a forked process to exit"
+    finally:
+        done.set()
+        for pid in children:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        starter.join()
+    assert len(starts) > 1 and max(starts) < 10

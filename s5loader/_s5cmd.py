@@ -270,6 +270,11 @@ class S5cmd:
         # Without a region s5cmd asks the endpoint for the bucket's region first.
         if not env.get("AWS_REGION"):
             env["AWS_REGION"] = env.get("AWS_DEFAULT_REGION") or "us-east-1"
+        # Go's collector at GOGC=400 with a soft 512 MiB ceiling: measured here 11-17% less
+        # s5cmd CPU per object in every line shape, at about 2x its peak RSS (117-188 MiB);
+        # see docs/s5cmd-head.md. The user's own settings win.
+        env.setdefault("GOGC", "400")
+        env.setdefault("GOMEMLIMIT", "512MiB")
         return env
 
     def start(self, args: list[str], stdin: int | IO[bytes] | None = None) -> subprocess.Popen[bytes]:

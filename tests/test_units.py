@@ -168,3 +168,14 @@ def test_endpoint_with_credentials_is_refused(monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(ConfigError):
         resolve_endpoint(None)
     assert resolve_endpoint("http://127.0.0.1:9000") == "http://127.0.0.1:9000"
+
+
+def test_s5cmd_environment_tunes_go_and_keeps_the_users_settings(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from s5loader._s5cmd import S5cmd
+
+    monkeypatch.delenv("GOGC", raising=False)
+    monkeypatch.delenv("GOMEMLIMIT", raising=False)
+    env = S5cmd.env()
+    assert (env["GOGC"], env["GOMEMLIMIT"]) == ("400", "512MiB")
+    monkeypatch.setenv("GOGC", "100")
+    assert S5cmd.env()["GOGC"] == "100"

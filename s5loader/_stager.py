@@ -28,7 +28,6 @@ from typing import Any
 from . import _s5cmd
 from ._blocks import Layout
 from ._index import Sample, boto3_error, make_boto3_client
-from ._staging import StagingArea
 from ._uri import format_size, parse_s3_uri
 from .exceptions import (
     BudgetError,
@@ -37,6 +36,8 @@ from .exceptions import (
     StagingSpaceError,
     StallError,
 )
+from .staging.area import StagingArea
+from .staging.layout import ReleaseEvents, StagingLayout, field_names
 
 log = logging.getLogger(__name__)
 
@@ -71,29 +72,6 @@ class StagerOptions:
             raise ConfigError(f"stall_timeout must be a positive number of seconds, got {self.stall_timeout!r}")
         if self.on_error not in ON_ERROR:
             raise ConfigError(f"on_error must be one of {', '.join(ON_ERROR)}; got {self.on_error!r}")
-
-
-def field_names(sample: Sample) -> list[str]:
-    """File names of a sample's fields inside its staging folder.
-
-    Field names that are plain relative paths are kept (``image``, ``video.mp4``,
-    ``sub/x.txt``); if any is not (``..``, absolute, NUL, a component over 255 bytes), every
-    field of the sample is named by its position instead. Names never come from anything a
-    key can use to leave the sample's folder.
-    """
-    names = [f.name for f in sample.fields]
-    for n in names:
-        parts = n.split("/")
-        if any(
-            not p or p in (".", "..") or "\x00" in p or len(p.encode("utf-8", "surrogatepass")) > 255
-            or p.startswith(".")
-            for p in parts
-        ):
-            return [f"_{j}" for j in range(len(names))]
-    lowered = {n.lower() for n in names}  # keep distinct on case-insensitive file systems too
-    if len(lowered) != len(names):
-        return [f"_{j}" for j in range(len(names))]
-    return names
 
 
 @dataclass
@@ -223,8 +201,11 @@ class Stats:
 class Stager:
     """Stages ``order`` (indices into ``samples``) into ``area``; see the module docstring.
 
-    Consumers call :meth:`wait` for each position in order, read the sample, delete its
-    folder; :meth:`yielded` tells the engine which folders to watch for deletion.
+    Consumers call :meth:`wait` for each position in order, read the sample and release it
+    (:meth:`StagingLayout.release <s5loader.staging.layout.StagingLayout.release>`: delete its
+    folder, then announce the index on the pass's FIFO); :meth:`yielded` tells the engine which
+    samples a consumer holds. With ``is_released`` (the prefetch daemon's ledger) the engine
+    asks that instead, and polls.
     """
 
     def __init__(
@@ -246,7 +227,11 @@ class Stager:
         self.s5cmd = s5cmd
         self.opts = options
         self.kept = kept
-        self.is_released = is_released or (lambda idx: not os.path.isdir(area.sample_dir(idx)))
+        self.folders = StagingLayout(area.path)
+        # Readers announce releases on the pass's FIFO; a consumer with a protocol of its own
+        # (is_released) is asked instead.
+        self._events = ReleaseEvents(self.folders) if is_released is None else None
+        self.is_released = is_released or (lambda idx: not os.path.isdir(self.folders.sample_dir(idx)))
         self.endpoint_url = endpoint_url
         self.layout = layout
         self.stats = Stats(samples=len(order))
@@ -280,6 +265,13 @@ class Stager:
     # -- consumer side ------------------------------------------------------------------
     def start(self) -> Stager:
         if self._thread is None:
+            if self._events is not None:
+                try:
+                    self._sel.register(self._events.open().fileno(), selectors.EVENT_READ, None)
+                except OSError as exc:  # a file system without FIFOs: watch the folders
+                    log.debug("no release FIFO in %s (%s); polling for released samples", self.area.path, exc)
+                    self._events.close()
+                    self._events = None
             self._thread = threading.Thread(target=self._run, name="s5loader-stager", daemon=True)
             self._thread.start()
         return self
@@ -350,10 +342,15 @@ class Stager:
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
+        events = self._events
+        if events is not None:
+            events.wake()
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join()
         self._kill_all()
+        if events is not None:
+            events.close()
         if self._executor is not None:
             # close() may run on one of the pool's own threads (garbage collection happens
             # anywhere); a pool cannot join itself
@@ -387,10 +384,16 @@ class Stager:
         return self._next >= len(self.order) and not self._retry and not self._calls and not self._side
 
     def _poll_releases(self) -> None:
-        # A stat per sample handed out and not yet read: often while the budget blocks
-        # staging, rarely otherwise.
+        # A stat per sample handed out and not yet read. Without release events: often while
+        # the budget blocks staging, rarely otherwise. With them, only a safety net for
+        # consumers that delete folders without announcing it: once a second, while blocked.
         now = time.monotonic()
-        if not self._yielded or now - self._last_poll < (0.005 if self._budget_blocked else 0.05):
+        if not self._yielded:
+            return
+        if self._events is not None:
+            if not self._budget_blocked or now - self._last_poll < 1.0:
+                return
+        elif now - self._last_poll < (0.005 if self._budget_blocked else 0.05):
             return
         self._last_poll = now
         with self._cond:
@@ -404,6 +407,18 @@ class Stager:
                 for idx in freed:
                     self._yielded.pop(idx, None)
                     self._reserved -= self._held.pop(idx, 0)
+            self._last_release = time.monotonic()
+
+    def _on_releases(self) -> None:
+        assert self._events is not None
+        # An index counts only while handed out and its folder is gone: an announcement that
+        # comes after the safety net freed the sample cannot free a later copy of it.
+        released = [idx for idx in self._events.read() if idx in self._yielded and self.is_released(idx)]
+        if released:
+            with self._cond:
+                for idx in released:
+                    if self._yielded.pop(idx, None) is not None:
+                        self._reserved -= self._held.pop(idx, 0)
             self._last_release = time.monotonic()
 
     def _schedule(self) -> None:
@@ -533,11 +548,19 @@ class Stager:
         self._side = still
 
     def _pump(self) -> None:
-        timeout = 0.01 if (self._next < len(self.order) or self._retry or self._side) else 0.2
-        if not self._calls:
+        if self._events is not None:
+            # Releases, call output and close() wake the select; only retries due at a time
+            # and side fetches need a short tick.
+            timeout = 0.01 if (self._retry or self._side) else 0.2
+        else:
+            timeout = 0.01 if (self._next < len(self.order) or self._retry or self._side) else 0.2
+        if not self._calls and self._events is None:
             time.sleep(timeout)
             return
         for key, _ in self._sel.select(timeout):
+            if key.data is None:
+                self._on_releases()
+                continue
             call, is_stdout = key.data
             fd = key.fd
             try:

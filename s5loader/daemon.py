@@ -46,10 +46,10 @@ from ._order import Order
 from ._platform import require_linux
 from ._s5cmd import S5cmd
 from ._stager import ON_ERROR, Stager, StagerOptions
-from ._staging import StagingArea, free_bytes
 from ._uri import format_size
 from .consume import END_MARKER, SEQ_WIDTH, parse_seq, ready_names
 from .exceptions import BudgetError, ConfigError, DaemonError
+from .staging.area import StagingArea, free_bytes
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ consumer, in any language.
 
 It builds the same sample index as :class:`~s5loader.S5Dataset`, orders it as
 :class:`~s5loader.S5Sampler` does (one seeded permutation per epoch) and stages with the same
-s5cmd engine (:class:`~s5loader._stager.Stager`) into a hidden ``.staging`` directory inside
+s5cmd engine (:class:`~s5loader.engine.Stager`) into a hidden ``.staging`` directory inside
 the cache. Each sample whose turn has come is renamed into place as ``SEQUENCE-KEY/`` (see
 :mod:`s5loader.consume` and docs/daemon.md for the protocol); the consumer deletes it, which
 frees its bytes for the next. A state file records how far delivery got, so a restarted
@@ -45,9 +45,9 @@ from ._index import GROUP_BY, Sample
 from ._order import Order
 from ._platform import require_linux
 from ._s5cmd import S5cmd
-from ._stager import ON_ERROR, Stager, StagerOptions
 from ._uri import format_size
 from .consume import END_MARKER, SEQ_WIDTH, parse_seq, ready_names
+from .engine import ON_ERROR, Stager, StagerOptions
 from .exceptions import BudgetError, ConfigError, DaemonError
 from .staging.area import StagingArea, free_bytes
 

@@ -17,9 +17,9 @@ from ._dist import rank_info
 from ._order import Order as _Order
 from ._platform import require_linux
 from ._s5cmd import S5cmd, write_command_file
-from ._stager import Stager, StagerOptions, Stats, plan_call
 from ._uri import format_size, parse_size
 from .dataset import S5Dataset, StagedIndex
+from .engine import Stager, StagerOptions, Stats, plan_call
 from .exceptions import BudgetError, ConfigError, StateError
 from .staging.area import PassArea, StagingArea, choose_root, register_cleanup
 

@@ -15,8 +15,8 @@ from torch.utils.data import DataLoader
 
 from s5loader import S5Dataset, S5Sampler
 from s5loader._index import Field, Sample
-from s5loader._stager import Stager
 from s5loader.dataset import StagedIndex
+from s5loader.engine.budget import Budget
 from s5loader.staging.layout import ReleaseEvents, StagingLayout
 
 
@@ -84,7 +84,7 @@ def test_releases_free_the_budget_without_polling(
 ) -> None:
     # With the folder check turned off, only the readers' announcements can free budget: a
     # budget of three samples gets through 40 only if every release reaches the engine.
-    monkeypatch.setattr(Stager, "_poll_releases", lambda self: None)
+    monkeypatch.setattr(Budget, "poll", lambda self: None)
     source = moto.put(make_pairs(40, size=500))
     ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
     three = 3 * max(s.size for s in ds.samples)

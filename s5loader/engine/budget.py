@@ -17,6 +17,20 @@ from ..staging.layout import ReleaseEvents
 log = logging.getLogger(__name__)
 
 
+def check_sample_fits(sample: Sample, budget: int, fix: str = "raise the budget") -> None:
+    """The one check that a sample fits the budget at all, for the sampler, the daemon and the
+    engine.
+
+    Raises:
+        BudgetError: naming the sample, its first URIs, both sizes and ``fix``.
+    """
+    if sample.size > budget:
+        raise BudgetError(
+            f"sample {sample.key!r} ({', '.join(f.uri for f in sample.fields[:3])}) is "
+            f"{format_size(sample.size)}, larger than the budget of {format_size(budget)}; {fix}"
+        )
+
+
 class Budget:
     """Bytes reserved for staged (or staging) samples, at most ``limit`` for new calls.
 
@@ -45,13 +59,7 @@ class Budget:
 
     def check_fits(self, sample: Sample) -> None:
         """Raise :class:`BudgetError` for a sample that can never fit."""
-        size = sample.size
-        if size > self.limit:
-            raise BudgetError(
-                f"sample {sample.key!r} ({format_size(size)}: "
-                f"{', '.join(f.uri for f in sample.fields[:3])}) is larger than "
-                f"the budget of {format_size(self.limit)}"
-            )
+        check_sample_fits(sample, self.limit)
 
     def reserve(self, idx: int, size: int) -> None:
         """Hold ``size`` bytes for sample ``idx`` until it is released (call under ``cond``)."""

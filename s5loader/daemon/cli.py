@@ -9,7 +9,7 @@ import threading
 from types import FrameType
 from typing import Any
 
-from .._args import positive_int, size_arg
+from .._args import non_negative_int, positive_float, positive_int, size_arg
 from .._index import GROUP_BY
 from ..cli import EXIT_OK
 from ..engine import ON_ERROR
@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--buffers", type=positive_int, default=2, help="s5cmd calls in flight")
     p.add_argument("--numworkers", type=positive_int, default=256, help="s5cmd --numworkers")
     p.add_argument("--on-error", default="raise", choices=list(ON_ERROR), help="a sample that cannot be fetched")
+    p.add_argument("--stall-timeout", type=positive_float, default=60.0, help="seconds without progress before a call or a copy counts as stalled")
+    p.add_argument("--retries", type=non_negative_int, default=3, help="retries of a sample that failed for a transient reason")
+    p.add_argument("--verify", action="store_true", help="check each staged file against the listing's size and MD5 ETag")
     p.add_argument("--fresh", action="store_true", help="discard the cache's samples and progress first")
     p.add_argument(
         "--json-log", nargs="?", const="-", metavar="PATH",
@@ -97,7 +100,8 @@ def options_from_args(args: argparse.Namespace) -> PrefetchOptions:
         source=args.source, cache=args.cache, budget=args.budget, group_by=args.group_by,
         shuffle=args.shuffle, seed=args.seed, epochs=args.epochs, endpoint_url=args.endpoint_url,
         samples_per_call=args.samples_per_call, buffers=args.buffers, numworkers=args.numworkers,
-        on_error=args.on_error, fresh=args.fresh, json_log=args.json_log, progress=args.progress,
+        on_error=args.on_error, stall_timeout=args.stall_timeout, retries=args.retries, verify=args.verify,
+        fresh=args.fresh, json_log=args.json_log, progress=args.progress,
     )
 
 

@@ -17,7 +17,7 @@ from .._order import Order
 from .._platform import require_linux
 from .._s5cmd import S5cmd
 from .._uri import format_size
-from ..engine import ON_ERROR, Stager, StagerOptions
+from ..engine import Stager, StagerOptions
 from ..exceptions import ConfigError, DaemonError
 from ..staging.area import StagingArea
 from .epochs import EpochSamples, index_fingerprint
@@ -41,7 +41,12 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class PrefetchOptions:
-    """What ``s5loader prefetch`` was asked to do (its command-line options)."""
+    """What ``s5loader prefetch`` was asked to do (its command-line options).
+
+    The staging options (``budget``, ``samples_per_call``, ``buffers``, ``stall_timeout``,
+    ``retries``, ``on_error``, ``verify``) have the names, defaults and checks of
+    :class:`~s5loader.S5Sampler`'s: :meth:`stager_options` is the engine's one options object.
+    """
 
     source: str
     cache: str
@@ -55,6 +60,9 @@ class PrefetchOptions:
     buffers: int = 2
     numworkers: int = 256
     on_error: str = "raise"
+    stall_timeout: float = 60.0
+    retries: int = 3
+    verify: bool = False
     fresh: bool = False
     json_log: str | None = None
     progress: bool | None = None  # None: a bar when stderr is a terminal
@@ -66,8 +74,18 @@ class PrefetchOptions:
             raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
         if self.numworkers < 1:
             raise ConfigError(f"numworkers must be >= 1, got {self.numworkers}")
-        if self.on_error not in ON_ERROR:
-            raise ConfigError(f"on_error must be one of {', '.join(ON_ERROR)}; got {self.on_error!r}")
+        self.stager_options()  # checks the staging options as the sampler's are checked
+
+    def stager_options(self) -> StagerOptions:
+        return StagerOptions(
+            budget=self.budget,
+            samples_per_call=self.samples_per_call,
+            buffers=self.buffers,
+            stall_timeout=self.stall_timeout,
+            retries=self.retries,
+            on_error=self.on_error,
+            verify=self.verify,
+        )
 
 
 @dataclass
@@ -181,12 +199,7 @@ class Prefetcher:
         os.makedirs(staging, exist_ok=True)
         self._area = StagingArea(staging)
         self._area.create()
-        options = StagerOptions(
-            budget=self.opts.budget,
-            samples_per_call=self.opts.samples_per_call,
-            buffers=self.opts.buffers,
-            on_error=self.opts.on_error,
-        )
+        options = self.opts.stager_options()
         s5 = S5cmd(endpoint, numworkers=self.opts.numworkers)
         order = range(self._state.delivered, len(self._view))
         self._stager = Stager(

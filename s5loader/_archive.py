@@ -12,7 +12,7 @@ import tarfile
 import zlib
 from typing import Any
 
-from ._staging import free_bytes
+from .staging.area import free_bytes
 from ._uri import format_size
 from .exceptions import ConfigError, FetchError, StagingSpaceError, UnsafeArchiveError
 

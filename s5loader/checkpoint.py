@@ -33,7 +33,7 @@ from typing import IO, Any
 
 from . import _s5cmd, _transfer
 from ._s5cmd import S5cmd
-from ._staging import StagingArea
+from .staging.area import StagingArea
 from ._uri import format_size
 from .exceptions import FetchError, StagingSpaceError
 

@@ -37,7 +37,7 @@ def _ls(argv: list[str]) -> int:
 
 COMMANDS = {
     "ls": ("list the samples of a source", "s5loader.cli:_ls"),
-    "prefetch": ("keep a bounded local cache filled for any consumer", "s5loader.daemon:main"),
+    "prefetch": ("keep a bounded local cache filled for any consumer", "s5loader.daemon.cli:main"),
     "bench": ("measure loading methods on your bucket", "s5loader_bench.cli:main"),
     "fetch": ("download big objects or a split archive through a small disk", "s5loader.fetch:main"),
 }

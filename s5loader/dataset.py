@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import shutil
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -25,9 +24,9 @@ from ._index import (
 from ._labels import check_label, folder_labels, warn_grouping
 from ._s5cmd import S5cmd, resolve_endpoint
 from ._share import shared_index
-from ._stager import field_names
 from ._uri import parse_s3_uri
 from .exceptions import ConfigError, EmptySourceError, S3URIError
+from .staging.layout import StagingLayout
 
 log = logging.getLogger(__name__)
 
@@ -270,7 +269,7 @@ class S5Dataset(Dataset[Any]):
         data = None
         if isinstance(index, StagedIndex):
             folder = index.folder
-            data = self._read_staged(f"{folder}/{int(index)}", sample, keep=index.keep)
+            data = self._read_staged(StagingLayout(folder), int(index), sample, keep=index.keep)
             # A pass whose folder is gone was replaced: whoever asked will not use the sample
             # (a worker of a loader that was shut down), so that is no staging fault to report.
             if data is None and not self._warned_unstaged and os.path.isdir(folder):
@@ -289,9 +288,9 @@ class S5Dataset(Dataset[Any]):
                 out.setdefault(k, v)
         return self.transform(out) if self.transform is not None else out
 
-    def _read_staged(self, folder: str, sample: Sample, keep: bool) -> list[bytes] | None:
-        names = field_names(sample)
-        paths = [f"{folder}/{n}" for n in names]
+    @staticmethod
+    def _read_staged(layout: StagingLayout, index: int, sample: Sample, keep: bool) -> list[bytes] | None:
+        paths = layout.paths(index, sample)
         data = []
         try:
             for p in paths:
@@ -302,23 +301,8 @@ class S5Dataset(Dataset[Any]):
                 return None
             raise
         if not keep:
-            self._release(folder, paths, nested=any("/" in n for n in names))
+            layout.release(index, paths)
         return data
-
-    @staticmethod
-    def _release(folder: str, paths: list[str], nested: bool) -> None:
-        if nested:
-            shutil.rmtree(folder, ignore_errors=True)
-            return
-        for p in paths:
-            try:
-                os.unlink(p)
-            except FileNotFoundError:
-                pass
-        try:
-            os.rmdir(folder)
-        except OSError:
-            shutil.rmtree(folder, ignore_errors=True)
 
     def _fetch(self, sample: Sample) -> list[bytes]:
         if self._client is None or self._client_pid != os.getpid():

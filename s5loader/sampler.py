@@ -17,11 +17,12 @@ from ._dist import rank_info
 from ._order import Order as _Order
 from ._platform import require_linux
 from ._s5cmd import S5cmd, write_command_file
-from ._stager import Stager, StagerOptions, Stats, plan_call
-from ._staging import PassArea, StagingArea, choose_root, register_cleanup
 from ._uri import format_size, parse_size
 from .dataset import S5Dataset, StagedIndex
+from .engine import Stager, StagerOptions, Stats, plan_call
+from .engine.budget import check_sample_fits
 from .exceptions import BudgetError, ConfigError, StateError
+from .staging.area import PassArea, StagingArea, choose_root, register_cleanup
 
 log = logging.getLogger(__name__)
 
@@ -134,12 +135,7 @@ class S5Sampler(Sampler[int]):
             verify=verify,
         )
         largest = dataset.samples[dataset.samples.largest()]
-        if largest.size > budget_bytes:
-            raise BudgetError(
-                f"sample {largest.key!r} ({', '.join(f.uri for f in largest.fields[:3])}) is "
-                f"{format_size(largest.size)}, larger than the budget of "
-                f"{format_size(budget_bytes)}; raise the budget"
-            )
+        check_sample_fits(largest, budget_bytes)
         total = dataset.total_bytes
         if keep_staged and total > budget_bytes:
             raise BudgetError(

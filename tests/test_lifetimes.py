@@ -192,7 +192,7 @@ print(sampler.staging_dir, flush=True)
 if where != "waiting":
     # The moment a signal can land between two instructions of the waiting loop: the main
     # thread holds the staging engine's lock, which the engine's thread needs to go on.
-    from s5loader import _stager
+    from s5loader.engine import stager as _stager
 
     def wait(self, pos):
         with self._cond:

@@ -14,7 +14,7 @@ from conftest import Store, make_pairs
 from torch.utils.data import DataLoader
 
 from s5loader import S5Dataset, S5Sampler
-from s5loader._stager import Stats
+from s5loader.engine import Stats
 from s5loader.exceptions import BudgetError, ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,7 +13,7 @@ import pytest
 from conftest import Store
 
 from s5loader import BudgetError
-from s5loader._staging import choose_root
+from s5loader.staging.area import choose_root
 
 OBJECT = 32 * 1024  # whole tmpfs pages, so the bytes counted are the bytes used
 
@@ -91,6 +91,6 @@ def test_choose_root_counts_the_local_ranks(node_fs: str, monkeypatch: pytest.Mo
         choose_root(node_fs, 300 * 1024)
     root, room = choose_root(node_fs, 300 * 1024, shrink=True)
     assert root == node_fs and room == int(1024 * 1024 * 0.9) // 4
-    monkeypatch.setattr("s5loader._staging.SHM", node_fs)  # /dev/shm only if all four fit
+    monkeypatch.setattr("s5loader.staging.area.SHM", node_fs)  # /dev/shm only if all four fit
     assert choose_root(None, 200 * 1024)[0] == node_fs
     assert choose_root(None, 300 * 1024)[0] == tempfile.gettempdir()

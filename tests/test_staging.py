@@ -303,7 +303,7 @@ def test_budget_smaller_than_a_batch_is_a_clear_error(moto: Store, staging_root:
 def test_starvation_is_reported_at_warning(moto: Store, staging_root: str, caplog) -> None:
     import logging
 
-    from s5loader._stager import Stats
+    from s5loader.engine import Stats
 
     moto.put(make_pairs(2))
     ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)

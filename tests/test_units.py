@@ -17,7 +17,7 @@ from s5loader import ConfigError, S3URIError, S5Dataset, S5Sampler, parse_size
 from s5loader._index import group
 from s5loader._order import Order
 from s5loader._s5cmd import ObjectInfo, copy_line, wildcard_line
-from s5loader._stager import field_names
+from s5loader.staging.layout import field_names
 
 
 def test_parse_size() -> None:

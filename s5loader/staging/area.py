@@ -18,8 +18,8 @@ import time
 import weakref
 from typing import Any
 
-from ._uri import format_size
-from .exceptions import BudgetError, ConfigError
+from .._uri import format_size
+from ..exceptions import BudgetError, ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,28 @@
+"""``s5loader prefetch``: a daemon that keeps a bounded local cache filled from S3 for any
+consumer, in any language.
+
+It builds the same sample index as :class:`~s5loader.S5Dataset`, orders it as
+:class:`~s5loader.S5Sampler` does (one seeded permutation per epoch) and stages with the same
+s5cmd engine (:class:`~s5loader.engine.Stager`) into a hidden ``.staging`` directory inside
+the cache. Each sample whose turn has come is renamed into place as ``SEQUENCE-KEY/`` (see
+:mod:`s5loader.consume` and docs/daemon.md for the protocol); the consumer deletes it, which
+frees its bytes for the next. A state file records how far delivery got, so a restarted
+daemon continues where the last one stopped.
+
+Layout of a cache directory::
+
+    CACHE/000000000000-train_0000/   a delivered sample (its files named by field)
+    CACHE/END                        every sample was delivered
+    CACHE/.lock                      flock-ed by the running daemon (holds its pid)
+    CACHE/.state.json                progress; replaced atomically after every delivery
+    CACHE/.staging/                  samples being fetched (never visible to ``ls``)
+"""
+
+from .cli import build_parser, main, options_from_args
+from .prefetcher import Prefetcher, PrefetchOptions, Summary
+from .protocol import END_MARKER, LOCK_FILE, STAGING_DIR, STATE_FILE, sample_folder_name
+
+__all__ = [
+    "END_MARKER", "LOCK_FILE", "STAGING_DIR", "STATE_FILE", "PrefetchOptions", "Prefetcher", "Summary",
+    "build_parser", "main", "options_from_args", "sample_folder_name",
+]

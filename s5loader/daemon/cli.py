@@ -1,0 +1,144 @@
+"""``s5loader prefetch``: the command line, signals and exit codes of the daemon."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from types import FrameType
+from typing import Any
+
+from .._args import non_negative_int, positive_float, positive_int, size_arg
+from .._index import GROUP_BY
+from ..cli import EXIT_OK
+from ..engine import ON_ERROR
+from .prefetcher import Prefetcher, PrefetchOptions
+
+log = logging.getLogger(__name__)
+
+
+class _Interrupted(BaseException):
+    """A stop signal arrived while nothing needed a clean stop (before the first sample)."""
+
+
+class _Signals:
+    """SIGTERM and SIGINT set :attr:`event`; while :attr:`interruptible`, they also raise."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.interruptible = True
+        self.received: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        self.received = signal.Signals(signum).name
+        self.event.set()
+        if self.interruptible:
+            raise _Interrupted()
+
+    def __enter__(self) -> _Signals:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+class _DefaultsHelp(argparse.HelpFormatter):
+    """Shows every option's default, except for required options and those without one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.required or action.default in (None, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        default = "off" if action.default is False else "%(default)s"
+        return f"{text} (default: {default})"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="s5loader prefetch",
+        formatter_class=_DefaultsHelp,
+        description=(
+            "Keep a local cache directory filled with samples from S3, up to a byte budget, "
+            "for any consumer: each sample appears complete as a folder SEQUENCE-KEY/ (ls order "
+            "is the delivery order), the consumer deletes it when done, END marks the end."
+        ),
+        epilog="exit codes: 0 done or stopped by SIGTERM/SIGINT, 1 error, 2 usage. See docs/daemon.md.",
+    )
+    p.add_argument("source", help="s3://bucket/prefix/, or a JSON Lines manifest (local path or s3 URI)")
+    p.add_argument("--cache", required=True, help="the cache directory consumers read from")
+    p.add_argument("--budget", required=True, type=size_arg, help="most bytes in the cache (e.g. 2GiB)")
+    p.add_argument("--group-by", default="stem", choices=list(GROUP_BY), help="how objects form samples")
+    p.add_argument("--shuffle", action="store_true", help="a seeded permutation per epoch")
+    p.add_argument("--seed", type=int, default=0, help="the permutation's seed")
+    p.add_argument("--epochs", type=positive_int, default=1, help="passes over the source")
+    p.add_argument("--endpoint-url", help="the S3 endpoint (default: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL or S3_ENDPOINT_URL, else AWS)")
+    p.add_argument("--samples-per-call", type=positive_int, default=1000, help="samples per s5cmd call")
+    p.add_argument("--buffers", type=positive_int, default=2, help="s5cmd calls in flight")
+    p.add_argument("--numworkers", type=positive_int, default=256, help="s5cmd --numworkers")
+    p.add_argument("--on-error", default="raise", choices=list(ON_ERROR), help="a sample that cannot be fetched")
+    p.add_argument("--stall-timeout", type=positive_float, default=60.0, help="seconds without progress before a call or a copy counts as stalled")
+    p.add_argument("--retries", type=non_negative_int, default=3, help="retries of a sample that failed for a transient reason")
+    p.add_argument("--verify", action="store_true", help="check each staged file against the listing's size and MD5 ETag")
+    p.add_argument("--fresh", action="store_true", help="discard the cache's samples and progress first")
+    p.add_argument(
+        "--json-log", nargs="?", const="-", metavar="PATH",
+        help="write JSON lines of progress to PATH, or to stdout without PATH (default: none)",
+    )
+    bar = p.add_mutually_exclusive_group()
+    bar.add_argument("--progress", dest="progress", action="store_true", default=None, help="always draw the bar (default: only when stderr is a terminal)")
+    bar.add_argument("--no-progress", dest="progress", action="store_false", default=None, help="never draw the bar")
+    return p
+
+
+def options_from_args(args: argparse.Namespace) -> PrefetchOptions:
+    return PrefetchOptions(
+        source=args.source, cache=args.cache, budget=args.budget, group_by=args.group_by,
+        shuffle=args.shuffle, seed=args.seed, epochs=args.epochs, endpoint_url=args.endpoint_url,
+        samples_per_call=args.samples_per_call, buffers=args.buffers, numworkers=args.numworkers,
+        on_error=args.on_error, stall_timeout=args.stall_timeout, retries=args.retries, verify=args.verify,
+        fresh=args.fresh, json_log=args.json_log, progress=args.progress,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``s5loader prefetch``: returns the exit code (0 done or stopped by a signal).
+
+    Raises:
+        S5LoaderError: an error (``s5loader`` prints it and exits with 1).
+        SystemExit: a usage error (exit code 2).
+    """
+    args = build_parser().parse_args(argv)
+    opts = options_from_args(args)
+    with _Signals() as signals:
+        prefetcher = Prefetcher(opts, stop=signals.event)
+        try:
+            try:
+                prefetcher.open()
+            finally:
+                signals.interruptible = False
+            if signals.event.is_set():
+                raise _Interrupted()
+            summary = prefetcher.run()
+        except _Interrupted:
+            log.info("stopped by %s before the first delivery", signals.received)
+            return EXIT_OK
+        finally:
+            prefetcher.close()
+    if summary.stopped:
+        log.info(
+            "stopped by %s: %d samples delivered in this run, %d of %d in all; a restart continues",
+            signals.received, summary.delivered,
+            summary.resumed_from + summary.delivered + summary.skipped, summary.total,
+        )
+    else:
+        log.info(
+            "done: %d samples delivered in this run (%d skipped), starved %d time(s) for %.1fs",
+            summary.delivered, summary.skipped, summary.starved, summary.starved_s,
+        )
+    return EXIT_OK
+

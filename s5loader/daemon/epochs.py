@@ -1,0 +1,65 @@
+"""The daemon's sample sequence: every epoch's order, one after another, and the fingerprint
+that tells whether a cache's progress belongs to the same index."""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import threading
+from collections.abc import Sequence
+from typing import overload
+
+from .._index import Sample
+from .._order import Order
+
+
+def index_fingerprint(samples: Sequence[Sample]) -> str:
+    """A digest of the sample index (keys, fields, URIs, sizes, ETags)."""
+    h = hashlib.sha256()
+    for s in samples:
+        for f in s.fields:
+            h.update(f"{s.key}\0{f.name}\0{f.uri}\0{f.size}\0{f.etag}\n".encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
+
+
+class EpochSamples(Sequence[Sample]):
+    """All epochs as one sequence: item ``seq`` is the sample delivered ``seq``-th.
+
+    ``seq = epoch * n + position``; each epoch's order comes from :class:`Order`, computed
+    when first needed (a few epochs are kept).
+    """
+
+    def __init__(self, samples: Sequence[Sample], order: Order, epochs: int) -> None:
+        self._samples = samples
+        self._order = order
+        self._n = len(samples)
+        self._epochs = epochs
+        self._perms: collections.OrderedDict[int, list[int]] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self._n * self._epochs
+
+    @overload
+    def __getitem__(self, seq: int) -> Sample: ...
+
+    @overload
+    def __getitem__(self, seq: slice) -> Sequence[Sample]: ...
+
+    def __getitem__(self, seq: int | slice) -> Sample | Sequence[Sample]:
+        if isinstance(seq, slice):
+            return [self[i] for i in range(*seq.indices(len(self)))]
+        if not 0 <= seq < len(self):
+            raise IndexError(seq)
+        epoch, pos = divmod(seq, self._n)
+        return self._samples[self._perm(epoch)[pos]]
+
+    def _perm(self, epoch: int) -> list[int]:
+        with self._lock:
+            perm = self._perms.get(epoch)
+            if perm is None:
+                perm = self._order.indices(self._n, epoch)
+                self._perms[epoch] = perm
+                while len(self._perms) > 3:
+                    self._perms.popitem(last=False)
+            return perm

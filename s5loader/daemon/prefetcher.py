@@ -1,0 +1,387 @@
+"""The prefetcher: opens the cache, delivers samples in order as the engine stages them,
+stops cleanly. See the package docstring for the cache layout."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from .._index import GROUP_BY, Sample
+from .._order import Order
+from .._platform import require_linux
+from .._s5cmd import S5cmd
+from .._uri import format_size
+from ..engine import Stager, StagerOptions
+from ..exceptions import ConfigError, DaemonError
+from ..staging.area import StagingArea
+from .epochs import EpochSamples, index_fingerprint
+from .progress import ProgressReporter, open_reporter
+from .protocol import END_MARKER, STAGING_DIR, STATE_FILE, sample_folder_name
+from .state import (
+    CacheLock,
+    DaemonState,
+    Ledger,
+    adopt_delivered,
+    check_cache_budget,
+    check_unused,
+    recover_pending,
+    remove_end,
+    wipe,
+    write_end,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PrefetchOptions:
+    """What ``s5loader prefetch`` was asked to do (its command-line options).
+
+    The staging options (``budget``, ``samples_per_call``, ``buffers``, ``stall_timeout``,
+    ``retries``, ``on_error``, ``verify``) have the names, defaults and checks of
+    :class:`~s5loader.S5Sampler`'s: :meth:`stager_options` is the engine's one options object.
+    """
+
+    source: str
+    cache: str
+    budget: int
+    group_by: str = "stem"
+    shuffle: bool = False
+    seed: int = 0
+    epochs: int = 1
+    endpoint_url: str | None = None
+    samples_per_call: int = 1000
+    buffers: int = 2
+    numworkers: int = 256
+    on_error: str = "raise"
+    stall_timeout: float = 60.0
+    retries: int = 3
+    verify: bool = False
+    fresh: bool = False
+    json_log: str | None = None
+    progress: bool | None = None  # None: a bar when stderr is a terminal
+
+    def __post_init__(self) -> None:
+        if self.group_by not in GROUP_BY:
+            raise ConfigError(f"group_by must be one of {', '.join(GROUP_BY)}; got {self.group_by!r}")
+        if self.epochs < 1:
+            raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
+        if self.numworkers < 1:
+            raise ConfigError(f"numworkers must be >= 1, got {self.numworkers}")
+        self.stager_options()  # checks the staging options as the sampler's are checked
+
+    def stager_options(self) -> StagerOptions:
+        return StagerOptions(
+            budget=self.budget,
+            samples_per_call=self.samples_per_call,
+            buffers=self.buffers,
+            stall_timeout=self.stall_timeout,
+            retries=self.retries,
+            on_error=self.on_error,
+            verify=self.verify,
+        )
+
+
+@dataclass
+class Summary:
+    """What one run of the daemon did."""
+
+    delivered: int = 0
+    skipped: int = 0
+    total: int = 0
+    resumed_from: int = 0
+    stopped: bool = False
+    starved: int = 0
+    starved_s: float = 0.0
+    skipped_uris: list[str] = field(default_factory=list)
+
+
+class Prefetcher:
+    """The prefetch daemon's work: open the cache, deliver samples, stop cleanly.
+
+    Use as a context manager; :meth:`run` returns when every sample is delivered or
+    ``stop`` is set. :meth:`close` (idempotent) kills s5cmd, removes partial files and
+    releases the cache's lock; delivered samples stay for the consumer.
+    """
+
+    def __init__(self, options: PrefetchOptions, stop: threading.Event | None = None) -> None:
+        require_linux("the prefetch daemon")
+        self.opts = options
+        self.cache = os.path.abspath(options.cache)
+        self.stop = stop or threading.Event()
+        self._lock = CacheLock(self.cache)
+        self._state_path = os.path.join(self.cache, STATE_FILE)
+        self._ledger = Ledger(self.cache)
+        self._stager: Stager | None = None
+        self._area: StagingArea | None = None
+        self._view: EpochSamples | None = None
+        self._state: DaemonState | None = None
+        self._reporter: ProgressReporter | None = None
+        self._json_file: IO[str] | None = None
+        self._starving = 0.0
+        self._last_starve_log = 0.0
+        self._last_starve_check = 0.0
+        self._start = 0
+        self.summary = Summary()
+
+    # -- opening ----------------------------------------------------------------------------
+    def open(self) -> Prefetcher:
+        """Lock the cache, build the index, check the budget, recover the last run's state.
+
+        Raises:
+            DaemonError: another daemon runs on the cache, or the cache holds something else.
+            BudgetError: a sample larger than the budget, or a budget the disk cannot hold.
+            S5LoaderError: the source cannot be listed.
+        """
+        try:
+            os.makedirs(self.cache, exist_ok=True)
+        except OSError as exc:
+            raise DaemonError(f"cannot create the cache {self.cache}: {exc.strerror}") from exc
+        if not os.path.exists(self._state_path):
+            check_unused(self.cache)  # before leaving a .lock in someone else's directory
+        self._lock.acquire()
+        if self.opts.fresh:
+            remove_end(self.cache)  # first: a consumer must not take the old run's END for this run's
+        old = DaemonState.load(self._state_path)
+        if old is None:
+            check_unused(self.cache)  # again, under the lock
+        if self.opts.fresh:
+            wipe(self.cache)
+            old = None
+        samples, endpoint = self._index()
+        order = Order(self.opts.shuffle, self.opts.seed, 1, 0, False)
+        self._view = EpochSamples(samples, order, self.opts.epochs)
+        state = DaemonState(
+            self.opts.source, self.opts.group_by, self.opts.shuffle, self.opts.seed,
+            self.opts.epochs, len(samples), index_fingerprint(samples), run=secrets.token_hex(8),
+        )
+        if old is not None:
+            diff = old.differences(state)
+            if diff:
+                raise DaemonError(
+                    f"the cache {self.cache} holds the progress of another run ({'; '.join(diff)}); "
+                    "use the same arguments to continue it, another --cache, or --fresh to start over"
+                )
+            state = old
+            state.run = state.run or secrets.token_hex(8)  # a state from before runs were named
+        self._state = state
+        recover_pending(state, self._state_path)
+        check_cache_budget(samples, self.opts.budget, self.opts.epochs, self.cache, adopt_delivered(self.cache, self._ledger))
+        self._start = state.delivered
+        self.summary.total = len(self._view)
+        self.summary.resumed_from = state.delivered
+        if state.delivered < len(self._view):
+            remove_end(self.cache)
+        state.save(self._state_path)
+        self._open_stager(samples, endpoint)
+        return self
+
+    def _index(self) -> tuple[Sequence[Sample], str | None]:
+        from ..dataset import S5Dataset
+
+        src, ep, gb = self.opts.source, self.opts.endpoint_url, self.opts.group_by
+        if src.startswith("s3://") and not src.endswith((".jsonl", ".json")):
+            ds = S5Dataset.from_prefix(src, endpoint_url=ep, group_by=gb)
+        else:
+            ds = S5Dataset.from_manifest(src, endpoint_url=ep, group_by=gb)
+        log.info("%s: %d samples, %s", src, len(ds), format_size(ds.total_bytes))
+        return ds.samples, ds.endpoint_url
+
+    def _open_stager(self, samples: Sequence[Sample], endpoint: str | None) -> None:
+        assert self._view is not None and self._state is not None
+        staging = os.path.join(self.cache, STAGING_DIR)
+        os.makedirs(staging, exist_ok=True)
+        self._area = StagingArea(staging)
+        self._area.create()
+        options = self.opts.stager_options()
+        s5 = S5cmd(endpoint, numworkers=self.opts.numworkers)
+        order = range(self._state.delivered, len(self._view))
+        self._stager = Stager(
+            self._view, order, self._area, s5, options,
+            is_released=self._ledger.is_released, endpoint_url=endpoint,
+        )
+        for seq, size in self._ledger.items():
+            self._stager.hold(seq, size)
+        self._reporter, self._json_file = open_reporter(
+            self.opts.budget, len(self._view), self.opts.json_log, self.opts.progress
+        )
+
+    # -- running ----------------------------------------------------------------------------
+    def run(self) -> Summary:
+        """Deliver samples until the source is exhausted or :attr:`stop` is set.
+
+        Raises:
+            S5LoaderError: staging failed (FetchError, StallError, StagingSpaceError, ...).
+        """
+        st, stager, rep = self._state, self._stager, self._reporter
+        assert st is not None and stager is not None and rep is not None and self._view is not None
+        rep.event(
+            "start", source=self.opts.source, cache=self.cache, total=len(self._view),
+            budget=self.opts.budget, resumed_from=st.delivered, pid=os.getpid(),
+        )
+        if st.delivered < len(self._view):
+            log.info(
+                "prefetching %d samples into %s (budget %s)%s",
+                len(self._view) - st.delivered, self.cache, format_size(self.opts.budget),
+                f", resuming at {st.delivered}" if st.delivered else "",
+            )
+        stager.start()
+        for seq in range(st.delivered, len(self._view)):
+            ready = self._await(seq)
+            if ready is None:
+                self.summary.stopped = True
+                if st.pending is not None:  # the last delivery's rename is done
+                    st.pending = None
+                    st.save(self._state_path)
+                break
+            if ready:
+                self._deliver(seq)
+            else:
+                self._skip(seq)
+        else:
+            self._finish()
+        rep.tick(self._snapshot(), force=True)
+        rep.close()
+        end = "stopped" if self.summary.stopped else "done"
+        rep.event(end, **self._snapshot(), starved=self.summary.starved, starved_s=round(self.summary.starved_s, 2))
+        return self.summary
+
+    def _await(self, seq: int) -> bool | None:
+        """True when ``seq`` is staged, False when skipped, None when the daemon stops."""
+        stager, pos = self._stager, seq - self._start
+        assert stager is not None
+        ready = stager.poll(pos, 0)
+        if ready is not None:
+            self._tick()
+            return ready
+        while True:  # behind the consumer, or ahead of it on a full budget
+            if self.stop.is_set():
+                return self._drain(pos)
+            ready = stager.poll(pos, 0.1)
+            if ready is not None or time.monotonic() - self._last_starve_check >= 0.1:
+                self._check_starved(seq)
+            self._tick()
+            if ready is not None:
+                return ready
+
+    def _drain(self, pos: int) -> bool | None:
+        """On stop: s5cmd is killed; what was completely staged in order is still delivered."""
+        stager = self._stager
+        assert stager is not None
+        stager.close()
+        return stager.poll(pos, 0)
+
+    def _check_starved(self, seq: int) -> None:
+        st = self._state
+        assert st is not None
+        self._last_starve_check = time.monotonic()
+        self._ledger.refresh(force=True)
+        if self._ledger.count or st.delivered - st.skipped == 0 or self._starving:
+            return
+        self._starving = time.monotonic()
+        self.summary.starved += 1
+        consumed = self._consumed()
+        # Right after a restart the consumer has used up what the last run delivered while this
+        # run's first s5cmd call is under way: an ordinary restart, not a slow source.
+        catching_up = bool(self.summary.resumed_from) and self.summary.delivered < self.opts.samples_per_call
+        assert self._reporter is not None
+        self._reporter.event("starved", seq=seq, consumed=consumed, catching_up=catching_up)
+        if catching_up:
+            log.info(
+                "catching up after a restart at sample %d: the consumer has consumed the samples "
+                "delivered before it (%d in all) and waits for sample %d, which this run is fetching",
+                self.summary.resumed_from, consumed, seq,
+            )
+            return
+        now = time.monotonic()
+        if now - self._last_starve_log > 30:
+            self._last_starve_log = now
+            log.warning(
+                "starved: the consumer has consumed all %d delivered samples and waits for sample "
+                "%d (%d starvation(s) so far); the source or the network is the bottleneck",
+                consumed, seq, self.summary.starved,
+            )
+
+    def _deliver(self, seq: int) -> None:
+        st, area, view = self._state, self._area, self._view
+        assert st is not None and area is not None and view is not None
+        sample = view[seq]
+        name = sample_folder_name(seq, sample.key)
+        src, dst = area.sample_dir(seq), os.path.join(self.cache, name)
+        # the one write of this delivery: a restart completes the rename if it did not happen
+        st.delivered, st.pending = seq + 1, {"seq": seq, "from": src, "to": dst}
+        st.save(self._state_path)
+        os.rename(src, dst)  # the sample appears complete, or not at all
+        self._ledger.add(seq, name, sample.size)
+        assert self._stager is not None
+        self._stager.yielded(seq)
+        self.summary.delivered += 1
+        if self._starving:
+            self.summary.starved_s += time.monotonic() - self._starving
+            self._starving = 0.0
+
+    def _skip(self, seq: int) -> None:
+        st, view = self._state, self._view
+        assert st is not None and view is not None
+        st.delivered, st.skipped, st.pending = seq + 1, st.skipped + 1, None
+        st.save(self._state_path)
+        self.summary.skipped += 1
+        self.summary.skipped_uris.append(view[seq].fields[0].uri)
+
+    def _finish(self) -> None:
+        st = self._state
+        assert st is not None
+        write_end(self.cache, st)
+        log.info("all %d samples delivered to %s; wrote %s", st.delivered, self.cache, END_MARKER)
+
+    def _consumed(self) -> int:
+        st = self._state
+        assert st is not None
+        return st.delivered - st.skipped - self._ledger.count
+
+    def _snapshot(self) -> dict[str, Any]:
+        st, stager = self._state, self._stager
+        assert st is not None and stager is not None
+        reserved = stager.reserved
+        return {
+            "delivered": st.delivered,
+            "consumed": self._consumed(),
+            "in_cache": self._ledger.count,
+            "cache_bytes": reserved,
+            "budget": self.opts.budget,
+            "fetched_bytes": stager.stats.staged_bytes,
+            "skipped": st.skipped,
+        }
+
+    def _tick(self) -> None:
+        if self._reporter is not None:
+            self._ledger.refresh()
+            self._reporter.tick(self._snapshot())
+
+    # -- closing ----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Kill s5cmd, remove partially staged files, release the lock. Safe to call twice."""
+        stager, self._stager = self._stager, None
+        if stager is not None:
+            stager.close()
+        area, self._area = self._area, None
+        if area is not None:
+            area.remove()
+        if self._reporter is not None:
+            self._reporter.close()
+        f, self._json_file = self._json_file, None
+        if f is not None:
+            f.close()
+        self._lock.release()
+
+    def __enter__(self) -> Prefetcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

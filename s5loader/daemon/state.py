@@ -1,0 +1,291 @@
+"""The daemon's state in the cache directory: the lock, the state file (how far delivery
+got, written atomically), the ledger of delivered samples not yet consumed, and the steps
+that recover a cache a stopped daemon left."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .._index import Sample
+from .._uri import format_size
+from ..engine.budget import check_sample_fits
+from ..exceptions import BudgetError, DaemonError
+from ..staging.area import free_bytes
+from .protocol import (
+    END_MARKER,
+    END_TMP,
+    LOCK_FILE,
+    STAGING_DIR,
+    STATE_FILE,
+    STATE_TMP,
+    parse_seq,
+    ready_names,
+)
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+
+
+class CacheLock:
+    """An exclusive ``flock`` on ``CACHE/.lock`` for the daemon's lifetime; holds its pid."""
+
+    def __init__(self, cache: str) -> None:
+        self.cache = cache
+        self.path = os.path.join(cache, LOCK_FILE)
+        self._fd: int | None = None
+
+    def acquire(self) -> CacheLock:
+        """Take the lock.
+
+        Raises:
+            DaemonError: another daemon holds it (the message names the cache and its pid).
+        """
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            try:
+                other = os.read(fd, 64).decode("ascii", "replace").strip() or "unknown"
+            finally:
+                os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise DaemonError(
+                    f"another s5loader prefetch daemon (pid {other}) is running on the cache "
+                    f"{self.cache}; stop it first or use another --cache"
+                ) from None
+            raise DaemonError(f"cannot lock the cache {self.cache}: {exc.strerror}") from exc
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        """Release the lock (the file stays: removing it would race a starting daemon)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+def write_atomic(path: str, text: str, tmp: str | None = None) -> None:
+    """Write ``text`` to ``tmp`` (default ``PATH.tmp``), then rename it over ``path``.
+
+    The file is flushed to disk before the rename and the directory after it, so a power loss
+    leaves the old content or the new one, never an empty or missing file.
+    """
+    tmp = tmp or f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class DaemonState:
+    """``CACHE/.state.json``: which run the cache belongs to and how far delivery got.
+
+    ``delivered`` is the next delivery number. It is written once per delivery, before the
+    sample's rename, already counting it, with ``pending`` naming that rename: a daemon
+    killed before the rename is done completes it at the next start, so the sample is
+    neither delivered twice nor lost.
+    ``run`` names this pass over the source (new with every ``--fresh`` start); ``END``
+    repeats it, so a consumer can tell a new run's end from an old one.
+    """
+
+    source: str
+    group_by: str
+    shuffle: bool
+    seed: int
+    epochs: int
+    samples: int
+    index: str
+    delivered: int = 0
+    skipped: int = 0
+    pending: dict[str, Any] | None = None
+    version: int = STATE_VERSION
+    done: bool = False
+    run: str = ""
+
+    IDENTITY = ("version", "source", "group_by", "shuffle", "seed", "epochs", "samples", "index")
+
+    @classmethod
+    def load(cls, path: str) -> DaemonState | None:
+        """The state in ``path``, or None when there is none.
+
+        Raises:
+            DaemonError: the file is not a state this version wrote.
+        """
+        try:
+            with open(path, encoding="utf-8") as f:
+                raw = json.load(f)
+            return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw})
+        except FileNotFoundError:
+            return None
+        except (ValueError, TypeError) as exc:
+            raise DaemonError(
+                f"cannot read the daemon state {path}: {exc}; remove the cache or pass --fresh"
+            ) from exc
+
+    def save(self, path: str) -> None:
+        write_atomic(path, json.dumps(asdict(self)))
+
+    def differences(self, other: DaemonState) -> list[str]:
+        return [
+            f"{k} {getattr(self, k)!r} (now {getattr(other, k)!r})"
+            for k in self.IDENTITY
+            if getattr(self, k) != getattr(other, k)
+        ]
+
+
+class Ledger:
+    """Delivered samples not yet consumed: a sample is consumed once its folder is gone.
+
+    Looks at the cache with one ``listdir`` at most every 50 ms, under a lock so a delivery
+    is never mistaken for a consumption.
+    """
+
+    def __init__(self, cache: str) -> None:
+        self.cache = cache
+        self._present: dict[int, tuple[str, int]] = {}
+        self._lock = threading.Lock()
+        self._last = 0.0
+
+    def add(self, seq: int, name: str, size: int) -> None:
+        with self._lock:
+            self._present[seq] = (name, size)
+
+    def refresh(self, force: bool = False) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if not force and now - self._last < 0.05:
+                return
+            self._last = now
+            if not self._present:
+                return
+            names = set(os.listdir(self.cache))
+            for seq in [s for s, (n, _) in self._present.items() if n not in names]:
+                del self._present[seq]
+
+    def is_released(self, seq: int) -> bool:
+        self.refresh()
+        with self._lock:
+            return seq not in self._present
+
+    @property
+    def count(self) -> int:
+        return len(self._present)
+
+    def items(self) -> list[tuple[int, int]]:
+        """``(delivery number, bytes)`` of every delivered sample not yet consumed."""
+        with self._lock:
+            return [(seq, size) for seq, (_, size) in self._present.items()]
+
+
+def check_unused(cache: str) -> None:
+    """Refuse a directory that holds anything but a daemon's files."""
+    ours = {LOCK_FILE, STAGING_DIR, END_MARKER, STATE_TMP, END_TMP}
+    other = sorted(n for n in os.listdir(cache) if n not in ours)
+    if other:
+        raise DaemonError(
+            f"the cache {cache} is not empty and holds no daemon state "
+            f"({', '.join(other[:3])}{' ...' if len(other) > 3 else ''}); "
+            "use an empty or new directory"
+        )
+
+
+def wipe(cache: str) -> None:
+    """Remove the delivered samples, the staging folder, the state and END (``--fresh``)."""
+    log.info("--fresh: removing the samples and state in %s", cache)
+    for name in os.listdir(cache):
+        path = os.path.join(cache, name)
+        if parse_seq(name) is not None or name == STAGING_DIR:
+            shutil.rmtree(path, ignore_errors=True)
+        elif name in (STATE_FILE, END_MARKER, STATE_TMP, END_TMP):
+            os.unlink(path)
+
+
+def recover_pending(st: DaemonState, state_path: str) -> None:
+    """Complete the rename of a delivery the last daemon recorded but may not have done."""
+    p = st.pending
+    if not p:
+        return
+    # The last daemon stopped between writing "pending" and recording the delivery.
+    if os.path.isdir(p["from"]) and not os.path.exists(p["to"]):
+        os.rename(p["from"], p["to"])
+    st.delivered = max(st.delivered, int(p["seq"]) + 1)
+    st.pending = None
+    st.save(state_path)
+
+
+def adopt_delivered(cache: str, ledger: Ledger) -> int:
+    """Count samples a previous run delivered and nobody consumed yet; their bytes."""
+    total = 0
+    for name in ready_names(cache):
+        seq = parse_seq(name)
+        assert seq is not None
+        size = tree_bytes(os.path.join(cache, name))
+        ledger.add(seq, name, size)
+        total += size
+    if total:
+        log.info("%d delivered samples (%s) wait in %s", ledger.count, format_size(total), cache)
+    return total
+
+
+def write_end(cache: str, st: DaemonState) -> None:
+    """Record that every sample was delivered: the state, then ``END`` naming the run."""
+    st.done, st.pending = True, None
+    st.save(os.path.join(cache, STATE_FILE))
+    write_atomic(
+        os.path.join(cache, END_MARKER),
+        json.dumps({"samples": st.delivered, "skipped": st.skipped, "run": st.run}) + "\n",
+        tmp=os.path.join(cache, END_TMP),
+    )
+
+
+def remove_end(cache: str) -> None:
+    try:
+        os.unlink(os.path.join(cache, END_MARKER))
+    except FileNotFoundError:
+        pass
+
+
+def tree_bytes(path: str) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for fn in files:
+            try:
+                total += os.lstat(os.path.join(root, fn)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def check_cache_budget(samples: Sequence[Sample], budget: int, epochs: int, cache: str, held: int) -> None:
+    """Refuse a budget no sample fits in, or one the cache's file system cannot hold.
+
+    ``held``: bytes of delivered samples already in the cache.
+    """
+    check_sample_fits(max(samples, key=lambda s: s.size), budget, "raise --budget")
+    need = min(budget, sum(s.size for s in samples) * epochs) - held
+    free = free_bytes(cache)
+    if need > free:
+        raise BudgetError(
+            f"the budget of {format_size(budget)} does not fit the {format_size(free)} free in "
+            f"{cache}; lower --budget or free space"
+        )

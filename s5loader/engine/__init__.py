@@ -1,0 +1,15 @@
+"""The staging engine: how s5cmd is driven to fill a staging pass within a byte budget.
+
+Read in this order: :mod:`.options` (what the engine is told and reports), :mod:`.plan`
+(command lines of one call), :mod:`.budget` (reservations, releases, the deadlock guard),
+:mod:`.calls` (s5cmd processes, the select loop, routing and attribution of output lines),
+:mod:`.retry` (backoff, give-up, error policy), :mod:`.watchdog` (stalled calls, hung
+copies), :mod:`.side` (keys no command file can carry) and :mod:`.stager`, which only
+orchestrates them.
+"""
+
+from .options import ON_ERROR, StagerOptions, Stats
+from .plan import CallPlan, plan_call
+from .stager import Stager
+
+__all__ = ["ON_ERROR", "CallPlan", "Stager", "StagerOptions", "Stats", "plan_call"]

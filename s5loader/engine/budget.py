@@ -1,0 +1,141 @@
+"""The byte budget of one staging pass: what is reserved for calls and held by consumers,
+how releases come back (events from the pass's FIFO, or a folder check), and the guard that
+turns a budget too small for the consumer's batch into an error instead of a hang."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from .._index import Sample
+from .._uri import format_size
+from ..exceptions import BudgetError
+from ..staging.layout import ReleaseEvents
+
+log = logging.getLogger(__name__)
+
+
+def check_sample_fits(sample: Sample, budget: int, fix: str = "raise the budget") -> None:
+    """The one check that a sample fits the budget at all, for the sampler, the daemon and the
+    engine.
+
+    Raises:
+        BudgetError: naming the sample, its first URIs, both sizes and ``fix``.
+    """
+    if sample.size > budget:
+        raise BudgetError(
+            f"sample {sample.key!r} ({', '.join(f.uri for f in sample.fields[:3])}) is "
+            f"{format_size(sample.size)}, larger than the budget of {format_size(budget)}; {fix}"
+        )
+
+
+class Budget:
+    """Bytes reserved for staged (or staging) samples, at most ``limit`` for new calls.
+
+    ``held`` maps a sample index to the bytes it holds until released; ``handed_out`` the
+    indices a consumer has (and will release). Changes happen under ``cond``, the engine's
+    lock, which consumers take too.
+    """
+
+    def __init__(
+        self,
+        limit: int,
+        cond: threading.Condition,
+        is_released: Callable[[int], bool],
+        events: ReleaseEvents | None,
+    ) -> None:
+        self.limit = limit
+        self.cond = cond
+        self.is_released = is_released
+        self.events = events
+        self.held: dict[int, int] = {}
+        self.handed_out: dict[int, int] = {}
+        self.reserved = 0
+        self.blocked = False  # the next sample does not fit: staging waits for releases
+        self.last_release = time.monotonic()
+        self._last_poll = 0.0
+
+    def check_fits(self, sample: Sample) -> None:
+        """Raise :class:`BudgetError` for a sample that can never fit."""
+        check_sample_fits(sample, self.limit)
+
+    def reserve(self, idx: int, size: int) -> None:
+        """Hold ``size`` bytes for sample ``idx`` until it is released (call under ``cond``)."""
+        self.held[idx] = size
+        self.reserved += size
+
+    def hold_on_disk(self, idx: int, size: int) -> None:
+        """Count ``size`` bytes already on disk for ``idx``, handed out, until released."""
+        with self.cond:
+            self.reserve(idx, size)
+            self.handed_out[idx] = size
+
+    def hand_out(self, idx: int) -> None:
+        with self.cond:
+            self.handed_out[idx] = self.held.get(idx, 0)
+
+    def free(self, idx: int) -> None:
+        """Give back what ``idx`` holds (call under ``cond``)."""
+        self.reserved -= self.held.pop(idx, 0)
+
+    def add(self, extra: int) -> None:
+        with self.cond:
+            self.reserved += extra
+
+    def poll(self) -> None:
+        """Free what consumers released without an event (a stat per handed-out sample).
+
+        Without release events: often while the budget blocks staging, rarely otherwise.
+        With them, only a safety net for consumers that delete folders without announcing
+        it: once a second, while blocked.
+        """
+        now = time.monotonic()
+        if not self.handed_out:
+            return
+        if self.events is not None:
+            if not self.blocked or now - self._last_poll < 1.0:
+                return
+        elif now - self._last_poll < (0.005 if self.blocked else 0.05):
+            return
+        self._last_poll = now
+        with self.cond:
+            candidates = list(self.handed_out)
+        freed = []
+        for idx in candidates:
+            if self.is_released(idx):
+                freed.append(idx)
+        if freed:
+            with self.cond:
+                for idx in freed:
+                    self.handed_out.pop(idx, None)
+                    self.free(idx)
+            self.last_release = time.monotonic()
+
+    def on_events(self) -> None:
+        """Free the samples announced on the release FIFO."""
+        assert self.events is not None
+        # An index counts only while handed out and its folder is gone: an announcement that
+        # comes after the safety net freed the sample cannot free a later copy of it.
+        released = [idx for idx in self.events.read() if idx in self.handed_out and self.is_released(idx)]
+        if released:
+            with self.cond:
+                for idx in released:
+                    if self.handed_out.pop(idx, None) is not None:
+                        self.free(idx)
+            self.last_release = time.monotonic()
+
+    def check_deadlock(self, consumer_waiting: float, limit: float) -> None:
+        """A consumer waiting for a sample that cannot be staged because the budget is held by
+        samples the consumer already has but never released: the budget is smaller than what
+        the DataLoader holds at once (a batch, plus its prefetch)."""
+        now = time.monotonic()
+        if now - consumer_waiting < limit or now - self.last_release < limit:
+            return
+        raise BudgetError(
+            f"the budget of {format_size(self.limit)} is full with "
+            f"{len(self.handed_out)} samples handed out but not read for {limit:g}s; it must "
+            "hold at least one batch (plus the DataLoader's prefetch): raise the budget or "
+            "lower batch_size"
+        )

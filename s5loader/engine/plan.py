@@ -1,0 +1,98 @@
+"""Call planning: which s5cmd command lines fetch a call's samples, and how to read the
+answers to them (reported path -> sample position and field, scratch path -> final path)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from .. import _s5cmd
+from .._blocks import Layout
+from .._index import Sample
+from ..staging.layout import field_names
+
+
+@dataclass
+class CallPlan:
+    """The command lines of one call and how to read s5cmd's answers to them."""
+
+    lines: list[str] = field(default_factory=list)
+    items: dict[str, tuple[int, int]] = field(default_factory=dict)  # reported path -> (position, field)
+    moves: dict[str, str] = field(default_factory=dict)  # reported path -> final path (scratch paths)
+    folders: dict[str, list[str]] = field(default_factory=dict)  # wildcard line's folder -> reported paths
+    scratch: list[str] = field(default_factory=list)  # folders to remove when the call ends
+    aside: list[tuple[int, int, str, str]] = field(default_factory=list)  # keys no command file can carry
+
+
+def plan_call(
+    samples: Sequence[Sample],
+    order: Sequence[int],
+    positions: Sequence[int],
+    sample_dir: Callable[[int], str],
+    layout: Layout | None = None,
+    scratch_dir: str = "",
+    single: set[int] | frozenset[int] = frozenset(),
+    via_scratch: bool = False,
+) -> CallPlan:
+    """Turn the samples at ``positions`` into s5cmd command lines.
+
+    A block (see :mod:`._blocks`) whose samples are all in the call is fetched with one
+    wildcard line into a scratch folder below ``scratch_dir``; its files are renamed into
+    their samples' folders as they arrive. So is a sample of several objects that has a key
+    prefix of its own. Every other object gets its own ``cp --raw`` line.
+    Destinations come from sample indices and field names only, never from a key (block
+    scratch paths come from keys that :mod:`._blocks` checked to be plain names).
+    Positions in ``single`` (retries) always go one object at a time.
+    With ``via_scratch``, ``cp --raw`` lines also download below ``scratch_dir`` (to
+    ``.r/POSITION.FIELD``) and their files are renamed into place on arrival, so a copy
+    that is given up on while its call runs on can never write into a sample's folder.
+    """
+    plan = CallPlan()
+    whole: dict[int, list[int]] = {}
+    if layout is not None and layout.blocks:
+        for pos in positions:
+            b = layout.block_of[order[pos]]
+            if b >= 0 and pos not in single:
+                whole.setdefault(b, []).append(pos)
+        whole = {b: ps for b, ps in whole.items() if len({order[p] for p in ps}) == len(layout.blocks[b]) == len(ps)}
+    in_blocks = {p for ps in whole.values() for p in ps}
+    wildcards = [(layout.blocks[b], ps, f"b{b}") for b, ps in whole.items()] if layout is not None else []
+    if layout is not None and layout.single is not None:
+        for pos in positions:
+            blk1 = layout.single[order[pos]]
+            if pos not in in_blocks and pos not in single and blk1 is not None:
+                wildcards.append((blk1, [pos], f"s{pos}"))
+                in_blocks.add(pos)
+    for blk, ps, tag in wildcards:
+        scratch = f"{scratch_dir}/.{tag}"
+        plan.scratch.append(scratch)
+        plan.lines.append(_s5cmd.wildcard_line(blk.wildcard, scratch + "/"))
+        reported = plan.folders.setdefault(scratch + "/", [])
+        for pos in ps:
+            idx = order[pos]
+            names = field_names(samples[idx])
+            for j, rel in enumerate(blk.rels[idx - blk.start]):
+                where = f"{scratch}/{rel}"
+                plan.items[where] = (pos, j)
+                plan.moves[where] = f"{sample_dir(idx)}/{names[j]}"
+                reported.append(where)
+    raw = f"{scratch_dir}/.r"
+    for pos in positions:
+        if pos in in_blocks:
+            continue
+        idx = order[pos]
+        sample = samples[idx]
+        folder = sample_dir(idx)
+        for j, (f, name) in enumerate(zip(sample.fields, field_names(sample), strict=True)):
+            dest = f"{folder}/{name}"
+            if not _s5cmd.can_write(f.uri):
+                plan.aside.append((pos, j, f.uri, dest))
+                continue
+            if via_scratch:
+                if not plan.scratch or plan.scratch[-1] != raw:
+                    plan.scratch.append(raw)
+                plan.moves[f"{raw}/{pos}.{j}"] = dest
+                dest = f"{raw}/{pos}.{j}"
+            plan.lines.append(_s5cmd.copy_line(f.uri, dest))
+            plan.items[dest] = (pos, j)
+    return plan

@@ -1,0 +1,334 @@
+"""The staging engine shared by the Sampler and the prefetch daemon: it only orchestrates.
+
+A background thread walks an ordered list of sample indices, cuts it into calls of at most
+``samples_per_call`` samples that fit the byte budget (:mod:`.budget`), plans each call's
+command lines (:mod:`.plan`), keeps ``buffers`` ``s5cmd run`` processes in flight and routes
+their output to samples as it comes (:mod:`.calls`), so a sample is ready as soon as its last
+file is staged. What fails goes to the retry policy (:mod:`.retry`); hung copies and stalled
+calls are found by the watchdog (:mod:`.watchdog`); keys no command file can carry are fetched
+aside (:mod:`.side`). Budget comes back when consumers release what they read.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import shutil
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from .. import _s5cmd
+from .._blocks import Layout
+from .._index import Field, Sample
+from ..exceptions import S5LoaderError
+from ..staging.area import StagingArea
+from ..staging.layout import ReleaseEvents, StagingLayout
+from .budget import Budget
+from .calls import Call, Calls
+from .options import StagerOptions, Stats
+from .plan import plan_call
+from .ready import SKIPPED, Readiness
+from .retry import Failures, Retries
+from .side import SideFetches
+from .watchdog import Watchdog
+
+log = logging.getLogger(__name__)
+
+
+class Stager:
+    """Stages ``order`` (indices into ``samples``) into ``area``; see the module docstring.
+
+    Consumers call :meth:`wait` for each position in order, read the sample and release it
+    (:meth:`StagingLayout.release <s5loader.staging.layout.StagingLayout.release>`: delete its
+    folder, then announce the index on the pass's FIFO); :meth:`yielded` tells the engine which
+    samples a consumer holds. With ``is_released`` (the prefetch daemon's ledger) the engine
+    asks that instead, and polls.
+    """
+
+    def __init__(
+        self,
+        samples: Sequence[Sample],
+        order: Sequence[int],
+        area: StagingArea,
+        s5cmd: _s5cmd.S5cmd,
+        options: StagerOptions,
+        *,
+        kept: set[int] | None = None,
+        is_released: Callable[[int], bool] | None = None,
+        endpoint_url: str | None = None,
+        layout: Layout | None = None,
+    ) -> None:
+        self.samples = samples
+        self.order = order
+        self.area = area
+        self.s5cmd = s5cmd
+        self.opts = options
+        self.kept = kept
+        self.folders = StagingLayout(area.path)
+        self.endpoint_url = endpoint_url
+        self.layout = layout
+        self.stats = Stats(samples=len(order))
+        self.ready = Readiness(len(order), self.stats)
+        self._cond = self.ready.cond  # the engine's one lock
+        self._stop = threading.Event()
+        self._aborted = False
+        self._thread: threading.Thread | None = None
+        self._next = 0
+        self._seq = 0
+        self._fields_left: dict[int, int] = {}
+        # Readers announce releases on the pass's FIFO; a consumer with a protocol of its own
+        # (is_released) is asked instead.
+        self.is_released = is_released or (lambda idx: not os.path.isdir(self.folders.sample_dir(idx)))
+        events = ReleaseEvents(self.folders) if is_released is None else None
+        self.budget = Budget(options.budget, self._cond, self.is_released, events)
+        self.retries = Retries(options, self.stats, area.path, self._forget)
+        self.calls = Calls(s5cmd, self._field, area.path, options.verify, self.stats)
+        self.side = SideFetches(endpoint_url)
+        self.watchdog = Watchdog(
+            options.stall_timeout, self.calls, lambda pos, j: self._field(pos, j).uri,
+            lambda pos: self.samples[self.order[pos]].size, self._finish_exited, self._hold_given_up, self._failed,
+        )
+
+    def _field(self, pos: int, j: int) -> Field:
+        return self.samples[self.order[pos]].fields[j]
+
+    # -- consumer side ------------------------------------------------------------------
+    def start(self) -> Stager:
+        if self._thread is None:
+            events = self.budget.events
+            if events is not None:
+                try:
+                    self.calls.sel.register(events.open().fileno(), selectors.EVENT_READ, None)
+                except OSError as exc:  # a file system without FIFOs: watch the folders
+                    log.debug("no release FIFO in %s (%s); polling for released samples", self.area.path, exc)
+                    events.close()
+                    self.budget.events = None
+            self._thread = threading.Thread(target=self._run, name="s5loader-stager", daemon=True)
+            self._thread.start()
+        return self
+
+    def wait(self, pos: int) -> bool:
+        """Block until position ``pos`` is staged; False if its sample was skipped.
+
+        Raises:
+            the engine's error (FetchError, StallError, StagingSpaceError, ...).
+        """
+        return self.ready.wait(pos, self._running)
+
+    def _running(self) -> bool:
+        t = self._thread
+        return not self._stop.is_set() and t is not None and t.is_alive()
+
+    def poll(self, pos: int, timeout: float) -> bool | None:
+        """Like :meth:`wait` with a timeout: True staged, False skipped, None not yet.
+
+        Unlike ``wait`` it does not flag a waiting consumer: a producer ahead of its consumer
+        (the prefetch daemon) waits on a full budget as long as the consumer takes, which is
+        no deadlock.
+        """
+        return self.ready.poll(pos, timeout)
+
+    def hold(self, idx: int, size: int) -> None:
+        """Count ``size`` bytes already on disk for ``idx`` against the budget until released."""
+        self.budget.hold_on_disk(idx, size)
+
+    def ready_indices(self) -> list[int]:
+        """The indices whose samples are staged."""
+        return [self.order[p] for p in self.ready.ready()]
+
+    def yielded(self, idx: int) -> None:
+        """The sample ``idx`` went to a consumer, who releases it when done."""
+        self.budget.hand_out(idx)
+
+    def close(self) -> None:
+        """Stop the engine, kill s5cmd, join. Safe to call twice."""
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        events = self.budget.events
+        if events is not None:
+            events.wake()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join()
+        self._kill_all()
+        if events is not None:
+            events.close()
+        self.side.close()
+        self.calls.close()
+
+    # -- engine ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set() and not self._aborted:
+                self.budget.poll()
+                self._schedule()
+                if self._finished():
+                    break
+                self._pump()
+                self.side.check(self._current, self._field_done, self._failed)
+                self.watchdog.check()
+                self._check_deadlock()
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            if not isinstance(exc, S5LoaderError):
+                log.exception("the staging engine failed")
+            self.ready.fail(exc)
+        finally:
+            self._kill_all()
+
+    def _finished(self) -> bool:
+        return self._next >= len(self.order) and not self.retries.due and not self.calls and not self.side
+
+    def _current(self, pos: int, attempt: int) -> bool:
+        return attempt == self.retries.attempts.get(pos, 0) and pos in self._fields_left
+
+    def _schedule(self) -> None:
+        order, samples, budget = self.order, self.samples, self.budget
+        # The first calls are small (32, 64, 128, ... samples) so the first batch does not
+        # wait for a whole call of samples_per_call to come in.
+        spc = min(self.opts.samples_per_call, 32 << min(self.stats.calls, 20))
+        while len(self.calls) < self.opts.buffers:
+            retried = self.retries.take_due(time.monotonic(), spc)
+            picked = list(retried)  # a retried sample still holds its budget
+            in_call = {order[p] for p in picked}
+            left = budget.limit - budget.reserved
+            nxt, cut = self._next, False
+            while nxt < len(order) and len(picked) < spc:
+                idx = order[nxt]
+                if self.kept is not None and idx in self.kept:
+                    self.ready.mark(nxt)
+                    nxt = self._next = nxt + 1
+                    continue
+                budget.check_fits(samples[idx])
+                size = samples[idx].size
+                # An index still on disk from earlier in the order (padding can repeat one)
+                # is staged again only once its first copy is released.
+                if idx in budget.held or idx in in_call or size > left:
+                    cut = True
+                    break
+                picked.append(nxt)
+                in_call.add(idx)
+                left -= size
+                nxt += 1
+            budget.blocked = cut and not picked
+            if not picked:
+                return
+            new = len(picked) - len(retried)
+            want = min(spc, len(order) - self._next)
+            if cut and self.calls and not retried and new < max(1, want // 2):
+                return  # wait for releases rather than start a sliver of a call
+            if retried:
+                self.retries.started(retried)
+            with self._cond:
+                for pos in picked[len(retried):]:
+                    budget.reserve(order[pos], samples[order[pos]].size)
+            self._next = nxt
+            self.stats.peak_reserved = max(self.stats.peak_reserved, budget.reserved)
+            self._start_call(picked)
+
+    def _start_call(self, positions: list[int]) -> None:
+        self._seq += 1
+        for pos in positions:
+            idx = self.order[pos]
+            folder = self.folders.sample_dir(idx)
+            if os.path.lexists(folder):  # a retry: start the sample from scratch
+                shutil.rmtree(folder, ignore_errors=True)
+            self._fields_left[pos] = len(self.samples[idx].fields)
+        plan = plan_call(
+            self.samples, self.order, positions, self.folders.sample_dir, self.layout,
+            f"{self.area.path}/.c{self._seq}", single=set(self.retries.attempts), via_scratch=True,
+        )
+        for pos, _, uri, dest in plan.aside:
+            self.side.submit(pos, self.retries.attempts.get(pos, 0), uri, dest)
+        if not plan.lines:
+            return
+        if self._aborted:
+            return
+        self.calls.start(self._seq, self.area.control_dir, plan)
+        self.stats.calls += 1
+        log.debug("call %d: %d samples, %d lines", self._seq, len(positions), len(plan.lines))
+
+    def _pump(self) -> None:
+        if self.budget.events is not None:
+            # Releases, call output and close() wake the select; only retries due at a time
+            # and side fetches need a short tick.
+            timeout = 0.01 if (self.retries.due or self.side) else 0.2
+        else:
+            timeout = 0.01 if (self._next < len(self.order) or self.retries.due or self.side) else 0.2
+        if not self.calls and self.budget.events is None:
+            time.sleep(timeout)
+            return
+        self.calls.pump(timeout, self._field_done, self._end_call, self.budget.on_events)
+
+    def _forget(self, pos: int) -> None:
+        self._fields_left.pop(pos, None)
+
+    def _field_done(self, pos: int) -> None:
+        if pos not in self._fields_left:
+            return  # a late answer for a sample already retried or given up
+        left = self._fields_left[pos] - 1
+        if left:
+            self._fields_left[pos] = left
+            return
+        del self._fields_left[pos]
+        self.stats.staged_samples += 1
+        self.ready.mark(pos)
+
+    def _discard(self, call: Call) -> None:
+        freed = self.calls.discard(call)
+        if freed:
+            with self._cond:
+                self.budget.reserved -= freed
+
+    def _end_call(self, call: Call) -> None:
+        rc = call.proc.wait()
+        self._discard(call)
+        if not call.plan.items:
+            return
+        self._failed(self.calls.attribute(call, rc, self.opts.stall_timeout, lambda pos, j: self._field(pos, j).uri))
+
+    def _finish_exited(self, call: Call) -> None:
+        self.calls.drain(call, self._field_done)
+        self._end_call(call)
+
+    def _hold_given_up(self, extra: int) -> None:
+        self.budget.add(extra)
+        self.stats.peak_reserved = max(self.stats.peak_reserved, self.budget.reserved)
+
+    def _failed(self, failures: Failures) -> None:
+        self.retries.failed(failures, self._give_up)
+
+    def _give_up(self, pos: int, kind: str, msg: str, uri: str) -> None:
+        idx = self.order[pos]
+        shutil.rmtree(self.folders.sample_dir(idx), ignore_errors=True)
+        self.retries.give_up(self.samples[idx].key, kind, msg, uri)
+        with self._cond:
+            self.budget.free(idx)
+        self.ready.mark(pos, SKIPPED)
+
+    def _check_deadlock(self) -> None:
+        # Only a consumer waiting while the budget blocks staging and nothing else can free it.
+        if not (self.ready.consumer_waiting and self.budget.blocked) or self.calls or self.side or self.retries.due:
+            return
+        if self._next < len(self.order):
+            self.budget.check_deadlock(self.ready.consumer_waiting, self.opts.stall_timeout)
+
+    def _kill_all(self) -> None:
+        for call in self.calls:
+            self.calls.kill(call)
+            self._discard(call)
+
+    def abort(self) -> None:
+        """Kill s5cmd at once, taking no lock and joining no thread: for a signal handler,
+        which may have interrupted a thread that holds this engine's lock. The process is
+        about to end; nothing else is cleaned up."""
+        # A plain attribute, not the stop event (whose lock the interrupted thread may
+        # hold): the engine thread starts no new call, nor recreates folders, from now on.
+        self._aborted = True
+        self.calls.kill_now()
+
+    @property
+    def reserved(self) -> int:
+        return self.budget.reserved

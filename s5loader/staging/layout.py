@@ -1,0 +1,206 @@
+"""The contract between the staging engine and the readers of one staging pass.
+
+Both sides use :class:`StagingLayout`: the engine to know where to put sample ``i``'s files,
+the reader (:class:`~s5loader.S5Dataset`, in a DataLoader worker) to find them and to hand the
+sample back once read. A pass folder looks like this::
+
+    PASS/<index>/<field>     the staged files of one sample (names from :func:`field_names`)
+    PASS/.released           a FIFO: each reader writes "<index>\\n" after deleting a sample
+    PASS/.calls/, PASS/.c*/  the engine's command files and scratch folders
+
+Releasing deletes the sample's files and then writes its index to ``.released``, which the
+engine reads in its select loop (:class:`ReleaseEvents`), so budget comes back as soon as a
+sample is read, without the engine polling ``stat`` on what it handed out. A write of a
+short line to a FIFO is atomic (below ``PIPE_BUF``); a writer never blocks (``O_NONBLOCK``):
+when no engine reads (the pass was closed) or the pipe is full, the event is dropped and the
+folder that vanished still tells the engine, which checks for that slowly while its budget is
+full. Consumers that only delete folders (the prefetch daemon's) keep working that way.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .._index import Sample
+
+RELEASED = ".released"
+
+
+def field_names(sample: Sample) -> list[str]:
+    """File names of a sample's fields inside its staging folder.
+
+    Field names that are plain relative paths are kept (``image``, ``video.mp4``,
+    ``sub/x.txt``); if any is not (``..``, absolute, NUL, a component over 255 bytes), every
+    field of the sample is named by its position instead. Names never come from anything a
+    key can use to leave the sample's folder.
+    """
+    names = [f.name for f in sample.fields]
+    for n in names:
+        parts = n.split("/")
+        if any(
+            not p or p in (".", "..") or "\x00" in p or len(p.encode("utf-8", "surrogatepass")) > 255
+            or p.startswith(".")
+            for p in parts
+        ):
+            return [f"_{j}" for j in range(len(names))]
+    lowered = {n.lower() for n in names}  # keep distinct on case-insensitive file systems too
+    if len(lowered) != len(names):
+        return [f"_{j}" for j in range(len(names))]
+    return names
+
+
+class StagingLayout:
+    """Where one staging pass keeps its samples, and how a reader releases one.
+
+    Cheap to make from the pass folder alone (a worker makes one from the folder a
+    :class:`~s5loader.dataset.StagedIndex` carries) and picklable.
+    """
+
+    __slots__ = ("folder",)
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def __reduce__(self) -> tuple[type[StagingLayout], tuple[str]]:
+        return (StagingLayout, (self.folder,))
+
+    def __repr__(self) -> str:
+        return f"StagingLayout({self.folder!r})"
+
+    @property
+    def releases(self) -> str:
+        """The FIFO readers announce releases on."""
+        return f"{self.folder}/{RELEASED}"
+
+    def sample_dir(self, index: int) -> str:
+        return f"{self.folder}/{int(index)}"
+
+    def paths(self, index: int, sample: Sample) -> list[str]:
+        """The staged file of each field of ``sample``, in field order."""
+        folder = self.sample_dir(index)
+        return [f"{folder}/{name}" for name in field_names(sample)]
+
+    def path(self, index: int, sample: Sample, field: int) -> str:
+        """The staged file of field number ``field`` of ``sample``."""
+        return self.paths(index, sample)[field]
+
+    def release(self, index: int, paths: Sequence[str]) -> None:
+        """Delete sample ``index``'s staged files (``paths``, from :meth:`paths`), then tell
+        the engine its bytes are free."""
+        folder = self.sample_dir(index)
+        if any("/" in p[len(folder) + 1:] for p in paths):  # fields in sub-folders
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            for p in paths:
+                try:
+                    os.unlink(p)
+                except FileNotFoundError:
+                    pass
+            try:
+                os.rmdir(folder)
+            except OSError:
+                shutil.rmtree(folder, ignore_errors=True)
+        self.notify(index)
+
+    def notify(self, index: int) -> None:
+        """Write ``index`` to the pass's FIFO; dropped when nobody reads it or it is full."""
+        try:
+            fd = os.open(self.releases, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return  # ENXIO: no engine reads (the pass ended); ENOENT: no FIFO (a kept pass)
+        try:
+            os.write(fd, b"%d\n" % int(index))
+        except OSError:
+            pass  # EAGAIN (full) or EPIPE: the vanished folder still tells the engine
+        finally:
+            os.close(fd)
+
+
+class ReleaseEvents:
+    """The engine's end of a pass's release FIFO.
+
+    :meth:`open` creates the FIFO and opens it for reading, and keeps a write end of its own
+    so the read end never sees end-of-file between readers (and :meth:`wake` can interrupt a
+    select). :meth:`fileno` goes into the engine's selector; :meth:`read` returns the indices
+    released since the last call. The descriptors are closed in forked children (a DataLoader
+    worker must not keep the pipe open after the engine closed it). ``close`` is idempotent.
+    """
+
+    def __init__(self, layout: StagingLayout) -> None:
+        self.path = layout.releases
+        self._rfd = -1
+        self._wfd = -1
+        self._buf = b""
+
+    def open(self) -> ReleaseEvents:
+        try:
+            os.mkfifo(self.path, 0o600)
+        except FileExistsError:
+            pass
+        self._rfd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        self._wfd = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        _OPEN.add(self)
+        return self
+
+    def fileno(self) -> int:
+        return self._rfd
+
+    def read(self) -> list[int]:
+        """The indices written to the FIFO since the last call (never blocks)."""
+        chunks = [self._buf]
+        while True:
+            try:
+                chunk = os.read(self._rfd, 1 << 16)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.EBADF:
+                    break
+                raise
+            if not chunk:
+                break
+            chunks.append(chunk)
+        data = b"".join(chunks)
+        *lines, self._buf = data.split(b"\n")
+        out = []
+        for line in lines:
+            try:
+                out.append(int(line))
+            except ValueError:
+                continue  # an empty line is a wake-up
+        return out
+
+    def wake(self) -> None:
+        """Make the read end readable, so a select on it returns."""
+        if self._wfd >= 0:
+            try:
+                os.write(self._wfd, b"\n")
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        _OPEN.discard(self)
+        fds, (self._rfd, self._wfd) = (self._rfd, self._wfd), (-1, -1)
+        for fd in fds:
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+
+_OPEN: weakref.WeakSet[ReleaseEvents] = weakref.WeakSet()
+
+
+def _close_in_child() -> None:
+    for events in list(_OPEN):
+        events.close()
+
+
+os.register_at_fork(after_in_child=_close_in_child)

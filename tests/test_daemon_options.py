@@ -1,0 +1,52 @@
+"""The prefetch daemon takes the sampler's staging options, with the same names and checks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import Store, make_pairs
+
+from s5loader.daemon import Prefetcher, PrefetchOptions, build_parser, options_from_args
+from s5loader.exceptions import ConfigError
+
+
+def test_staging_options_reach_the_engine(moto: Store, tmp_path: Path) -> None:
+    moto.put(make_pairs(6, size=100))
+    args = build_parser().parse_args([
+        moto.uri(), "--cache", str(tmp_path / "cache"), "--budget", "1MiB", "--endpoint-url", moto.endpoint,
+        "--verify", "--retries", "0", "--stall-timeout", "7.5", "--samples-per-call", "2",
+    ])
+    opts = options_from_args(args)
+    assert (opts.verify, opts.retries, opts.stall_timeout) == (True, 0, 7.5)
+    with Prefetcher(opts) as p:
+        p.open()
+        assert p._stager is not None
+        engine = p._stager.opts
+        assert (engine.verify, engine.retries, engine.stall_timeout) == (True, 0, 7.5)
+        summary = p.run()
+    assert summary.delivered == 6  # verified against the listing: every file matches
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [({"retries": -1}, "retries must be an int >= 0"), ({"stall_timeout": 0}, "stall_timeout must be a positive"),
+     ({"buffers": 0}, "buffers must be a positive int"), ({"on_error": "ignore"}, "on_error must be one of")],
+)
+def test_staging_options_checked_as_the_samplers(tmp_path: Path, change: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        PrefetchOptions("s3://b/p/", str(tmp_path), 10**6, **change)
+
+
+@pytest.mark.parametrize("bad", [["--retries", "-1"], ["--stall-timeout", "0"]])
+def test_bad_staging_option_is_a_usage_error(tmp_path: Path, bad: list[str]) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "s5loader", "prefetch", "s3://b/p/", "--cache", str(tmp_path / "c"),
+         "--budget", "1MiB", *bad],
+        capture_output=True, text=True, timeout=60, env={**os.environ},
+    )
+    assert r.returncode == 2, r.stderr
+    assert bad[0] in r.stderr

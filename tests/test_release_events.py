@@ -1,0 +1,111 @@
+"""The staging contract: one layout both sides use, and releases that reach the engine as
+events (the pass's FIFO), with the folder check left only as a slow safety net.
+
+The end-to-end tests run the real s5cmd against a real local S3 server."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+
+import pytest
+from conftest import Store, make_pairs
+from torch.utils.data import DataLoader
+
+from s5loader import S5Dataset, S5Sampler
+from s5loader._index import Field, Sample
+from s5loader.dataset import StagedIndex
+from s5loader.engine.budget import Budget
+from s5loader.staging.layout import ReleaseEvents, StagingLayout
+
+
+def collate(batch):
+    return batch
+
+
+def keys_of(source: dict[str, bytes]) -> list[str]:
+    return sorted({k.rsplit(".", 1)[0] for k in source})
+
+
+def test_layout_paths_and_release_announce_the_index(tmp_path) -> None:
+    layout = StagingLayout(str(tmp_path))
+    sample = Sample("k", (Field("image", "s3://b/k.image", 3, ""), Field("label", "s3://b/k.label", 1, "")))
+    paths = layout.paths(7, sample)
+    assert paths == [f"{tmp_path}/7/image", f"{tmp_path}/7/label"]
+    assert layout.path(7, sample, 1) == paths[1]
+    events = ReleaseEvents(layout).open()
+    try:
+        assert stat.S_ISFIFO(os.stat(layout.releases).st_mode)
+        assert events.read() == []
+        os.makedirs(layout.sample_dir(7))
+        for p in paths:
+            with open(p, "wb") as fh:
+                fh.write(b"x")
+        layout.release(7, paths)
+        assert not os.path.exists(layout.sample_dir(7))
+        layout.notify(8)
+        events.wake()  # a wake-up is no index
+        assert events.read() == [7, 8]
+    finally:
+        events.close()
+        events.close()  # idempotent
+    layout.notify(9)  # nobody reads any more: dropped, never blocks or raises
+
+
+def test_release_without_fifo_is_silent(tmp_path) -> None:
+    layout = StagingLayout(str(tmp_path / "gone"))
+    layout.release(3, [f"{tmp_path}/gone/3/data"])  # neither folder nor FIFO: nothing to do
+
+
+def test_dataset_releases_through_the_layout(moto: Store, staging_root: str) -> None:
+    source = moto.put(make_pairs(4, size=10))
+    ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
+    folder = os.path.join(staging_root, "pass")
+    layout = StagingLayout(folder)
+    sample = ds.samples[2]
+    os.makedirs(layout.sample_dir(2))
+    for p, f in zip(layout.paths(2, sample), sample.fields, strict=True):
+        with open(p, "wb") as fh:
+            fh.write(source[sample.key + "." + f.name])
+    events = ReleaseEvents(layout).open()
+    try:
+        got = ds[StagedIndex(2, folder)]
+        assert got["image"] == source[sample.key + ".image"]
+        assert not os.path.exists(layout.sample_dir(2))
+        assert events.read() == [2]
+    finally:
+        events.close()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_releases_free_the_budget_without_polling(
+    moto: Store, staging_root: str, monkeypatch: pytest.MonkeyPatch, num_workers: int
+) -> None:
+    # With the folder check turned off, only the readers' announcements can free budget: a
+    # budget of three samples gets through 40 only if every release reaches the engine.
+    monkeypatch.setattr(Budget, "poll", lambda self: None)
+    source = moto.put(make_pairs(40, size=500))
+    ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
+    three = 3 * max(s.size for s in ds.samples)
+    with S5Sampler(ds, budget=three, samples_per_call=4, staging_dir=staging_root, stall_timeout=10) as sampler:
+        loader = DataLoader(ds, sampler=sampler, batch_size=1, num_workers=num_workers, collate_fn=collate)
+        got = [s for b in loader for s in b]
+        assert sampler.stats is not None and sampler.stats.peak_reserved <= three
+    assert sorted(s["__key__"] for s in got) == keys_of(source)
+
+
+def test_consumer_that_only_deletes_folders_still_frees_the_budget(moto: Store, staging_root: str) -> None:
+    # The safety net: a consumer that deletes sample folders itself and announces nothing.
+    moto.put(make_pairs(12, size=500))
+    ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
+    two = 2 * max(s.size for s in ds.samples)
+    seen = []
+    with S5Sampler(ds, budget=two, samples_per_call=2, staging_dir=staging_root, stall_timeout=30) as sampler:
+        for idx in sampler:
+            assert isinstance(idx, StagedIndex)
+            folder = StagingLayout(idx.folder).sample_dir(idx)
+            assert os.path.isdir(folder)
+            shutil.rmtree(folder)
+            seen.append(int(idx))
+    assert sorted(seen) == list(range(12))

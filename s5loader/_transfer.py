@@ -17,9 +17,9 @@ from typing import Any
 from . import _s5cmd
 from ._index import boto3_error, make_boto3_client
 from ._s5cmd import S5cmd
-from .staging.area import SHM, free_bytes, register_cleanup
 from ._uri import format_size, parse_s3_uri, parse_size
 from .exceptions import S3URIError, StagingSpaceError
+from .staging.area import SHM, free_bytes, register_cleanup
 
 log = logging.getLogger(__name__)
 

@@ -33,9 +33,9 @@ from typing import IO, Any
 
 from . import _s5cmd, _transfer
 from ._s5cmd import S5cmd
-from .staging.area import StagingArea
 from ._uri import format_size
 from .exceptions import FetchError, StagingSpaceError
+from .staging.area import StagingArea
 
 log = logging.getLogger(__name__)
 

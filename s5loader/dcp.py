@@ -33,9 +33,9 @@ from torch.futures import Future
 
 from . import _transfer
 from ._s5cmd import S5cmd
-from .staging.area import StagingArea, free_bytes
 from ._uri import format_size, parse_s3_uri
 from .checkpoint import DEFAULT_CONCURRENCY
+from .staging.area import StagingArea, free_bytes
 
 log = logging.getLogger(__name__)
 

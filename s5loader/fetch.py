@@ -34,7 +34,6 @@ from typing import IO, Any
 from . import _archive, _s5cmd, _transfer, _verify
 from ._index import boto3_error, list_prefix
 from ._s5cmd import ObjectInfo, S5cmd
-from .staging.area import free_bytes, register_cleanup
 from ._uri import format_size, parse_s3_uri, parse_size
 from .checkpoint import DEFAULT_CONCURRENCY
 from .exceptions import (
@@ -46,6 +45,7 @@ from .exceptions import (
     StagingSpaceError,
     UnsafeArchiveError,
 )
+from .staging.area import free_bytes, register_cleanup
 
 log = logging.getLogger(__name__)
 

@@ -227,7 +227,10 @@ class Calls:
                     self.sel.unregister(stream.fileno())
                 except (KeyError, ValueError):
                     pass
-                stream.close()
+                try:
+                    stream.close()
+                except OSError:  # already closed under it (EBADF): the call is over either way
+                    log.debug("s5cmd call %d: a pipe was already closed", call.seq)
         try:
             os.unlink(call.command_file)
         except OSError:

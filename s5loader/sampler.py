@@ -22,7 +22,7 @@ from .dataset import S5Dataset, StagedIndex
 from .engine import Stager, StagerOptions, Stats, plan_call
 from .engine.budget import check_sample_fits
 from .exceptions import BudgetError, ConfigError, StateError
-from .staging.area import PassArea, StagingArea, choose_root, register_cleanup
+from .staging.area import PassArea, StagingArea, choose_root, disk_footprint, register_cleanup
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,8 @@ class S5Sampler(Sampler[int]):
                 f"keep_staged=True needs a budget that holds the whole data set "
                 f"({format_size(total)}); the budget is {format_size(budget_bytes)}"
             )
-        root, room = choose_root(staging_dir, min(budget_bytes, total), shrink_budget)
+        footprint = disk_footprint(dataset.samples.size)
+        root, room = choose_root(staging_dir, min(budget_bytes, total), shrink_budget, footprint)
         if room < min(budget_bytes, total):
             if keep_staged or largest.size > room:
                 raise BudgetError(

@@ -13,7 +13,7 @@ from conftest import Peak, staged_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from s5loader import ConfigError, S3URIError, S5Dataset, S5Sampler, parse_size
+from s5loader import BudgetError, ConfigError, S3URIError, S5Dataset, S5Sampler, parse_size
 from s5loader._index import group
 from s5loader._order import Order
 from s5loader._s5cmd import ObjectInfo, copy_line, wildcard_line
@@ -179,3 +179,18 @@ def test_s5cmd_environment_tunes_go_and_keeps_the_users_settings(monkeypatch) ->
     assert (env["GOGC"], env["GOMEMLIMIT"]) == ("400", "512MiB")
     monkeypatch.setenv("GOGC", "100")
     assert S5cmd.env()["GOGC"] == "100"
+
+
+def test_disk_footprint_counts_whole_blocks(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from s5loader.staging.area import choose_root, disk_footprint
+
+    assert disk_footprint([4096, 8192]) == 1.0
+    assert disk_footprint([20000, 1]) == (20480 + 4096) / 20001
+    assert disk_footprint([]) == 1.0
+    free = os.statvfs(str(tmp_path)).f_bavail * os.statvfs(str(tmp_path)).f_frsize
+    need = free // 2
+    assert choose_root(str(tmp_path), need)[1] == need  # fits as object bytes
+    with pytest.raises(BudgetError, match="on disk in whole blocks"):
+        choose_root(str(tmp_path), need, footprint=4.0)  # but not in whole blocks
+    _, shrunk = choose_root(str(tmp_path), need, shrink=True, footprint=4.0)
+    assert shrunk * 4.0 <= free * 0.9

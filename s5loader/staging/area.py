@@ -7,6 +7,7 @@ import atexit
 import fcntl
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -16,7 +17,10 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from .._uri import format_size
 from ..exceptions import BudgetError, ConfigError
@@ -42,11 +46,15 @@ def local_world_size() -> int:
         return 1
 
 
-def choose_root(staging_dir: str | None, need: int, shrink: bool = False) -> tuple[str, int]:
+def choose_root(
+    staging_dir: str | None, need: int, shrink: bool = False, footprint: float = 1.0
+) -> tuple[str, int]:
     """Pick the staging root and check that ``need`` bytes fit in it, for every rank of the node.
 
     The ranks of one node (``LOCAL_WORLD_SIZE``) stage into the same file system, each up to
-    its own budget, so the check is against ``need`` times their number. ``staging_dir=None``
+    its own budget, so the check is against ``need`` times their number. A file takes whole
+    blocks on disk (4 KiB pages on tmpfs), so ``need`` bytes of objects take ``need *
+    footprint`` bytes of the file system (see :func:`disk_footprint`). ``staging_dir=None``
     picks ``/dev/shm`` when it has room for all of them, else the system temp directory.
 
     Returns:
@@ -59,8 +67,11 @@ def choose_root(staging_dir: str | None, need: int, shrink: bool = False) -> tup
     """
     local = local_world_size()
     ranks = f" x {local} ranks on this node (LOCAL_WORLD_SIZE)" if local > 1 else ""
+    on_disk = math.ceil(need * max(1.0, footprint))
+    if on_disk > need * 1.05:
+        ranks += f" (taking {format_size(on_disk)} on disk in whole blocks)"
     if staging_dir is None:
-        if os.path.isdir(SHM) and os.access(SHM, os.W_OK) and free_bytes(SHM) >= need * local:
+        if os.path.isdir(SHM) and os.access(SHM, os.W_OK) and free_bytes(SHM) >= on_disk * local:
             root = SHM
         else:
             root = tempfile.gettempdir()
@@ -72,20 +83,31 @@ def choose_root(staging_dir: str | None, need: int, shrink: bool = False) -> tup
         except OSError as exc:
             raise ConfigError(f"cannot create the staging directory {root!r}: {exc.strerror}") from exc
     free = free_bytes(root)
-    if need * local > free:
+    if on_disk * local > free:
         if not shrink:
             raise BudgetError(
                 f"the budget of {format_size(need)}{ranks} does not fit the {format_size(free)} free "
                 f"in {root}; lower the budget, free space, choose another staging_dir, or pass "
                 "shrink_budget=True"
             )
-        shrunk = int(free * 0.9) // local
+        shrunk = int(free * 0.9 / max(1.0, footprint)) // local
         log.warning(
             "budget shrunk from %s to %s to fit the free space of %s%s",
             format_size(need), format_size(shrunk), root, f" shared by {local} ranks" if local > 1 else "",
         )
         return root, shrunk
     return root, need
+
+
+def disk_footprint(sizes: Sequence[int] | np.ndarray, block: int = 4096) -> float:
+    """Bytes of file system per byte of objects: each file takes whole blocks (``block``: the
+    page size of tmpfs, the block size of most disk file systems), which matters for small
+    objects (a 1-byte label takes 4 KiB)."""
+    a = np.asarray(sizes, dtype=np.int64)
+    total = int(a.sum())
+    if total <= 0:
+        return 1.0
+    return float(((a + block - 1) // block * block).sum()) / total
 
 
 class StagingArea:

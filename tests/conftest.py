@@ -3,10 +3,12 @@ helpers to put a data set into them."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 import socket
+import subprocess
 import tempfile
 import threading
 import time
@@ -23,6 +25,22 @@ os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing-secret")
 os.environ.setdefault("AWS_REGION", "us-east-1")
 for _var in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "S3_ENDPOINT_URL", "AWS_PROFILE"):
     os.environ.pop(_var, None)
+
+
+@contextlib.contextmanager
+def mount_tmpfs(size: str, prefix: str = "s5loader-smallfs-") -> Iterator[str]:
+    """A tmpfs of ``size`` (``"256k"``, ``"4m"``) mounted for a test (as root), removed after;
+    the test is skipped where no tmpfs can be mounted."""
+    d = tempfile.mkdtemp(prefix=prefix)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", d], capture_output=True)
+    if r.returncode != 0:
+        os.rmdir(d)
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", "-l", d])
+        os.rmdir(d)
 
 
 def free_port() -> int:

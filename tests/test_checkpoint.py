@@ -7,14 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 
 import psutil
 import pytest
 import torch
-from conftest import Store, free_port
+from conftest import Store, free_port, mount_tmpfs
 
 from s5loader import ObjectNotFoundError, S3URIError, StagingSpaceError, checkpoint
 
@@ -60,16 +59,8 @@ def object_exists(store: Store, key: str) -> bool:
 @pytest.fixture
 def small_fs() -> Iterator[str]:
     """A 4 MiB tmpfs made for the test."""
-    d = tempfile.mkdtemp(prefix="s5loader-smallfs-")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", d], capture_output=True)
-    if r.returncode != 0:
-        os.rmdir(d)
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-    try:
+    with mount_tmpfs("4m", "s5loader-smallfs-") as d:
         yield d
-    finally:
-        subprocess.run(["umount", "-l", d])
-        os.rmdir(d)
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -10,14 +10,13 @@ import signal
 import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 from collections.abc import Iterator
 
 import boto3.s3.transfer
 import psutil
 import pytest
-from conftest import Store
+from conftest import Store, mount_tmpfs
 from faults import FaultProxy, Rule
 
 from s5loader import ChecksumError, ConfigError, StagingSpaceError, UnsafeArchiveError
@@ -200,16 +199,8 @@ def test_links_inside_the_destination_are_kept(moto: Store, tmp_path) -> None:
 @pytest.fixture
 def small_fs() -> Iterator[str]:
     """A 2 MiB tmpfs made for the test."""
-    d = tempfile.mkdtemp(prefix="s5loader-smallfs-")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", d], capture_output=True)
-    if r.returncode != 0:
-        os.rmdir(d)
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-    try:
+    with mount_tmpfs("2m", "s5loader-smallfs-") as d:
         yield d
-    finally:
-        subprocess.run(["umount", "-l", d])
-        os.rmdir(d)
 
 
 def test_space_is_checked_before_the_first_byte(moto: Store, small_fs: str) -> None:

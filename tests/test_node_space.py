@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Iterator
 
 import pytest
-from conftest import Store
+from conftest import Store, mount_tmpfs
 
 from s5loader import BudgetError
 from s5loader.staging.area import choose_root
@@ -21,16 +21,8 @@ OBJECT = 32 * 1024  # whole tmpfs pages, so the bytes counted are the bytes used
 @pytest.fixture
 def node_fs() -> Iterator[str]:
     """A 1 MiB tmpfs made for the test."""
-    d = tempfile.mkdtemp(prefix="s5loader-nodefs-")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", d], capture_output=True)
-    if r.returncode != 0:
-        os.rmdir(d)
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-    try:
+    with mount_tmpfs("1m", "s5loader-nodefs-") as d:
         yield d
-    finally:
-        subprocess.run(["umount", "-l", d])
-        os.rmdir(d)
 
 
 RANK_SCRIPT = """

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import time
@@ -16,7 +15,7 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
-from conftest import Peak, Store, make_pairs, staged_bytes, staged_samples
+from conftest import Peak, Store, make_pairs, mount_tmpfs, staged_bytes, staged_samples
 from torch.utils.data import DataLoader
 
 from s5loader import BudgetError, S5Dataset, S5Sampler, StagingSpaceError, StallError
@@ -69,16 +68,8 @@ def test_sample_larger_than_budget(moto: Store, staging_root: str) -> None:
 @pytest.fixture
 def small_fs() -> Iterator[str]:
     """A 256 KiB tmpfs made for the test."""
-    d = tempfile.mkdtemp(prefix="s5loader-smallfs-")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", d], capture_output=True)
-    if r.returncode != 0:
-        os.rmdir(d)
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-    try:
+    with mount_tmpfs("256k", "s5loader-smallfs-") as d:
         yield d
-    finally:
-        subprocess.run(["umount", "-l", d])
-        os.rmdir(d)
 
 
 def test_budget_larger_than_free_space(moto: Store, small_fs: str, caplog: pytest.LogCaptureFixture) -> None:

@@ -11,8 +11,8 @@ import os
 import subprocess
 import tempfile
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from . import _s5cmd
 from ._index import boto3_error, make_boto3_client
@@ -22,6 +22,8 @@ from .exceptions import S3URIError, StagingSpaceError
 from .staging.area import SHM, free_bytes, register_cleanup
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # Room left free beside a staged file (file-system metadata, other writers): 1 MiB + 2%.
 MARGIN = 1024**2
@@ -212,34 +214,45 @@ def download(s5: S5cmd, uri: str, path: str, *, size: int, concurrency: int, par
     run(proc, uri)
 
 
+def side_by_side(fn: Callable[[T], None], items: Sequence[T]) -> None:
+    """Run ``fn`` on every item at once, one thread each; the first error is raised here, in
+    the caller's thread, once all have ended."""
+    errors: list[BaseException] = []
+
+    def one(item: T) -> None:
+        try:
+            fn(item)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, in the caller's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(item,), daemon=True) for item in items]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
 def upload_many(
     s5: S5cmd, pairs: Sequence[tuple[str, str]], endpoint_url: str | None, *, concurrency: int, part_size: int
 ) -> None:
     """Upload local files to ``s3://`` URIs side by side, each in parallel parts, each
     guarded: on any failure or interruption every unfinished upload is aborted."""
     guards = [UploadGuard(uri, endpoint_url) for _, uri in pairs]
-    errors: list[BaseException] = []
 
-    def one(path: str, guard: UploadGuard) -> None:
-        try:
-            size = os.path.getsize(path)
-            proc = _s5cmd.start_copy(s5, path, guard.uri, concurrency=concurrency, part_size=part_size, size=size)
-            guard.attach(proc)
-            run(proc, guard.uri)
-        except BaseException as exc:  # noqa: BLE001 - re-raised below, in the caller's thread
-            errors.append(exc)
+    def one(item: tuple[str, UploadGuard]) -> None:
+        path, guard = item
+        size = os.path.getsize(path)
+        proc = _s5cmd.start_copy(s5, path, guard.uri, concurrency=concurrency, part_size=part_size, size=size)
+        guard.attach(proc)
+        run(proc, guard.uri)
 
     entered: list[UploadGuard] = []
     try:
         for g in guards:
             entered.append(g.__enter__())
-        threads = [threading.Thread(target=one, args=(p, g), daemon=True) for (p, _), g in zip(pairs, guards, strict=True)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+        side_by_side(one, [(p, g) for (p, _), g in zip(pairs, guards, strict=True)])
     except BaseException:
         for g in entered:
             g.close()

@@ -266,26 +266,13 @@ class S5StorageReader(FileSystemReader):
         return fut
 
     def _download(self, names: Sequence[str], size: dict[str, int]) -> None:
-        import threading
-
-        errors: list[BaseException] = []
-
         def one(name: str) -> None:
-            try:
-                _transfer.download(
-                    self._s5(), self.uri + name, os.path.join(self.path, name),
-                    size=size[name], concurrency=self.concurrency, part_size=self.part_size,
-                )
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-                errors.append(exc)
+            _transfer.download(
+                self._s5(), self.uri + name, os.path.join(self.path, name),
+                size=size[name], concurrency=self.concurrency, part_size=self.part_size,
+            )
 
-        threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in names]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+        _transfer.side_by_side(one, names)
 
 
 def _tensor_bytes(item: Any) -> int:

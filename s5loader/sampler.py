@@ -16,6 +16,7 @@ from ._blocks import plan_blocks
 from ._dist import rank_info
 from ._order import Order as _Order
 from ._platform import require_linux
+from ._resume import STATE_VERSION, check_state
 from ._s5cmd import S5cmd, write_command_file
 from ._uri import format_size, parse_size
 from .dataset import S5Dataset, StagedIndex
@@ -26,8 +27,6 @@ from .staging.area import PassArea, StagingArea, choose_root, disk_footprint, re
 
 log = logging.getLogger(__name__)
 
-# 2 added "complete": the state was taken after the epoch's last sample (1 is still read)
-_STATE_VERSION = 2
 # "data starvation" is a WARNING only when waiting takes this share of an epoch, in a run
 # (all passes of the sampler so far) at least this long; a short run is not worth tuning.
 _STARVED_SHARE = 0.2
@@ -359,7 +358,7 @@ class S5Sampler(Sampler[int]):
         """
         o = self._order
         return {
-            "version": _STATE_VERSION,
+            "version": STATE_VERSION,
             "epoch": self.epoch,
             "seed": o.seed,
             "shuffle": o.shuffle,
@@ -386,41 +385,9 @@ class S5Sampler(Sampler[int]):
             StateError: the state does not fit (another data set size, negative counts, an
                 unknown version, a missing key).
         """
-        if not isinstance(state, dict):
-            raise StateError(f"expected a dict from S5Sampler.state_dict(), got {type(state).__name__}")
-        need = ["version", "epoch", "seed", "shuffle", "drop_last", "num_replicas", "dataset_len", "start", "yielded"]
-        if state.get("version") == _STATE_VERSION:
-            need.append("complete")
-        missing = [k for k in need if k not in state]
-        if missing:
-            raise StateError(f"the state lacks {', '.join(missing)}; was it made by S5Sampler.state_dict()?")
-        if state["version"] not in (1, _STATE_VERSION):
-            raise StateError(f"unknown state version {state['version']!r} (this s5loader writes {_STATE_VERSION})")
-        for k in ("epoch", "start", "yielded", "num_replicas", "dataset_len", "seed"):
-            v = state[k]
-            if not isinstance(v, int) or isinstance(v, bool) or (k != "seed" and v < 0):
-                raise StateError(f"state[{k!r}] must be a non-negative int, got {v!r}")
-        if state["shuffle"] not in (True, False, "block"):
-            raise StateError(f"state['shuffle'] must be True, False or 'block', got {state['shuffle']!r}")
-        if not isinstance(state.get("complete", False), bool):
-            raise StateError(f"state['complete'] must be a bool, got {state['complete']!r}")
-        if state["num_replicas"] < 1:
-            raise StateError(f"state['num_replicas'] must be >= 1, got {state['num_replicas']}")
-        n = len(self.dataset)
-        if state["dataset_len"] != n:
-            raise StateError(f"the state is for a data set of {state['dataset_len']} samples; this one has {n}")
-        if state["start"] > n:
-            raise StateError(f"state['start']={state['start']} is past the data set's {n} samples")
-        block = state["shuffle"] == "block"
-        w, drop_last = state["num_replicas"], bool(state["drop_last"])
-        # block order: a position in this rank's slice; otherwise a position in the global order
-        consumed = state["start"] + state["yielded"] * (1 if block else w)
-        if block:
-            end = n // w if drop_last else math.ceil(n / w)
-        else:
-            end = n - n % w if drop_last else n
-        # version 1 did not say whether the epoch was complete: all of it consumed means it was
-        complete = state["complete"] if "complete" in state else consumed >= end
+        saved = check_state(state, len(self.dataset))
+        block, w, drop_last = saved.shuffle == "block", saved.num_replicas, saved.drop_last
+        consumed, complete, n = saved.consumed, saved.complete, len(self.dataset)
         if block and w != self._order.num_replicas and not complete:
             raise StateError(
                 f"a shuffle='block' epoch resumes only with the same number of ranks: the state "
@@ -432,19 +399,16 @@ class S5Sampler(Sampler[int]):
                 "order at position %d of %d",
                 self._order.num_replicas, w, min(consumed, n), n,
             )
-        self._order = _Order(
-            "block" if block else bool(state["shuffle"]), state["seed"], self._order.num_replicas, self._order.rank,
-            drop_last,
-        )
+        self._order = _Order(saved.shuffle, saved.seed, self._order.num_replicas, self._order.rank, drop_last)
         self._yielded = 0
         self._pass_len = None
         self._epoch_done = False
         if complete:
             if not self._epoch_set:
-                self.epoch = state["epoch"] + 1
+                self.epoch = saved.epoch + 1
             self._start = 0
         else:
-            self.epoch = state["epoch"]
+            self.epoch = saved.epoch
             self._start = min(consumed, n)
 
     # -- lifetime -----------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The ``s5loader`` command: ``ls`` (show the sample index), ``prefetch`` (the daemon) and
+"""The ``s5loader`` command: ``ls`` (show the sample index), ``index-shards`` (count the
+samples of tar shards), ``prefetch`` (the daemon) and
 ``bench`` (the benchmark, the separate ``s5loader_bench`` package, imported only when that
 command runs). The CLI owns the terminal; the library only logs."""
 
@@ -8,6 +9,7 @@ import argparse
 import importlib
 import logging
 import sys
+import time
 from typing import Any
 
 from .exceptions import S5LoaderError
@@ -35,8 +37,52 @@ def _ls(argv: list[str]) -> int:
     return EXIT_OK
 
 
+def _index_shards(argv: list[str]) -> int:
+    from ._shards import build_index
+
+    p = argparse.ArgumentParser(
+        prog="s5loader index-shards",
+        description="Count the samples of each tar shard and write a wids JSON shard list "
+        "(default: wids.json in the shards' folder), for S5Dataset.from_shards.",
+    )
+    p.add_argument(
+        "source", nargs="+",
+        help="s3://bucket/prefix/ (every *.tar below it), a brace pattern "
+        "('s3://b/train/shard-{000000..000999}.tar', quoted) or shard URIs",
+    )
+    p.add_argument("--output", help="where to write the index (s3 URI or local path)")
+    p.add_argument("--endpoint-url")
+    p.add_argument("--jobs", type=int, default=8, help="shards read at once (default 8)")
+    args = p.parse_args(argv)
+    source: str | list[str] = args.source[0] if len(args.source) == 1 else args.source
+    where, shards = build_index(source, args.endpoint_url, args.output, _progress_printer(), args.jobs)
+    print(f"{len(shards)} shards, {sum(s.nsamples for s in shards)} samples: wrote {where}")
+    return EXIT_OK
+
+
+def _progress_printer() -> Any:
+    """A bar on a terminal, a line every few seconds otherwise (stderr)."""
+    tty = sys.stderr.isatty()
+    last = [0.0]
+
+    def show(done: int, total: int, nbytes: int) -> None:
+        now = time.monotonic()
+        if tty:
+            width = 30
+            fill = width * done // max(total, 1)
+            end = "\n" if done == total else ""
+            sys.stderr.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{total} shards, {nbytes / 1e6:.1f} MB{end}")
+            sys.stderr.flush()
+        elif done == total or now - last[0] >= 5.0:
+            last[0] = now
+            print(f"indexed {done}/{total} shards, {nbytes / 1e6:.1f} MB read", file=sys.stderr, flush=True)
+
+    return show
+
+
 COMMANDS = {
     "ls": ("list the samples of a source", "s5loader.cli:_ls"),
+    "index-shards": ("count the samples of tar shards into a wids shard index", "s5loader.cli:_index_shards"),
     "prefetch": ("keep a bounded local cache filled for any consumer", "s5loader.daemon.cli:main"),
     "bench": ("measure loading methods on your bucket", "s5loader_bench.cli:main"),
     "fetch": ("download big objects or a split archive through a small disk", "s5loader.fetch:main"),

@@ -67,8 +67,12 @@ class S5Dataset(Dataset[Any]):
     file is not staged, it fetches the sample directly from S3, so the dataset works with any
     sampler.
 
-    Build one with :meth:`from_prefix`, :meth:`from_objects` or :meth:`from_manifest`.
+    Build one with :meth:`from_prefix`, :meth:`from_objects`, :meth:`from_manifest` or
+    :meth:`from_shards` (tar shards in the WebDataset format).
     """
+
+    #: The tar shards of a data set made by :meth:`from_shards`; None for objects.
+    shards: Sequence[Any] | None = None
 
     def __init__(
         self,
@@ -77,12 +81,14 @@ class S5Dataset(Dataset[Any]):
         endpoint_url: str | None = None,
         transform: Transform | None = None,
         source: str = "",
+        decode: bool = False,
     ) -> None:
         if not samples:
             raise EmptySourceError(f"no sample in {source or 'the given objects'}")
         self._samples = SampleIndex.from_samples(samples, {"source": source})
         self.endpoint_url = endpoint_url
         self.transform = transform
+        self.decode = bool(decode)
         self.source = source
         self._client: Any = None
         self._client_pid = -1
@@ -111,6 +117,7 @@ class S5Dataset(Dataset[Any]):
         group_by: str = "stem",
         transform: Transform | None = None,
         label: str | None = None,
+        decode: bool = False,
     ) -> S5Dataset:
         """All objects under ``s3://bucket/prefix``, listed with one ``s5cmd ls``.
 
@@ -127,6 +134,9 @@ class S5Dataset(Dataset[Any]):
                 fields named by their path inside it) or ``"object"`` (one object, one
                 sample, field ``data``).
             transform: called with each sample dict; its result is what ``dataset[i]`` returns.
+            decode: decode each field by its extension before ``transform``
+                (:func:`s5loader.decode.decode`: ``cls`` -> int, ``json``, ``npy``, images
+                through Pillow, ...; nothing is unpickled).
             label: ``"folder"``: an ImageFolder layout (``PREFIX/<class>/<image>``): each sample
                 gets an int ``"label"``, the index of its class folder (the first folder below
                 the prefix) in :attr:`classes`, the sorted folder names, as torchvision's
@@ -151,7 +161,9 @@ class S5Dataset(Dataset[Any]):
             lambda: index_prefix(prefix, S5cmd(endpoint_url), group_by),
             ["prefix", prefix, resolve_endpoint(endpoint_url), group_by],
         )
-        return cls._labelled(index, label, uri.key, prefix, group_by, endpoint_url=endpoint_url, transform=transform)
+        return cls._labelled(
+            index, label, uri.key, prefix, group_by, endpoint_url=endpoint_url, transform=transform, decode=decode
+        )
 
     @classmethod
     def from_objects(
@@ -209,6 +221,47 @@ class S5Dataset(Dataset[Any]):
             ["manifest", path_or_uri, resolve_endpoint(endpoint_url), group_by],
         )
         return cls._labelled(samples, label, None, path_or_uri, group_by, endpoint_url=endpoint_url, transform=transform)
+
+    @classmethod
+    def from_shards(
+        cls,
+        source: str | Sequence[str],
+        *,
+        index: str | None = None,
+        endpoint_url: str | None = None,
+        transform: Transform | None = None,
+        decode: bool = False,
+    ) -> S5Dataset:
+        """Samples of tar shards in the WebDataset format (``0001.jpg`` + ``0001.cls`` in a
+        shard is the sample ``{"__key__": "0001", "jpg": b"...", "cls": b"..."}``).
+
+        :class:`~s5loader.S5Sampler` stages each shard whole with one s5cmd ``cp`` and the
+        workers read samples from it; the budget counts whole shards.
+
+        Args:
+            source: ``s3://bucket/prefix/`` (every ``*.tar`` below it), a brace pattern
+                (``s3://bucket/train/shard-{000000..000999}.tar``) or a list of shard URIs.
+            index: a wids JSON shard list (s3 URI or local path) with each shard's
+                ``nsamples``; default: ``wids.json`` in the shards' folder, as
+                ``s5loader index-shards SOURCE`` writes it.
+            endpoint_url: the S3 endpoint (as :meth:`from_prefix`).
+            transform: called with each sample dict; its result is what ``dataset[i]`` returns.
+            decode: decode fields by extension before ``transform`` (see :mod:`s5loader.decode`).
+
+        Raises:
+            ShardIndexError: no index (the message says to run ``s5loader index-shards``), a
+                bad one, or one that lacks a shard.
+            ObjectNotFoundError: a shard the pattern or list names does not exist.
+            EmptySourceError: no shard, or no sample in the shards.
+        """
+        from ._shards import load_shards
+        from ._shardset import ShardDataset
+
+        shards, where = load_shards(source, index, endpoint_url)
+        name = source if isinstance(source, str) else f"{len(shards)} shards"
+        return ShardDataset(
+            shards, endpoint_url=endpoint_url, transform=transform, decode=decode, source=name, index_uri=where
+        )
 
     @classmethod
     def from_index(
@@ -286,6 +339,13 @@ class S5Dataset(Dataset[Any]):
         if sample.extra:
             for k, v in sample.extra.items():
                 out.setdefault(k, v)
+        return self._finish(out)
+
+    def _finish(self, out: dict[str, Any]) -> Any:
+        if self.decode:
+            from .decode import decode
+
+            out = decode(out)
         return self.transform(out) if self.transform is not None else out
 
     @staticmethod

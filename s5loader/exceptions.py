@@ -97,3 +97,13 @@ class ChecksumError(FetchError):
 
 class UnsafeArchiveError(S5LoaderError, ValueError):
     """An archive member would land outside the destination (``..``, absolute, a link out)."""
+
+
+class ShardError(S5LoaderError, ValueError):
+    """A tar shard cannot be read: not a tar, damaged or truncated, or it disagrees with its
+    index; the message names the shard's URI and the member."""
+
+
+class ShardIndexError(S5LoaderError, ValueError):
+    """A shard index (a wids JSON shard list) is missing, cannot be read, or does not cover the
+    shards; the message names it and says how to build one."""

@@ -134,6 +134,9 @@ class S5Sampler(Sampler[int]):
             verify=verify,
         )
         largest = dataset.samples[dataset.samples.largest()]
+        sharded = dataset.shards is not None
+        if sharded:
+            _check_shards(dataset, shuffle, budget_bytes)
         check_sample_fits(largest, budget_bytes)
         total = dataset.total_bytes
         if keep_staged and total > budget_bytes:
@@ -150,9 +153,10 @@ class S5Sampler(Sampler[int]):
                     + ("the whole data set with keep_staged" if keep_staged else f"sample {largest.key!r}")
                 )
             self._options = StagerOptions(**{**self._options.__dict__, "budget": room})
-        if batch_size is not None:
+        if batch_size is not None and not sharded:
             _check_batch_fits(dataset, batch_size, self._options.budget)
-        self._layout = plan_blocks(dataset.samples, block_size, dataset._listing)
+        # over shards a block is a shard, fetched with one cp --raw line: no wildcard lines
+        self._layout = plan_blocks(dataset.samples, 1 if sharded else block_size, dataset._listing)
         self._s5cmd = S5cmd(dataset.endpoint_url, numworkers=numworkers)
         self._area = StagingArea(root)
         self.keep_staged = bool(keep_staged)
@@ -226,9 +230,15 @@ class S5Sampler(Sampler[int]):
         self._remove_replaced()
         where = self._new_pass()
         keep = self.keep_staged
+        shards = None
+        if self.dataset.shards is not None:
+            from ._shardpass import ShardPass
+
+            shards = ShardPass(self.dataset, order, where.path, keep, self._options.on_error)  # type: ignore[arg-type]
+            shards.check_budget(self._options.budget, self._order.shuffle)
         stager = Stager(
             self.dataset.samples,
-            order,
+            order if shards is None else shards.engine_order,
             where,
             self._s5cmd,
             self._options,
@@ -243,7 +253,13 @@ class S5Sampler(Sampler[int]):
         finished = False
         try:
             for pos, idx in enumerate(order):
-                if stager.wait(pos):
+                if shards is not None:
+                    if shards.take(pos, stager):
+                        self._yielded += 1
+                        yield StagedIndex(idx, where.path, keep)
+                    else:
+                        self._yielded += 1
+                elif stager.wait(pos):
                     if not keep:
                         stager.yielded(idx)
                     self._yielded += 1
@@ -282,7 +298,10 @@ class S5Sampler(Sampler[int]):
             where.remove()
 
     def _epoch_order(self, epoch: int, start: int = 0) -> list[int]:
-        units = self._layout.units if self._order.shuffle == "block" else None
+        units = None
+        if self._order.shuffle == "block":
+            shards = self.dataset.shard_units if self.dataset.shards is not None else None  # type: ignore[attr-defined]
+            units = shards if shards is not None else self._layout.units
         return self._order.indices(len(self.dataset), epoch, start, units=units, window=self._options.samples_per_call)
 
     def _report(self, stats: Stats, elapsed: float, finished: bool) -> None:
@@ -337,6 +356,10 @@ class S5Sampler(Sampler[int]):
         spc = self._options.samples_per_call
         os.makedirs(directory, exist_ok=True)
         stage = os.path.abspath(directory)
+        if self.dataset.shards is not None:  # over shards: one line per staging of a shard
+            from ._shardpass import ShardPass
+
+            order = ShardPass(self.dataset, order, stage, False, "raise").engine_order  # type: ignore[arg-type]
         paths = []
         for n, first in enumerate(range(0, len(order), spc)):
             plan = plan_call(
@@ -453,6 +476,25 @@ class S5Sampler(Sampler[int]):
         return (
             f"S5Sampler({self.dataset!r}, shuffle={o.shuffle}, seed={o.seed}, rank={o.rank}/"
             f"{o.num_replicas}, budget={format_size(self.budget)}, staging_dir={self.staging_dir!r})"
+        )
+
+
+def _check_shards(dataset: S5Dataset, shuffle: bool | str, budget: int) -> None:
+    """Over tar shards the budget counts whole shards: one larger than the budget can never be
+    staged, and shuffle=True keeps every shard staged for the whole epoch."""
+    samples = dataset.samples
+    big = samples[samples.largest()]
+    if big.size > budget:
+        raise BudgetError(
+            f"the shard {big.fields[0].uri} is {format_size(big.size)}, larger than the budget of "
+            f"{format_size(budget)}; a shard is staged whole: raise the budget or write smaller shards"
+        )
+    if shuffle is True and dataset.total_bytes > budget:
+        raise ConfigError(
+            f"shuffle=True over tar shards draws every sample from any shard, so all shards of "
+            f"{dataset.source} ({format_size(dataset.total_bytes)}) would have to be staged at once, "
+            f"more than the budget of {format_size(budget)}; use shuffle='block' (the shards in a "
+            "random order, samples shuffled within a window of samples_per_call samples)"
         )
 
 

@@ -8,6 +8,14 @@ sample back once read. A pass folder looks like this::
     PASS/.released           a FIFO: each reader writes "<index>\\n" after deleting a sample
     PASS/.calls/, PASS/.c*/  the engine's command files and scratch folders
 
+A pass over tar shards stages each shard as the engine's unit: ``PASS/<shard>/tar`` is the
+shard, ``PASS/<shard>/.members`` its member table (written once the shard is checked), and
+``PASS/<shard>/.need/<j>`` one empty file per sample ``j`` of the shard that this pass still
+has to read. A reader deletes its sample's file after reading; whoever then removes the empty
+``.need`` folder (``rmdir`` succeeds for exactly one process) deletes the shard and writes
+the shard's index to ``.released``, so a shard is freed once every sample of it that the pass
+needs was read, by any worker.
+
 Releasing deletes the sample's files and then writes its index to ``.released``, which the
 engine reads in its select loop (:class:`ReleaseEvents`), so budget comes back as soon as a
 sample is read, without the engine polling ``stat`` on what it handed out. A write of a
@@ -30,6 +38,8 @@ if TYPE_CHECKING:
     from .._index import Sample
 
 RELEASED = ".released"
+MEMBERS = ".members"
+NEED = ".need"
 
 
 def field_names(sample: Sample) -> list[str]:
@@ -107,6 +117,45 @@ class StagingLayout:
             except OSError:
                 shutil.rmtree(folder, ignore_errors=True)
         self.notify(index)
+
+    # -- tar shards -------------------------------------------------------------------------
+    def shard_table(self, shard: int) -> str:
+        """The member table of a staged shard."""
+        return f"{self.sample_dir(shard)}/{MEMBERS}"
+
+    def open_shard(self, shard: int, table: bytes, needed: Sequence[int]) -> None:
+        """Write a staged shard's member table and one claim per sample of it the pass needs
+        (``needed``: positions in the shard); with no claims the shard is kept."""
+        folder = self.sample_dir(shard)
+        tmp = f"{folder}/{MEMBERS}.tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(table)
+        os.replace(tmp, self.shard_table(shard))
+        if needed:
+            need = f"{folder}/{NEED}"
+            os.mkdir(need)
+            for j in needed:
+                os.close(os.open(f"{need}/{int(j)}", os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600))
+
+    def release_shard_sample(self, shard: int, j: int) -> bool:
+        """Sample ``j`` of ``shard`` was read: drop its claim; the reader that drops the last
+        deletes the shard and tells the engine. True for that reader."""
+        need = f"{self.sample_dir(shard)}/{NEED}"
+        try:
+            os.unlink(f"{need}/{int(j)}")
+        except FileNotFoundError:
+            return False
+        try:
+            os.rmdir(need)
+        except OSError:
+            return False  # ENOTEMPTY: other samples are still to be read; ENOENT: another reader won
+        self.drop_shard(shard)
+        return True
+
+    def drop_shard(self, shard: int) -> None:
+        """Delete a staged shard and tell the engine its bytes are free."""
+        shutil.rmtree(self.sample_dir(shard), ignore_errors=True)
+        self.notify(shard)
 
     def notify(self, index: int) -> None:
         """Write ``index`` to the pass's FIFO; dropped when nobody reads it or it is full."""

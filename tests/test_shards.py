@@ -1,0 +1,302 @@
+"""Tar shards in the WebDataset format: the shard index (wids), S5Dataset.from_shards through
+S5Sampler and a DataLoader, rank splits, resume, hostile shards and decoding."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from collections import Counter
+
+import pytest
+from conftest import Store
+from torch.utils.data import DataLoader
+
+from s5loader import (
+    BudgetError,
+    ConfigError,
+    S5Dataset,
+    S5Sampler,
+    ShardError,
+    ShardIndexError,
+    UnsafeArchiveError,
+    _shards,
+    _tar,
+)
+from s5loader.decode import decode
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def sample_bytes(i: int, size: int = 300) -> bytes:
+    return hashlib.sha256(str(i).encode()).digest() * (size // 32 + 1)
+
+
+def tar_of(members: list[tuple[str, bytes]]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def make_shards(n_shards: int, per_shard: int, size: int = 300) -> tuple[dict[str, bytes], dict[str, dict[str, bytes]]]:
+    """``{shard name: tar bytes}`` and the expected samples ``{key: {field: bytes}}``."""
+    shards, expected = {}, {}
+    k = 0
+    for s in range(n_shards):
+        members = []
+        for _ in range(per_shard):
+            key = f"s{k:05d}"
+            fields = {"bin": sample_bytes(k, size), "cls": str(k % 7).encode()}
+            expected[key] = fields
+            members += [(f"{key}.{f}", v) for f, v in fields.items()]
+            k += 1
+        shards[f"shard-{s:03d}.tar"] = tar_of(members)
+    return shards, expected
+
+
+def put_indexed(store: Store, shards: dict[str, bytes]) -> str:
+    """Upload the shards and their index; returns the source prefix."""
+    store.put(shards)
+    _shards.build_index(store.uri(), store.endpoint)
+    return store.uri()
+
+
+def load_all(ds: S5Dataset, sampler: S5Sampler, workers: int = 2) -> list[dict]:
+    loader = DataLoader(ds, sampler=sampler, batch_size=4, num_workers=workers, collate_fn=lambda b: b)
+    return [x for b in loader for x in b]
+
+
+def leftovers(path: str) -> list[str]:
+    out = []
+    for root, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if d not in (".calls",)]
+        out += [os.path.join(root, f) for f in files if f not in (".lock", ".released")]
+    return out
+
+
+# -- fast tier: no server -----------------------------------------------------------------
+
+
+def test_brace_patterns_expand_as_webdataset_does() -> None:
+    assert _shards.expand_braces("s3://b/shard-{000..002}.tar") == [
+        "s3://b/shard-000.tar", "s3://b/shard-001.tar", "s3://b/shard-002.tar"
+    ]
+    assert _shards.expand_braces("s3://b/{a,b}-{1..2}.tar") == [
+        "s3://b/a-1.tar", "s3://b/a-2.tar", "s3://b/b-1.tar", "s3://b/b-2.tar"
+    ]
+    with pytest.raises(ConfigError, match="backwards"):
+        _shards.expand_braces("s3://b/{3..1}.tar")
+
+
+def test_the_wids_index_round_trips_with_relative_urls() -> None:
+    shards = [_shards.Shard("s3://b/train/shard-0.tar", 100, "e", 3), _shards.Shard("s3://c/x.tar", 5, "", 1)]
+    data = _shards.format_index(shards, "s3://b/train/wids.json")
+    doc = json.loads(data)
+    assert doc["__kind__"] == "wids-shard-index-v1" and doc["wids_version"] == 1
+    assert doc["shardlist"][0] == {"url": "shard-0.tar", "nsamples": 3, "filesize": 100}
+    assert doc["shardlist"][1]["url"] == "s3://c/x.tar"
+    assert _shards.parse_index(data, "s3://b/train/wids.json") == {"s3://b/train/shard-0.tar": 3, "s3://c/x.tar": 1}
+    with pytest.raises(ShardIndexError, match="entry 0"):
+        _shards.parse_index(b'{"shardlist": [{"url": "a.tar"}]}', "s3://b/i.json")
+    with pytest.raises(ShardIndexError, match="not valid JSON"):
+        _shards.parse_index(b"{", "s3://b/i.json")
+
+
+def test_members_group_into_samples_by_the_first_dot_of_the_file_name() -> None:
+    data = tar_of([("d/0001.jpg", b"J"), ("d/0001.seg.PNG", b"P"), ("d/0002.jpg", b"K"), ("README", b"x")])
+    samples = _tar.scan_bytes(data, "s3://b/s.tar")
+    assert [(s.key, [m.field for m in s.members]) for s in samples] == [("d/0001", ["jpg", "seg.png"]), ("d/0002", ["jpg"])]
+    assert _tar.read_sample(io.BytesIO(data), samples[0]) == {"jpg": b"J", "seg.png": b"P"}
+
+
+@pytest.mark.parametrize(
+    ("data", "error", "words"),
+    [
+        (tar_of([("0001.txt", b"a" * 1000), ("0002.txt", b"b")])[:900], ShardError, "0001.txt"),  # cut in a member
+        (tar_of([("0001.txt", b"a"), ("0002.txt", b"b")])[:1100], ShardError, "0001.txt"),  # cut in a header
+        (tar_of([("0001.txt", b"a")])[:1024], ShardError, "end-of-archive"),  # no end blocks
+        (b"this is not a tar file" * 40, ShardError, "not a tar"),
+        (tar_of([("../evil.txt", b"x")]), UnsafeArchiveError, "../evil.txt"),
+        (tar_of([("/etc/evil.txt", b"x")]), UnsafeArchiveError, "/etc/evil.txt"),
+        (tar_of([("0001.txt", b"a"), ("0001.txt", b"b")]), ShardError, "twice"),
+    ],
+)
+def test_hostile_tars_are_refused_naming_the_shard_and_member(data: bytes, error: type, words: str) -> None:
+    with pytest.raises(error, match="s3://b/bad.tar") as info:
+        _tar.scan_bytes(data, "s3://b/bad.tar")
+    assert words in str(info.value)
+    with pytest.raises(error):  # the streamed scan of index-shards sees the same
+        _tar.scan(io.BytesIO(data), len(data), "s3://b/bad.tar", stream=True)
+
+
+def test_decode_by_extension_never_unpickles() -> None:
+    import pickle
+
+    import numpy as np
+    import torch
+
+    npy = io.BytesIO()
+    np.save(npy, np.arange(3))
+    pth = io.BytesIO()
+    torch.save({"w": torch.ones(2)}, pth)
+    png = io.BytesIO()
+    from PIL import Image
+
+    Image.new("RGB", (3, 2)).save(png, format="PNG")
+    evil = pickle.dumps(print)
+    out = decode({
+        "__key__": "k", "cls": b"7", "txt": b"hi", "json": b'{"a": 1}', "npy": npy.getvalue(),
+        "pth": pth.getvalue(), "seg.png": png.getvalue(), "pickle": evil, "pyd": evil, "bin": b"\x00",
+        "index": b"x1",
+    })
+    assert out["cls"] == 7 and out["txt"] == "hi" and out["json"] == {"a": 1} and out["index"] == "x1"
+    assert out["npy"].tolist() == [0, 1, 2] and out["pth"]["w"].tolist() == [1.0, 1.0]
+    assert out["seg.png"].size == (3, 2)
+    assert out["pickle"] == evil and out["pyd"] == evil and out["bin"] == b"\x00" and out["__key__"] == "k"
+
+
+# -- real path: s5cmd against local S3 servers --------------------------------------------
+
+
+def test_webdataset_and_gnu_tar_shards_load_byte_exact_through_the_sampler(seaweed: Store, tmp_path, staging_root: str) -> None:
+    import webdataset as wds
+
+    expected: dict[str, dict[str, bytes]] = {}
+    local = tmp_path / "wds"
+    local.mkdir()
+    with wds.ShardWriter(str(local / "shard-%03d.tar"), maxcount=8, verbose=0) as sink:
+        for i in range(20):
+            fields = {"bin": sample_bytes(i, 2000 + i), "cls": str(i % 3).encode(), "meta.json": b'{"i": %d}' % i}
+            expected[f"w{i:04d}"] = fields
+            sink.write({"__key__": f"w{i:04d}", **fields})
+    gnu = tmp_path / "gnu"
+    (gnu / "d").mkdir(parents=True)
+    for i in range(6):
+        fields = {"txt": f"text {i}".encode(), "bin": sample_bytes(100 + i, 5000)}
+        expected[f"d/g{i:04d}"] = fields
+        for f, v in fields.items():
+            (gnu / "d" / f"g{i:04d}.{f}").write_bytes(v)
+    names = sorted(p.name for p in (gnu / "d").iterdir())
+    subprocess.run(["tar", "cf", str(local / "shard-100.tar"), *[f"d/{n}" for n in names]], cwd=gnu, check=True)
+    store_shards = {p.name: p.read_bytes() for p in sorted(local.iterdir())}
+    assert len(store_shards) == 4
+    seaweed.put(store_shards)
+    source = seaweed.uri("shard-{000..002}.tar")
+    with pytest.raises(ShardIndexError, match="s5loader index-shards"):
+        S5Dataset.from_shards(seaweed.uri(), endpoint_url=seaweed.endpoint)
+    # the CLI builds and uploads the index; without a terminal, progress comes as lines
+    r = subprocess.run(
+        [sys.executable, "-m", "s5loader", "index-shards", seaweed.uri(), "--endpoint-url", seaweed.endpoint],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "indexed 4/4 shards" in r.stderr and "26 samples" in r.stdout
+    ds = S5Dataset.from_shards(seaweed.uri(), endpoint_url=seaweed.endpoint)
+    assert len(ds) == 26 and len(ds.samples) == 4
+    assert len(S5Dataset.from_shards(source, index=seaweed.uri("wids.json"), endpoint_url=seaweed.endpoint)) == 20
+    with S5Sampler(ds, shuffle="block", seed=1, budget=200_000, samples_per_call=8, staging_dir=staging_root) as sampler:
+        for epoch in range(2):
+            sampler.set_epoch(epoch)
+            got = load_all(ds, sampler)
+            assert sorted(x["__key__"] for x in got) == sorted(expected)
+            for x in got:
+                assert {k: v for k, v in x.items() if k != "__key__"} == expected[x["__key__"]]
+            assert leftovers(sampler.staging_dir) == []  # every shard deleted once read
+            assert sampler.stats is not None and sampler.stats.staged_samples == 4  # one cp per shard
+
+
+def test_every_sample_once_per_epoch_over_two_ranks_and_a_mid_epoch_resume(moto: Store, staging_root: str) -> None:
+    shards, expected = make_shards(5, 7)
+    source = put_indexed(moto, shards)
+    ds = S5Dataset.from_shards(source, endpoint_url=moto.endpoint)
+    keys: list[str] = []
+    for rank in range(2):
+        with S5Sampler(ds, shuffle="block", num_replicas=2, rank=rank, drop_last=True, budget=70_000,
+                       samples_per_call=6, staging_dir=staging_root) as sampler:
+            got = load_all(ds, sampler)
+            keys += [x["__key__"] for x in got]
+    assert len(keys) == 34 and len(set(keys)) == 34  # 35 samples, drop_last: each once, equal parts
+
+    with S5Sampler(ds, shuffle="block", seed=3, budget=70_000, samples_per_call=6, staging_dir=staging_root) as s:
+        it = iter(s)
+        first = [ds[next(it)]["__key__"] for _ in range(11)]
+        state = s.state_dict()
+    with S5Sampler(ds, shuffle="block", seed=3, budget=70_000, samples_per_call=6, staging_dir=staging_root) as s:
+        s.load_state_dict(state)
+        rest = [x["__key__"] for x in load_all(ds, s)]
+        assert leftovers(s.staging_dir) == []
+    assert len(first) + len(rest) == 35 and set(first) | set(rest) == set(expected)
+
+
+def test_budget_and_shuffle_rules_over_shards(moto: Store, staging_root: str) -> None:
+    shards, _ = make_shards(3, 4, size=3000)
+    source = put_indexed(moto, shards)
+    ds = S5Dataset.from_shards(source, endpoint_url=moto.endpoint)
+    big = max(len(v) for v in shards.values())
+    with pytest.raises(BudgetError, match=r"shard s3://.*shard-00\d\.tar.*staged whole"):
+        S5Sampler(ds, budget=big - 1, shuffle="block", staging_dir=staging_root)
+    with pytest.raises(ConfigError, match="shuffle='block'"):
+        S5Sampler(ds, budget=2 * big, shuffle=True, staging_dir=staging_root)
+    # shuffle=True works when every shard fits; False reads in shard order
+    with S5Sampler(ds, budget=4 * big, shuffle=True, staging_dir=staging_root) as s:
+        assert len(load_all(ds, s, workers=0)) == 12
+    with S5Sampler(ds, budget=big, shuffle=False, staging_dir=staging_root, verify=True) as s:
+        assert [x["__key__"] for x in load_all(ds, s, workers=0)] == [f"s{k:05d}" for k in range(12)]
+
+
+def test_bad_shards_raise_naming_them_or_are_skipped(moto: Store, staging_root: str) -> None:
+    shards, expected = make_shards(2, 3)
+    good = dict(shards)
+    shards["shard-002.tar"] = tar_of([("../../escape.txt", b"x")])
+    shards["shard-003.tar"] = shards["shard-000.tar"][:1500]  # truncated
+    shards["shard-004.tar"] = b"not a tar" * 200
+    source = put_indexed_with(moto, shards, {"shard-002.tar": 1, "shard-003.tar": 3, "shard-004.tar": 2})
+    ds = S5Dataset.from_shards(source, endpoint_url=moto.endpoint)
+    with S5Sampler(ds, shuffle=False, budget=100_000, staging_dir=staging_root) as s:
+        with pytest.raises((ShardError, UnsafeArchiveError), match="shard-002.tar.*escape.txt"):
+            load_all(ds, s, workers=0)
+    with S5Sampler(ds, shuffle=False, budget=100_000, staging_dir=staging_root, on_error="skip") as s:
+        got = load_all(ds, s)
+        assert sorted(x["__key__"] for x in got) == sorted(expected)
+        assert s.stats is not None and sorted(s.stats.skipped) == sorted(moto.uri(n) for n in shards if n not in good)
+        assert leftovers(s.staging_dir) == []
+    assert not os.path.exists(os.path.join(staging_root, "..", "escape.txt"))
+    # an index that disagrees with its shard
+    moto.put({"wids.json": _shards.format_index(
+        [_shards.Shard(moto.uri("shard-000.tar"), len(good["shard-000.tar"]), "", 4)], moto.uri("wids.json"))})
+    ds = S5Dataset.from_shards([moto.uri("shard-000.tar")], endpoint_url=moto.endpoint)
+    with S5Sampler(ds, shuffle=False, budget=100_000, staging_dir=staging_root) as s:
+        with pytest.raises(ShardError, match=r"shard-000.tar holds 3 samples.*says 4"):
+            load_all(ds, s, workers=0)
+    with pytest.raises(ShardError, match="shard-000.tar holds 3"):
+        ds[0]  # the direct read (no sampler) checks the same
+
+
+def put_indexed_with(store: Store, shards: dict[str, bytes], counts: dict[str, int]) -> str:
+    """Upload shards (some unreadable) with an index that gives ``counts`` for the bad ones."""
+    store.put(shards)
+    listed = []
+    for name, data in shards.items():
+        n = counts.get(name)
+        if n is None:
+            n = len(_tar.scan_bytes(data, name))
+        listed.append(_shards.Shard(store.uri(name), len(data), "", n))
+    store.put({"wids.json": _shards.format_index(listed, store.uri("wids.json"))})
+    return store.uri()
+
+
+def test_decode_and_the_direct_read_without_a_sampler(moto: Store) -> None:
+    shards, expected = make_shards(2, 3)
+    source = put_indexed(moto, shards)
+    ds = S5Dataset.from_shards(source, endpoint_url=moto.endpoint, decode=True)
+    assert [ds[i]["cls"] for i in range(6)] == [k % 7 for k in range(6)]
+    assert ds[4]["bin"] == expected["s00004"]["bin"]
+    assert Counter(type(ds[i]["__key__"]) for i in range(6)) == Counter({str: 6})

@@ -300,3 +300,74 @@ def test_decode_and_the_direct_read_without_a_sampler(moto: Store) -> None:
     assert [ds[i]["cls"] for i in range(6)] == [k % 7 for k in range(6)]
     assert ds[4]["bin"] == expected["s00004"]["bin"]
     assert Counter(type(ds[i]["__key__"]) for i in range(6)) == Counter({str: 6})
+
+
+# -- the daemon ---------------------------------------------------------------------------------
+
+CONSUMER = """
+import hashlib, json, sys
+from s5loader.consume import consume
+with open(sys.argv[2], "a") as out:
+    for s in consume(sys.argv[1], timeout=60):
+        files = {k: hashlib.sha256(open(p, "rb").read()).hexdigest() for k, p in s.files.items()}
+        out.write(json.dumps({"name": s.name, "files": files}) + "\\n")
+        out.flush()
+"""
+
+
+def test_the_daemon_delivers_shard_samples_as_folders_within_budget(seaweed: Store, tmp_path) -> None:
+    from conftest import Peak
+
+    from s5loader._order import Order
+    from s5loader.consume import END_MARKER, ready_names
+    from s5loader.daemon import sample_folder_name
+
+    shards, expected = make_shards(4, 5, size=2000)
+    source = put_indexed(seaweed, shards)
+    big = max(len(v) for v in shards.values())
+    budget = 2 * big + 3000
+    cache, out = tmp_path / "cache", tmp_path / "got.jsonl"
+    env = dict(os.environ)
+    consumer = subprocess.Popen([sys.executable, "-c", CONSUMER, str(cache), str(out)], env=env)
+
+    def cache_bytes() -> int:
+        seen = {}
+        for root, _, files in os.walk(cache):
+            for f in files:
+                if f not in (".lock", ".state.json", ".released") and "/.calls" not in root:
+                    try:
+                        st = os.lstat(os.path.join(root, f))
+                    except OSError:
+                        continue
+                    seen[st.st_ino] = st.st_size
+        return sum(seen.values())
+
+    with Peak(cache_bytes, interval=0.002) as peak:
+        r = subprocess.run(
+            [sys.executable, "-m", "s5loader", "prefetch", "--shards", source, "--cache", str(cache),
+             "--budget", str(budget), "--endpoint-url", seaweed.endpoint, "--shuffle", "--seed", "3",
+             "--epochs", "2", "--samples-per-call", "2"],
+            capture_output=True, text=True, timeout=120, env=env,
+        )
+        assert r.returncode == 0, r.stderr
+        assert consumer.wait(60) == 0
+    keys = sorted(expected)
+    want = []
+    for epoch in range(2):
+        for s in Order(True, 3, 1, 0, False).indices(4, epoch):
+            for k in keys[5 * s : 5 * s + 5]:
+                want.append(sample_folder_name(len(want), k))
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [g["name"] for g in got] == want
+    for g in got:
+        key = g["name"].split("-", 1)[1]
+        assert g["files"] == {f: hashlib.sha256(v).hexdigest() for f, v in expected[key].items()}
+    assert peak.peak <= budget, (peak.peak, budget)
+    assert ready_names(str(cache)) == [] and (cache / END_MARKER).exists()
+    # a budget that cannot hold a shard and its unpacked samples is refused before any download
+    from s5loader.daemon import Prefetcher, PrefetchOptions
+
+    opts = PrefetchOptions(source, str(tmp_path / "c2"), big + 10, endpoint_url=seaweed.endpoint, shards=True)
+    with Prefetcher(opts) as p, pytest.raises(BudgetError, match=r"shard s3://.*shard-00\d.tar.*twice the largest shard"):
+        p.open()
+    assert not list((tmp_path / "c2" / ".staging").glob("*/tar"))

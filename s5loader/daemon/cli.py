@@ -73,6 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", required=True, help="the cache directory consumers read from")
     p.add_argument("--budget", required=True, type=size_arg, help="most bytes in the cache (e.g. 2GiB)")
     p.add_argument("--group-by", default="stem", choices=list(GROUP_BY), help="how objects form samples")
+    p.add_argument(
+        "--shards", action="store_true",
+        help="the source names tar shards in the WebDataset format (a prefix of *.tar, a brace pattern "
+        "'s3://b/shard-{000..099}.tar' or one shard): each sample is delivered as a folder of its fields; "
+        "--shuffle permutes the shards; --budget must hold twice the largest shard",
+    )
+    p.add_argument("--index", help="with --shards: the wids shard index (default: wids.json beside the shards)")
     p.add_argument("--shuffle", action="store_true", help="a seeded permutation per epoch")
     p.add_argument("--seed", type=int, default=0, help="the permutation's seed")
     p.add_argument("--epochs", type=positive_int, default=1, help="passes over the source")
@@ -101,7 +108,7 @@ def options_from_args(args: argparse.Namespace) -> PrefetchOptions:
         shuffle=args.shuffle, seed=args.seed, epochs=args.epochs, endpoint_url=args.endpoint_url,
         samples_per_call=args.samples_per_call, buffers=args.buffers, numworkers=args.numworkers,
         on_error=args.on_error, stall_timeout=args.stall_timeout, retries=args.retries, verify=args.verify,
-        fresh=args.fresh, json_log=args.json_log, progress=args.progress,
+        fresh=args.fresh, json_log=args.json_log, progress=args.progress, shards=args.shards, index=args.index,
     )
 
 

@@ -23,6 +23,7 @@ from ..staging.area import StagingArea
 from .epochs import EpochSamples, index_fingerprint
 from .progress import ProgressReporter, open_reporter
 from .protocol import END_MARKER, STAGING_DIR, STATE_FILE, sample_folder_name
+from .shards import ShardDeliveries, Unpacker
 from .state import (
     CacheLock,
     DaemonState,
@@ -66,6 +67,8 @@ class PrefetchOptions:
     fresh: bool = False
     json_log: str | None = None
     progress: bool | None = None  # None: a bar when stderr is a terminal
+    shards: bool = False  # the source names tar shards (see .shards)
+    index: str | None = None  # their wids shard index; default: wids.json beside them
 
     def __post_init__(self) -> None:
         if self.group_by not in GROUP_BY:
@@ -120,7 +123,7 @@ class Prefetcher:
         self._ledger = Ledger(self.cache)
         self._stager: Stager | None = None
         self._area: StagingArea | None = None
-        self._view: EpochSamples | None = None
+        self._view: Sequence[Sample] | None = None
         self._state: DaemonState | None = None
         self._reporter: ProgressReporter | None = None
         self._json_file: IO[str] | None = None
@@ -128,6 +131,8 @@ class Prefetcher:
         self._last_starve_log = 0.0
         self._last_starve_check = 0.0
         self._start = 0
+        self._shards: ShardDeliveries | None = None
+        self._unpacker: Unpacker | None = None
         self.summary = Summary()
 
     # -- opening ----------------------------------------------------------------------------
@@ -156,10 +161,15 @@ class Prefetcher:
             old = None
         samples, endpoint = self._index()
         order = Order(self.opts.shuffle, self.opts.seed, 1, 0, False)
-        self._view = EpochSamples(samples, order, self.opts.epochs)
+        if self._shards is not None:
+            self._view = self._shards
+            count, fingerprint = len(self._shards.dataset), self._shards.fingerprint()
+        else:
+            self._view = EpochSamples(samples, order, self.opts.epochs)
+            count, fingerprint = len(samples), index_fingerprint(samples)
         state = DaemonState(
-            self.opts.source, self.opts.group_by, self.opts.shuffle, self.opts.seed,
-            self.opts.epochs, len(samples), index_fingerprint(samples), run=secrets.token_hex(8),
+            self.opts.source, "shards" if self.opts.shards else self.opts.group_by, self.opts.shuffle,
+            self.opts.seed, self.opts.epochs, count, fingerprint, run=secrets.token_hex(8),
         )
         if old is not None:
             diff = old.differences(state)
@@ -186,6 +196,15 @@ class Prefetcher:
         from ..dataset import S5Dataset
 
         src, ep, gb = self.opts.source, self.opts.endpoint_url, self.opts.group_by
+        if self.opts.shards:
+            from .._shardset import ShardDataset
+
+            sds = S5Dataset.from_shards(src, index=self.opts.index, endpoint_url=ep)
+            assert isinstance(sds, ShardDataset)
+            order = Order(self.opts.shuffle, self.opts.seed, 1, 0, False)
+            self._shards = ShardDeliveries(sds, order, self.opts.epochs)
+            log.info("%s: %d samples in %d shards, %s", src, len(sds), len(sds.shards), format_size(sds.total_bytes))
+            return sds.samples, sds.endpoint_url
         if src.startswith("s3://") and not src.endswith((".jsonl", ".json")):
             ds = S5Dataset.from_prefix(src, endpoint_url=ep, group_by=gb)
         else:
@@ -201,13 +220,29 @@ class Prefetcher:
         self._area.create()
         options = self.opts.stager_options()
         s5 = S5cmd(endpoint, numworkers=self.opts.numworkers)
-        order = range(self._state.delivered, len(self._view))
-        self._stager = Stager(
-            self._view, order, self._area, s5, options,
-            is_released=self._ledger.is_released, endpoint_url=endpoint,
-        )
-        for seq, size in self._ledger.items():
-            self._stager.hold(seq, size)
+        sh = self._shards
+        if sh is None:
+            order: Sequence[int] = range(self._state.delivered, len(self._view))
+            self._stager = Stager(
+                self._view, order, self._area, s5, options,
+                is_released=self._ledger.is_released, endpoint_url=endpoint,
+            )
+            for seq, size in self._ledger.items():
+                self._stager.hold(seq, size)
+        else:
+            # The engine stages visits of shards (indices >= 0); a delivered sample is held
+            # under -(seq + 1) until the consumer deletes its folder.
+            options = StagerOptions(**{**options.__dict__, "budget": sh.check_budget(self.opts.budget)})
+            area, ledger = self._area, self._ledger
+            self._start = sh.visit_of(self._state.delivered) if self._state.delivered < len(sh) else len(sh.visits)
+            self._stager = Stager(
+                sh.visits, range(self._start, len(sh.visits)), area, s5, options,
+                is_released=lambda k: ledger.is_released(-k - 1) if k < 0 else not os.path.isdir(area.sample_dir(k)),
+                endpoint_url=endpoint,
+            )
+            self._unpacker = Unpacker(sh, area.path, self.opts.on_error)
+            for seq, size in self._ledger.items():
+                self._stager.hold(-seq - 1, size)
         self._reporter, self._json_file = open_reporter(
             self.opts.budget, len(self._view), self.opts.json_log, self.opts.progress
         )
@@ -255,6 +290,25 @@ class Prefetcher:
     def _await(self, seq: int) -> bool | None:
         """True when ``seq`` is staged, False when skipped, None when the daemon stops."""
         stager, pos = self._stager, seq - self._start
+        assert stager is not None
+        if self._shards is not None:
+            ready = self._await_shard(seq)
+            if ready and self._unpacker is not None and not self._unpacker.open(self._shards.visit_of(seq)):
+                return False
+            return ready
+        return self._await_pos(seq, pos)
+
+    def _await_shard(self, seq: int) -> bool | None:
+        assert self._shards is not None and self._stager is not None
+        v = self._shards.visit_of(seq)
+        fresh = self._unpacker is not None and self._unpacker.visit != v
+        ready = self._await_pos(seq, v - self._start)
+        if ready and fresh:
+            self._stager.yielded(v)  # the shard is freed once its folder is gone
+        return ready
+
+    def _await_pos(self, seq: int, pos: int) -> bool | None:
+        stager = self._stager
         assert stager is not None
         ready = stager.poll(pos, 0)
         if ready is not None:
@@ -312,15 +366,22 @@ class Prefetcher:
         st, area, view = self._state, self._area, self._view
         assert st is not None and area is not None and view is not None
         sample = view[seq]
-        name = sample_folder_name(seq, sample.key)
-        src, dst = area.sample_dir(seq), os.path.join(self.cache, name)
+        if self._unpacker is not None:
+            src, key, size = self._unpacker.unpack(seq)
+        else:
+            src, key, size = area.sample_dir(seq), sample.key, sample.size
+        name = sample_folder_name(seq, key)
+        dst = os.path.join(self.cache, name)
         # the one write of this delivery: a restart completes the rename if it did not happen
         st.delivered, st.pending = seq + 1, {"seq": seq, "from": src, "to": dst}
         st.save(self._state_path)
         os.rename(src, dst)  # the sample appears complete, or not at all
-        self._ledger.add(seq, name, sample.size)
+        self._ledger.add(seq, name, size)
         assert self._stager is not None
-        self._stager.yielded(seq)
+        if self._unpacker is not None:
+            self._stager.hold(-seq - 1, size)
+        else:
+            self._stager.yielded(seq)
         self.summary.delivered += 1
         if self._starving:
             self.summary.starved_s += time.monotonic() - self._starving

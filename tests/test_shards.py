@@ -163,6 +163,40 @@ def test_decode_by_extension_never_unpickles() -> None:
     assert out["pickle"] == evil and out["pyd"] == evil and out["bin"] == b"\x00" and out["__key__"] == "k"
 
 
+class _FakeShards:
+    """What ShardPass needs of a ShardDataset: shard sizes and sample -> (shard, j)."""
+
+    def __init__(self, counts: list[int], sizes: list[int]) -> None:
+        self.shards = [_shards.Shard(f"s3://b/{i}.tar", sizes[i], "", n) for i, n in enumerate(counts)]
+        self.first = [0]
+        for n in counts:
+            self.first.append(self.first[-1] + n)
+        self.source = "s3://b/"
+
+    def locate(self, i: int) -> tuple[int, int]:
+        import bisect
+
+        s = bisect.bisect_right(self.first, i) - 1
+        return s, i - self.first[s]
+
+
+def test_a_pass_stages_each_shard_once_per_run_of_its_samples_and_knows_its_peak() -> None:
+    from s5loader._shardpass import ShardPass
+
+    ds = _FakeShards([3, 2, 2], [100, 10, 1])
+    # padding repeats samples 0 and 1 at the end: shard 0 is staged again for them
+    p = ShardPass(ds, [0, 3, 1, 2, 4, 5, 6, 0, 1], "/nowhere", False, "raise")  # type: ignore[arg-type]
+    assert p.engine_order == [0, 1, 2, 0]
+    assert p.needed == [[0, 1, 2], [0, 1], [0, 1], [0, 1]]
+    assert p.visit_of == [0, 1, 0, 0, 1, 2, 2, 3, 3]
+    assert p.peak_bytes() == (110, 1)  # shards 0 and 1 are open together
+    p.check_budget(110, "block")
+    with pytest.raises(BudgetError, match="lower samples_per_call"):
+        p.check_budget(109, "block")
+    with pytest.raises(BudgetError, match="shuffle='block'"):
+        p.check_budget(109, True)
+
+
 # -- real path: s5cmd against local S3 servers --------------------------------------------
 
 
@@ -250,6 +284,12 @@ def test_budget_and_shuffle_rules_over_shards(moto: Store, staging_root: str) ->
         assert len(load_all(ds, s, workers=0)) == 12
     with S5Sampler(ds, budget=big, shuffle=False, staging_dir=staging_root, verify=True) as s:
         assert [x["__key__"] for x in load_all(ds, s, workers=0)] == [f"s{k:05d}" for k in range(12)]
+    # keep_staged: the second epoch reads the shards the first one staged, fetching nothing
+    with S5Sampler(ds, budget=4 * big, shuffle="block", staging_dir=staging_root, keep_staged=True) as s:
+        for epoch in range(2):
+            s.set_epoch(epoch)
+            assert len(load_all(ds, s)) == 12
+            assert s.stats is not None and s.stats.calls == (1 if epoch == 0 else 0)
 
 
 def test_bad_shards_raise_naming_them_or_are_skipped(moto: Store, staging_root: str) -> None:
@@ -269,6 +309,13 @@ def test_bad_shards_raise_naming_them_or_are_skipped(moto: Store, staging_root: 
         assert s.stats is not None and sorted(s.stats.skipped) == sorted(moto.uri(n) for n in shards if n not in good)
         assert leftovers(s.staging_dir) == []
     assert not os.path.exists(os.path.join(staging_root, "..", "escape.txt"))
+    # a shard gone after the listing (404) is skipped too, with its URI
+    ds = S5Dataset.from_shards(source, endpoint_url=moto.endpoint)
+    moto.client.delete_object(Bucket=moto.bucket, Key=moto.prefix + "shard-001.tar")
+    with S5Sampler(ds, shuffle=False, budget=100_000, staging_dir=staging_root, on_error="skip", retries=0) as s:
+        got = load_all(ds, s, workers=0)
+        assert sorted(x["__key__"] for x in got) == sorted(expected)[:3]
+        assert moto.uri("shard-001.tar") in s.stats.skipped  # type: ignore[union-attr]
     # an index that disagrees with its shard
     moto.put({"wids.json": _shards.format_index(
         [_shards.Shard(moto.uri("shard-000.tar"), len(good["shard-000.tar"]), "", 4)], moto.uri("wids.json"))})

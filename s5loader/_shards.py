@@ -96,7 +96,10 @@ def resolve(source: str | Sequence[str], endpoint_url: str | None) -> tuple[list
     if "{" in source:
         uris = expand_braces(source)
         literal = source[: source.index("{")]
-        found = {o.uri: o for o in list_prefix(_folder(literal), S5cmd(endpoint_url))}
+        try:
+            found = {o.uri: o for o in list_prefix(literal, S5cmd(endpoint_url))}
+        except EmptySourceError:
+            found = {}
         missing = [u for u in uris if u not in found]
         if missing:
             raise ObjectNotFoundError(

@@ -85,6 +85,8 @@ def scan(fileobj: Any, size: int, uri: str, stream: bool = False) -> list[TarSam
                 break
             last = info.name
             _check_name(info.name, uri)
+            if info.issparse():  # its data is not stored in one piece: offsets would lie
+                raise ShardError(f"{uri}: member {info.name!r} is a GNU sparse file; write shards without --sparse")
             if info.offset_data + info.size > size:
                 raise ShardError(
                     f"{uri}: member {info.name!r} is truncated ({info.size} bytes at offset "

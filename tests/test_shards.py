@@ -137,6 +137,18 @@ def test_hostile_tars_are_refused_naming_the_shard_and_member(data: bytes, error
         _tar.scan(io.BytesIO(data), len(data), "s3://b/bad.tar", stream=True)
 
 
+def test_a_sparse_member_is_refused(tmp_path) -> None:
+    # GNU tar stores a sparse file's data in pieces: reading it by offset would return garbage
+    f = tmp_path / "0001.bin"
+    with open(f, "wb") as fh:
+        fh.truncate(100_000)
+        fh.seek(100_000)
+        fh.write(b"end")
+    subprocess.run(["tar", "--sparse", "-cf", str(tmp_path / "s.tar"), "0001.bin"], cwd=tmp_path, check=True)
+    with pytest.raises(ShardError, match=r"s3://b/s.tar: member '0001.bin' is a GNU sparse file"):
+        _tar.scan_file(str(tmp_path / "s.tar"), "s3://b/s.tar")
+
+
 def test_decode_by_extension_never_unpickles() -> None:
     import pickle
 
@@ -341,8 +353,12 @@ def put_indexed_with(store: Store, shards: dict[str, bytes], counts: dict[str, i
 
 
 def test_decode_and_the_direct_read_without_a_sampler(moto: Store) -> None:
+    from s5loader import ObjectNotFoundError
+
     shards, expected = make_shards(2, 3)
     source = put_indexed(moto, shards)
+    with pytest.raises(ObjectNotFoundError, match=r"shard-002.tar: no such shard \(1 of the 3"):
+        S5Dataset.from_shards(moto.uri("shard-{000..002}.tar"), endpoint_url=moto.endpoint)
     ds = S5Dataset.from_shards(source, endpoint_url=moto.endpoint, decode=True)
     assert [ds[i]["cls"] for i in range(6)] == [k % 7 for k in range(6)]
     assert ds[4]["bin"] == expected["s00004"]["bin"]

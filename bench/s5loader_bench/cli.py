@@ -9,7 +9,9 @@
 Methods: ``s5loader`` (S5Sampler + S5Dataset), ``boto3`` (one GetObject per file),
 ``s5cmd-run`` (the sampler's own command files run by s5cmd, no Python reading: the ceiling of
 this design), ``s5cmd-bulk`` (one ``s5cmd cp 'prefix/*'``: the ceiling of the sidecar),
-``s3torchconnector`` and ``webdataset`` (tar shards through ``pipe:s5cmd cat``) when installed;
+``s3torchconnector`` and ``webdataset`` (tar shards through ``pipe:s5cmd cat``) when installed,
+``s5loader-shards`` (``S5Dataset.from_shards`` + ``S5Sampler(shuffle="block")`` over the same
+shards; their index is built first when missing);
 a peer that is absent or cannot work against the endpoint is skipped with a note.
 
 Per method: samples/s, CPU per 1,000 samples split into s5cmd, the training process and the

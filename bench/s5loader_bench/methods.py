@@ -18,6 +18,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -28,11 +29,14 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Dataset
 
-from s5loader import S5Dataset, S5Sampler
+from s5loader import S5Dataset, S5Sampler, ShardIndexError
 
 from .monitor import TreeMonitor
 
-METHODS = ("s5loader", "s5loader-block", "boto3", "s5cmd-run", "s5cmd-bulk", "s3torchconnector", "webdataset")
+METHODS = (
+    "s5loader", "s5loader-block", "boto3", "s5cmd-run", "s5cmd-bulk", "s3torchconnector", "webdataset",
+    "s5loader-shards",
+)
 PEERS = ("s3torchconnector", "webdataset")  # optional packages: skipped with a note when absent
 INSTALL_HINT = "pip install 's5loader[bench]'"
 
@@ -659,6 +663,40 @@ def run_webdataset(ctx: Context) -> Recorder:
     return rec
 
 
+def run_s5loader_shards(ctx: Context) -> Recorder:
+    """S5Dataset.from_shards + S5Sampler(shuffle="block") over the tar shards webdataset reads;
+    a missing shard index is built first with ``s5loader index-shards`` (not timed)."""
+    s = ctx.settings
+    prefix = s.shards_prefix or shards_prefix(s.source)
+    if not any(u.endswith(".tar") for u in list_uris(ctx, prefix)):
+        raise SkipMethod(f"no tar shards under {prefix} (write them with s5loader bench --generate)")
+    try:
+        ds = S5Dataset.from_shards(prefix, endpoint_url=ctx.endpoint)
+    except ShardIndexError:
+        argv = [sys.executable, "-m", "s5loader", "index-shards", prefix]
+        if ctx.endpoint:
+            argv += ["--endpoint-url", ctx.endpoint]
+        proc = subprocess.run(argv, capture_output=True, check=False)
+        if proc.returncode != 0:
+            tail = proc.stderr.decode("utf-8", "replace").strip()[-1000:]
+            raise RuntimeError(f"{shlex.join(argv)} exited with code {proc.returncode}: {tail}") from None
+        ds = S5Dataset.from_shards(prefix, endpoint_url=ctx.endpoint)
+    sampler = S5Sampler(ds, shuffle="block", seed=s.seed, samples_per_call=ctx.samples_per_call,
+                        buffers=s.buffers, budget=s.budget, staging_dir=s.staging_dir)
+    try:
+        loader = ctx.loader(ds, sampler=sampler)
+        rec = ctx.recorder()
+
+        def epoch_loader(epoch: int) -> DataLoader[Any]:
+            sampler.set_epoch(epoch)
+            return loader
+
+        drive(epoch_loader, rec, s.compute_ms)
+    finally:
+        sampler.close()
+    return rec
+
+
 RUNNERS: dict[str, Callable[[Context], Recorder]] = {
     "s5loader": run_s5loader,
     "s5loader-block": lambda ctx: run_s5loader(ctx, shuffle="block"),
@@ -667,6 +705,7 @@ RUNNERS: dict[str, Callable[[Context], Recorder]] = {
     "s5cmd-bulk": run_s5cmd_bulk,
     "s3torchconnector": run_s3torchconnector,
     "webdataset": run_webdataset,
+    "s5loader-shards": run_s5loader_shards,
 }
 
 

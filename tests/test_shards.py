@@ -434,3 +434,47 @@ def test_the_daemon_delivers_shard_samples_as_folders_within_budget(seaweed: Sto
     with Prefetcher(opts) as p, pytest.raises(BudgetError, match=r"shard s3://.*shard-00\d.tar.*twice the largest shard"):
         p.open()
     assert not list((tmp_path / "c2" / ".staging").glob("*/tar"))
+
+
+def test_a_shard_daemon_cut_mid_shard_continues_without_loss_or_repeat(moto: Store, tmp_path) -> None:
+    import threading
+
+    from s5loader.consume import consume
+    from s5loader.daemon import Prefetcher, PrefetchOptions, sample_folder_name
+
+    shards, expected = make_shards(3, 5, size=1000)
+    source = put_indexed(moto, shards)
+    big = max(len(v) for v in shards.values())
+    cache = tmp_path / "cache"
+    opts = PrefetchOptions(source, str(cache), 2 * big + 2000, endpoint_url=moto.endpoint, shards=True,
+                           samples_per_call=1)
+
+    class Cut(Exception):
+        pass
+
+    class CutAtSeven(Prefetcher):
+        def _deliver(self, seq: int) -> None:
+            if seq == 7:  # the third sample of the second shard: the process dies here
+                raise Cut()
+            super()._deliver(seq)
+
+    got: list[tuple[str, dict[str, bytes]]] = []
+
+    def consumer() -> None:
+        for s in consume(str(cache), timeout=60):
+            got.append((s.name, {f: s.read(f) for f in s.files}))
+
+    reader = threading.Thread(target=consumer)
+    reader.start()
+    with CutAtSeven(opts) as first, pytest.raises(Cut):
+        first.open()
+        first.run()
+    with Prefetcher(opts) as second:
+        second.open()
+        assert second.summary.resumed_from == 7
+        assert second.run().delivered == 8
+    reader.join(60)
+    keys = sorted(expected)
+    assert [name for name, _ in got] == [sample_folder_name(i, k) for i, k in enumerate(keys)]
+    for name, files in got:
+        assert files == expected[name.split("-", 1)[1]]

@@ -363,6 +363,11 @@ def test_decode_and_the_direct_read_without_a_sampler(moto: Store) -> None:
     assert [ds[i]["cls"] for i in range(6)] == [k % 7 for k in range(6)]
     assert ds[4]["bin"] == expected["s00004"]["bin"]
     assert Counter(type(ds[i]["__key__"]) for i in range(6)) == Counter({str: 6})
+    # decode= on raw objects too: the index object's "json" field is parsed, the shards stay bytes
+    raw = S5Dataset.from_prefix(source, endpoint_url=moto.endpoint, decode=True)
+    by_key = {raw.samples[i].key: raw[i] for i in range(len(raw))}
+    assert by_key["train/wids"]["json"]["__kind__"] == "wids-shard-index-v1"
+    assert by_key["train/shard-000"]["tar"] == shards["shard-000.tar"]
 
 
 # -- the daemon ---------------------------------------------------------------------------------

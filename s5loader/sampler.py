@@ -15,6 +15,7 @@ from torch.utils.data import Sampler
 from ._blocks import plan_blocks
 from ._dist import rank_info
 from ._order import Order as _Order
+from ._order import ShuffleQuality, shuffle_quality
 from ._platform import require_linux
 from ._resume import STATE_VERSION, check_state
 from ._s5cmd import S5cmd, write_command_file
@@ -32,6 +33,19 @@ log = logging.getLogger(__name__)
 _STARVED_SHARE = 0.2
 _STARVED_MIN_RUN_S = 60.0
 
+# shuffle="block": the most samples a window holds (see block_window)
+WINDOW_CAP = 8192
+
+
+def block_window(budget: int, mean_sample_size: float, buffers: int) -> int:
+    """How many samples a ``shuffle="block"`` window holds: as many as ``buffers + 1`` windows
+    of average samples fit in ``budget`` (one being read, ``buffers`` being staged), at most
+    :data:`WINDOW_CAP`. A call stages a whole window, so a window the budget cannot hold
+    would be cut into calls that split its blocks; a smaller budget gives smaller windows."""
+    fits = int(budget // ((buffers + 1) * max(1.0, mean_sample_size)))
+    return max(1, min(WINDOW_CAP, fits))
+
+
 
 class S5Sampler(Sampler[int]):
     """A drop-in Sampler (and ``DistributedSampler``) that stages samples with s5cmd.
@@ -46,11 +60,14 @@ class S5Sampler(Sampler[int]):
         dataset: the :class:`S5Dataset` to stage for.
         shuffle: ``True``: a new permutation of all samples each epoch (call
             :meth:`set_epoch`); ``"block"``: permute blocks of up to ``block_size`` samples
-            that share a key prefix, then shuffle samples within each call's window, which
-            lets s5cmd fetch a whole block with one wildcard request (about 2.5x less s5cmd
-            CPU than one request per object); ``False``: key order.
+            that share a key prefix, gather them into windows of whole blocks, and shuffle the
+            samples within each window; a window holds as many samples as ``buffers + 1``
+            windows fit in ``budget`` (at most 8192), so a batch draws from many blocks, and
+            s5cmd fetches each block with one wildcard request (about 2.5x less s5cmd CPU
+            than one request per object); ``False``: key order.
         seed: the permutation's seed; the same seed and epoch give the same order everywhere.
-        samples_per_call: samples per s5cmd command file.
+        samples_per_call: samples per s5cmd command file (with ``shuffle="block"``, at least
+            one window, so that a call holds its windows' blocks whole).
         block_size: most samples in a block (see ``shuffle``). A call that holds a whole
             block fetches it with one wildcard line, whatever the shuffle.
         buffers: s5cmd calls in flight at once (2: double buffering).
@@ -124,6 +141,10 @@ class S5Sampler(Sampler[int]):
         self.dataset = dataset
         self._order = _Order(shuffle if shuffle == "block" else bool(shuffle), seed, world, r, bool(drop_last))
         budget_bytes = parse_size(budget, "budget")
+        # From the options, not the space found: every rank must cut the same windows.
+        self._window = block_window(budget_bytes, dataset.total_bytes / max(1, len(dataset)), buffers)
+        if shuffle == "block" and isinstance(samples_per_call, int) and not isinstance(samples_per_call, bool):
+            samples_per_call = max(samples_per_call, self._window)
         self._options = StagerOptions(
             budget=budget_bytes,
             samples_per_call=samples_per_call,
@@ -217,7 +238,7 @@ class S5Sampler(Sampler[int]):
         self._close_active()
         if self._epoch_done:
             self._start, self._epoch_done = 0, False  # the same epoch again, from its start
-        order = self._epoch_order(self.epoch, self._start)
+        order, windows = self._epoch_plan(self.epoch, self._start)
         self._area.create()
         register_cleanup(self)
         # The earlier passes' folders go now, not when they were abandoned: DataLoader workers
@@ -235,6 +256,7 @@ class S5Sampler(Sampler[int]):
             kept=self._kept if self.keep_staged else None,
             endpoint_url=self.dataset.endpoint_url,
             layout=self._layout,
+            windows=windows,
         ).start()
         self._active = stager
         self._yielded = 0
@@ -282,8 +304,39 @@ class S5Sampler(Sampler[int]):
             where.remove()
 
     def _epoch_order(self, epoch: int, start: int = 0) -> list[int]:
-        units = self._layout.units if self._order.shuffle == "block" else None
-        return self._order.indices(len(self.dataset), epoch, start, units=units, window=self._options.samples_per_call)
+        return self._epoch_plan(epoch, start)[0]
+
+    def _epoch_plan(self, epoch: int, start: int = 0) -> tuple[list[int], list[int] | None]:
+        """This rank's order from ``start`` on, and (``shuffle="block"``) where its windows begin."""
+        if self._order.shuffle == "block":
+            return self._order.block_order(len(self.dataset), epoch, start, self._layout.units, self._window)
+        return self._order.indices(len(self.dataset), epoch, start), None
+
+    @property
+    def window(self) -> int:
+        """The most samples of a ``shuffle="block"`` window (see ``shuffle``)."""
+        return self._window
+
+    def shuffle_quality(self, epoch: int | None = None, span: int = 256) -> ShuffleQuality:
+        """How well this rank's order of ``epoch`` (default: the current one) mixes blocks.
+
+        Args:
+            epoch: the epoch whose order is measured.
+            span: the run length measured, e.g. the batch size.
+
+        Returns:
+            the mean number of distinct blocks among ``span`` consecutive samples (a sample
+            outside any block counts as a block of its own) and the mean distance a sample
+            moves from its key order, as a share of the data set (about 1/3 for a full
+            shuffle, 0 for none). A full shuffle draws about ``span`` blocks per run when
+            blocks are many; key order about ``span`` / the block size.
+        """
+        order = self._epoch_order(self.epoch if epoch is None else epoch)
+        unit_of = [0] * len(self.dataset)
+        for u, members in enumerate(self._layout.units):
+            for i in members:
+                unit_of[i] = u
+        return shuffle_quality(order, unit_of, span)
 
     def _report(self, stats: Stats, elapsed: float, finished: bool) -> None:
         starved = stats.wait_s - stats.first_wait_s
@@ -326,21 +379,28 @@ class S5Sampler(Sampler[int]):
 
         The files stage into ``directory`` as the sampler stages into its own directory (the
         same wildcard lines for whole blocks and multi-object samples, ``cp --raw`` lines for
-        the rest, ``samples_per_call`` samples per file, without the small first calls), so
+        the rest, ``samples_per_call`` samples per file, cut at window starts with
+        ``shuffle="block"``, without the small first calls), so
         ``s5cmd run FILE`` reproduces the sampler's fetching with no Python involved; files
         fetched by wildcard lines stay in their ``.cN/`` scratch folders.
 
         Returns:
             the paths of the command files, in order.
         """
-        order = self._epoch_order(self.epoch if epoch is None else epoch)
+        order, windows = self._epoch_plan(self.epoch if epoch is None else epoch)
         spc = self._options.samples_per_call
         os.makedirs(directory, exist_ok=True)
         stage = os.path.abspath(directory)
         paths = []
-        for n, first in enumerate(range(0, len(order), spc)):
+        cuts = [0]
+        while cuts[-1] < len(order):
+            end = min(cuts[-1] + spc, len(order))
+            # whole windows per file, as the engine's calls
+            inside = [w for w in windows or () if cuts[-1] < w <= end]
+            cuts.append(inside[-1] if inside and end < len(order) else end)
+        for n, (first, last) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):
             plan = plan_call(
-                self.dataset.samples, order, range(first, min(first + spc, len(order))),
+                self.dataset.samples, order, range(first, last),
                 lambda i: f"{stage}/{i}", self._layout, f"{stage}/.c{n}",
             )
             path = os.path.join(stage, f"call-{n:05d}.txt")
@@ -368,6 +428,7 @@ class S5Sampler(Sampler[int]):
             "start": self._start,
             "yielded": self._yielded,
             "complete": self._epoch_done or (self._pass_len is not None and self._yielded >= self._pass_len),
+            "window": self._window,  # shuffle="block": the order depends on it
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -386,6 +447,9 @@ class S5Sampler(Sampler[int]):
                 unknown version, a missing key).
         """
         saved = check_state(state, len(self.dataset))
+        window = state.get("window", self._window)
+        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+            raise StateError(f"state['window'] must be a positive int, got {window!r}")
         block, w, drop_last = saved.shuffle == "block", saved.num_replicas, saved.drop_last
         consumed, complete, n = saved.consumed, saved.complete, len(self.dataset)
         if block and w != self._order.num_replicas and not complete:
@@ -400,6 +464,13 @@ class S5Sampler(Sampler[int]):
                 self._order.num_replicas, w, min(consumed, n), n,
             )
         self._order = _Order(saved.shuffle, saved.seed, self._order.num_replicas, self._order.rank, drop_last)
+        if block and window != self._window:
+            # the saved order's windows, whatever this job's budget gives
+            log.info("shuffle='block': resuming with the saved window of %d samples (this budget gives %d)",
+                     window, self._window)
+            self._window = window
+            if self._options.samples_per_call < window:
+                self._options = StagerOptions(**{**self._options.__dict__, "samples_per_call": window})
         self._yielded = 0
         self._pass_len = None
         self._epoch_done = False

@@ -11,6 +11,7 @@ aside (:mod:`.side`). Budget comes back when consumers release what they read.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import selectors
@@ -40,6 +41,12 @@ log = logging.getLogger(__name__)
 class Stager:
     """Stages ``order`` (indices into ``samples``) into ``area``; see the module docstring.
 
+    ``windows`` (ascending positions, the first 0) cuts the order into windows that calls
+    stage whole: a call that reaches past a window's start (by ``samples_per_call`` or by
+    the budget) ends at the last such start, so it holds whole windows and fetches each of
+    their blocks with one wildcard line. Only a call that cannot hold the rest of its window
+    (the first, small calls; a window larger than the budget leaves) splits one.
+
     Consumers call :meth:`wait` for each position in order, read the sample and release it
     (:meth:`StagingLayout.release <s5loader.staging.layout.StagingLayout.release>`: delete its
     folder, then announce the index on the pass's FIFO); :meth:`yielded` tells the engine which
@@ -59,6 +66,7 @@ class Stager:
         is_released: Callable[[int], bool] | None = None,
         endpoint_url: str | None = None,
         layout: Layout | None = None,
+        windows: Sequence[int] | None = None,
     ) -> None:
         self.samples = samples
         self.order = order
@@ -69,6 +77,7 @@ class Stager:
         self.folders = StagingLayout(area.path)
         self.endpoint_url = endpoint_url
         self.layout = layout
+        self.windows = list(windows or ())
         self.stats = Stats(samples=len(order))
         self.ready = Readiness(len(order), self.stats)
         self._cond = self.ready.cond  # the engine's one lock
@@ -195,7 +204,8 @@ class Stager:
             in_call = {order[p] for p in picked}
             left = budget.limit - budget.reserved
             nxt, cut = self._next, False
-            while nxt < len(order) and len(picked) < spc:
+            end = self._call_end(nxt, spc)
+            while nxt < end and len(picked) < spc:
                 idx = order[nxt]
                 if self.kept is not None and idx in self.kept:
                     self.ready.mark(nxt)
@@ -213,11 +223,17 @@ class Stager:
                 left -= size
                 nxt += 1
             budget.blocked = cut and not picked
+            whole = False  # the call ends at a window's start: its windows are whole
+            if cut and self.windows:
+                k = bisect.bisect_right(self.windows, nxt) - 1
+                if k >= 0 and self.windows[k] > self._next:
+                    nxt, whole = self.windows[k], True  # what fits, less the part of a window
+                    picked = [p for p in picked if p < nxt]
             if not picked:
                 return
             new = len(picked) - len(retried)
-            want = min(spc, len(order) - self._next)
-            if cut and self.calls and not retried and new < max(1, want // 2):
+            want = end - self._next
+            if cut and self.calls and not retried and not whole and new < max(1, want // 2):
                 return  # wait for releases rather than start a sliver of a call
             if retried:
                 self.retries.started(retried)
@@ -227,6 +243,15 @@ class Stager:
             self._next = nxt
             self.stats.peak_reserved = max(self.stats.peak_reserved, budget.reserved)
             self._start_call(picked)
+
+    def _call_end(self, first: int, spc: int) -> int:
+        """Where a call that begins at ``first`` ends: after ``spc`` positions, or earlier at
+        the start of the last window that begins within them."""
+        end = min(first + spc, len(self.order))
+        k = bisect.bisect_right(self.windows, end) - 1
+        if k >= 0 and self.windows[k] > first and end < len(self.order):
+            return self.windows[k]
+        return end
 
     def _start_call(self, positions: list[int]) -> None:
         self._seq += 1

@@ -8,6 +8,10 @@ from dataclasses import dataclass
 
 import torch
 
+# shuffle="block": the samples of a rank's first window; later windows double up to the
+# full window (the engine's first calls grow the same way)
+FIRST_WINDOW = 32
+
 
 @dataclass(frozen=True)
 class Order:
@@ -66,39 +70,59 @@ class Order:
         """The ``shuffle="block"`` order of this rank from ``start`` on, and where its windows
         begin (positions in the returned list, ascending, the first 0).
 
-        The units are permuted, then gathered in that order into windows of whole units
-        holding at most ``window`` samples (a larger unit is a window of its own), and the
-        samples of each window are shuffled. A window is therefore exactly the samples of
-        its units: fetching a window fetches each of its units whole. The global sequence is
-        padded by repetition (or cut with ``drop_last``) to equal parts, and rank ``r`` takes
-        the ``r``-th contiguous part; ``start`` counts samples of that part.
+        The units are permuted and laid end to end, the sequence is padded by repetition
+        (or cut with ``drop_last``) to equal parts, and rank ``r`` takes the ``r``-th
+        contiguous part. Each part is cut into windows of whole units (a unit cut by a
+        part's edge counts as whole) holding at most ``window`` samples (a larger unit is a
+        window of its own), and the samples of each window are shuffled. A window is
+        therefore exactly the samples of its units: staging a window whole fetches each of
+        its units whole. A part's first windows grow from :data:`FIRST_WINDOW` samples,
+        doubling, as the engine's first calls do, so the first batch waits for a small
+        window only. ``start`` counts samples of this rank's part.
         """
         g = torch.Generator()
         g.manual_seed(self.seed + epoch)
         window = max(1, window)
         seq: list[int] = []
-        starts: list[int] = []
-        w0 = 0  # where the window being filled began
+        edges: list[int] = []  # where each unit begins in seq
         for u in torch.randperm(len(units), generator=g).tolist():
-            if len(seq) > w0 and len(seq) - w0 + len(units[u]) > window:
-                starts.append(w0)
-                w0 = len(seq)
+            edges.append(len(seq))
             seq += units[u]
-        if seq:
-            starts.append(w0)
-        for a, b in zip(starts, [*starts[1:], len(seq)], strict=True):
-            chunk = seq[a:b]
-            seq[a:b] = [chunk[k] for k in torch.randperm(len(chunk), generator=g).tolist()]
         w = self.num_replicas
         per = n // w if self.drop_last else math.ceil(n / w)
         if per * w > len(seq) and seq:
-            starts.append(len(seq))  # the repeated tail is a window of its own
+            edges.append(len(seq))  # the repeated tail is a unit of its own
             seq += (seq * math.ceil((per * w - len(seq)) / len(seq)))[: per * w - len(seq)]
-        lo, hi = self.rank * per + start, (self.rank + 1) * per
-        mine = seq[lo:hi]
-        bounds = [0] if mine else []
-        bounds += [s - lo for s in starts if lo < s < hi]
-        return mine, bounds
+        mine: list[int] = []
+        starts: list[int] = []
+        # Each rank shuffles the parts before its own too, so that the random stream that
+        # shuffles a part is the same on every rank.
+        for r in range(w):
+            lo, hi = r * per, (r + 1) * per
+            bounds = [lo, *(e for e in edges if lo < e < hi), hi] if hi > lo else []
+            part: list[int] = []
+            wins: list[int] = []
+            limit = min(FIRST_WINDOW, window)
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+                if wins and len(part) - wins[-1] + (b - a) > limit:
+                    self._shuffle(part, wins[-1], g)
+                    limit = min(2 * limit, window)
+                    wins.append(len(part))
+                elif not wins:
+                    wins.append(0)
+                part += seq[a:b]
+            if wins:
+                self._shuffle(part, wins[-1], g)
+            if r == self.rank:
+                mine, starts = part, wins
+                break
+        out = mine[start:]
+        return out, ([0] if out else []) + [s - start for s in starts if s > start]
+
+    @staticmethod
+    def _shuffle(seq: list[int], a: int, g: torch.Generator) -> None:
+        chunk = seq[a:]
+        seq[a:] = [chunk[k] for k in torch.randperm(len(chunk), generator=g).tolist()]
 
 
 @dataclass(frozen=True)

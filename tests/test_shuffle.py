@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 import s5loader.engine.stager as stager_module
 from s5loader import S5Dataset, S5Sampler
-from s5loader._order import Order, shuffle_quality
+from s5loader._order import FIRST_WINDOW, Order, shuffle_quality
 from s5loader.sampler import WINDOW_CAP, block_window
 
 
@@ -74,6 +74,16 @@ def test_resume_at_any_position_is_the_uninterrupted_tail(
     assert o.indices(n, 2, start, units=units, window=window) == rest
 
 
+def test_first_windows_grow_from_a_small_one() -> None:
+    units = blocks_of(3000, 4)
+    for rank in range(3):
+        order, starts = Order("block", 2, 3, rank, False).block_order(3000, 0, 0, units, 500)
+        sizes = [b - a for a, b in zip(starts, [*starts[1:], len(order)], strict=True)]
+        limits = [min(FIRST_WINDOW << k, 500) for k in range(len(sizes))]
+        assert all(size <= limit for size, limit in zip(sizes[:-1], limits, strict=False))
+        assert sizes[0] <= FIRST_WINDOW and max(sizes) > 400
+
+
 def test_window_is_what_the_budget_holds_up_to_the_cap() -> None:
     # 100 kB samples, 2 GiB, 2 calls in flight: thousands of samples per window
     w = block_window(2 << 30, 100_000, 2)
@@ -89,7 +99,9 @@ def test_a_window_spans_many_blocks_when_the_budget_allows() -> None:
     units = blocks_of(n, size)
     w = block_window(2 << 30, 100_000, 2)
     order, starts = Order("block", 0, 1, 0, False).block_order(n, 0, 0, units, w)
-    full_windows = windows_of(order, starts)[:-1]
+    # past the first windows, which grow from FIRST_WINDOW samples (they sum to less than 2w)
+    full_windows = [win for a, win in zip(starts, windows_of(order, starts), strict=True) if a >= 2 * w][:-1]
+    assert len(full_windows) >= 10
     assert all(len({i // size for i in win}) >= w // size - 1 for win in full_windows)
     assert min(len({i // size for i in win}) for win in full_windows) >= 100
     # a batch of 256 draws from ~100 blocks, against 4 in key order and ~240 in a full shuffle

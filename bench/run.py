@@ -177,6 +177,9 @@ def readme_table(runs: dict[str, dict[str, Any]], delay_ms: float) -> str:
         rows.append(["of which s5cmd / training process / workers"] + [
             _cell(d.get(m), lambda r: " / ".join(f"{r['cpu_split_s_per_1k_samples'][k]:.2f}"
                                                  for k in ("s5cmd", "main", "workers"))) for m in methods])
+    if "direct" in by and any(r.get("blocks_per_256") is not None for r in by["direct"].values()):
+        rows.append(["shuffle: distinct blocks per 256 samples"] + [
+            _cell(by["direct"].get(m), lambda r: f"{r['blocks_per_256']:.0f}") for m in methods])
     for label in ("direct", "proxy"):
         counted = by.get(label, {})
         if any(r.get("requests") for r in counted.values()):

@@ -262,7 +262,7 @@ def _fmt(v: float | None, spec: str = ".3g") -> str:
 
 COLUMNS = ("method", "samples/s", "MB/s", "s/100 steps (mean)", "s/100 steps (var, s²)", "waited",
            "CPU (cores)", "CPU s/1k samples", "s5cmd", "main", "workers", "requests/sample",
-           "GET/HEAD/LIST/other per sample", "peak mem MB", "vs s5loader", "note")
+           "GET/HEAD/LIST/other per sample", "blocks/256 samples", "peak mem MB", "vs s5loader", "note")
 # the CPU split columns: CPU s per 1,000 samples of each kind of process (see monitor.CpuSplit)
 SPLIT_COLUMNS = ("s5cmd", "main", "workers")
 
@@ -290,7 +290,7 @@ def table_rows(results: list[Figures]) -> list[list[str]]:
             _fmt(f.step100_var_s2, ".2g"), "-" if f.wait_fraction is None else f"{f.wait_fraction:.0%}",
             _fmt(f.cpu_util, ".2f"), _fmt(f.cpu_s_per_1k_samples, ".2f"),
             *(_split(f, k) for k in SPLIT_COLUMNS),
-            _fmt(f.requests_per_sample, ".2f"), _by_kind(f),
+            _fmt(f.requests_per_sample, ".2f"), _by_kind(f), _fmt(f.blocks_per_256, ".1f"),
             _fmt(f.peak_mem_mb, ".0f"),
             "-" if f.ratio_to_s5loader is None else f"{f.ratio_to_s5loader:.2f}x",
             f"{f.samples} samples in {f.seconds:.1f}s" + (f"; {f.note}" if f.note else "")

@@ -99,6 +99,10 @@ class Figures:
     ratio_to_s5loader: float | None = None
     cpu_per_sample_ratio_to_s5loader: float | None = None
     repeats_samples_per_s: list[float] | None = None  # every repeat's samples/s (--repeat)
+    # the order's mixing (S5Sampler.shuffle_quality): distinct blocks among 256 consecutive
+    # samples, and the mean move from key order as a share of the data set (1/3: full shuffle)
+    blocks_per_256: float | None = None
+    displacement: float | None = None
 
 
 # -- timing ----------------------------------------------------------------------------------
@@ -116,6 +120,7 @@ class Recorder:
         self.objects = 0
         self.bytes = 0
         self.wait_s: float | None = None
+        self.quality: tuple[float, float] | None = None  # (blocks per 256 samples, displacement)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
@@ -154,6 +159,8 @@ class Recorder:
             fig.step100_var_s2 = (sum((w - mean) ** 2 for w in windows) / (len(windows) - 1)
                                   if len(windows) > 1 else None)
         fig.wait_fraction = self.wait_s / end if self.wait_s is not None and end > 0 else None
+        if self.quality is not None:
+            fig.blocks_per_256, fig.displacement = self.quality
 
 
 def _sample_bytes(sample: Any) -> int:
@@ -257,6 +264,8 @@ def run_s5loader(ctx: Context, shuffle: bool | str = True) -> Recorder:
             return loader
 
         drive(epoch_loader, rec, s.compute_ms)
+        q = sampler.shuffle_quality(epoch=0)
+        rec.quality = (round(q.units_per_span, 2), round(q.displacement, 4))
     finally:
         sampler.close()
     return rec

@@ -405,6 +405,10 @@ def test_real_run_reports_cpu_split_and_requests(data: dict[str, str], tmp_path,
     by = _counted_run(data, tmp_path, "--steps", "3", "--methods", *methods)
     table = capsys.readouterr().out
     assert "requests/sample" in table and "GET/HEAD/LIST/other per sample" in table
+    assert "blocks/256 samples" in table
+    for m in ("s5loader", "s5loader-block"):  # the order's mixing, from S5Sampler.shuffle_quality
+        assert by[m]["blocks_per_256"] >= 1 and 0 < by[m]["displacement"] < 1
+    assert by["boto3"]["blocks_per_256"] is None
     for m in methods:
         r = by[m]
         assert r["status"] == "ok", (m, r["note"])

@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 import s5loader.engine.stager as stager_module
 from s5loader import S5Dataset, S5Sampler
 from s5loader._order import FIRST_WINDOW, Order, shuffle_quality
+from s5loader.exceptions import StateError
 from s5loader.sampler import WINDOW_CAP, block_window
 
 
@@ -148,6 +149,14 @@ def test_small_budget_block_shuffle_stages_whole_windows(moto: Store, staging_ro
         assert all(s["image"] == source[s["__key__"] + ".image"] for s in got)
         assert staged_samples(sampler.staging_dir) == []
         quality = sampler.shuffle_quality(span=10)
+        state = sampler.state_dict()
+    # the state keeps the window: another budget resumes the same order
+    with S5Sampler(ds, shuffle="block", seed=1, block_size=10, staging_dir=staging_root) as other:
+        assert other.window != 30
+        other.load_state_dict({**state, "complete": False, "start": 0, "yielded": 0})
+        assert other.window == 30 and other._epoch_plan(0) == (order, starts)
+        with pytest.raises(StateError, match="window"):
+            other.load_state_dict({**state, "window": 0})
     assert [s["__key__"] for s in got] == [ds.samples[i].key for i in order]
     # every call holds whole windows, so every block goes as one wildcard line
     assert [p for positions, _ in calls for p in positions] == list(range(120))

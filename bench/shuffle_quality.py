@@ -22,13 +22,18 @@ from s5loader._order import Order, shuffle_quality
 
 
 def table(n: int, block_sizes: list[int], windows: list[int], span: int, seed: int) -> str:
-    rows = [f"| block size | order | distinct blocks per {span} samples | displacement |", "|---:|---|---:|---:|"]
+    rows = [
+        f"| block size | order | distinct blocks per {span} samples | displacement |",
+        "|---:|---|---:|---:|",
+    ]
     for size in block_sizes:
         units = [list(range(i, min(i + size, n))) for i in range(0, n, size)]
         unit_of = [i // size for i in range(n)]
         orders: list[tuple[str, list[int]]] = [("key order (`shuffle=False`)", list(range(n)))]
-        orders += [(f'`"block"`, window {w}', Order("block", seed, 1, 0, False).indices(n, 0, units=units, window=w))
-                   for w in windows]
+        orders += [
+            (f'`"block"`, window {w}', Order("block", seed, 1, 0, False).indices(n, 0, units=units, window=w))
+            for w in windows
+        ]
         orders.append(("full shuffle (`shuffle=True`)", Order(True, seed, 1, 0, False).indices(n, 0)))
         for name, order in orders:
             q = shuffle_quality(order, unit_of, span)

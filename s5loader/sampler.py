@@ -46,7 +46,6 @@ def block_window(budget: int, mean_sample_size: float, buffers: int) -> int:
     return max(1, min(WINDOW_CAP, fits))
 
 
-
 class S5Sampler(Sampler[int]):
     """A drop-in Sampler (and ``DistributedSampler``) that stages samples with s5cmd.
 
@@ -143,7 +142,8 @@ class S5Sampler(Sampler[int]):
         budget_bytes = parse_size(budget, "budget")
         # From the options, not the space found: every rank must cut the same windows.
         self._window = block_window(budget_bytes, dataset.total_bytes / max(1, len(dataset)), buffers)
-        if shuffle == "block" and isinstance(samples_per_call, int) and not isinstance(samples_per_call, bool):
+        if shuffle == "block" and isinstance(samples_per_call, int) and not isinstance(samples_per_call, bool) \
+                and samples_per_call > 0:  # an invalid value still fails in StagerOptions
             samples_per_call = max(samples_per_call, self._window)
         self._options = StagerOptions(
             budget=budget_bytes,

@@ -33,13 +33,23 @@ def test_same_seed_same_order_and_epochs_differ() -> None:
 
 
 @settings(max_examples=150, deadline=None)
-@given(n=st.integers(1, 300), world=st.integers(1, 8), drop_last=st.booleans(), epoch=st.integers(0, 3),
-       block=st.integers(1, 20), window=st.integers(1, 120), seed=st.integers(0, 2**31))
+@given(
+    n=st.integers(1, 300),
+    world=st.integers(1, 8),
+    drop_last=st.booleans(),
+    epoch=st.integers(0, 3),
+    block=st.integers(1, 20),
+    window=st.integers(1, 120),
+    seed=st.integers(0, 2**31),
+)
 def test_every_sample_once_per_epoch_in_windows_of_whole_blocks(
     n: int, world: int, drop_last: bool, epoch: int, block: int, window: int, seed: int
 ) -> None:
     units = blocks_of(n, block)
-    parts = [Order("block", seed, world, r, drop_last).block_order(n, epoch, 0, units, window) for r in range(world)]
+    parts = [
+        Order("block", seed, world, r, drop_last).block_order(n, epoch, 0, units, window)
+        for r in range(world)
+    ]
     assert len({len(order) for order, _ in parts}) == 1  # equal counts on every rank
     flat = [i for order, _ in parts for i in order]
     if drop_last:
@@ -58,8 +68,14 @@ def test_every_sample_once_per_epoch_in_windows_of_whole_blocks(
 
 
 @settings(max_examples=150, deadline=None)
-@given(n=st.integers(1, 200), world=st.integers(1, 8), drop_last=st.booleans(), block=st.integers(1, 12),
-       window=st.integers(1, 80), data=st.data())
+@given(
+    n=st.integers(1, 200),
+    world=st.integers(1, 8),
+    drop_last=st.booleans(),
+    block=st.integers(1, 12),
+    window=st.integers(1, 80),
+    data=st.data(),
+)
 def test_resume_at_any_position_is_the_uninterrupted_tail(
     n: int, world: int, drop_last: bool, block: int, window: int, data: st.DataObject
 ) -> None:
@@ -118,7 +134,9 @@ def test_shuffle_quality_figures() -> None:
     q = shuffle_quality(list(range(16)), unit_of, span=8)
     assert (q.span, q.units_per_span, q.displacement) == (8, 2.0, 0.0)
     rev = shuffle_quality(list(range(15, -1, -1)), unit_of, span=8)
-    assert rev.units_per_span == 2.0 and rev.displacement == pytest.approx(sum(abs(15 - 2 * p) for p in range(16)) / 256)
+    assert rev.units_per_span == 2.0 and rev.displacement == pytest.approx(
+        sum(abs(15 - 2 * p) for p in range(16)) / 256
+    )
     assert shuffle_quality([0, 4, 8, 12, 1, 5, 9, 13], unit_of, span=4).units_per_span == 4.0
     assert shuffle_quality([], unit_of).units_per_span == 0.0
     with pytest.raises(ValueError):
@@ -139,8 +157,9 @@ def test_small_budget_block_shuffle_stages_whole_windows(moto: Store, staging_ro
 
     monkeypatch.setattr(stager_module, "plan_call", recording_plan)
     # room for three windows of 30 samples: windows of three blocks, calls cut by the budget
-    with S5Sampler(ds, shuffle="block", seed=1, block_size=10, budget=3 * 30 * sample,
-                   staging_dir=staging_root) as sampler:
+    with S5Sampler(
+        ds, shuffle="block", seed=1, block_size=10, budget=3 * 30 * sample, staging_dir=staging_root
+    ) as sampler:
         assert sampler.window == 30
         order, starts = sampler._epoch_plan(0)
         loader = DataLoader(ds, sampler=sampler, batch_size=4, num_workers=2, collate_fn=lambda b: b)

@@ -44,8 +44,9 @@ class Stager:
     ``windows`` (ascending positions, the first 0) cuts the order into windows that calls
     stage whole: a call that reaches past a window's start (by ``samples_per_call`` or by
     the budget) ends at the last such start, so it holds whole windows and fetches each of
-    their blocks with one wildcard line. Only a call that cannot hold the rest of its window
-    (the first, small calls; a window larger than the budget leaves) splits one.
+    their blocks with one wildcard line. While anything is staged, a call the budget cuts
+    inside a window waits for releases instead; only a window larger than the whole budget
+    (or a call after a retry) is split.
 
     Consumers call :meth:`wait` for each position in order, read the sample and release it
     (:meth:`StagingLayout.release <s5loader.staging.layout.StagingLayout.release>`: delete its
@@ -233,8 +234,11 @@ class Stager:
                 return
             new = len(picked) - len(retried)
             want = end - self._next
-            if cut and self.calls and not retried and not whole and new < max(1, want // 2):
-                return  # wait for releases rather than start a sliver of a call
+            if cut and not retried and not whole:
+                if self.windows and budget.reserved:
+                    return  # wait for releases rather than split a window that the budget holds
+                if self.calls and new < max(1, want // 2):
+                    return  # wait for releases rather than start a sliver of a call
             if retried:
                 self.retries.started(retried)
             with self._cond:

@@ -34,7 +34,7 @@ def test_staging_options_reach_the_engine(moto: Store, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [({"retries": -1}, "retries must be an int >= 0"), ({"stall_timeout": 0}, "stall_timeout must be a positive"),
-     ({"buffers": 0}, "buffers must be a positive int"), ({"on_error": "ignore"}, "on_error must be one of")],
+     ({"calls_in_flight": 0}, "calls_in_flight must be a positive int"), ({"on_error": "ignore"}, "on_error must be one of")],
 )
 def test_staging_options_checked_as_the_samplers(tmp_path: Path, change: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):

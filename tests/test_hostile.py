@@ -162,7 +162,7 @@ def test_bad_input_errors(moto: Store, proxy: FaultProxy, tmp_path, staging_root
     with pytest.raises(ManifestError, match=r"line 2: not an s3 URI"):
         S5Dataset.from_manifest(str(manifest), endpoint_url=moto.endpoint)
     ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
-    for bad in ({"samples_per_call": 0}, {"samples_per_call": -3}, {"buffers": 0}, {"budget": "lots"},
+    for bad in ({"samples_per_call": 0}, {"samples_per_call": -3}, {"calls_in_flight": 0}, {"budget": "lots"},
                 {"budget": -1}, {"on_error": "ignore"}, {"stall_timeout": 0}):
         with pytest.raises(ConfigError):
             S5Sampler(ds, staging_dir=staging_root, **bad)
@@ -211,7 +211,7 @@ def test_s5cmd_killed_mid_call_recovers(seaweed: Store, staging_root: str) -> No
             time.sleep(0.005)
 
     t = threading.Thread(target=killer)
-    with S5Sampler(ds, staging_dir=staging_root, samples_per_call=100, buffers=1) as sampler:
+    with S5Sampler(ds, staging_dir=staging_root, samples_per_call=100, calls_in_flight=1) as sampler:
         t.start()
         got = [s for b in DataLoader(ds, sampler=sampler, batch_size=4, num_workers=2, collate_fn=collate) for s in b]
         t.join()
@@ -228,7 +228,7 @@ def test_server_restarted_mid_epoch(tmp_path, staging_root: str) -> None:
         source = store.put(make_pairs(60, size=500))
         ds = S5Dataset.from_prefix(store.uri(), endpoint_url=store.endpoint)
         got = []
-        with S5Sampler(ds, staging_dir=staging_root, samples_per_call=4, buffers=1, budget=8 * 600,
+        with S5Sampler(ds, staging_dir=staging_root, samples_per_call=4, calls_in_flight=1, budget=8 * 600,
                        retries=8, stall_timeout=5) as sampler:
             for i, b in enumerate(DataLoader(ds, sampler=sampler, batch_size=2, collate_fn=collate)):
                 got += b
@@ -269,7 +269,7 @@ def test_secrets_never_written_logged_or_shown(moto: Store, staging_root: str, m
     moto.put(make_pairs(60, size=2000))
     ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
     seen_argv, seen_files, modes = [], [], []
-    with S5Sampler(ds, staging_dir=staging_root, samples_per_call=10, buffers=2) as sampler:
+    with S5Sampler(ds, staging_dir=staging_root, samples_per_call=10, calls_in_flight=2) as sampler:
         for idx in sampler:
             for p in psutil.Process().children(recursive=True):
                 try:

@@ -106,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     stop.add_argument("--seconds", type=positive_float, help="seconds per method instead of a step count")
     p.add_argument("--samples-per-call", type=positive_int, default=1000,
                    help="S5Sampler samples per s5cmd call, also for s5cmd-run (default 1000)")
-    p.add_argument("--buffers", type=positive_int, default=2, help="S5Sampler s5cmd calls in flight (default 2)")
+    p.add_argument("--calls-in-flight", "--buffers", dest="calls_in_flight", type=positive_int, default=2,
+                   help="S5Sampler calls_in_flight: s5cmd calls running at once (default 2; --buffers is its former name)")
     p.add_argument("--budget", default="2GiB", help="S5Sampler staging budget (default 2GiB)")
     p.add_argument("--staging-dir", help="S5Sampler staging root (default: /dev/shm when it has room)")
     p.add_argument("--repeat", type=positive_int, default=1,
@@ -478,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     settings = Settings(
         source=args.source, endpoint_url=endpoint, batch_size=args.batch_size, num_workers=args.num_workers,
-        steps=args.steps, seconds=args.seconds, samples_per_call=args.samples_per_call, buffers=args.buffers,
+        steps=args.steps, seconds=args.seconds, samples_per_call=args.samples_per_call, calls_in_flight=args.calls_in_flight,
         budget=args.budget, staging_dir=args.staging_dir, shards_prefix=shards, compute_ms=args.compute_ms,
         seed=args.seed, region=args.region or os.environ.get("AWS_REGION") or "us-east-1",
         count_requests=count, delay_ms=args.delay_ms or 0.0,

@@ -53,7 +53,7 @@ class Settings:
     steps: int | None = None
     seconds: float | None = None
     samples_per_call: int = 1000
-    buffers: int = 2
+    calls_in_flight: int = 2
     budget: str = "2GiB"
     staging_dir: str | None = None
     shards_prefix: str | None = None
@@ -247,7 +247,7 @@ def run_s5loader(ctx: Context, shuffle: bool | str = True) -> Recorder:
     s = ctx.settings
     ds = S5Dataset.from_prefix(s.source, endpoint_url=ctx.endpoint)
     sampler = S5Sampler(ds, shuffle=shuffle, seed=s.seed, samples_per_call=ctx.samples_per_call,
-                        buffers=s.buffers, budget=s.budget, staging_dir=s.staging_dir)
+                        calls_in_flight=s.calls_in_flight, budget=s.budget, staging_dir=s.staging_dir)
     try:
         loader = ctx.loader(ds, sampler=sampler)
         rec = ctx.recorder()
@@ -417,12 +417,12 @@ def _remove(paths: list[str]) -> None:
 
 
 def run_s5cmd_run(ctx: Context) -> Recorder:
-    """The command files s5loader writes, run by s5cmd (``buffers`` in flight, as the sampler
+    """The command files s5loader writes, run by s5cmd (``calls_in_flight`` at once, as the sampler
     does) into tmpfs with no Python reading the files; each call's files are deleted after it."""
     s = ctx.settings
     spc = ctx.samples_per_call
     sampler = S5Sampler(ctx.dataset, shuffle=True, seed=s.seed, samples_per_call=spc,
-                        buffers=s.buffers, budget=s.budget, staging_dir=s.staging_dir)
+                        calls_in_flight=s.calls_in_flight, budget=s.budget, staging_dir=s.staging_dir)
     root = tempfile.mkdtemp(prefix="s5cmd-run-", dir=ctx.tmp_root)
     try:
         plan: list[tuple[int, str]] = []
@@ -454,7 +454,7 @@ def run_s5cmd_run(ctx: Context) -> Recorder:
                 # deleted by another thread, so that the next call starts at once
                 cleaner.submit(_remove, _run_s5cmd(argv, lambda line: done.line(ep, line), stop, rec))
 
-            with ThreadPoolExecutor(max_workers=s.buffers) as pool:
+            with ThreadPoolExecutor(max_workers=s.calls_in_flight) as pool:
                 for fut in [pool.submit(call, item) for item in plan]:
                     fut.result()
             done.flush()

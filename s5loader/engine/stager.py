@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from .. import _s5cmd
 from .._blocks import Layout
 from .._index import Field, Sample
+from ..config import Access
 from ..exceptions import S5LoaderError
 from ..staging.area import StagingArea
 from ..staging.layout import ReleaseEvents, StagingLayout
@@ -57,7 +58,7 @@ class Stager:
         *,
         kept: set[int] | None = None,
         is_released: Callable[[int], bool] | None = None,
-        endpoint_url: str | None = None,
+        endpoint_url: Access | str | None = None,
         layout: Layout | None = None,
     ) -> None:
         self.samples = samples
@@ -189,7 +190,7 @@ class Stager:
         # The first calls are small (32, 64, 128, ... samples) so the first batch does not
         # wait for a whole call of samples_per_call to come in.
         spc = min(self.opts.samples_per_call, 32 << min(self.stats.calls, 20))
-        while len(self.calls) < self.opts.buffers:
+        while len(self.calls) < self.opts.calls_in_flight:
             retried = self.retries.take_due(time.monotonic(), spc)
             picked = list(retried)  # a retried sample still holds its budget
             in_call = {order[p] for p in picked}

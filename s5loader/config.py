@@ -159,6 +159,21 @@ class Access:
                 endpoint or "AWS S3",
             )
 
+    def boto3_client(self) -> Any:
+        """A boto3 S3 client that sees the store as s5loader's own clients do (for your code
+        beside the loader: uploads, checks, a baseline)."""
+        from ._index import make_boto3_client
+
+        return make_boto3_client(self)
+
+    def s5cmd_flags(self) -> list[str]:
+        """s5cmd's global flags for these settings (``--endpoint-url``, ``--no-sign-request``,
+        ``--profile``, ...), for running s5cmd yourself; no secret is ever among them. s5cmd
+        reads the region from ``AWS_REGION``."""
+        from ._s5cmd import access_flags
+
+        return access_flags(self)
+
     # -- the command line ----------------------------------------------------------------
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:

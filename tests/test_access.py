@@ -4,6 +4,7 @@ recording proxy in front of the server sees them."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import subprocess
@@ -199,3 +200,17 @@ def test_daemon_and_fetch_take_the_access_flags(private_store: Store, tmp_path: 
     assert (tmp_path / "out").read_bytes() == data[key]  # one object: DEST is the file
     with pytest.raises(AccessDeniedError, match=re.escape(private_store.uri())):
         fetch_main([private_store.uri(), str(tmp_path / "denied"), "--endpoint-url", private_store.endpoint, "--no-sign-request"])
+
+
+def test_bench_takes_the_access_flags(private_store: Store, tmp_path: Path) -> None:
+    from s5loader_bench import cli as bench
+
+    _put(private_store, make_pairs(8))
+    out = tmp_path / "r.json"
+    argv = [private_store.uri(), "--endpoint-url", private_store.endpoint, "--profile", "train",
+            "--credentials-file", _credentials(tmp_path), "--steps", "2", "--batch-size", "2", "--num-workers", "0",
+            "--samples-per-call", "4", "--methods", "s5loader,boto3,s5cmd-run,s3torchconnector", "--json", str(out)]
+    assert bench.main(argv) == 0
+    by = {r["method"]: r for r in json.loads(out.read_text())["results"]}
+    assert [by[m]["status"] for m in ("s5loader", "boto3", "s5cmd-run")] == ["ok"] * 3, by
+    assert by["s3torchconnector"]["status"] == "skipped"  # not installed, or not given the access options

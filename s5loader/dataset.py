@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -85,7 +86,6 @@ class S5Dataset(Dataset[Any]):
         self._samples = SampleIndex.from_samples(samples, {"source": source})
         #: How the store is reached, by the sampler's s5cmd calls and the direct GETs alike.
         self.access = Access.coerce(access, endpoint_url)
-        self.endpoint_url = self.access.endpoint_url
         self.transform = transform
         self.source = source
         self._client: Any = None
@@ -261,6 +261,16 @@ class S5Dataset(Dataset[Any]):
             client.put_object(Bucket=u.bucket, Key=u.key, Body=data)
         except Exception as exc:
             raise boto3_error(exc, path_or_uri) from exc
+
+    @property
+    def endpoint_url(self) -> str | None:
+        """The endpoint given (``access.endpoint_url``); setting it changes :attr:`access`."""
+        return self.access.endpoint_url
+
+    @endpoint_url.setter
+    def endpoint_url(self, value: str | None) -> None:
+        self.access = dataclasses.replace(self.access, endpoint_url=value)
+        self._client = None
 
     # -- map-style access ---------------------------------------------------------------
     @property

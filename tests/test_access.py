@@ -66,7 +66,7 @@ KEY, SECRET = "AKIATRAINPROFILE0001", "train-secret"
 @pytest.fixture(scope="module")
 def private_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
     """A SeaweedFS that answers only requests signed with one key (403 otherwise), as a
-    private bucket does; the session's servers accept anything."""
+    private bucket does; the shared test servers accept anything."""
     from s5loader._locals3 import SeaweedFS
 
     with SeaweedFS(str(tmp_path_factory.mktemp("weed-private")), ("data",), identity=(KEY, SECRET)) as server:

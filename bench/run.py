@@ -129,7 +129,7 @@ def markdown(runs: dict[str, dict[str, Any]], info: dict[str, Any]) -> str:
         "",
         f"Data: {info['samples']} samples (a {info['sample_size']} `.image` of random bytes + a small `.label` each) in a local "
         f"SeaweedFS; batch size {s['batch_size']}, {s['num_workers']} DataLoader workers, "
-        f"samples_per_call {s['samples_per_call']}, buffers {s['buffers']}, "
+        f"samples_per_call {s['samples_per_call']}, calls_in_flight {s.get('calls_in_flight', s.get('buffers'))}, "
         + (f"{s['steps']} steps per method" if s.get("steps") else "one pass over the data set per method")
         + f"; the method list was run {s.get('repeat', 1)} times, interleaved, and each row is the repeat with "
         "the median samples/s (all repeats' samples/s are in the note and in latest.json).",

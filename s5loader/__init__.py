@@ -9,6 +9,7 @@ from __future__ import annotations
 from . import checkpoint, fetch
 from ._s5cmd import find_s5cmd
 from ._uri import parse_size
+from .config import Access, StagingOptions
 from .consume import consume
 from .dataset import S5Dataset
 from .exceptions import (
@@ -41,6 +42,8 @@ __version__ = "0.1.0"
 __all__ = [
     "S5Dataset",
     "S5Sampler",
+    "Access",
+    "StagingOptions",
     "checkpoint",
     "dcp",
     "fetch",

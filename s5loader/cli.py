@@ -17,17 +17,19 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
 def _ls(argv: list[str]) -> int:
     from . import S5Dataset
+    from .config import Access
 
     p = argparse.ArgumentParser(prog="s5loader ls", description="List the samples of an s3 prefix or manifest.")
     p.add_argument("source", help="s3://bucket/prefix/, or a manifest (.jsonl path or s3 URI)")
     p.add_argument("--group-by", default="stem", choices=["stem", "folder", "object"])
-    p.add_argument("--endpoint-url")
+    Access.add_arguments(p)
     p.add_argument("--limit", type=int, default=20, help="samples to show (default 20)")
     args = p.parse_args(argv)
+    access = Access.from_args(args)
     if args.source.endswith((".jsonl", ".json")):
-        ds = S5Dataset.from_manifest(args.source, endpoint_url=args.endpoint_url, group_by=args.group_by)
+        ds = S5Dataset.from_manifest(args.source, access=access, group_by=args.group_by)
     else:
-        ds = S5Dataset.from_prefix(args.source, endpoint_url=args.endpoint_url, group_by=args.group_by)
+        ds = S5Dataset.from_prefix(args.source, access=access, group_by=args.group_by)
     total = ds.total_bytes
     print(f"{len(ds)} samples, {total} bytes, largest {max(s.size for s in ds.samples)} bytes")
     for s in ds.samples[: args.limit]:

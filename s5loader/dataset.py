@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -22,9 +23,10 @@ from ._index import (
     make_boto3_client,
 )
 from ._labels import check_label, folder_labels, warn_grouping
-from ._s5cmd import S5cmd, resolve_endpoint
+from ._s5cmd import S5cmd
 from ._share import shared_index
 from ._uri import parse_s3_uri
+from .config import Access
 from .exceptions import ConfigError, EmptySourceError, S3URIError
 from .staging.layout import StagingLayout
 
@@ -77,11 +79,13 @@ class S5Dataset(Dataset[Any]):
         endpoint_url: str | None = None,
         transform: Transform | None = None,
         source: str = "",
+        access: Access | None = None,
     ) -> None:
         if not samples:
             raise EmptySourceError(f"no sample in {source or 'the given objects'}")
         self._samples = SampleIndex.from_samples(samples, {"source": source})
-        self.endpoint_url = endpoint_url
+        #: How the store is reached, by the sampler's s5cmd calls and the direct GETs alike.
+        self.access = Access.coerce(access, endpoint_url)
         self.transform = transform
         self.source = source
         self._client: Any = None
@@ -111,6 +115,7 @@ class S5Dataset(Dataset[Any]):
         group_by: str = "stem",
         transform: Transform | None = None,
         label: str | None = None,
+        access: Access | None = None,
     ) -> S5Dataset:
         """All objects under ``s3://bucket/prefix``, listed with one ``s5cmd ls``.
 
@@ -131,6 +136,10 @@ class S5Dataset(Dataset[Any]):
                 gets an int ``"label"``, the index of its class folder (the first folder below
                 the prefix) in :attr:`classes`, the sorted folder names, as torchvision's
                 ``ImageFolder``; :attr:`class_to_idx` maps names to labels. ``None``: no label.
+            access: how to reach the store: an :class:`~s5loader.Access` (anonymous,
+                profile, credentials file, region, requester pays, TLS verification,
+                ListObjects v1, addressing). The listing, the sampler's s5cmd calls and the
+                direct GETs all use it. ``endpoint_url`` may be given here or there.
 
         Raises:
             S3URIError: the prefix is not an s3 URI.
@@ -147,11 +156,12 @@ class S5Dataset(Dataset[Any]):
                 "one sample; use group_by='object' (one image, one sample) or 'stem'"
             )
         uri = parse_s3_uri(prefix)
+        store = Access.coerce(access, endpoint_url)
         index = shared_index(
-            lambda: index_prefix(prefix, S5cmd(endpoint_url), group_by),
-            ["prefix", prefix, resolve_endpoint(endpoint_url), group_by],
+            lambda: index_prefix(prefix, S5cmd(access=store), group_by),
+            ["prefix", prefix, store.endpoint(), group_by],
         )
-        return cls._labelled(index, label, uri.key, prefix, group_by, endpoint_url=endpoint_url, transform=transform)
+        return cls._labelled(index, label, uri.key, prefix, group_by, access=store, transform=transform)
 
     @classmethod
     def from_objects(
@@ -162,6 +172,7 @@ class S5Dataset(Dataset[Any]):
         group_by: str = "object",
         transform: Transform | None = None,
         label: str | None = None,
+        access: Access | None = None,
     ) -> S5Dataset:
         """The given object URIs (sizes and ETags are read with one HEAD each).
 
@@ -176,11 +187,12 @@ class S5Dataset(Dataset[Any]):
             if not parse_s3_uri(u).key:
                 raise S3URIError(f"{u!r} names a bucket, not an object")
         digest = hashlib.sha256("\n".join(uris).encode("utf-8", "surrogatepass")).hexdigest()
+        store = Access.coerce(access, endpoint_url)
         samples = shared_index(
-            lambda: index_objects(uris, endpoint_url, group_by),
-            ["objects", digest, resolve_endpoint(endpoint_url), group_by],
+            lambda: index_objects(uris, store, group_by),
+            ["objects", digest, store.endpoint(), group_by],
         )
-        return cls._labelled(samples, label, None, "the object list", group_by, endpoint_url=endpoint_url, transform=transform)
+        return cls._labelled(samples, label, None, "the object list", group_by, access=store, transform=transform)
 
     @classmethod
     def from_manifest(
@@ -191,6 +203,7 @@ class S5Dataset(Dataset[Any]):
         group_by: str = "object",
         transform: Transform | None = None,
         label: str | None = None,
+        access: Access | None = None,
     ) -> S5Dataset:
         """Objects listed in a JSON Lines manifest (a local path or an s3 URI).
 
@@ -204,11 +217,12 @@ class S5Dataset(Dataset[Any]):
         """
         check_group_by(group_by)
         check_label(label)
+        store = Access.coerce(access, endpoint_url)
         samples = shared_index(
-            lambda: index_manifest(path_or_uri, endpoint_url, group_by),
-            ["manifest", path_or_uri, resolve_endpoint(endpoint_url), group_by],
+            lambda: index_manifest(path_or_uri, store, group_by),
+            ["manifest", path_or_uri, store.endpoint(), group_by],
         )
-        return cls._labelled(samples, label, None, path_or_uri, group_by, endpoint_url=endpoint_url, transform=transform)
+        return cls._labelled(samples, label, None, path_or_uri, group_by, access=store, transform=transform)
 
     @classmethod
     def from_index(
@@ -217,6 +231,7 @@ class S5Dataset(Dataset[Any]):
         *,
         endpoint_url: str | None = None,
         transform: Transform | None = None,
+        access: Access | None = None,
     ) -> S5Dataset:
         """The data set whose index :meth:`save_index` wrote (a local path or an s3 URI),
         without listing or reading the source again.
@@ -224,12 +239,13 @@ class S5Dataset(Dataset[Any]):
         Raises:
             IndexFileError: not an index file, another format version, or damaged.
         """
+        store = Access.coerce(access, endpoint_url)
         if path_or_uri.startswith("s3://"):
-            index = _indexfile.loads(_read_object(path_or_uri, endpoint_url), path_or_uri)
+            index = _indexfile.loads(_read_object(path_or_uri, store), path_or_uri)
         else:
             index = _indexfile.load(path_or_uri)
         source = str(index.meta.get("source", path_or_uri))
-        return cls(index, endpoint_url=endpoint_url, transform=transform, source=source)
+        return cls(index, access=store, transform=transform, source=source)
 
     def save_index(self, path_or_uri: str) -> None:
         """Save the sample index (keys, fields, sizes, ETags, extra fields, the listing) to a
@@ -240,11 +256,21 @@ class S5Dataset(Dataset[Any]):
             _indexfile.save(self._samples, path_or_uri)
             return
         u = parse_s3_uri(path_or_uri)
-        client = make_boto3_client(self.endpoint_url)
+        client = make_boto3_client(self.access)
         try:
             client.put_object(Bucket=u.bucket, Key=u.key, Body=data)
         except Exception as exc:
             raise boto3_error(exc, path_or_uri) from exc
+
+    @property
+    def endpoint_url(self) -> str | None:
+        """The endpoint given (``access.endpoint_url``); setting it changes :attr:`access`."""
+        return self.access.endpoint_url
+
+    @endpoint_url.setter
+    def endpoint_url(self, value: str | None) -> None:
+        self.access = dataclasses.replace(self.access, endpoint_url=value)
+        self._client = None
 
     # -- map-style access ---------------------------------------------------------------
     @property
@@ -306,7 +332,7 @@ class S5Dataset(Dataset[Any]):
 
     def _fetch(self, sample: Sample) -> list[bytes]:
         if self._client is None or self._client_pid != os.getpid():
-            self._client = make_boto3_client(self.endpoint_url)
+            self._client = make_boto3_client(self.access)
             self._client_pid = os.getpid()
         out = []
         for f in sample.fields:
@@ -327,7 +353,7 @@ class S5Dataset(Dataset[Any]):
         return f"S5Dataset({self.source!r}, {len(self)} samples)"
 
 
-def _read_object(uri: str, endpoint_url: str | None) -> bytes:
+def _read_object(uri: str, endpoint_url: Access | str | None) -> bytes:
     u = parse_s3_uri(uri)
     try:
         return bytes(make_boto3_client(endpoint_url).get_object(Bucket=u.bucket, Key=u.key)["Body"].read())

@@ -6,8 +6,10 @@ import logging
 import math
 import os
 import time
+import warnings
 import weakref
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 from torch.utils.data import Sampler
@@ -20,8 +22,9 @@ from ._platform import require_linux
 from ._resume import STATE_VERSION, check_state
 from ._s5cmd import S5cmd, write_command_file
 from ._uri import format_size, parse_size
+from .config import StagingOptions
 from .dataset import S5Dataset, StagedIndex
-from .engine import Stager, StagerOptions, Stats, plan_call
+from .engine import Stager, Stats, plan_call
 from .engine.budget import check_sample_fits
 from .exceptions import BudgetError, ConfigError, StateError
 from .staging.area import PassArea, StagingArea, choose_root, disk_footprint, register_cleanup
@@ -37,12 +40,12 @@ _STARVED_MIN_RUN_S = 60.0
 WINDOW_CAP = 8192
 
 
-def block_window(budget: int, mean_sample_size: float, buffers: int) -> int:
-    """How many samples a ``shuffle="block"`` window holds: as many as ``buffers + 1`` windows
-    of average samples fit in ``budget`` (one being read, ``buffers`` being staged), at most
+def block_window(budget: int, mean_sample_size: float, calls_in_flight: int) -> int:
+    """How many samples a ``shuffle="block"`` window holds: as many as ``calls_in_flight + 1`` windows
+    of average samples fit in ``budget`` (one being read, ``calls_in_flight`` being staged), at most
     :data:`WINDOW_CAP`. A call stages a whole window, so a window the budget cannot hold
     would be cut into calls that split its blocks; a smaller budget gives smaller windows."""
-    fits = int(budget // ((buffers + 1) * max(1.0, mean_sample_size)))
+    fits = int(budget // ((calls_in_flight + 1) * max(1.0, mean_sample_size)))
     return max(1, min(WINDOW_CAP, fits))
 
 
@@ -51,7 +54,7 @@ class S5Sampler(Sampler[int]):
 
     Each epoch it orders the indices (a permutation per ``seed + epoch`` when ``shuffle``),
     takes this rank's part, and stages it into a directory of its own with background
-    ``s5cmd run`` calls of ``samples_per_call`` samples, ``buffers`` of them in flight, never
+    ``s5cmd run`` calls of ``samples_per_call`` samples, ``calls_in_flight`` of them at once, never
     holding more than ``budget`` bytes staged and not yet read. It yields an index only when
     that sample's files are staged, in order. The :class:`S5Dataset` reads and deletes them.
 
@@ -60,7 +63,7 @@ class S5Sampler(Sampler[int]):
         shuffle: ``True``: a new permutation of all samples each epoch (call
             :meth:`set_epoch`); ``"block"``: permute blocks of up to ``block_size`` samples
             that share a key prefix, gather them into windows of whole blocks, and shuffle the
-            samples within each window; a window holds as many samples as ``buffers + 1``
+            samples within each window; a window holds as many samples as ``calls_in_flight + 1``
             windows fit in ``budget`` (at most 8192), so a batch draws from many blocks, and
             s5cmd fetches each block with one wildcard request (about 2.5x less s5cmd CPU
             than one request per object); ``False``: key order.
@@ -69,7 +72,7 @@ class S5Sampler(Sampler[int]):
             one window, so that a call holds its windows' blocks whole).
         block_size: most samples in a block (see ``shuffle``). A call that holds a whole
             block fetches it with one wildcard line, whatever the shuffle.
-        buffers: s5cmd calls in flight at once (2: double buffering).
+        calls_in_flight: s5cmd calls running at once (2: double buffering).
         staging_dir: the staging root; ``None`` picks ``/dev/shm`` when it has room for the
             budget, else the system temp directory. Each sampler stages into a directory of
             its own below it, removed by :meth:`close`, garbage collection, exit or SIGTERM.
@@ -88,10 +91,15 @@ class S5Sampler(Sampler[int]):
         num_replicas, rank: the distributed split; defaults from torch.distributed, else
             ``WORLD_SIZE`` / ``RANK``, else one process.
         drop_last: drop the tail so ranks get equal parts, instead of padding by repetition.
-        numworkers: s5cmd's ``--numworkers`` (parallel requests per call).
+        s5cmd_workers: s5cmd's ``--numworkers`` (parallel requests per call).
         batch_size: the DataLoader's ``batch_size``, if you pass it here too (a sampler does not
             see its DataLoader): a budget that cannot hold one batch of the largest samples is
             then a :class:`BudgetError` at once instead of after ``stall_timeout``.
+        buffers, numworkers: the former names of ``calls_in_flight`` and ``s5cmd_workers``;
+            still accepted for one release, with a ``DeprecationWarning``.
+
+    The staging options are checked by :class:`~s5loader.StagingOptions`, the object the
+    prefetch daemon builds too; the store is reached as the dataset's ``access`` says.
 
     Raises:
         ConfigError: an invalid option.
@@ -108,7 +116,7 @@ class S5Sampler(Sampler[int]):
         seed: int = 0,
         samples_per_call: int = 1000,
         block_size: int = 64,
-        buffers: int = 2,
+        calls_in_flight: int = 2,
         staging_dir: str | None = None,
         budget: int | str = "2GiB",
         keep_staged: bool = False,
@@ -120,20 +128,20 @@ class S5Sampler(Sampler[int]):
         num_replicas: int | None = None,
         rank: int | None = None,
         drop_last: bool = False,
-        numworkers: int = 256,
+        s5cmd_workers: int = 256,
         batch_size: int | None = None,
+        buffers: int | None = None,
+        numworkers: int | None = None,
     ) -> None:
         require_linux("S5Sampler")
         if not isinstance(dataset, S5Dataset):
             raise ConfigError(f"S5Sampler needs an S5Dataset, got {type(dataset).__name__}")
         if shuffle not in (True, False, "block"):
             raise ConfigError(f"shuffle must be True, False or 'block', got {shuffle!r}")
-        if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-            raise ConfigError(f"block_size must be a positive int, got {block_size!r}")
         if not isinstance(seed, int):
             raise ConfigError(f"seed must be an int, got {seed!r}")
-        if not isinstance(numworkers, int) or numworkers <= 0:
-            raise ConfigError(f"numworkers must be a positive int, got {numworkers!r}")
+        calls_in_flight = _renamed("buffers", buffers, "calls_in_flight", calls_in_flight, 2)
+        s5cmd_workers = _renamed("numworkers", numworkers, "s5cmd_workers", s5cmd_workers, 256)
         if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1):
             raise ConfigError(f"batch_size must be a positive int or None, got {batch_size!r}")
         r, world = rank_info(num_replicas, rank)
@@ -141,19 +149,25 @@ class S5Sampler(Sampler[int]):
         self._order = _Order(shuffle if shuffle == "block" else bool(shuffle), seed, world, r, bool(drop_last))
         budget_bytes = parse_size(budget, "budget")
         # From the options, not the space found: every rank must cut the same windows.
-        self._window = block_window(budget_bytes, dataset.total_bytes / max(1, len(dataset)), buffers)
+        self._window = block_window(budget_bytes, dataset.total_bytes / max(1, len(dataset)), calls_in_flight)
         if shuffle == "block" and isinstance(samples_per_call, int) and not isinstance(samples_per_call, bool) \
-                and samples_per_call > 0:  # an invalid value still fails in StagerOptions
+                and samples_per_call > 0:  # an invalid value still fails in StagingOptions
             samples_per_call = max(samples_per_call, self._window)
-        self._options = StagerOptions(
+        self._options = StagingOptions(
             budget=budget_bytes,
             samples_per_call=samples_per_call,
-            buffers=buffers,
+            calls_in_flight=calls_in_flight,
+            s5cmd_workers=s5cmd_workers,
+            block_size=block_size,
             stall_timeout=stall_timeout,
             retries=retries,
             on_error=on_error,
             verify=verify,
+            keep_staged=bool(keep_staged),
+            shrink_budget=bool(shrink_budget),
+            staging_dir=staging_dir,
         )
+        budget_bytes = self._options.budget
         largest = dataset.samples[dataset.samples.largest()]
         check_sample_fits(largest, budget_bytes)
         total = dataset.total_bytes
@@ -170,11 +184,11 @@ class S5Sampler(Sampler[int]):
                     f"only {format_size(room)} fit in {root}, too little for "
                     + ("the whole data set with keep_staged" if keep_staged else f"sample {largest.key!r}")
                 )
-            self._options = StagerOptions(**{**self._options.__dict__, "budget": room})
+            self._options = replace(self._options, budget=room)
         if batch_size is not None:
             _check_batch_fits(dataset, batch_size, self._options.budget)
         self._layout = plan_blocks(dataset.samples, block_size, dataset._listing)
-        self._s5cmd = S5cmd(dataset.endpoint_url, numworkers=numworkers)
+        self._s5cmd = S5cmd(access=dataset.access, numworkers=s5cmd_workers)
         self._area = StagingArea(root)
         self.keep_staged = bool(keep_staged)
         self.epoch = 0
@@ -254,7 +268,7 @@ class S5Sampler(Sampler[int]):
             self._s5cmd,
             self._options,
             kept=self._kept if self.keep_staged else None,
-            endpoint_url=self.dataset.endpoint_url,
+            endpoint_url=self.dataset.access,
             layout=self._layout,
             windows=windows,
         ).start()
@@ -360,10 +374,10 @@ class S5Sampler(Sampler[int]):
             o = self._options
             log.warning(
                 "data starvation: " + msg + "; the loader waited %.0f%% of the epoch after its first "
-                "sample. To stage faster: more buffers (now %d s5cmd calls in flight), a larger "
+                "sample. To stage faster: a larger calls_in_flight (now %d), a larger "
                 "samples_per_call (now %d), shuffle='block' (one request per block of samples), or a "
                 "larger budget (now %s)",
-                *args, 100 * starved / elapsed, o.buffers, o.samples_per_call, format_size(o.budget),
+                *args, 100 * starved / elapsed, o.calls_in_flight, o.samples_per_call, format_size(o.budget),
             )
         else:
             log.info(msg, *args)
@@ -525,6 +539,17 @@ class S5Sampler(Sampler[int]):
             f"S5Sampler({self.dataset!r}, shuffle={o.shuffle}, seed={o.seed}, rank={o.rank}/"
             f"{o.num_replicas}, budget={format_size(self.budget)}, staging_dir={self.staging_dir!r})"
         )
+
+
+def _renamed(old: str, old_value: int | None, new: str, new_value: int, default: int) -> int:
+    """The value of a renamed keyword: the old name still works for one release, with a
+    DeprecationWarning; both at once is a ConfigError."""
+    if old_value is None:
+        return new_value
+    if new_value != default:
+        raise ConfigError(f"{old}= is the former name of {new}=; give only {new}={new_value!r}")
+    warnings.warn(f"S5Sampler({old}=...) is deprecated; use {new}=", DeprecationWarning, stacklevel=3)
+    return old_value
 
 
 def _check_batch_fits(dataset: S5Dataset, batch_size: int, budget: int) -> None:

@@ -10,6 +10,7 @@ s5loader is used.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import json
@@ -28,7 +29,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Dataset
 
-from s5loader import S5Dataset, S5Sampler
+from s5loader import Access, S5Dataset, S5Sampler
 
 from .monitor import TreeMonitor
 
@@ -53,7 +54,7 @@ class Settings:
     steps: int | None = None
     seconds: float | None = None
     samples_per_call: int = 1000
-    buffers: int = 2
+    calls_in_flight: int = 2
     budget: str = "2GiB"
     staging_dir: str | None = None
     shards_prefix: str | None = None
@@ -62,6 +63,19 @@ class Settings:
     region: str = "us-east-1"
     count_requests: bool = False  # every method through the request-counting proxy
     delay_ms: float = 0.0  # the latency the proxy adds per client-to-server chunk
+    access: Access | None = None  # --no-sign-request, --profile, ... (the endpoint is endpoint_url)
+
+    def store(self, endpoint: str | None) -> Access:
+        """The access settings with ``endpoint`` (the request-counting proxy's, when there is one)."""
+        a = self.access or Access()
+        return dataclasses.replace(a, endpoint_url=endpoint, region=a.region or self.region)
+
+    @property
+    def plain_access(self) -> bool:
+        """Whether the access settings are only an endpoint and a region, which every peer takes."""
+        a = self.access or Access()
+        return not (a.anonymous or a.profile or a.credentials_file or a.requester_pays or not a.verify_ssl
+                    or a.list_objects_v1 or a.addressing_style != "auto")
 
 
 @dataclass
@@ -236,6 +250,11 @@ class Context:
             self.samples_per_call = max(1, min(s.samples_per_call, s.steps * s.batch_size))
 
     @property
+    def access(self) -> Access:
+        """How the methods reach the store (through the proxy when there is one)."""
+        return self.settings.store(self.endpoint)
+
+    @property
     def samples_needed(self) -> float:
         """Samples the run delivers at most (``inf`` for ``--seconds``)."""
         return self.max_steps * self.settings.batch_size
@@ -252,9 +271,9 @@ class Context:
 def run_s5loader(ctx: Context, shuffle: bool | str = True) -> Recorder:
     """S5Sampler + S5Dataset through a DataLoader (``s5loader-block``: ``shuffle="block"``)."""
     s = ctx.settings
-    ds = S5Dataset.from_prefix(s.source, endpoint_url=ctx.endpoint)
+    ds = S5Dataset.from_prefix(s.source, access=ctx.access)
     sampler = S5Sampler(ds, shuffle=shuffle, seed=s.seed, samples_per_call=ctx.samples_per_call,
-                        buffers=s.buffers, budget=s.budget, staging_dir=s.staging_dir)
+                        calls_in_flight=s.calls_in_flight, budget=s.budget, staging_dir=s.staging_dir)
     try:
         loader = ctx.loader(ds, sampler=sampler)
         rec = ctx.recorder()
@@ -274,10 +293,9 @@ def run_s5loader(ctx: Context, shuffle: bool | str = True) -> Recorder:
 class Boto3Dataset(Dataset[dict[str, Any]]):
     """The common baseline: a map-style Dataset with one GetObject per file."""
 
-    def __init__(self, samples: list[tuple[str, list[tuple[str, str, str]]]], endpoint: str | None,
-                 region: str) -> None:
+    def __init__(self, samples: list[tuple[str, list[tuple[str, str, str]]]], access: Access) -> None:
         self.samples = samples  # (key, [(field, bucket, object key)])
-        self.endpoint, self.region = endpoint, region
+        self.access = access
         self._client: Any = None
         self._pid = -1
 
@@ -286,9 +304,8 @@ class Boto3Dataset(Dataset[dict[str, Any]]):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         if self._client is None or self._pid != os.getpid():
-            import boto3
-
-            self._client = boto3.session.Session().client("s3", endpoint_url=self.endpoint, region_name=self.region)
+            # the same client settings s5loader's own boto3 clients get
+            self._client = self.access.boto3_client()
             self._pid = os.getpid()
         key, fields = self.samples[i]
         out: dict[str, Any] = {"__key__": key}
@@ -308,7 +325,7 @@ def _split_uri(uri: str) -> tuple[str, str]:
 def run_boto3(ctx: Context) -> Recorder:
     s = ctx.settings
     samples = [(x.key, [(f.name, *_split_uri(f.uri)) for f in x.fields]) for x in ctx.dataset.samples]
-    ds = Boto3Dataset(samples, ctx.endpoint, s.region)
+    ds = Boto3Dataset(samples, ctx.access)
     rec = ctx.recorder()
 
     def epoch_loader(epoch: int) -> DataLoader[Any]:
@@ -322,9 +339,7 @@ def run_boto3(ctx: Context) -> Recorder:
 
 def _s5cmd_argv(ctx: Context, *args: str, json_lines: bool = True) -> list[str]:
     argv = [ctx.s5cmd] + (["--json"] if json_lines else []) + ["--retry-count", "3"]
-    if ctx.endpoint:
-        argv += ["--endpoint-url", ctx.endpoint]
-    return argv + list(args)
+    return argv + ctx.access.s5cmd_flags() + list(args)
 
 
 def _s5cmd_env() -> dict[str, str]:
@@ -426,12 +441,12 @@ def _remove(paths: list[str]) -> None:
 
 
 def run_s5cmd_run(ctx: Context) -> Recorder:
-    """The command files s5loader writes, run by s5cmd (``buffers`` in flight, as the sampler
+    """The command files s5loader writes, run by s5cmd (``calls_in_flight`` at once, as the sampler
     does) into tmpfs with no Python reading the files; each call's files are deleted after it."""
     s = ctx.settings
     spc = ctx.samples_per_call
     sampler = S5Sampler(ctx.dataset, shuffle=True, seed=s.seed, samples_per_call=spc,
-                        buffers=s.buffers, budget=s.budget, staging_dir=s.staging_dir)
+                        calls_in_flight=s.calls_in_flight, budget=s.budget, staging_dir=s.staging_dir)
     root = tempfile.mkdtemp(prefix="s5cmd-run-", dir=ctx.tmp_root)
     try:
         plan: list[tuple[int, str]] = []
@@ -463,7 +478,7 @@ def run_s5cmd_run(ctx: Context) -> Recorder:
                 # deleted by another thread, so that the next call starts at once
                 cleaner.submit(_remove, _run_s5cmd(argv, lambda line: done.line(ep, line), stop, rec))
 
-            with ThreadPoolExecutor(max_workers=s.buffers) as pool:
+            with ThreadPoolExecutor(max_workers=s.calls_in_flight) as pool:
                 for fut in [pool.submit(call, item) for item in plan]:
                     fut.result()
             done.flush()
@@ -593,6 +608,9 @@ def run_s3torchconnector(ctx: Context) -> Recorder:
     """AWS's connector: ``S3MapDataset.from_prefix`` through a DataLoader."""
     s = ctx.settings
     stc = import_peer("s3torchconnector")
+    if not s.plain_access:
+        raise SkipMethod("s3torchconnector is not given the access options (--no-sign-request, --profile, ...); "
+                         "run it without them to compare")
     config = stc.S3ClientConfig(force_path_style=True) if ctx.endpoint else None
     try:
         inner = stc.S3MapDataset.from_prefix(s.source, region=s.region, endpoint=ctx.endpoint,

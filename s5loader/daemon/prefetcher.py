@@ -12,12 +12,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from .._blocks import plan_blocks
 from .._index import GROUP_BY, Sample
 from .._order import Order
 from .._platform import require_linux
 from .._s5cmd import S5cmd
 from .._uri import format_size
-from ..engine import Stager, StagerOptions
+from ..config import Access, StagingOptions
+from ..engine import Stager
 from ..exceptions import ConfigError, DaemonError
 from ..staging.area import StagingArea
 from .epochs import EpochSamples, index_fingerprint
@@ -43,22 +45,26 @@ log = logging.getLogger(__name__)
 class PrefetchOptions:
     """What ``s5loader prefetch`` was asked to do (its command-line options).
 
-    The staging options (``budget``, ``samples_per_call``, ``buffers``, ``stall_timeout``,
-    ``retries``, ``on_error``, ``verify``) have the names, defaults and checks of
-    :class:`~s5loader.S5Sampler`'s: :meth:`stager_options` is the engine's one options object.
+    The staging options (``budget``, ``samples_per_call``, ``calls_in_flight``,
+    ``s5cmd_workers``, ``block_size``, ``stall_timeout``, ``retries``, ``on_error``,
+    ``verify``) have the names, defaults and checks of :class:`~s5loader.S5Sampler`'s:
+    :meth:`stager_options` is the one :class:`~s5loader.StagingOptions` object, and
+    ``shuffle`` takes ``True``, ``False`` or ``"block"`` as the sampler's does. ``access``
+    (with ``endpoint_url`` folded in) says how the store is reached.
     """
 
     source: str
     cache: str
     budget: int
     group_by: str = "stem"
-    shuffle: bool = False
+    shuffle: bool | str = False
     seed: int = 0
     epochs: int = 1
     endpoint_url: str | None = None
     samples_per_call: int = 1000
-    buffers: int = 2
-    numworkers: int = 256
+    calls_in_flight: int = 2
+    s5cmd_workers: int = 256
+    block_size: int = 64
     on_error: str = "raise"
     stall_timeout: float = 60.0
     retries: int = 3
@@ -66,21 +72,31 @@ class PrefetchOptions:
     fresh: bool = False
     json_log: str | None = None
     progress: bool | None = None  # None: a bar when stderr is a terminal
+    access: Access | None = None
 
     def __post_init__(self) -> None:
         if self.group_by not in GROUP_BY:
             raise ConfigError(f"group_by must be one of {', '.join(GROUP_BY)}; got {self.group_by!r}")
         if self.epochs < 1:
             raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
-        if self.numworkers < 1:
-            raise ConfigError(f"numworkers must be >= 1, got {self.numworkers}")
+        if self.shuffle not in (True, False, "block"):
+            raise ConfigError(f"shuffle must be True, False or 'block', got {self.shuffle!r}")
+        object.__setattr__(self, "access", Access.coerce(self.access, self.endpoint_url))
         self.stager_options()  # checks the staging options as the sampler's are checked
 
-    def stager_options(self) -> StagerOptions:
-        return StagerOptions(
+    @property
+    def store(self) -> Access:
+        """How the store is reached (``access`` with ``endpoint_url`` folded in)."""
+        assert self.access is not None
+        return self.access
+
+    def stager_options(self) -> StagingOptions:
+        return StagingOptions(
             budget=self.budget,
             samples_per_call=self.samples_per_call,
-            buffers=self.buffers,
+            calls_in_flight=self.calls_in_flight,
+            s5cmd_workers=self.s5cmd_workers,
+            block_size=self.block_size,
             stall_timeout=self.stall_timeout,
             retries=self.retries,
             on_error=self.on_error,
@@ -154,12 +170,16 @@ class Prefetcher:
         if self.opts.fresh:
             wipe(self.cache)
             old = None
-        samples, endpoint = self._index()
+        samples, listing = self._index()
         order = Order(self.opts.shuffle, self.opts.seed, 1, 0, False)
-        self._view = EpochSamples(samples, order, self.opts.epochs)
+        units = None
+        if self.opts.shuffle == "block":
+            units = plan_blocks(samples, self.opts.block_size, listing).units
+        self._view = EpochSamples(samples, order, self.opts.epochs, units, self.opts.samples_per_call)
         state = DaemonState(
             self.opts.source, self.opts.group_by, self.opts.shuffle, self.opts.seed,
             self.opts.epochs, len(samples), index_fingerprint(samples), run=secrets.token_hex(8),
+            block_size=self.opts.block_size if units is not None else None,
         )
         if old is not None:
             diff = old.differences(state)
@@ -179,32 +199,32 @@ class Prefetcher:
         if state.delivered < len(self._view):
             remove_end(self.cache)
         state.save(self._state_path)
-        self._open_stager(samples, endpoint)
+        self._open_stager()
         return self
 
-    def _index(self) -> tuple[Sequence[Sample], str | None]:
+    def _index(self) -> tuple[Sequence[Sample], Sequence[str] | None]:
         from ..dataset import S5Dataset
 
-        src, ep, gb = self.opts.source, self.opts.endpoint_url, self.opts.group_by
+        src, store, gb = self.opts.source, self.opts.store, self.opts.group_by
         if src.startswith("s3://") and not src.endswith((".jsonl", ".json")):
-            ds = S5Dataset.from_prefix(src, endpoint_url=ep, group_by=gb)
+            ds = S5Dataset.from_prefix(src, access=store, group_by=gb)
         else:
-            ds = S5Dataset.from_manifest(src, endpoint_url=ep, group_by=gb)
+            ds = S5Dataset.from_manifest(src, access=store, group_by=gb)
         log.info("%s: %d samples, %s", src, len(ds), format_size(ds.total_bytes))
-        return ds.samples, ds.endpoint_url
+        return ds.samples, ds._listing
 
-    def _open_stager(self, samples: Sequence[Sample], endpoint: str | None) -> None:
+    def _open_stager(self) -> None:
         assert self._view is not None and self._state is not None
         staging = os.path.join(self.cache, STAGING_DIR)
         os.makedirs(staging, exist_ok=True)
         self._area = StagingArea(staging)
         self._area.create()
         options = self.opts.stager_options()
-        s5 = S5cmd(endpoint, numworkers=self.opts.numworkers)
+        s5 = S5cmd(access=self.opts.store, numworkers=options.s5cmd_workers)
         order = range(self._state.delivered, len(self._view))
         self._stager = Stager(
             self._view, order, self._area, s5, options,
-            is_released=self._ledger.is_released, endpoint_url=endpoint,
+            is_released=self._ledger.is_released, endpoint_url=self.opts.store,
         )
         for seq, size in self._ledger.items():
             self._stager.hold(seq, size)

@@ -2,7 +2,7 @@
 
 A background thread walks an ordered list of sample indices, cuts it into calls of at most
 ``samples_per_call`` samples that fit the byte budget (:mod:`.budget`), plans each call's
-command lines (:mod:`.plan`), keeps ``buffers`` ``s5cmd run`` processes in flight and routes
+command lines (:mod:`.plan`), keeps ``calls_in_flight`` ``s5cmd run`` processes in flight and routes
 their output to samples as it comes (:mod:`.calls`), so a sample is ready as soon as its last
 file is staged. What fails goes to the retry policy (:mod:`.retry`); hung copies and stalled
 calls are found by the watchdog (:mod:`.watchdog`); keys no command file can carry are fetched
@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from .. import _s5cmd
 from .._blocks import Layout
 from .._index import Field, Sample
+from ..config import Access
 from ..exceptions import S5LoaderError
 from ..staging.area import StagingArea
 from ..staging.layout import ReleaseEvents, StagingLayout
@@ -65,7 +66,7 @@ class Stager:
         *,
         kept: set[int] | None = None,
         is_released: Callable[[int], bool] | None = None,
-        endpoint_url: str | None = None,
+        endpoint_url: Access | str | None = None,
         layout: Layout | None = None,
         windows: Sequence[int] | None = None,
     ) -> None:
@@ -199,7 +200,7 @@ class Stager:
         # The first calls are small (32, 64, 128, ... samples) so the first batch does not
         # wait for a whole call of samples_per_call to come in.
         spc = min(self.opts.samples_per_call, 32 << min(self.stats.calls, 20))
-        while len(self.calls) < self.opts.buffers:
+        while len(self.calls) < self.opts.calls_in_flight:
             retried = self.retries.take_due(time.monotonic(), spc)
             picked = list(retried)  # a retried sample still holds its budget
             in_call = {order[p] for p in picked}

@@ -161,3 +161,16 @@ def shuffle_quality(order: Sequence[int], unit_of: Sequence[int], span: int = 25
     scale = n / len(order)  # a rank's part spreads over the whole data set
     moved = sum(abs(pos * scale - i) for pos, i in enumerate(order)) / (len(order) * n)
     return ShuffleQuality(span, units, moved)
+
+
+# shuffle="block": the most samples a window holds (see block_window)
+WINDOW_CAP = 8192
+
+
+def block_window(budget: int, mean_sample_size: float, calls_in_flight: int) -> int:
+    """How many samples a ``shuffle="block"`` window holds: as many as ``calls_in_flight + 1`` windows
+    of average samples fit in ``budget`` (one being read, ``calls_in_flight`` being staged), at most
+    :data:`WINDOW_CAP`. A call stages a whole window, so a window the budget cannot hold
+    would be cut into calls that split its blocks; a smaller budget gives smaller windows."""
+    fits = int(budget // ((calls_in_flight + 1) * max(1.0, mean_sample_size)))
+    return max(1, min(WINDOW_CAP, fits))

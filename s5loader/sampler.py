@@ -16,8 +16,8 @@ from torch.utils.data import Sampler
 
 from ._blocks import plan_blocks
 from ._dist import rank_info
+from ._order import WINDOW_CAP, ShuffleQuality, block_window, shuffle_quality  # noqa: F401 (WINDOW_CAP)
 from ._order import Order as _Order
-from ._order import ShuffleQuality, shuffle_quality
 from ._platform import require_linux
 from ._resume import STATE_VERSION, check_state
 from ._s5cmd import S5cmd, write_command_file
@@ -35,18 +35,6 @@ log = logging.getLogger(__name__)
 # (all passes of the sampler so far) at least this long; a short run is not worth tuning.
 _STARVED_SHARE = 0.2
 _STARVED_MIN_RUN_S = 60.0
-
-# shuffle="block": the most samples a window holds (see block_window)
-WINDOW_CAP = 8192
-
-
-def block_window(budget: int, mean_sample_size: float, calls_in_flight: int) -> int:
-    """How many samples a ``shuffle="block"`` window holds: as many as ``calls_in_flight + 1`` windows
-    of average samples fit in ``budget`` (one being read, ``calls_in_flight`` being staged), at most
-    :data:`WINDOW_CAP`. A call stages a whole window, so a window the budget cannot hold
-    would be cut into calls that split its blocks; a smaller budget gives smaller windows."""
-    fits = int(budget // ((calls_in_flight + 1) * max(1.0, mean_sample_size)))
-    return max(1, min(WINDOW_CAP, fits))
 
 
 class S5Sampler(Sampler[int]):
@@ -484,7 +472,7 @@ class S5Sampler(Sampler[int]):
                      window, self._window)
             self._window = window
             if self._options.samples_per_call < window:
-                self._options = StagerOptions(**{**self._options.__dict__, "samples_per_call": window})
+                self._options = replace(self._options, samples_per_call=window)
         self._yielded = 0
         self._pass_len = None
         self._epoch_done = False

@@ -14,7 +14,7 @@ from typing import IO, Any
 
 from .._blocks import plan_blocks
 from .._index import GROUP_BY, Sample
-from .._order import Order
+from .._order import Order, block_window
 from .._platform import require_linux
 from .._s5cmd import S5cmd
 from .._uri import format_size
@@ -170,16 +170,18 @@ class Prefetcher:
         if self.opts.fresh:
             wipe(self.cache)
             old = None
-        samples, listing = self._index()
+        samples, listing, total = self._index()
         order = Order(self.opts.shuffle, self.opts.seed, 1, 0, False)
         units = None
         if self.opts.shuffle == "block":
             units = plan_blocks(samples, self.opts.block_size, listing).units
-        self._view = EpochSamples(samples, order, self.opts.epochs, units, self.opts.samples_per_call)
         state = DaemonState(
             self.opts.source, self.opts.group_by, self.opts.shuffle, self.opts.seed,
             self.opts.epochs, len(samples), index_fingerprint(samples), run=secrets.token_hex(8),
             block_size=self.opts.block_size if units is not None else None,
+            # as the sampler's windows; a restart keeps the saved one, whatever its budget
+            window=block_window(self.opts.budget, total / max(1, len(samples)),
+                                self.opts.calls_in_flight) if units is not None else None,
         )
         if old is not None:
             diff = old.differences(state)
@@ -191,6 +193,7 @@ class Prefetcher:
             state = old
             state.run = state.run or secrets.token_hex(8)  # a state from before runs were named
         self._state = state
+        self._view = EpochSamples(samples, order, self.opts.epochs, units, state.window or self.opts.samples_per_call)
         recover_pending(state, self._state_path)
         check_cache_budget(samples, self.opts.budget, self.opts.epochs, self.cache, adopt_delivered(self.cache, self._ledger))
         self._start = state.delivered
@@ -202,7 +205,7 @@ class Prefetcher:
         self._open_stager()
         return self
 
-    def _index(self) -> tuple[Sequence[Sample], Sequence[str] | None]:
+    def _index(self) -> tuple[Sequence[Sample], Sequence[str] | None, int]:
         from ..dataset import S5Dataset
 
         src, store, gb = self.opts.source, self.opts.store, self.opts.group_by
@@ -211,7 +214,7 @@ class Prefetcher:
         else:
             ds = S5Dataset.from_manifest(src, access=store, group_by=gb)
         log.info("%s: %d samples, %s", src, len(ds), format_size(ds.total_bytes))
-        return ds.samples, ds._listing
+        return ds.samples, ds._listing, ds.total_bytes
 
     def _open_stager(self) -> None:
         assert self._view is not None and self._state is not None

@@ -122,6 +122,7 @@ class DaemonState:
     done: bool = False
     run: str = ""
     block_size: int | None = None  # with shuffle "block": the blocks' most samples
+    window: int | None = None  # with shuffle "block": the windows' most samples (kept on restart)
 
     IDENTITY = ("version", "source", "group_by", "shuffle", "seed", "epochs", "samples", "index", "block_size")
 

@@ -349,7 +349,16 @@ class Prefetcher:
         st, stager = self._state, self._stager
         assert st is not None and stager is not None
         reserved = stager.reserved
+        per_epoch = max(1, self.summary.total // max(1, self.opts.epochs))
+        starving = time.monotonic() - self._starving if self._starving else 0.0
+        # The figures S5Sampler.metrics() gives, for this run of the daemon (positions count
+        # on across epochs), then the daemon's own.
+        metrics = stager.metrics(
+            epoch=min(st.delivered // per_epoch, self.opts.epochs - 1), position=st.delivered,
+            samples=self.summary.total, waited_s=self.summary.starved_s + starving,
+        )
         return {
+            **metrics.as_dict(),
             "delivered": st.delivered,
             "consumed": self._consumed(),
             "in_cache": self._ledger.count,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import json
 import logging
 import sys
@@ -21,7 +20,6 @@ class ProgressReporter:
         self.bar = bar
         self.json_out = json_out
         self._last = 0.0
-        self._rates: collections.deque[tuple[float, int]] = collections.deque(maxlen=20)
         self._drawn = False
         self.bar_filter: logging.Filter | None = None
 
@@ -36,9 +34,6 @@ class ProgressReporter:
         if not force and now - self._last < (0.25 if self.bar else 1.0):
             return
         self._last = now
-        self._rates.append((now, snap["fetched_bytes"]))
-        t0, b0 = self._rates[0]
-        snap["mb_s"] = round((snap["fetched_bytes"] - b0) / (now - t0) / 1e6, 2) if now > t0 else 0.0
         if self.bar:
             self._draw(snap)
         self.event("progress", **snap)

@@ -22,7 +22,7 @@ from ..exceptions import ConfigError, DaemonError
 from ..staging.area import StagingArea
 from .epochs import EpochSamples, index_fingerprint
 from .progress import ProgressReporter, open_reporter
-from .protocol import END_MARKER, STAGING_DIR, STATE_FILE, sample_folder_name
+from .protocol import END_MARKER, KEY_FILE, STAGING_DIR, STATE_FILE, sample_folder_name
 from .state import (
     CacheLock,
     DaemonState,
@@ -128,6 +128,7 @@ class Prefetcher:
         self._last_starve_log = 0.0
         self._last_starve_check = 0.0
         self._start = 0
+        self._key_clash_warned = False
         self.summary = Summary()
 
     # -- opening ----------------------------------------------------------------------------
@@ -314,6 +315,7 @@ class Prefetcher:
         sample = view[seq]
         name = sample_folder_name(seq, sample.key)
         src, dst = area.sample_dir(seq), os.path.join(self.cache, name)
+        self._write_key(src, sample)
         # the one write of this delivery: a restart completes the rename if it did not happen
         st.delivered, st.pending = seq + 1, {"seq": seq, "from": src, "to": dst}
         st.save(self._state_path)
@@ -325,6 +327,19 @@ class Prefetcher:
         if self._starving:
             self.summary.starved_s += time.monotonic() - self._starving
             self._starving = 0.0
+
+    def _write_key(self, folder: str, sample: Sample) -> None:
+        """The sample's full key into its folder, before the folder is renamed into place (a
+        control file of a few bytes, not counted in the budget)."""
+        if any(f.name == KEY_FILE for f in sample.fields):
+            if not self._key_clash_warned:
+                self._key_clash_warned = True
+                log.warning(
+                    "sample %r has a field named %s; its folders carry no %s file", sample.key, KEY_FILE, KEY_FILE
+                )
+            return
+        with open(os.path.join(folder, KEY_FILE), "w", encoding="utf-8") as f:
+            f.write(sample.key)
 
     def _skip(self, seq: int) -> None:
         st, view = self._state, self._view

@@ -34,6 +34,8 @@ from .exceptions import (
     StateError,
     UnsafeArchiveError,
 )
+from .metrics import Metrics, log_metrics
+from .prefetch import Prefetcher
 from .sampler import S5Sampler
 
 __version__ = "0.1.0"
@@ -45,6 +47,9 @@ __all__ = [
     "dcp",
     "fetch",
     "consume",
+    "Metrics",
+    "log_metrics",
+    "Prefetcher",
     "parse_size",
     "find_s5cmd",
     "S5LoaderError",

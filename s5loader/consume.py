@@ -24,7 +24,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -133,6 +133,7 @@ def consume(
     poll_interval: float = 0.05,
     timeout: float | None = None,
     delete: bool = True,
+    finished: Callable[[], bool] | None = None,
 ) -> Iterator[ReadySample]:
     """Yield the samples a prefetch daemon delivers into ``cache``, in order, until its end.
 
@@ -156,6 +157,9 @@ def consume(
             seconds; None (default) waits for ever.
         delete: delete each sample when the loop moves on (False leaves that to you; the
             daemon refills only what is deleted).
+        finished: asked while no sample is ready: True ends the iteration (the producer has
+            ended, so nothing more will come); an exception from it propagates (the
+            producer failed). :class:`~s5loader.Prefetcher` passes its daemon's state.
 
     Yields:
         :class:`ReadySample`: the folder path and the paths of its files.
@@ -190,7 +194,7 @@ def consume(
             continue
         if names:
             continue  # the folder vanished between listing and reading: look again
-        if ended:
+        if ended or (finished is not None and finished() and not ready_names(cache)):
             return
         if timeout is not None and time.monotonic() - since > timeout:
             why = (

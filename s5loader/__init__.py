@@ -36,6 +36,7 @@ from .exceptions import (
 )
 from .metrics import Metrics, log_metrics
 from .prefetch import Prefetcher
+from .progress import Progress
 from .sampler import S5Sampler
 
 __version__ = "0.1.0"
@@ -50,6 +51,7 @@ __all__ = [
     "Metrics",
     "log_metrics",
     "Prefetcher",
+    "Progress",
     "parse_size",
     "find_s5cmd",
     "S5LoaderError",

@@ -41,8 +41,7 @@ from typing import Any
 
 import psutil
 
-from s5loader import ConfigError, S5Dataset, find_s5cmd, parse_size
-from s5loader.progress import Progress
+from s5loader import ConfigError, Progress, S5Dataset, find_s5cmd, parse_size
 
 from .methods import INSTALL_HINT, METHODS, Context, Figures, Settings, measure, shards_prefix
 from .proxy import ProxyProcess

@@ -64,7 +64,10 @@ class Metrics:
 
     def as_dict(self) -> dict[str, Any]:
         """The fields as a dict (for JSON, or a logger's ``add_scalars``)."""
-        return dataclasses.asdict(self)
+        return {name: getattr(self, name) for name in _FIELDS}
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(Metrics))
 
 
 class Throughput:

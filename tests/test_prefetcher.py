@@ -4,6 +4,8 @@ folder carries: the folder name keeps only a shortened, file-name-safe form of t
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import psutil
 import pytest
@@ -65,3 +67,16 @@ def test_prefetcher_that_cannot_start_names_the_source(moto: Store, tmp_path) ->
     with pytest.raises(DaemonError, match=r"s3://nosuchbucket/x/.*exited with code 1.*nosuchbucket"):
         with Prefetcher("s3://nosuchbucket/x/", cache=tmp_path / "c", budget=1000, endpoint_url=moto.endpoint):
             pass
+
+
+def test_close_kills_a_daemon_that_ignores_sigterm(tmp_path) -> None:
+    p = Prefetcher("s3://b/p/", cache=tmp_path / "c", budget=1000, stop_timeout=0.2)
+    # stands in for a daemon stuck in a system call: it ignores SIGTERM
+    p.proc = subprocess.Popen(
+        [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+         "print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE)
+    assert p.proc.stdout is not None and p.proc.stdout.readline() == b"ready\n"
+    p.close()
+    assert p.proc.returncode == -9
+    p.close()  # twice is fine
+    p.proc.stdout.close()

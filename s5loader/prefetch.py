@@ -49,8 +49,9 @@ class Prefetcher:
         source: ``s3://bucket/prefix/`` or a JSON Lines manifest (local path or s3 URI).
         cache: the cache directory (created if needed; empty, or a cache of this source).
         budget: most bytes in the cache (``"2GiB"``, ``"500MB"`` or an int).
-        group_by, shuffle, seed, epochs, endpoint_url, samples_per_call, buffers, retries,
-            stall_timeout, on_error, verify, fresh: the daemon's options of the same names.
+        group_by, shuffle, seed, epochs, endpoint_url, samples_per_call, buffers, numworkers,
+            retries, stall_timeout, on_error, verify, fresh: the daemon's options of the same
+            names (None: the daemon's default).
         extra_args: more command-line options for ``s5loader prefetch``, passed as they are.
         start_timeout: seconds to wait for the daemon to run (listing a large prefix takes
             a while).
@@ -75,6 +76,7 @@ class Prefetcher:
         endpoint_url: str | None = None,
         samples_per_call: int | None = None,
         buffers: int | None = None,
+        numworkers: int | None = None,
         retries: int | None = None,
         stall_timeout: float | None = None,
         on_error: str = "raise",
@@ -93,6 +95,7 @@ class Prefetcher:
                 "--seed", str(int(seed)), "--epochs", str(int(epochs)), "--on-error", on_error, "--no-progress"]
         for flag, value in (
             ("--endpoint-url", endpoint_url), ("--samples-per-call", samples_per_call), ("--buffers", buffers),
+            ("--numworkers", numworkers),
             ("--retries", retries), ("--stall-timeout", stall_timeout),
         ):
             if value is not None:

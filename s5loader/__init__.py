@@ -35,6 +35,9 @@ from .exceptions import (
     StateError,
     UnsafeArchiveError,
 )
+from .metrics import Metrics, log_metrics
+from .prefetch import Prefetcher
+from .progress import Progress
 from .sampler import S5Sampler
 
 __version__ = "0.1.0"
@@ -48,6 +51,10 @@ __all__ = [
     "dcp",
     "fetch",
     "consume",
+    "Metrics",
+    "log_metrics",
+    "Prefetcher",
+    "Progress",
     "parse_size",
     "find_s5cmd",
     "S5LoaderError",

@@ -24,6 +24,7 @@ from .exceptions import (
     ObjectNotFoundError,
     S5LoaderError,
 )
+from .progress import Progress
 
 if TYPE_CHECKING:
     from ._compact import SampleIndex
@@ -93,6 +94,7 @@ def group(
 
 LIST_ATTEMPTS = 4
 _PAGE = 1000  # keys per LIST response (the S3 maximum, which s5cmd asks for)
+_PROGRESS_DELAY = 1.0  # seconds of listing before its progress shows
 
 
 def index_prefix(prefix: str, s5cmd: S5cmd, group_by: str) -> SampleIndex:
@@ -109,28 +111,38 @@ def index_prefix(prefix: str, s5cmd: S5cmd, group_by: str) -> SampleIndex:
 
     uri = parse_s3_uri(prefix)
     start = time.monotonic()
-    for attempt in range(1, LIST_ATTEMPTS + 1):
-        builder = IndexBuilder(group_by, base=uri.key, source=prefix, listing=True)
-        seen = 0
-        how = "s5cmd ls"
-        try:
+    # A large listing shows a counter on a terminal, a log line every few seconds elsewhere;
+    # one that takes under a second shows nothing.
+    progress = Progress(f"listing {prefix}", delay=_PROGRESS_DELAY, logger=log, final_line=False)
+    with progress:
+        for attempt in range(1, LIST_ATTEMPTS + 1):
+            builder = IndexBuilder(group_by, base=uri.key, source=prefix, listing=True)
+            seen = 0
+            how = "s5cmd ls"
             try:
-                for obj in s5cmd.list(str(uri)):
-                    builder.add(obj.uri, obj.key, obj.size, obj.etag)
-                    seen += 1
-            except _GlobInPrefix:
-                how = "the S3 API (s5cmd ls reads '*?[' in a prefix as wildcards)"
-                for obj in _list_boto3(uri.bucket, uri.key, s5cmd.settings):
-                    builder.add(obj.uri, obj.key, obj.size, obj.etag)
-                    seen += 1
-        except FetchError as exc:
-            if attempt == LIST_ATTEMPTS:
-                raise FetchError(f"cannot list {prefix} ({attempt} attempts): {exc}") from exc
-            delay = 0.5 * 2 ** (attempt - 1)
-            log.warning("listing %s failed after %d object(s) (%s); listing again in %.1fs", prefix, seen, exc, delay)
-            time.sleep(delay)
-            continue
-        break
+                try:
+                    for obj in s5cmd.list(str(uri)):
+                        builder.add(obj.uri, obj.key, obj.size, obj.etag)
+                        seen += 1
+                        if not seen % _PAGE:
+                            progress.set(seen)
+                except _GlobInPrefix:
+                    how = "the S3 API (s5cmd ls reads '*?[' in a prefix as wildcards)"
+                    for obj in _list_boto3(uri.bucket, uri.key, s5cmd.settings):
+                        builder.add(obj.uri, obj.key, obj.size, obj.etag)
+                        seen += 1
+                        if not seen % _PAGE:
+                            progress.set(seen)
+            except FetchError as exc:
+                if attempt == LIST_ATTEMPTS:
+                    raise FetchError(f"cannot list {prefix} ({attempt} attempts): {exc}") from exc
+                delay = 0.5 * 2 ** (attempt - 1)
+                progress.clear()
+                log.warning("listing %s failed after %d object(s) (%s); listing again in %.1fs", prefix, seen, exc, delay)
+                time.sleep(delay)
+                continue
+            break
+        progress.set(seen)
     if not seen:
         raise EmptySourceError(f"no object under {prefix}")
     listed = time.monotonic() - start

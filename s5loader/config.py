@@ -205,6 +205,23 @@ class Access:
             addressing_style=args.addressing_style,
         )
 
+    def to_args(self) -> list[str]:
+        """The flags :meth:`add_arguments` added that give these settings (the inverse of
+        :meth:`from_args`), for running ``s5loader`` commands from Python."""
+        argv = ["--endpoint-url", self.endpoint_url] if self.endpoint_url else []
+        for flag, value in (("--profile", self.profile), ("--credentials-file", self.credentials_file),
+                            ("--region", self.region)):
+            if value:
+                argv += [flag, value]
+        argv += [flag for flag, on in (
+            ("--no-sign-request", self.anonymous), ("--no-verify-ssl", not self.verify_ssl),
+            ("--use-list-objects-v1", self.list_objects_v1)) if on]
+        if self.requester_pays:
+            argv += ["--request-payer", "requester"]
+        if self.addressing_style != "auto":
+            argv += ["--addressing-style", self.addressing_style]
+        return argv
+
 
 def _positive_int(name: str, value: Any) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

@@ -46,6 +46,7 @@ from .exceptions import (
     StagingSpaceError,
     UnsafeArchiveError,
 )
+from .progress import Progress
 from .staging.area import free_bytes, register_cleanup
 
 log = logging.getLogger(__name__)
@@ -479,7 +480,6 @@ def _fetch_extract(
 def main(argv: list[str]) -> int:
     """``s5loader fetch SOURCE [SOURCE ...] DEST [--verify] [--extract] [--budget SIZE]``."""
     import argparse
-    import sys
 
     from ._args import positive_int, size_arg
 
@@ -498,12 +498,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--part-size", type=size_arg, default=None, help="bytes per part (default: per object, 5 to 32 MiB)")
     args = p.parse_args(argv)
     logging.getLogger("botocore").setLevel(logging.WARNING)
-    bar = _Bar(sys.stderr)
+    bar = Progress(f"fetching into {args.dest}", unit="bytes", final_line=False)  # main() prints the last line
     result = fetch(
         args.sources, args.dest, verify=args.verify, extract=args.extract, budget=args.budget,
         access=Access.from_args(args), concurrency=args.concurrency, part_size=args.part_size, progress=bar,
     )
-    bar.end()
+    bar.close()
     rate = result.bytes / result.seconds / 1e6 if result.seconds else 0.0
     line = (
         f"fetched {result.objects} objects, {format_size(result.bytes)} in {result.seconds:.1f} s "
@@ -519,36 +519,3 @@ def main(argv: list[str]) -> int:
         )
     print(line)
     return 0
-
-
-class _Bar:
-    """A progress bar on a terminal; a line every 5 seconds otherwise."""
-
-    def __init__(self, stream: Any) -> None:
-        self.stream = stream
-        self.tty = bool(getattr(stream, "isatty", lambda: False)())
-        self.t0 = self.last = time.monotonic()
-        self.drawn = False
-
-    def __call__(self, done: int, total: int) -> None:
-        now = time.monotonic()
-        rate = done / max(now - self.t0, 1e-9) / 1e6
-        pct = 100.0 * done / total if total else 100.0
-        if self.tty:
-            width = 30
-            fill = int(width * pct / 100)
-            self.stream.write(
-                f"\r[{'#' * fill}{'.' * (width - fill)}] {pct:5.1f}% {format_size(done)} / "
-                f"{format_size(total)} {rate:.0f} MB/s "
-            )
-            self.stream.flush()
-            self.drawn = True
-        elif now - self.last >= 5.0:
-            self.last = now
-            self.stream.write(f"{pct:.1f}% {format_size(done)} / {format_size(total)} {rate:.0f} MB/s\n")
-            self.stream.flush()
-
-    def end(self) -> None:
-        if self.drawn:
-            self.stream.write("\n")
-            self.stream.flush()

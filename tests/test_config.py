@@ -139,3 +139,23 @@ def test_missing_profile_is_a_config_error(tmp_path: Path) -> None:
     creds.write_text("[other]\naws_access_key_id = A\naws_secret_access_key = B\n")
     with pytest.raises(ConfigError, match="profile 'nope'"):
         make_boto3_client(Access("http://127.0.0.1:9", profile="nope", credentials_file=str(creds)))
+
+
+def test_access_to_args_round_trips_and_reaches_the_prefetcher(tmp_path: Path) -> None:
+    from s5loader import Prefetcher
+
+    creds = tmp_path / "credentials"
+    creds.write_text("[p]\naws_access_key_id = a\naws_secret_access_key = b\n")
+    access = Access(endpoint_url="http://127.0.0.1:9", profile="p", credentials_file=str(creds), region="eu-west-1",
+                    requester_pays=True, verify_ssl=False, list_objects_v1=True, addressing_style="path")
+    parser = build_parser()
+    args = parser.parse_args(["s3://b/p/", "--cache", "c", "--budget", "1", *access.to_args()])
+    assert Access.from_args(args) == access
+    assert Access.from_args(parser.parse_args(["s3://b/p/", "--cache", "c", "--budget", "1", *Access(anonymous=True).to_args()])) \
+        == Access(anonymous=True)
+    p = Prefetcher("s3://b/p/", cache=tmp_path / "c", budget=1000, access=access, shuffle="block", block_size=8,
+                   calls_in_flight=3, s5cmd_workers=16)
+    opts = options_from_args(parser.parse_args(p.argv))
+    assert (opts.store, opts.shuffle, opts.block_size, opts.calls_in_flight, opts.s5cmd_workers) == (access, "block", 8, 3, 16)
+    with pytest.raises(ConfigError, match="shuffle"):
+        Prefetcher("s3://b/p/", cache=tmp_path / "c", budget=1000, shuffle="blocks")

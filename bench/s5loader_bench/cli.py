@@ -41,7 +41,7 @@ from typing import Any
 
 import psutil
 
-from s5loader import Access, ConfigError, S5Dataset, find_s5cmd, parse_size
+from s5loader import Access, ConfigError, Progress, S5Dataset, find_s5cmd, parse_size
 
 from .methods import INSTALL_HINT, METHODS, Context, Figures, Settings, measure, shards_prefix
 from .proxy import ProxyProcess
@@ -160,33 +160,6 @@ def _endpoint(given: str | None) -> str | None:
 
 
 # -- generating the toy data set ----------------------------------------------------------
-class Progress:
-    """A one-line progress bar on stderr."""
-
-    def __init__(self, total: int, label: str, width: int = 30) -> None:
-        self.total, self.label, self.width = max(total, 1), label, width
-        self.done = 0
-        self.t0 = time.monotonic()
-        self._last = 0.0
-
-    def update(self, n: int = 1, force: bool = False) -> None:
-        self.done += n
-        now = time.monotonic()
-        if not force and now - self._last < 0.1 and self.done < self.total:
-            return
-        self._last = now
-        filled = int(self.width * min(self.done, self.total) / self.total)
-        rate = self.done / max(now - self.t0, 1e-9)
-        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (self.width - filled)}] "
-                         f"{self.done}/{self.total} objects, {rate:.0f}/s ")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        self.update(0, force=True)
-        sys.stderr.write("\n")
-        sys.stderr.flush()
-
-
 def _s5cmd_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("AWS_REGION", env.get("AWS_DEFAULT_REGION") or "us-east-1")
@@ -247,7 +220,7 @@ def generate(source: str, n: int, *, sample_size: int = 100_000, label_size: int
             total_bytes += len(image) + len(label)
         if tar is not None:
             tar.close()
-        progress = Progress(2 * n + n_shards, f"uploading to {source}")
+        progress = Progress(f"uploading to {source}", 2 * n + n_shards)
         dest = source if source.endswith("/") else source + "/"
         upload(os.path.join(sdir, "*"), dest, endpoint, progress)
         upload(os.path.join(tdir, "*"), shards, endpoint, progress)

@@ -24,7 +24,7 @@ from ..exceptions import ConfigError, DaemonError
 from ..staging.area import StagingArea
 from .epochs import EpochSamples, index_fingerprint
 from .progress import ProgressReporter, open_reporter
-from .protocol import END_MARKER, STAGING_DIR, STATE_FILE, sample_folder_name
+from .protocol import END_MARKER, KEY_FILE, STAGING_DIR, STATE_FILE, sample_folder_name
 from .state import (
     CacheLock,
     DaemonState,
@@ -144,6 +144,7 @@ class Prefetcher:
         self._last_starve_log = 0.0
         self._last_starve_check = 0.0
         self._start = 0
+        self._key_clash_warned = False
         self.summary = Summary()
 
     # -- opening ----------------------------------------------------------------------------
@@ -337,6 +338,7 @@ class Prefetcher:
         sample = view[seq]
         name = sample_folder_name(seq, sample.key)
         src, dst = area.sample_dir(seq), os.path.join(self.cache, name)
+        self._write_key(src, sample)
         # the one write of this delivery: a restart completes the rename if it did not happen
         st.delivered, st.pending = seq + 1, {"seq": seq, "from": src, "to": dst}
         st.save(self._state_path)
@@ -348,6 +350,19 @@ class Prefetcher:
         if self._starving:
             self.summary.starved_s += time.monotonic() - self._starving
             self._starving = 0.0
+
+    def _write_key(self, folder: str, sample: Sample) -> None:
+        """The sample's full key into its folder, before the folder is renamed into place (a
+        control file of a few bytes, not counted in the budget)."""
+        if any(f.name == KEY_FILE for f in sample.fields):
+            if not self._key_clash_warned:
+                self._key_clash_warned = True
+                log.warning(
+                    "sample %r has a field named %s; its folders carry no %s file", sample.key, KEY_FILE, KEY_FILE
+                )
+            return
+        with open(os.path.join(folder, KEY_FILE), "w", encoding="utf-8") as f:
+            f.write(sample.key)
 
     def _skip(self, seq: int) -> None:
         st, view = self._state, self._view
@@ -372,7 +387,16 @@ class Prefetcher:
         st, stager = self._state, self._stager
         assert st is not None and stager is not None
         reserved = stager.reserved
+        per_epoch = max(1, self.summary.total // max(1, self.opts.epochs))
+        starving = time.monotonic() - self._starving if self._starving else 0.0
+        # The figures S5Sampler.metrics() gives, for this run of the daemon (positions count
+        # on across epochs), then the daemon's own.
+        metrics = stager.metrics(
+            epoch=min(st.delivered // per_epoch, self.opts.epochs - 1), position=st.delivered,
+            samples=self.summary.total, waited_s=self.summary.starved_s + starving,
+        )
         return {
+            **metrics.as_dict(),
             "delivered": st.delivered,
             "consumed": self._consumed(),
             "in_cache": self._ledger.count,

@@ -29,6 +29,7 @@ from ..staging.area import StagingArea
 from ..staging.layout import ReleaseEvents, StagingLayout
 from .budget import Budget
 from .calls import Call, Calls
+from .metrics import Metrics, Throughput
 from .options import StagerOptions, Stats
 from .plan import plan_call
 from .ready import SKIPPED, Readiness
@@ -89,6 +90,8 @@ class Stager:
         self._next = 0
         self._seq = 0
         self._fields_left: dict[int, int] = {}
+        self._objects_left = 0  # the sum of _fields_left, kept for the metrics
+        self.throughput = Throughput(time.monotonic())
         # Readers announce releases on the pass's FIFO; a consumer with a protocol of its own
         # (is_released) is asked instead.
         self.is_released = is_released or (lambda idx: not os.path.isdir(self.folders.sample_dir(idx)))
@@ -265,7 +268,9 @@ class Stager:
             folder = self.folders.sample_dir(idx)
             if os.path.lexists(folder):  # a retry: start the sample from scratch
                 shutil.rmtree(folder, ignore_errors=True)
+            self._forget(pos)
             self._fields_left[pos] = len(self.samples[idx].fields)
+            self._objects_left += len(self.samples[idx].fields)
         plan = plan_call(
             self.samples, self.order, positions, self.folders.sample_dir, self.layout,
             f"{self.area.path}/.c{self._seq}", single=set(self.retries.attempts), via_scratch=True,
@@ -293,17 +298,19 @@ class Stager:
         self.calls.pump(timeout, self._field_done, self._end_call, self.budget.on_events)
 
     def _forget(self, pos: int) -> None:
-        self._fields_left.pop(pos, None)
+        self._objects_left -= self._fields_left.pop(pos, 0)
 
     def _field_done(self, pos: int) -> None:
         if pos not in self._fields_left:
             return  # a late answer for a sample already retried or given up
         left = self._fields_left[pos] - 1
+        self._objects_left -= 1
         if left:
             self._fields_left[pos] = left
             return
         del self._fields_left[pos]
         self.stats.staged_samples += 1
+        self.throughput.add(time.monotonic(), self.stats.staged_bytes, self.stats.staged_samples)
         self.ready.mark(pos)
 
     def _discard(self, call: Call) -> None:
@@ -358,6 +365,43 @@ class Stager:
         # hold): the engine thread starts no new call, nor recreates folders, from now on.
         self._aborted = True
         self.calls.kill_now()
+
+    def metrics(self, *, epoch: int, position: int, samples: int | None = None, waited_s: float | None = None) -> Metrics:
+        """A snapshot of this pass (see :class:`~s5loader.engine.metrics.Metrics`), for any thread:
+        counters read without the engine's lock, one clock read.
+
+        Args:
+            epoch: the consumer's epoch.
+            position: positions the consumer has taken (or passed, when skipped).
+            samples: samples in the pass (default: the length of the order).
+            waited_s: the consumer's own starvation figure (default: the time spent in
+                :meth:`wait`, up to now if it waits now).
+        """
+        now = time.monotonic()
+        st, ready, budget = self.stats, self.ready, self.budget
+        fetched, staged = st.staged_bytes, st.staged_samples
+        mb_s, samples_s = self.throughput.rates(now, fetched, staged)
+        if waited_s is None:
+            since = ready.consumer_waiting
+            waited_s = st.wait_s + (now - since if since else 0.0)
+        running = self._running()
+        return Metrics(
+            epoch=epoch,
+            position=position,
+            samples=len(self.order) if samples is None else samples,
+            staged_bytes=budget.reserved,
+            budget=budget.limit,
+            ready_ahead=max(0, ready.n_ready - ready.n_taken),
+            calls_in_flight=len(self.calls) if running else 0,
+            objects_in_flight=max(0, self._objects_left) if running else 0,
+            mb_s=round(mb_s, 3),
+            samples_s=round(samples_s, 3),
+            waited_s=round(waited_s, 3),
+            retries=st.retries,
+            skips=len(st.skipped),
+            fetched_bytes=fetched,
+            fetched_samples=staged,
+        )
 
     @property
     def reserved(self) -> int:

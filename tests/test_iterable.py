@@ -4,6 +4,7 @@ resume through StatefulDataLoader, the byte budget; real s5cmd against local S3 
 from __future__ import annotations
 
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -90,6 +91,21 @@ def test_bad_options_and_states_are_config_and_state_errors(staging_root: str) -
     assert not os.path.exists(area)
 
 
+def test_from_shards_wraps_s5dataset_from_shards(staging_root: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    ds = S5Dataset([Sample(f"{i}", (Field("data", f"s3://b/{i}", 10, ""),)) for i in range(5)])
+    calls = []
+
+    def from_shards(source, **kw):  # type: ignore[no-untyped-def]
+        calls.append((source, kw))
+        return ds
+
+    monkeypatch.setattr(S5Dataset, "from_shards", from_shards, raising=False)
+    with S5IterableDataset.from_shards("s3://b/shard-{0..9}.tar", index="s3://b/i.json", staging_dir=staging_root,
+                                       seed=3) as it:
+        assert it.dataset is ds and it.seed == 3
+    assert calls == [("s3://b/shard-{0..9}.tar", {"index": "s3://b/i.json", "endpoint_url": None, "transform": None})]
+
+
 # -- the real path -------------------------------------------------------------------------
 def test_every_sample_once_per_epoch_with_0_and_2_workers(pairs, staging_root: str) -> None:  # type: ignore[no-untyped-def]
     store, source = pairs
@@ -102,12 +118,30 @@ def test_every_sample_once_per_epoch_with_0_and_2_workers(pairs, staging_root: s
         assert staged_bytes(staging_root) == 0  # every sample read was deleted
 
 
-def test_two_ranks_yield_equal_counts_and_cover_everything(pairs, staging_root: str) -> None:  # type: ignore[no-untyped-def]
+def test_a_worker_its_loader_stops_ends_quietly(pairs, staging_root: str) -> None:  # type: ignore[no-untyped-def]
+    # torch's SIGTERM handler in a worker (set in C) exits 0 when the loader stops it; the
+    # staging cleanup handler must not replace it, or every stop reads as a worker crash
+    store, _ = pairs
+    with make(store, staging_root, samples_per_call=2) as it:
+        stream = iter(DataLoader(it, batch_size=1, num_workers=1, collate_fn=collate))
+        next(stream)  # the worker's engine runs
+        worker = stream._workers[0]  # type: ignore[attr-defined]
+        os.kill(worker.pid, signal.SIGTERM)
+        worker.join(timeout=60)
+        assert worker.exitcode == 0
+        del stream
+
+
+def test_two_ranks_yield_equal_counts_and_cover_everything(pairs, staging_root: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     store, source = pairs  # 23 samples: uneven over 2 ranks
     for drop_last in (False, True):
         per_rank = []
         for rank in (0, 1):
-            with make(store, staging_root, num_replicas=2, rank=rank, drop_last=drop_last) as it:
+            # rank 0 by arguments; rank 1 as torchrun says it (the workers inherit the environment)
+            split = {"num_replicas": 2, "rank": 0} if rank == 0 else {}
+            monkeypatch.setenv("WORLD_SIZE", "2")
+            monkeypatch.setenv("RANK", str(rank))
+            with make(store, staging_root, drop_last=drop_last, **split) as it:
                 batches = list(DataLoader(it, batch_size=4, num_workers=2, collate_fn=collate))
                 per_rank.append(([s["__key__"] for b in batches for s in b], len(batches)))
         (a, na), (b, nb) = per_rank
@@ -134,12 +168,12 @@ def test_order_follows_seed_and_epoch(pairs, staging_root: str) -> None:  # type
     assert run(0, seed=4) != first  # the buffer draws
 
 
-@pytest.mark.parametrize("shuffle", [True, "block"])
-def test_mid_epoch_resume_through_stateful_dataloader_is_exact(pairs, staging_root: str, shuffle) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(("shuffle", "persistent"), [(True, False), ("block", True)])
+def test_mid_epoch_resume_through_stateful_dataloader_is_exact(pairs, staging_root: str, shuffle, persistent) -> None:  # type: ignore[no-untyped-def]
     store, source = pairs
 
     def loader(it: S5IterableDataset) -> StatefulDataLoader:
-        return StatefulDataLoader(it, batch_size=2, num_workers=2, collate_fn=collate)
+        return StatefulDataLoader(it, batch_size=2, num_workers=2, persistent_workers=persistent, collate_fn=collate)
 
     opts = {"shuffle": shuffle, "seed": 9, "shuffle_buffer": 4, "block_size": 4, "samples_per_call": 5}
     with make(store, staging_root, **opts) as it:

@@ -269,8 +269,8 @@ class S5IterableDataset(IterableDataset[Any]):
             )
             if saved != where:
                 raise StateError(
-                    f"a state saved mid-epoch by {saved} cannot resume {where}: resume with the same "
-                    "number of ranks and DataLoader workers"
+                    f"a state of {self.dataset.source or 'the data set'} saved mid-epoch by {saved} "
+                    f"cannot resume {where}: resume with the same number of ranks and DataLoader workers"
                 )
             order = Order(loaded["shuffle"], loaded["seed"], world, rank, loaded["drop_last"])
             buffer, epoch, start = loaded["shuffle_buffer"], loaded["epoch"], loaded["yielded"]
@@ -368,7 +368,10 @@ class S5IterableDataset(IterableDataset[Any]):
         Raises:
             StateError: the state does not fit this data set, or is not such a state.
         """
-        self._loaded = check_state(state, len(self.dataset))
+        try:
+            self._loaded = check_state(state, len(self.dataset))
+        except StateError as exc:
+            raise StateError(f"cannot resume {self.dataset.source or 'the data set'}: {exc}") from exc
         if self._loaded["complete"]:
             if not self._epoch_set:
                 self.epoch = self._loaded["epoch"] + 1

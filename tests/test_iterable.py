@@ -86,6 +86,9 @@ def test_bad_options_and_states_are_config_and_state_errors(staging_root: str) -
                               ({k: v for k, v in state.items() if k != "epoch"}, "epoch"), ([], "dict")):
             with pytest.raises(StateError, match=match):
                 it.load_state_dict(broken)  # type: ignore[arg-type]
+        it.load_state_dict({**state, "num_replicas": 2})
+        with pytest.raises(StateError, match="saved mid-epoch by rank 0 of 2, worker 0 of 1 cannot resume rank 0 of 1"):
+            iter(it)
         area = it._area.path
         assert os.path.isdir(area)
     assert not os.path.exists(area)

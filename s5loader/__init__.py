@@ -1,7 +1,8 @@
 """s5loader: feed PyTorch from S3 at the speed of the store, through a small local disk.
 
 ``S5Sampler`` stages samples ahead with the s5cmd binary into a bounded staging directory;
-``S5Dataset`` reads what was staged and deletes it.
+``S5Dataset`` reads what was staged and deletes it. ``S5IterableDataset`` streams an
+``S5Dataset`` without a sampler, the same number of samples on every rank.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from .exceptions import (
     StateError,
     UnsafeArchiveError,
 )
+from .iterable import S5IterableDataset
 from .metrics import Metrics, log_metrics
 from .prefetch import Prefetcher
 from .progress import Progress
@@ -44,6 +46,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "S5Dataset",
+    "S5IterableDataset",
     "S5Sampler",
     "Access",
     "StagingOptions",

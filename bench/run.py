@@ -129,7 +129,7 @@ def markdown(runs: dict[str, dict[str, Any]], info: dict[str, Any]) -> str:
         "",
         f"Data: {info['samples']} samples (a {info['sample_size']} `.image` of random bytes + a small `.label` each) in a local "
         f"SeaweedFS; batch size {s['batch_size']}, {s['num_workers']} DataLoader workers, "
-        f"samples_per_call {s['samples_per_call']}, buffers {s['buffers']}, "
+        f"samples_per_call {s['samples_per_call']}, calls_in_flight {s.get('calls_in_flight', s.get('buffers'))}, "
         + (f"{s['steps']} steps per method" if s.get("steps") else "one pass over the data set per method")
         + f"; the method list was run {s.get('repeat', 1)} times, interleaved, and each row is the repeat with "
         "the median samples/s (all repeats' samples/s are in the note and in latest.json).",
@@ -177,6 +177,9 @@ def readme_table(runs: dict[str, dict[str, Any]], delay_ms: float) -> str:
         rows.append(["of which s5cmd / training process / workers"] + [
             _cell(d.get(m), lambda r: " / ".join(f"{r['cpu_split_s_per_1k_samples'][k]:.2f}"
                                                  for k in ("s5cmd", "main", "workers"))) for m in methods])
+    if "direct" in by and any(r.get("blocks_per_256") is not None for r in by["direct"].values()):
+        rows.append(["shuffle: distinct blocks per 256 samples"] + [
+            _cell(by["direct"].get(m), lambda r: f"{r['blocks_per_256']:.0f}") for m in methods])
     for label in ("direct", "proxy"):
         counted = by.get(label, {})
         if any(r.get("requests") for r in counted.values()):

@@ -1,7 +1,8 @@
 """s5loader: feed PyTorch from S3 at the speed of the store, through a small local disk.
 
 ``S5Sampler`` stages samples ahead with the s5cmd binary into a bounded staging directory;
-``S5Dataset`` reads what was staged and deletes it.
+``S5Dataset`` reads what was staged and deletes it. ``S5IterableDataset`` streams an
+``S5Dataset`` without a sampler, the same number of samples on every rank.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from . import checkpoint, fetch
 from ._s5cmd import find_s5cmd
 from ._uri import parse_size
+from .config import Access, StagingOptions
 from .consume import consume
 from .dataset import S5Dataset
 from .exceptions import (
@@ -36,17 +38,28 @@ from .exceptions import (
     StateError,
     UnsafeArchiveError,
 )
+from .iterable import S5IterableDataset
+from .metrics import Metrics, log_metrics
+from .prefetch import Prefetcher
+from .progress import Progress
 from .sampler import S5Sampler
 
 __version__ = "0.1.0"
 
 __all__ = [
     "S5Dataset",
+    "S5IterableDataset",
     "S5Sampler",
+    "Access",
+    "StagingOptions",
     "checkpoint",
     "dcp",
     "fetch",
     "consume",
+    "Metrics",
+    "log_metrics",
+    "Prefetcher",
+    "Progress",
     "parse_size",
     "find_s5cmd",
     "S5LoaderError",

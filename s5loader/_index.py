@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ._s5cmd import ObjectInfo, S5cmd, _GlobInPrefix, resolve_endpoint
+from ._s5cmd import TLS_HINT, ObjectInfo, S5cmd, _GlobInPrefix
 from ._uri import parse_s3_uri
+from .config import Access
 from .exceptions import (
     AccessDeniedError,
     ConfigError,
@@ -24,6 +24,7 @@ from .exceptions import (
     ObjectNotFoundError,
     S5LoaderError,
 )
+from .progress import Progress
 
 if TYPE_CHECKING:
     from ._compact import SampleIndex
@@ -93,6 +94,7 @@ def group(
 
 LIST_ATTEMPTS = 4
 _PAGE = 1000  # keys per LIST response (the S3 maximum, which s5cmd asks for)
+_PROGRESS_DELAY = 1.0  # seconds of listing before its progress shows
 
 
 def index_prefix(prefix: str, s5cmd: S5cmd, group_by: str) -> SampleIndex:
@@ -109,28 +111,38 @@ def index_prefix(prefix: str, s5cmd: S5cmd, group_by: str) -> SampleIndex:
 
     uri = parse_s3_uri(prefix)
     start = time.monotonic()
-    for attempt in range(1, LIST_ATTEMPTS + 1):
-        builder = IndexBuilder(group_by, base=uri.key, source=prefix, listing=True)
-        seen = 0
-        how = "s5cmd ls"
-        try:
+    # A large listing shows a counter on a terminal, a log line every few seconds elsewhere;
+    # one that takes under a second shows nothing.
+    progress = Progress(f"listing {prefix}", delay=_PROGRESS_DELAY, logger=log, final_line=False)
+    with progress:
+        for attempt in range(1, LIST_ATTEMPTS + 1):
+            builder = IndexBuilder(group_by, base=uri.key, source=prefix, listing=True)
+            seen = 0
+            how = "s5cmd ls"
             try:
-                for obj in s5cmd.list(str(uri)):
-                    builder.add(obj.uri, obj.key, obj.size, obj.etag)
-                    seen += 1
-            except _GlobInPrefix:
-                how = "the S3 API (s5cmd ls reads '*?[' in a prefix as wildcards)"
-                for obj in _list_boto3(uri.bucket, uri.key, s5cmd.endpoint_url):
-                    builder.add(obj.uri, obj.key, obj.size, obj.etag)
-                    seen += 1
-        except FetchError as exc:
-            if attempt == LIST_ATTEMPTS:
-                raise FetchError(f"cannot list {prefix} ({attempt} attempts): {exc}") from exc
-            delay = 0.5 * 2 ** (attempt - 1)
-            log.warning("listing %s failed after %d object(s) (%s); listing again in %.1fs", prefix, seen, exc, delay)
-            time.sleep(delay)
-            continue
-        break
+                try:
+                    for obj in s5cmd.list(str(uri)):
+                        builder.add(obj.uri, obj.key, obj.size, obj.etag)
+                        seen += 1
+                        if not seen % _PAGE:
+                            progress.set(seen)
+                except _GlobInPrefix:
+                    how = "the S3 API (s5cmd ls reads '*?[' in a prefix as wildcards)"
+                    for obj in _list_boto3(uri.bucket, uri.key, s5cmd.settings):
+                        builder.add(obj.uri, obj.key, obj.size, obj.etag)
+                        seen += 1
+                        if not seen % _PAGE:
+                            progress.set(seen)
+            except FetchError as exc:
+                if attempt == LIST_ATTEMPTS:
+                    raise FetchError(f"cannot list {prefix} ({attempt} attempts): {exc}") from exc
+                delay = 0.5 * 2 ** (attempt - 1)
+                progress.clear()
+                log.warning("listing %s failed after %d object(s) (%s); listing again in %.1fs", prefix, seen, exc, delay)
+                time.sleep(delay)
+                continue
+            break
+        progress.set(seen)
     if not seen:
         raise EmptySourceError(f"no object under {prefix}")
     listed = time.monotonic() - start
@@ -154,29 +166,31 @@ def list_prefix(prefix: str, s5cmd: S5cmd) -> list[ObjectInfo]:
     try:
         objects = list(s5cmd.list(str(uri)))
     except _GlobInPrefix:
-        objects = list(_list_boto3(uri.bucket, uri.key, s5cmd.endpoint_url))
+        objects = list(_list_boto3(uri.bucket, uri.key, s5cmd.settings))
     if not objects:
         raise EmptySourceError(f"no object under {prefix}")
     return objects
 
 
-def index_objects(uris: Sequence[str], endpoint_url: str | None, group_by: str) -> SampleIndex:
+def index_objects(uris: Sequence[str], endpoint_url: Access | str | None, group_by: str) -> SampleIndex:
     """The given objects (one HEAD each for sizes and ETags), grouped."""
     return group(stat_objects(uris, endpoint_url), group_by, source="the object list")
 
 
-def _list_boto3(bucket: str, prefix: str, endpoint_url: str | None) -> Iterator[ObjectInfo]:
+def _list_boto3(bucket: str, prefix: str, access: Access | str | None) -> Iterator[ObjectInfo]:
     # s5cmd's ls reads '*', '?' and '[' in a prefix as wildcards; list such a prefix by API.
-    client = make_boto3_client(endpoint_url)
+    a = Access.coerce(access)
+    client = make_boto3_client(a)
+    api = "list_objects" if a.list_objects_v1 else "list_objects_v2"
     try:
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for page in client.get_paginator(api).paginate(Bucket=bucket, Prefix=prefix):
             for o in page.get("Contents", []):
                 yield ObjectInfo(f"s3://{bucket}/{o['Key']}", o["Key"], o["Size"], o["ETag"].strip('"'))
     except Exception as exc:  # botocore's errors: map them to ours
         raise boto3_error(exc, f"s3://{bucket}/{prefix}") from exc
 
 
-def stat_objects(uris: Sequence[str], endpoint_url: str | None) -> list[ObjectInfo]:
+def stat_objects(uris: Sequence[str], endpoint_url: Access | str | None) -> list[ObjectInfo]:
     """Sizes and ETags of individual objects, one HEAD each (for manifests without sizes).
 
     Raises:
@@ -194,18 +208,48 @@ def stat_objects(uris: Sequence[str], endpoint_url: str | None) -> list[ObjectIn
     return out
 
 
-def make_boto3_client(endpoint_url: str | None) -> Any:
-    """A boto3 S3 client for the endpoint, with the AWS credential chain."""
+def make_boto3_client(access: Access | str | None) -> Any:
+    """A boto3 S3 client for ``access`` (an :class:`Access`, or just an endpoint URL): the
+    same store, credentials, TLS and request options as the s5cmd calls get.
+
+    Raises:
+        ConfigError: the profile does not exist.
+    """
     import boto3
+    import botocore
+    import botocore.session
     from botocore.config import Config
 
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-    return boto3.session.Session().client(
+    a = Access.coerce(access)
+    core = botocore.session.Session()
+    if a.credentials_file:
+        core.set_config_variable("credentials_file", a.credentials_file)
+    try:
+        session = boto3.session.Session(botocore_session=core, profile_name=a.profile)
+    except botocore.exceptions.ProfileNotFound as exc:
+        raise ConfigError(f"profile {a.profile!r} is not in the AWS config or credentials files: {exc}") from exc
+    extra: dict[str, Any] = {}
+    if a.anonymous:
+        extra["signature_version"] = botocore.UNSIGNED
+    if a.addressing_style != "auto":
+        extra["s3"] = {"addressing_style": a.addressing_style}
+    if not a.verify_ssl:
+        a.warn_insecure()
+    client = session.client(
         "s3",
-        endpoint_url=resolve_endpoint(endpoint_url),
-        region_name=region,
-        config=Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=64),
+        endpoint_url=a.endpoint(),
+        region_name=a.region_name(),
+        verify=False if not a.verify_ssl else None,
+        config=Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=64, **extra),
     )
+    if a.requester_pays:
+        # On every request, those of download_file's transfer manager included.
+        client.meta.events.register("before-sign.s3", _request_payer)
+    return client
+
+
+def _request_payer(request: Any, **kwargs: Any) -> None:
+    request.headers["x-amz-request-payer"] = "requester"
 
 
 def boto3_error(exc: Exception, uri: str) -> S5LoaderError:
@@ -222,6 +266,8 @@ def boto3_error(exc: Exception, uri: str) -> S5LoaderError:
     if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "Forbidden"):
         return AccessDeniedError(msg)
     name = type(exc).__name__
+    if name == "SSLError" or "CERTIFICATE_VERIFY_FAILED" in str(exc):
+        return EndpointError(msg + TLS_HINT)
     if name == "NoCredentialsError":
         return AccessDeniedError(msg)
     if name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError"):
@@ -229,7 +275,7 @@ def boto3_error(exc: Exception, uri: str) -> S5LoaderError:
     return FetchError(msg)
 
 
-def index_manifest(path_or_uri: str, endpoint_url: str | None, group_by: str) -> SampleIndex:
+def index_manifest(path_or_uri: str, endpoint_url: Access | str | None, group_by: str) -> SampleIndex:
     """Read a JSON Lines manifest from a local path or an s3 URI into an index, line by line.
 
     Each line is either a JSON string (an object URI) or an object with ``"uri"`` and, where
@@ -303,7 +349,7 @@ _FAST_LINE = re.compile(
 )
 
 
-def _read_lines(path_or_uri: str, endpoint_url: str | None) -> Iterator[str]:
+def _read_lines(path_or_uri: str, endpoint_url: Access | str | None) -> Iterator[str]:
     if path_or_uri.startswith("s3://"):
         u = parse_s3_uri(path_or_uri)
         client = make_boto3_client(endpoint_url)

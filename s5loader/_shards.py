@@ -24,6 +24,7 @@ from . import _tar
 from ._index import boto3_error, list_prefix, make_boto3_client, stat_objects
 from ._s5cmd import ObjectInfo, S5cmd
 from ._uri import parse_s3_uri
+from .config import Access
 from .exceptions import ConfigError, EmptySourceError, ObjectNotFoundError, ShardIndexError
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ def _folder(uri: str) -> str:
     return uri[: uri.rfind("/") + 1]
 
 
-def resolve(source: str | Sequence[str], endpoint_url: str | None) -> tuple[list[ObjectInfo], str]:
+def resolve(source: str | Sequence[str], endpoint_url: Access | str | None) -> tuple[list[ObjectInfo], str]:
     """The shards a source names, with sizes and ETags, and the folder for its default index.
 
     Args:
@@ -97,7 +98,7 @@ def resolve(source: str | Sequence[str], endpoint_url: str | None) -> tuple[list
         uris = expand_braces(source)
         literal = source[: source.index("{")]
         try:
-            found = {o.uri: o for o in list_prefix(literal, S5cmd(endpoint_url))}
+            found = {o.uri: o for o in list_prefix(literal, S5cmd(access=Access.coerce(endpoint_url)))}
         except EmptySourceError:
             found = {}
         missing = [u for u in uris if u not in found]
@@ -108,7 +109,7 @@ def resolve(source: str | Sequence[str], endpoint_url: str | None) -> tuple[list
         return [found[u] for u in uris], _folder(literal)
     if source.endswith(".tar"):
         return stat_objects([source], endpoint_url), _folder(source)
-    objects = sorted((o for o in list_prefix(source, S5cmd(endpoint_url)) if o.key.endswith(".tar")), key=lambda o: o.key)
+    objects = sorted((o for o in list_prefix(source, S5cmd(access=Access.coerce(endpoint_url))) if o.key.endswith(".tar")), key=lambda o: o.key)
     if not objects:
         raise EmptySourceError(f"no *.tar shard under {source}")
     return objects, _folder(source)
@@ -159,7 +160,7 @@ def format_index(shards: Sequence[Shard], index_uri: str, name: str = "") -> byt
     return (json.dumps(doc, indent=1) + "\n").encode()
 
 
-def read_index(where: str, endpoint_url: str | None) -> dict[str, int] | None:
+def read_index(where: str, endpoint_url: Access | str | None) -> dict[str, int] | None:
     """The shard list at an s3 URI or a local path; None when there is none."""
     if not where.startswith("s3://"):
         try:
@@ -178,7 +179,7 @@ def read_index(where: str, endpoint_url: str | None) -> dict[str, int] | None:
     return parse_index(body, where)
 
 
-def write_index(data: bytes, where: str, endpoint_url: str | None) -> None:
+def write_index(data: bytes, where: str, endpoint_url: Access | str | None) -> None:
     if not where.startswith("s3://"):
         with open(where, "wb") as fh:
             fh.write(data)
@@ -191,7 +192,7 @@ def write_index(data: bytes, where: str, endpoint_url: str | None) -> None:
 
 
 def load_shards(
-    source: str | Sequence[str], index: str | None, endpoint_url: str | None
+    source: str | Sequence[str], index: str | None, endpoint_url: Access | str | None
 ) -> tuple[list[Shard], str]:
     """The shards of ``source`` with their sample counts from ``index`` (else the default
     index next to the shards), and the index's location.
@@ -231,7 +232,7 @@ class _Body:
         return bytes(self._body.read(n if n is not None and n >= 0 else None))
 
 
-def count_samples(obj: ObjectInfo, endpoint_url: str | None, client: Any = None) -> int:
+def count_samples(obj: ObjectInfo, endpoint_url: Access | str | None, client: Any = None) -> int:
     """The number of samples in one shard, read with one streamed GET (headers are parsed,
     data is skipped as it streams by; memory stays small).
 
@@ -252,7 +253,7 @@ def count_samples(obj: ObjectInfo, endpoint_url: str | None, client: Any = None)
 
 def build_index(
     source: str | Sequence[str],
-    endpoint_url: str | None,
+    endpoint_url: Access | str | None,
     output: str | None = None,
     progress: Callable[[int, int, int], None] | None = None,
     jobs: int = 8,

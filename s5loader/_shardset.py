@@ -21,6 +21,7 @@ from . import _tar
 from ._index import Field, Sample, boto3_error, make_boto3_client
 from ._shards import Shard
 from ._uri import parse_s3_uri
+from .config import Access
 from .dataset import S5Dataset, StagedIndex, Transform
 from .exceptions import EmptySourceError, ShardError
 from .staging.layout import StagingLayout
@@ -46,9 +47,12 @@ class ShardDataset(S5Dataset):
         decode: bool = False,
         source: str = "",
         index_uri: str = "",
+        access: Access | None = None,
     ) -> None:
         units = [Sample(s.uri[5:].partition("/")[2], (Field("tar", s.uri, s.size, s.etag),)) for s in shards]
-        super().__init__(units, endpoint_url=endpoint_url, transform=transform, decode=decode, source=source)
+        super().__init__(
+            units, endpoint_url=endpoint_url, transform=transform, decode=decode, source=source, access=access
+        )
         self.shards: Sequence[Shard] = list(shards)
         self.index_uri = index_uri
         first = [0]
@@ -139,7 +143,7 @@ class ShardDataset(S5Dataset):
         if self._cached is None or self._cached[0] != s:
             sh = self.shards[s]
             if self._client is None or self._client_pid != os.getpid():
-                self._client = make_boto3_client(self.endpoint_url)
+                self._client = make_boto3_client(self.access)
                 self._client_pid = os.getpid()
             u = parse_s3_uri(sh.uri)
             try:

@@ -18,6 +18,7 @@ from . import _s5cmd
 from ._index import boto3_error, make_boto3_client
 from ._s5cmd import S5cmd
 from ._uri import format_size, parse_s3_uri, parse_size
+from .config import Access
 from .exceptions import S3URIError, StagingSpaceError
 from .staging.area import SHM, free_bytes, register_cleanup
 
@@ -33,15 +34,16 @@ def margin(need: int) -> int:
     return MARGIN + need // 50
 
 
-_CLIENTS: dict[tuple[int, str | None], Any] = {}
+_CLIENTS: dict[tuple[int, Access], Any] = {}
 
 
-def client(endpoint_url: str | None) -> Any:
-    """A boto3 client per endpoint, made once per process (making one costs ~0.1 s, more
+def client(endpoint_url: Access | str | None) -> Any:
+    """A boto3 client per store access, made once per process (making one costs ~0.1 s, more
     than a HEAD request); botocore clients are thread-safe."""
-    key = (os.getpid(), endpoint_url)
+    access = Access.coerce(endpoint_url)
+    key = (os.getpid(), access)
     if key not in _CLIENTS:
-        _CLIENTS[key] = make_boto3_client(endpoint_url)
+        _CLIENTS[key] = make_boto3_client(access)
     return _CLIENTS[key]
 
 
@@ -135,7 +137,7 @@ class UploadGuard:
     Use as a context manager around the transfer; :meth:`attach` the s5cmd process.
     """
 
-    def __init__(self, uri: str, endpoint_url: str | None) -> None:
+    def __init__(self, uri: str, endpoint_url: Access | str | None) -> None:
         self.uri = uri
         self.bucket, self.key = object_uri(uri)
         self._client: Any = client(endpoint_url)
@@ -198,7 +200,7 @@ class UploadGuard:
             )
 
 
-def head_size(uri: str, endpoint_url: str | None) -> tuple[int, str]:
+def head_size(uri: str, endpoint_url: Access | str | None) -> tuple[int, str]:
     """Size and ETag of one object (a HEAD request)."""
     bucket, key = object_uri(uri)
     try:
@@ -235,7 +237,7 @@ def side_by_side(fn: Callable[[T], None], items: Sequence[T]) -> None:
 
 
 def upload_many(
-    s5: S5cmd, pairs: Sequence[tuple[str, str]], endpoint_url: str | None, *, concurrency: int, part_size: int
+    s5: S5cmd, pairs: Sequence[tuple[str, str]], endpoint_url: Access | str | None, *, concurrency: int, part_size: int
 ) -> None:
     """Upload local files to ``s3://`` URIs side by side, each in parallel parts, each
     guarded: on any failure or interruption every unfinished upload is aborted."""

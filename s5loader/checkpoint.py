@@ -34,6 +34,7 @@ from typing import IO, Any
 from . import _s5cmd, _transfer
 from ._s5cmd import S5cmd
 from ._uri import format_size
+from .config import Access
 from .exceptions import FetchError, StagingSpaceError
 from .staging.area import StagingArea
 
@@ -53,6 +54,7 @@ def save(
     stream: bool | None = None,
     concurrency: int = DEFAULT_CONCURRENCY,
     part_size: int | str | None = None,
+    access: Access | None = None,
 ) -> None:
     """Save ``obj`` with ``torch.save`` to the object ``uri``.
 
@@ -71,6 +73,8 @@ def save(
         part_size: bytes per part (``"32MiB"``); default: the object split over the
             ``concurrency`` requests, 5 to 32 MiB (8 MiB when streaming). Raised where an
             object would need more than 10,000 parts.
+        access: how to reach the store (:class:`~s5loader.Access`: anonymous, profile,
+            requester pays, TLS, ...), for s5cmd and boto3 alike.
 
     Raises:
         S3URIError: ``uri`` names no object.
@@ -83,7 +87,8 @@ def save(
 
     _transfer.object_uri(uri)
     part = _transfer.part_bytes(part_size)
-    s5 = S5cmd(endpoint_url=endpoint_url)
+    store = Access.coerce(access, endpoint_url)
+    s5 = S5cmd(access=store)
     need = estimate_size(obj)
     root, seen = (None, "streaming requested") if stream else _transfer.pick_staging(need, staging_dir)
     if root is not None:
@@ -103,7 +108,7 @@ def save(
             else:
                 size = os.path.getsize(path)
                 log.info("%s: uploading %s staged in %s", uri, format_size(size), root)
-                with _transfer.UploadGuard(uri, endpoint_url) as guard:
+                with _transfer.UploadGuard(uri, store) as guard:
                     proc = _s5cmd.start_copy(s5, path, uri, concurrency=concurrency, part_size=part, size=size)
                     guard.attach(proc)
                     _transfer.run(proc, uri)
@@ -113,7 +118,7 @@ def save(
     elif stream is False:
         raise _transfer.space_error(uri, need, seen, "saving this checkpoint")
     log.info("%s: streaming about %s into the upload (%s)", uri, format_size(need), seen)
-    _save_streaming(obj, uri, s5, endpoint_url, concurrency, part, need)
+    _save_streaming(obj, uri, s5, store, concurrency, part, need)
 
 
 def _no_space(exc: BaseException | None) -> bool:
@@ -145,7 +150,7 @@ class _PipeWriter(io.RawIOBase):
 
 
 def _save_streaming(
-    obj: Any, uri: str, s5: S5cmd, endpoint_url: str | None, concurrency: int, part: int, need: int
+    obj: Any, uri: str, s5: S5cmd, endpoint_url: Access | str | None, concurrency: int, part: int, need: int
 ) -> None:
     import torch
 
@@ -183,6 +188,7 @@ def load(
     stream: bool | None = None,
     concurrency: int = DEFAULT_CONCURRENCY,
     part_size: int | str | None = None,
+    access: Access | None = None,
     **torch_load_kwargs: Any,
 ) -> Any:
     """Load what :func:`save` (or ``torch.save`` and any upload) wrote to ``uri``.
@@ -191,7 +197,7 @@ def load(
         uri: ``s3://bucket/key``.
         map_location, weights_only: as for ``torch.load`` (``weights_only=True`` refuses
             arbitrary pickled objects, as torch does by default).
-        endpoint_url, staging_dir, concurrency, part_size: as for :func:`save`.
+        endpoint_url, staging_dir, concurrency, part_size, access: as for :func:`save`.
         stream: ``True`` reads the object into memory without staging it; ``False`` always
             stages; ``None`` stages when the object fits and reads into memory otherwise.
         **torch_load_kwargs: passed on to ``torch.load``.
@@ -208,8 +214,9 @@ def load(
     import torch
 
     part = _transfer.part_bytes(part_size)
-    s5 = S5cmd(endpoint_url=endpoint_url)
-    size, _ = _transfer.head_size(uri, endpoint_url)
+    store = Access.coerce(access, endpoint_url)
+    s5 = S5cmd(access=store)
+    size, _ = _transfer.head_size(uri, store)
     root, seen = (None, "streaming requested") if stream else _transfer.pick_staging(size, staging_dir)
     if root is not None:
         area = StagingArea(root)

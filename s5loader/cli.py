@@ -9,7 +9,6 @@ import argparse
 import importlib
 import logging
 import sys
-import time
 from typing import Any
 
 from .exceptions import S5LoaderError
@@ -19,17 +18,19 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
 def _ls(argv: list[str]) -> int:
     from . import S5Dataset
+    from .config import Access
 
     p = argparse.ArgumentParser(prog="s5loader ls", description="List the samples of an s3 prefix or manifest.")
     p.add_argument("source", help="s3://bucket/prefix/, or a manifest (.jsonl path or s3 URI)")
     p.add_argument("--group-by", default="stem", choices=["stem", "folder", "object"])
-    p.add_argument("--endpoint-url")
+    Access.add_arguments(p)
     p.add_argument("--limit", type=int, default=20, help="samples to show (default 20)")
     args = p.parse_args(argv)
+    access = Access.from_args(args)
     if args.source.endswith((".jsonl", ".json")):
-        ds = S5Dataset.from_manifest(args.source, endpoint_url=args.endpoint_url, group_by=args.group_by)
+        ds = S5Dataset.from_manifest(args.source, access=access, group_by=args.group_by)
     else:
-        ds = S5Dataset.from_prefix(args.source, endpoint_url=args.endpoint_url, group_by=args.group_by)
+        ds = S5Dataset.from_prefix(args.source, access=access, group_by=args.group_by)
     total = ds.total_bytes
     print(f"{len(ds)} samples, {total} bytes, largest {max(s.size for s in ds.samples)} bytes")
     for s in ds.samples[: args.limit]:
@@ -39,6 +40,8 @@ def _ls(argv: list[str]) -> int:
 
 def _index_shards(argv: list[str]) -> int:
     from ._shards import build_index
+    from .config import Access
+    from .progress import Progress
 
     p = argparse.ArgumentParser(
         prog="s5loader index-shards",
@@ -51,33 +54,17 @@ def _index_shards(argv: list[str]) -> int:
         "('s3://b/train/shard-{000000..000999}.tar', quoted) or shard URIs",
     )
     p.add_argument("--output", help="where to write the index (s3 URI or local path)")
-    p.add_argument("--endpoint-url")
     p.add_argument("--jobs", type=int, default=8, help="shards read at once (default 8)")
+    Access.add_arguments(p)
     args = p.parse_args(argv)
     source: str | list[str] = args.source[0] if len(args.source) == 1 else args.source
-    where, shards = build_index(source, args.endpoint_url, args.output, _progress_printer(), args.jobs)
+    # a bar on a terminal, a line every few seconds otherwise (stderr)
+    with Progress("indexing shards", unit="shards") as bar:
+        where, shards = build_index(
+            source, Access.from_args(args), args.output, lambda done, total, _bytes: bar.set(done, total), args.jobs
+        )
     print(f"{len(shards)} shards, {sum(s.nsamples for s in shards)} samples: wrote {where}")
     return EXIT_OK
-
-
-def _progress_printer() -> Any:
-    """A bar on a terminal, a line every few seconds otherwise (stderr)."""
-    tty = sys.stderr.isatty()
-    last = [0.0]
-
-    def show(done: int, total: int, nbytes: int) -> None:
-        now = time.monotonic()
-        if tty:
-            width = 30
-            fill = width * done // max(total, 1)
-            end = "\n" if done == total else ""
-            sys.stderr.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{total} shards, {nbytes / 1e6:.1f} MB{end}")
-            sys.stderr.flush()
-        elif done == total or now - last[0] >= 5.0:
-            last[0] = now
-            print(f"indexed {done}/{total} shards, {nbytes / 1e6:.1f} MB read", file=sys.stderr, flush=True)
-
-    return show
 
 
 COMMANDS = {

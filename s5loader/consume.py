@@ -6,7 +6,8 @@ The protocol (see docs/daemon.md) needs nothing but a file system:
   ``SEQUENCE-KEY`` where ``SEQUENCE`` is a zero-padded delivery number
   (:data:`SEQ_WIDTH` digits), so plain ``ls`` order is the delivery order;
 * the files in the folder are named by the sample's fields (``image``, ``label``,
-  ``text.txt``, ``video.mp4``);
+  ``text.txt``, ``video.mp4``), and a small file :data:`KEY_FILE` holds the sample's full key
+  (the folder name carries it shortened and made file-name-safe);
 * the consumer deletes the folder when done with it, and the daemon refills the cache;
 * the file :data:`END_MARKER` appears once every sample has been delivered; it names the run
   (a new one with every ``--fresh`` start), so an old run's end can be told from a new one's;
@@ -23,8 +24,9 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import cached_property
 
 from .exceptions import ConfigError, StallError
 
@@ -34,6 +36,8 @@ log = logging.getLogger(__name__)
 SEQ_WIDTH = 12
 #: The file the daemon writes into the cache once every sample has been delivered.
 END_MARKER = "END"
+#: The file in each delivered folder that holds the sample's full key (UTF-8, no newline).
+KEY_FILE = "__key__"
 _SAMPLE_RE = re.compile(rf"^(\d{{{SEQ_WIDTH}}})-")
 
 
@@ -71,6 +75,7 @@ class ReadySample:
         path: the folder's path.
         files: field name -> file path, e.g. ``{"image": ".../image", "label": ...}``;
             fields of folder samples keep their path inside the folder (``sub/x.txt``).
+            The ``__key__`` file is not a field.
     """
 
     seq: int
@@ -78,10 +83,15 @@ class ReadySample:
     path: str
     files: dict[str, str]
 
-    @property
+    @cached_property
     def key(self) -> str:
-        """The shortened, file-name-safe sample key from the folder name."""
-        return self.name.split("-", 1)[1]
+        """The sample's full key, from the folder's ``__key__`` file; from a daemon that wrote
+        none, the shortened, file-name-safe key of the folder name."""
+        try:
+            with open(os.path.join(self.path, KEY_FILE), encoding="utf-8") as f:
+                return f.read()
+        except FileNotFoundError:
+            return self.name.split("-", 1)[1]
 
     def read(self, field: str) -> bytes:
         """The bytes of one field.
@@ -100,7 +110,9 @@ def _load(cache: str, name: str) -> ReadySample | None:
         dirs.sort()
         for fn in sorted(filenames):
             full = os.path.join(root, fn)
-            files[os.path.relpath(full, path)] = full
+            rel = os.path.relpath(full, path)
+            if rel != KEY_FILE:
+                files[rel] = full
     if not files and not os.path.isdir(path):
         return None  # removed under us (by another consumer)
     seq = parse_seq(name)
@@ -121,6 +133,7 @@ def consume(
     poll_interval: float = 0.05,
     timeout: float | None = None,
     delete: bool = True,
+    finished: Callable[[], bool] | None = None,
 ) -> Iterator[ReadySample]:
     """Yield the samples a prefetch daemon delivers into ``cache``, in order, until its end.
 
@@ -144,6 +157,9 @@ def consume(
             seconds; None (default) waits for ever.
         delete: delete each sample when the loop moves on (False leaves that to you; the
             daemon refills only what is deleted).
+        finished: asked while no sample is ready: True ends the iteration (the producer has
+            ended, so nothing more will come); an exception from it propagates (the
+            producer failed). :class:`~s5loader.Prefetcher` passes its daemon's state.
 
     Yields:
         :class:`ReadySample`: the folder path and the paths of its files.
@@ -178,7 +194,7 @@ def consume(
             continue
         if names:
             continue  # the folder vanished between listing and reading: look again
-        if ended:
+        if ended or (finished is not None and finished() and not ready_names(cache)):
             return
         if timeout is not None and time.monotonic() - since > timeout:
             why = (

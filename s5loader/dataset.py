@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -22,9 +23,10 @@ from ._index import (
     make_boto3_client,
 )
 from ._labels import check_label, folder_labels, warn_grouping
-from ._s5cmd import S5cmd, resolve_endpoint
+from ._s5cmd import S5cmd
 from ._share import shared_index
 from ._uri import parse_s3_uri
+from .config import Access
 from .exceptions import ConfigError, EmptySourceError, S3URIError
 from .staging.layout import StagingLayout
 
@@ -82,11 +84,13 @@ class S5Dataset(Dataset[Any]):
         transform: Transform | None = None,
         source: str = "",
         decode: bool = False,
+        access: Access | None = None,
     ) -> None:
         if not samples:
             raise EmptySourceError(f"no sample in {source or 'the given objects'}")
         self._samples = SampleIndex.from_samples(samples, {"source": source})
-        self.endpoint_url = endpoint_url
+        #: How the store is reached, by the sampler's s5cmd calls and the direct GETs alike.
+        self.access = Access.coerce(access, endpoint_url)
         self.transform = transform
         self.decode = bool(decode)
         self.source = source
@@ -118,6 +122,7 @@ class S5Dataset(Dataset[Any]):
         transform: Transform | None = None,
         label: str | None = None,
         decode: bool = False,
+        access: Access | None = None,
     ) -> S5Dataset:
         """All objects under ``s3://bucket/prefix``, listed with one ``s5cmd ls``.
 
@@ -141,6 +146,10 @@ class S5Dataset(Dataset[Any]):
                 gets an int ``"label"``, the index of its class folder (the first folder below
                 the prefix) in :attr:`classes`, the sorted folder names, as torchvision's
                 ``ImageFolder``; :attr:`class_to_idx` maps names to labels. ``None``: no label.
+            access: how to reach the store: an :class:`~s5loader.Access` (anonymous,
+                profile, credentials file, region, requester pays, TLS verification,
+                ListObjects v1, addressing). The listing, the sampler's s5cmd calls and the
+                direct GETs all use it. ``endpoint_url`` may be given here or there.
 
         Raises:
             S3URIError: the prefix is not an s3 URI.
@@ -157,13 +166,12 @@ class S5Dataset(Dataset[Any]):
                 "one sample; use group_by='object' (one image, one sample) or 'stem'"
             )
         uri = parse_s3_uri(prefix)
+        store = Access.coerce(access, endpoint_url)
         index = shared_index(
-            lambda: index_prefix(prefix, S5cmd(endpoint_url), group_by),
-            ["prefix", prefix, resolve_endpoint(endpoint_url), group_by],
+            lambda: index_prefix(prefix, S5cmd(access=store), group_by),
+            ["prefix", prefix, store.endpoint(), group_by],
         )
-        return cls._labelled(
-            index, label, uri.key, prefix, group_by, endpoint_url=endpoint_url, transform=transform, decode=decode
-        )
+        return cls._labelled(index, label, uri.key, prefix, group_by, access=store, transform=transform, decode=decode)
 
     @classmethod
     def from_objects(
@@ -174,6 +182,7 @@ class S5Dataset(Dataset[Any]):
         group_by: str = "object",
         transform: Transform | None = None,
         label: str | None = None,
+        access: Access | None = None,
     ) -> S5Dataset:
         """The given object URIs (sizes and ETags are read with one HEAD each).
 
@@ -188,11 +197,12 @@ class S5Dataset(Dataset[Any]):
             if not parse_s3_uri(u).key:
                 raise S3URIError(f"{u!r} names a bucket, not an object")
         digest = hashlib.sha256("\n".join(uris).encode("utf-8", "surrogatepass")).hexdigest()
+        store = Access.coerce(access, endpoint_url)
         samples = shared_index(
-            lambda: index_objects(uris, endpoint_url, group_by),
-            ["objects", digest, resolve_endpoint(endpoint_url), group_by],
+            lambda: index_objects(uris, store, group_by),
+            ["objects", digest, store.endpoint(), group_by],
         )
-        return cls._labelled(samples, label, None, "the object list", group_by, endpoint_url=endpoint_url, transform=transform)
+        return cls._labelled(samples, label, None, "the object list", group_by, access=store, transform=transform)
 
     @classmethod
     def from_manifest(
@@ -203,6 +213,7 @@ class S5Dataset(Dataset[Any]):
         group_by: str = "object",
         transform: Transform | None = None,
         label: str | None = None,
+        access: Access | None = None,
     ) -> S5Dataset:
         """Objects listed in a JSON Lines manifest (a local path or an s3 URI).
 
@@ -216,11 +227,12 @@ class S5Dataset(Dataset[Any]):
         """
         check_group_by(group_by)
         check_label(label)
+        store = Access.coerce(access, endpoint_url)
         samples = shared_index(
-            lambda: index_manifest(path_or_uri, endpoint_url, group_by),
-            ["manifest", path_or_uri, resolve_endpoint(endpoint_url), group_by],
+            lambda: index_manifest(path_or_uri, store, group_by),
+            ["manifest", path_or_uri, store.endpoint(), group_by],
         )
-        return cls._labelled(samples, label, None, path_or_uri, group_by, endpoint_url=endpoint_url, transform=transform)
+        return cls._labelled(samples, label, None, path_or_uri, group_by, access=store, transform=transform)
 
     @classmethod
     def from_shards(
@@ -231,6 +243,7 @@ class S5Dataset(Dataset[Any]):
         endpoint_url: str | None = None,
         transform: Transform | None = None,
         decode: bool = False,
+        access: Access | None = None,
     ) -> S5Dataset:
         """Samples of tar shards in the WebDataset format (``0001.jpg`` + ``0001.cls`` in a
         shard is the sample ``{"__key__": "0001", "jpg": b"...", "cls": b"..."}``).
@@ -247,6 +260,7 @@ class S5Dataset(Dataset[Any]):
             endpoint_url: the S3 endpoint (as :meth:`from_prefix`).
             transform: called with each sample dict; its result is what ``dataset[i]`` returns.
             decode: decode fields by extension before ``transform`` (see :mod:`s5loader.decode`).
+            access: how to reach the store (:class:`~s5loader.Access`), for the shards and the index.
 
         Raises:
             ShardIndexError: no index (the message says to run ``s5loader index-shards``), a
@@ -257,11 +271,10 @@ class S5Dataset(Dataset[Any]):
         from ._shards import load_shards
         from ._shardset import ShardDataset
 
-        shards, where = load_shards(source, index, endpoint_url)
+        store = Access.coerce(access, endpoint_url)
+        shards, where = load_shards(source, index, store)
         name = source if isinstance(source, str) else f"{len(shards)} shards"
-        return ShardDataset(
-            shards, endpoint_url=endpoint_url, transform=transform, decode=decode, source=name, index_uri=where
-        )
+        return ShardDataset(shards, access=store, transform=transform, decode=decode, source=name, index_uri=where)
 
     @classmethod
     def from_index(
@@ -270,6 +283,7 @@ class S5Dataset(Dataset[Any]):
         *,
         endpoint_url: str | None = None,
         transform: Transform | None = None,
+        access: Access | None = None,
     ) -> S5Dataset:
         """The data set whose index :meth:`save_index` wrote (a local path or an s3 URI),
         without listing or reading the source again.
@@ -277,12 +291,13 @@ class S5Dataset(Dataset[Any]):
         Raises:
             IndexFileError: not an index file, another format version, or damaged.
         """
+        store = Access.coerce(access, endpoint_url)
         if path_or_uri.startswith("s3://"):
-            index = _indexfile.loads(_read_object(path_or_uri, endpoint_url), path_or_uri)
+            index = _indexfile.loads(_read_object(path_or_uri, store), path_or_uri)
         else:
             index = _indexfile.load(path_or_uri)
         source = str(index.meta.get("source", path_or_uri))
-        return cls(index, endpoint_url=endpoint_url, transform=transform, source=source)
+        return cls(index, access=store, transform=transform, source=source)
 
     def save_index(self, path_or_uri: str) -> None:
         """Save the sample index (keys, fields, sizes, ETags, extra fields, the listing) to a
@@ -293,11 +308,21 @@ class S5Dataset(Dataset[Any]):
             _indexfile.save(self._samples, path_or_uri)
             return
         u = parse_s3_uri(path_or_uri)
-        client = make_boto3_client(self.endpoint_url)
+        client = make_boto3_client(self.access)
         try:
             client.put_object(Bucket=u.bucket, Key=u.key, Body=data)
         except Exception as exc:
             raise boto3_error(exc, path_or_uri) from exc
+
+    @property
+    def endpoint_url(self) -> str | None:
+        """The endpoint given (``access.endpoint_url``); setting it changes :attr:`access`."""
+        return self.access.endpoint_url
+
+    @endpoint_url.setter
+    def endpoint_url(self, value: str | None) -> None:
+        self.access = dataclasses.replace(self.access, endpoint_url=value)
+        self._client = None
 
     # -- map-style access ---------------------------------------------------------------
     @property
@@ -366,7 +391,7 @@ class S5Dataset(Dataset[Any]):
 
     def _fetch(self, sample: Sample) -> list[bytes]:
         if self._client is None or self._client_pid != os.getpid():
-            self._client = make_boto3_client(self.endpoint_url)
+            self._client = make_boto3_client(self.access)
             self._client_pid = os.getpid()
         out = []
         for f in sample.fields:
@@ -387,7 +412,7 @@ class S5Dataset(Dataset[Any]):
         return f"S5Dataset({self.source!r}, {len(self)} samples)"
 
 
-def _read_object(uri: str, endpoint_url: str | None) -> bytes:
+def _read_object(uri: str, endpoint_url: Access | str | None) -> bytes:
     u = parse_s3_uri(uri)
     try:
         return bytes(make_boto3_client(endpoint_url).get_object(Bucket=u.bucket, Key=u.key)["Body"].read())

@@ -35,6 +35,7 @@ from . import _transfer
 from ._s5cmd import S5cmd
 from ._uri import format_size, parse_s3_uri
 from .checkpoint import DEFAULT_CONCURRENCY
+from .config import Access
 from .staging.area import StagingArea, free_bytes
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,7 @@ class S5StorageWriter(FileSystemWriter):
     Args:
         uri: the checkpoint's prefix (one "directory" per checkpoint).
         endpoint_url: the S3 endpoint, as for the datasets.
+        access: how to reach the store (:class:`~s5loader.Access`), as for the datasets.
         staging_dir: where each rank writes its files before uploading them; default tmpfs
             when it has room for the rank's share, else the temp directory.
         concurrency, part_size: parallel parts per file and their size.
@@ -101,10 +103,12 @@ class S5StorageWriter(FileSystemWriter):
         staging_dir: str | None = None,
         concurrency: int = DEFAULT_CONCURRENCY,
         part_size: int | str | None = None,
+        access: Access | None = None,
         **kwargs: Any,
     ) -> None:
         self.uri = _prefix(uri)
-        self.endpoint_url = endpoint_url
+        self.access = Access.coerce(access, endpoint_url)
+        self.endpoint_url = self.access.endpoint_url
         self.concurrency = concurrency
         self.part_size = _transfer.part_bytes(part_size)
         self._staged = _Staged(staging_dir)
@@ -161,7 +165,7 @@ class S5StorageWriter(FileSystemWriter):
         pairs = [(os.path.join(self.path, n), self.uri + n) for n in names]
         log.info("uploading %d files to %s", len(pairs), self.uri)
         _transfer.upload_many(
-            S5cmd(endpoint_url=self.endpoint_url), pairs, self.endpoint_url,
+            S5cmd(access=self.access), pairs, self.access,
             concurrency=self.concurrency, part_size=self.part_size,
         )
 
@@ -176,7 +180,7 @@ class S5StorageReader(FileSystemReader):
 
     Args:
         uri: the checkpoint's prefix.
-        endpoint_url, staging_dir, concurrency, part_size: as for :class:`S5StorageWriter`.
+        endpoint_url, access, staging_dir, concurrency, part_size: as for :class:`S5StorageWriter`.
 
     Raises (from ``dcp.load``):
         ObjectNotFoundError: no ``.metadata`` under the prefix (no complete checkpoint).
@@ -191,10 +195,12 @@ class S5StorageReader(FileSystemReader):
         staging_dir: str | None = None,
         concurrency: int = DEFAULT_CONCURRENCY,
         part_size: int | str | None = None,
+        access: Access | None = None,
         **kwargs: Any,
     ) -> None:
         self.uri = _prefix(uri)
-        self.endpoint_url = endpoint_url
+        self.access = Access.coerce(access, endpoint_url)
+        self.endpoint_url = self.access.endpoint_url
         self.concurrency = concurrency
         self.part_size = _transfer.part_bytes(part_size)
         self._staged = _Staged(staging_dir)
@@ -214,11 +220,11 @@ class S5StorageReader(FileSystemReader):
         return _is_s3(checkpoint_id)
 
     def _s5(self) -> S5cmd:
-        return S5cmd(endpoint_url=self.endpoint_url)
+        return S5cmd(access=self.access)
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         uri = self.uri + METADATA
-        size, _ = _transfer.head_size(uri, self.endpoint_url)
+        size, _ = _transfer.head_size(uri, self.access)
         self.path = Path(self._staged.path(size, uri, "the checkpoint's metadata"))
         local = os.path.join(self.path, METADATA)
         try:

@@ -36,6 +36,7 @@ from ._index import boto3_error, list_prefix
 from ._s5cmd import ObjectInfo, S5cmd
 from ._uri import format_size, parse_s3_uri, parse_size
 from .checkpoint import DEFAULT_CONCURRENCY
+from .config import Access
 from .exceptions import (
     ConfigError,
     EmptySourceError,
@@ -45,6 +46,7 @@ from .exceptions import (
     StagingSpaceError,
     UnsafeArchiveError,
 )
+from .progress import Progress
 from .staging.area import free_bytes, register_cleanup
 
 log = logging.getLogger(__name__)
@@ -83,6 +85,7 @@ def fetch(
     concurrency: int = DEFAULT_CONCURRENCY,
     part_size: int | str | None = None,
     progress: ProgressFn | None = None,
+    access: Access | None = None,
 ) -> FetchResult:
     """Download one object, several, or every object under a prefix into ``dest``.
 
@@ -98,6 +101,7 @@ def fetch(
         budget: with ``extract``, the most bytes of volumes on disk at once (default 1 GiB).
         endpoint_url, concurrency, part_size: as for :func:`s5loader.checkpoint.save`.
         progress: called every half second or so with (bytes done, bytes in all).
+        access: how to reach the store (:class:`~s5loader.Access`), for s5cmd and boto3.
 
     Returns:
         a :class:`FetchResult`.
@@ -114,8 +118,9 @@ def fetch(
         raise ConfigError("fetch needs at least one source")
     part = _transfer.part_bytes(part_size)
     limit = parse_size(budget, "budget") if budget is not None else DEFAULT_BUDGET
-    s5 = S5cmd(endpoint_url=endpoint_url)
-    objects, names, md5_files = _resolve(uris, s5, endpoint_url, skip_md5=verify or extract, verify=verify)
+    store = Access.coerce(access, endpoint_url)
+    s5 = S5cmd(access=store)
+    objects, names, md5_files = _resolve(uris, s5, store, skip_md5=verify or extract, verify=verify)
     total = sum(o.size for o in objects)
     single_file = len(uris) == 1 and len(objects) == 1 and not extract and not _is_dir_target(dest, uris[0])
     dest_dir = os.path.dirname(os.path.abspath(dest)) if single_file else os.path.abspath(dest)
@@ -135,7 +140,7 @@ def fetch(
             f"{uris[0]}: fetching into {dest_dir} needs {format_size(need)} ({what}); "
             f"{format_size(free)} free there"
         )
-    checkers = {o.uri: _checker(o, md5_files, endpoint_url) if verify else None for o in objects}
+    checkers = {o.uri: _checker(o, md5_files, store) if verify else None for o in objects}
     work = _Work(dest_dir)
     t0 = time.monotonic()
     try:
@@ -165,7 +170,7 @@ def natural_key(key: str) -> list[Any]:
 
 
 def _resolve(
-    uris: Sequence[str], s5: S5cmd, endpoint_url: str | None, skip_md5: bool, verify: bool
+    uris: Sequence[str], s5: S5cmd, endpoint_url: Access | str | None, skip_md5: bool, verify: bool
 ) -> tuple[list[ObjectInfo], dict[str, str], dict[str, ObjectInfo]]:
     """The objects to fetch, in order; the file name (relative to DEST) of each, by URI; the
     ``.md5`` objects seen beside them."""
@@ -210,7 +215,7 @@ def _resolve(
     return objects, names, md5_files
 
 
-def _checker(o: ObjectInfo, md5_files: dict[str, ObjectInfo], endpoint_url: str | None) -> _verify.Checker:
+def _checker(o: ObjectInfo, md5_files: dict[str, ObjectInfo], endpoint_url: Access | str | None) -> _verify.Checker:
     md5 = None
     if o.uri + ".md5" in md5_files:
         u = parse_s3_uri(o.uri + ".md5")
@@ -475,7 +480,6 @@ def _fetch_extract(
 def main(argv: list[str]) -> int:
     """``s5loader fetch SOURCE [SOURCE ...] DEST [--verify] [--extract] [--budget SIZE]``."""
     import argparse
-    import sys
 
     from ._args import positive_int, size_arg
 
@@ -489,17 +493,17 @@ def main(argv: list[str]) -> int:
     p.add_argument("--verify", action="store_true", help="check each object against KEY.md5, else its ETag")
     p.add_argument("--extract", action="store_true", help="join the objects in order and extract the tar archive")
     p.add_argument("--budget", type=size_arg, default=None, help="with --extract: most bytes of volumes on disk at once (default 1GiB)")
-    p.add_argument("--endpoint-url")
+    Access.add_arguments(p)
     p.add_argument("--concurrency", type=positive_int, default=DEFAULT_CONCURRENCY, help="parallel parts per object")
     p.add_argument("--part-size", type=size_arg, default=None, help="bytes per part (default: per object, 5 to 32 MiB)")
     args = p.parse_args(argv)
     logging.getLogger("botocore").setLevel(logging.WARNING)
-    bar = _Bar(sys.stderr)
+    bar = Progress(f"fetching into {args.dest}", unit="bytes", final_line=False)  # main() prints the last line
     result = fetch(
         args.sources, args.dest, verify=args.verify, extract=args.extract, budget=args.budget,
-        endpoint_url=args.endpoint_url, concurrency=args.concurrency, part_size=args.part_size, progress=bar,
+        access=Access.from_args(args), concurrency=args.concurrency, part_size=args.part_size, progress=bar,
     )
-    bar.end()
+    bar.close()
     rate = result.bytes / result.seconds / 1e6 if result.seconds else 0.0
     line = (
         f"fetched {result.objects} objects, {format_size(result.bytes)} in {result.seconds:.1f} s "
@@ -515,36 +519,3 @@ def main(argv: list[str]) -> int:
         )
     print(line)
     return 0
-
-
-class _Bar:
-    """A progress bar on a terminal; a line every 5 seconds otherwise."""
-
-    def __init__(self, stream: Any) -> None:
-        self.stream = stream
-        self.tty = bool(getattr(stream, "isatty", lambda: False)())
-        self.t0 = self.last = time.monotonic()
-        self.drawn = False
-
-    def __call__(self, done: int, total: int) -> None:
-        now = time.monotonic()
-        rate = done / max(now - self.t0, 1e-9) / 1e6
-        pct = 100.0 * done / total if total else 100.0
-        if self.tty:
-            width = 30
-            fill = int(width * pct / 100)
-            self.stream.write(
-                f"\r[{'#' * fill}{'.' * (width - fill)}] {pct:5.1f}% {format_size(done)} / "
-                f"{format_size(total)} {rate:.0f} MB/s "
-            )
-            self.stream.flush()
-            self.drawn = True
-        elif now - self.last >= 5.0:
-            self.last = now
-            self.stream.write(f"{pct:.1f}% {format_size(done)} / {format_size(total)} {rate:.0f} MB/s\n")
-            self.stream.flush()
-
-    def end(self) -> None:
-        if self.drawn:
-            self.stream.write("\n")
-            self.stream.flush()

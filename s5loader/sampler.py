@@ -6,22 +6,27 @@ import logging
 import math
 import os
 import time
+import warnings
 import weakref
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 from torch.utils.data import Sampler
 
 from ._blocks import plan_blocks
 from ._dist import rank_info
+from ._order import WINDOW_CAP, ShuffleQuality, block_window, shuffle_quality  # noqa: F401 (WINDOW_CAP)
 from ._order import Order as _Order
 from ._platform import require_linux
 from ._resume import STATE_VERSION, check_state
 from ._s5cmd import S5cmd, write_command_file
 from ._uri import format_size, parse_size
+from .config import StagingOptions
 from .dataset import S5Dataset, StagedIndex
-from .engine import Stager, StagerOptions, Stats, plan_call
+from .engine import Stager, Stats, plan_call
 from .engine.budget import check_sample_fits
+from .engine.metrics import Metrics
 from .exceptions import BudgetError, ConfigError, StateError
 from .staging.area import PassArea, StagingArea, choose_root, disk_footprint, register_cleanup
 
@@ -38,7 +43,7 @@ class S5Sampler(Sampler[int]):
 
     Each epoch it orders the indices (a permutation per ``seed + epoch`` when ``shuffle``),
     takes this rank's part, and stages it into a directory of its own with background
-    ``s5cmd run`` calls of ``samples_per_call`` samples, ``buffers`` of them in flight, never
+    ``s5cmd run`` calls of ``samples_per_call`` samples, ``calls_in_flight`` of them at once, never
     holding more than ``budget`` bytes staged and not yet read. It yields an index only when
     that sample's files are staged, in order. The :class:`S5Dataset` reads and deletes them.
 
@@ -46,14 +51,17 @@ class S5Sampler(Sampler[int]):
         dataset: the :class:`S5Dataset` to stage for.
         shuffle: ``True``: a new permutation of all samples each epoch (call
             :meth:`set_epoch`); ``"block"``: permute blocks of up to ``block_size`` samples
-            that share a key prefix, then shuffle samples within each call's window, which
-            lets s5cmd fetch a whole block with one wildcard request (about 2.5x less s5cmd
-            CPU than one request per object); ``False``: key order.
+            that share a key prefix, gather them into windows of whole blocks, and shuffle the
+            samples within each window; a window holds as many samples as ``calls_in_flight + 1``
+            windows fit in ``budget`` (at most 8192), so a batch draws from many blocks, and
+            s5cmd fetches each block with one wildcard request (about 2.5x less s5cmd CPU
+            than one request per object); ``False``: key order.
         seed: the permutation's seed; the same seed and epoch give the same order everywhere.
-        samples_per_call: samples per s5cmd command file.
+        samples_per_call: samples per s5cmd command file (with ``shuffle="block"``, at least
+            one window, so that a call holds its windows' blocks whole).
         block_size: most samples in a block (see ``shuffle``). A call that holds a whole
             block fetches it with one wildcard line, whatever the shuffle.
-        buffers: s5cmd calls in flight at once (2: double buffering).
+        calls_in_flight: s5cmd calls running at once (2: double buffering).
         staging_dir: the staging root; ``None`` picks ``/dev/shm`` when it has room for the
             budget, else the system temp directory. Each sampler stages into a directory of
             its own below it, removed by :meth:`close`, garbage collection, exit or SIGTERM.
@@ -72,10 +80,15 @@ class S5Sampler(Sampler[int]):
         num_replicas, rank: the distributed split; defaults from torch.distributed, else
             ``WORLD_SIZE`` / ``RANK``, else one process.
         drop_last: drop the tail so ranks get equal parts, instead of padding by repetition.
-        numworkers: s5cmd's ``--numworkers`` (parallel requests per call).
+        s5cmd_workers: s5cmd's ``--numworkers`` (parallel requests per call).
         batch_size: the DataLoader's ``batch_size``, if you pass it here too (a sampler does not
             see its DataLoader): a budget that cannot hold one batch of the largest samples is
             then a :class:`BudgetError` at once instead of after ``stall_timeout``.
+        buffers, numworkers: the former names of ``calls_in_flight`` and ``s5cmd_workers``;
+            still accepted for one release, with a ``DeprecationWarning``.
+
+    The staging options are checked by :class:`~s5loader.StagingOptions`, the object the
+    prefetch daemon builds too; the store is reached as the dataset's ``access`` says.
 
     Raises:
         ConfigError: an invalid option.
@@ -92,7 +105,7 @@ class S5Sampler(Sampler[int]):
         seed: int = 0,
         samples_per_call: int = 1000,
         block_size: int = 64,
-        buffers: int = 2,
+        calls_in_flight: int = 2,
         staging_dir: str | None = None,
         budget: int | str = "2GiB",
         keep_staged: bool = False,
@@ -104,35 +117,46 @@ class S5Sampler(Sampler[int]):
         num_replicas: int | None = None,
         rank: int | None = None,
         drop_last: bool = False,
-        numworkers: int = 256,
+        s5cmd_workers: int = 256,
         batch_size: int | None = None,
+        buffers: int | None = None,
+        numworkers: int | None = None,
     ) -> None:
         require_linux("S5Sampler")
         if not isinstance(dataset, S5Dataset):
             raise ConfigError(f"S5Sampler needs an S5Dataset, got {type(dataset).__name__}")
         if shuffle not in (True, False, "block"):
             raise ConfigError(f"shuffle must be True, False or 'block', got {shuffle!r}")
-        if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-            raise ConfigError(f"block_size must be a positive int, got {block_size!r}")
         if not isinstance(seed, int):
             raise ConfigError(f"seed must be an int, got {seed!r}")
-        if not isinstance(numworkers, int) or numworkers <= 0:
-            raise ConfigError(f"numworkers must be a positive int, got {numworkers!r}")
+        calls_in_flight = _renamed("buffers", buffers, "calls_in_flight", calls_in_flight, 2)
+        s5cmd_workers = _renamed("numworkers", numworkers, "s5cmd_workers", s5cmd_workers, 256)
         if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1):
             raise ConfigError(f"batch_size must be a positive int or None, got {batch_size!r}")
         r, world = rank_info(num_replicas, rank)
         self.dataset = dataset
         self._order = _Order(shuffle if shuffle == "block" else bool(shuffle), seed, world, r, bool(drop_last))
         budget_bytes = parse_size(budget, "budget")
-        self._options = StagerOptions(
+        # From the options, not the space found: every rank must cut the same windows.
+        self._window = block_window(budget_bytes, dataset.total_bytes / max(1, len(dataset)), calls_in_flight)
+        if shuffle == "block" and isinstance(samples_per_call, int) and not isinstance(samples_per_call, bool) \
+                and samples_per_call > 0:  # an invalid value still fails in StagingOptions
+            samples_per_call = max(samples_per_call, self._window)
+        self._options = StagingOptions(
             budget=budget_bytes,
             samples_per_call=samples_per_call,
-            buffers=buffers,
+            calls_in_flight=calls_in_flight,
+            s5cmd_workers=s5cmd_workers,
+            block_size=block_size,
             stall_timeout=stall_timeout,
             retries=retries,
             on_error=on_error,
             verify=verify,
+            keep_staged=bool(keep_staged),
+            shrink_budget=bool(shrink_budget),
+            staging_dir=staging_dir,
         )
+        budget_bytes = self._options.budget
         largest = dataset.samples[dataset.samples.largest()]
         sharded = dataset.shards is not None
         if sharded:
@@ -152,12 +176,12 @@ class S5Sampler(Sampler[int]):
                     f"only {format_size(room)} fit in {root}, too little for "
                     + ("the whole data set with keep_staged" if keep_staged else f"sample {largest.key!r}")
                 )
-            self._options = StagerOptions(**{**self._options.__dict__, "budget": room})
+            self._options = replace(self._options, budget=room)
         if batch_size is not None and not sharded:
             _check_batch_fits(dataset, batch_size, self._options.budget)
         # over shards a block is a shard, fetched with one cp --raw line: no wildcard lines
         self._layout = plan_blocks(dataset.samples, 1 if sharded else block_size, dataset._listing)
-        self._s5cmd = S5cmd(dataset.endpoint_url, numworkers=numworkers)
+        self._s5cmd = S5cmd(access=dataset.access, numworkers=s5cmd_workers)
         self._area = StagingArea(root)
         self.keep_staged = bool(keep_staged)
         self.epoch = 0
@@ -171,6 +195,7 @@ class S5Sampler(Sampler[int]):
         self._kept: set[int] = set()
         self._active: Stager | None = None
         self._last_stats: Stats | None = None
+        self._last_metrics: Metrics | None = None
         self._run_s = 0.0  # seconds of all passes so far, for the starvation report
         self._finalizer = weakref.finalize(self, StagingArea.remove, self._area)
 
@@ -221,7 +246,7 @@ class S5Sampler(Sampler[int]):
         self._close_active()
         if self._epoch_done:
             self._start, self._epoch_done = 0, False  # the same epoch again, from its start
-        order = self._epoch_order(self.epoch, self._start)
+        order, windows = self._epoch_plan(self.epoch, self._start)
         self._area.create()
         register_cleanup(self)
         # The earlier passes' folders go now, not when they were abandoned: DataLoader workers
@@ -243,8 +268,9 @@ class S5Sampler(Sampler[int]):
             self._s5cmd,
             self._options,
             kept=self._kept if self.keep_staged else None,
-            endpoint_url=self.dataset.endpoint_url,
+            endpoint_url=self.dataset.access,
             layout=self._layout,
+            windows=windows if shards is None else None,  # over shards the engine stages shard visits
         ).start()
         self._active = stager
         self._yielded = 0
@@ -273,6 +299,7 @@ class S5Sampler(Sampler[int]):
             if not superseded:
                 self._active = None
             self._last_stats = stager.stats
+            self._last_metrics = stager.metrics(epoch=self.epoch, position=self._yielded)
             if keep:
                 self._kept.update(stager.ready_indices())
             elif not superseded:
@@ -298,11 +325,44 @@ class S5Sampler(Sampler[int]):
             where.remove()
 
     def _epoch_order(self, epoch: int, start: int = 0) -> list[int]:
-        units = None
+        return self._epoch_plan(epoch, start)[0]
+
+    def _epoch_plan(self, epoch: int, start: int = 0) -> tuple[list[int], list[int] | None]:
+        """This rank's order from ``start`` on, and (``shuffle="block"``) where its windows begin."""
         if self._order.shuffle == "block":
-            shards = self.dataset.shard_units if self.dataset.shards is not None else None  # type: ignore[attr-defined]
-            units = shards if shards is not None else self._layout.units
-        return self._order.indices(len(self.dataset), epoch, start, units=units, window=self._options.samples_per_call)
+            return self._order.block_order(len(self.dataset), epoch, start, self._units(), self._window)
+        return self._order.indices(len(self.dataset), epoch, start), None
+
+    def _units(self) -> list[list[int]]:
+        """The blocks a ``shuffle="block"`` order permutes: tar shards, else key-prefix blocks."""
+        shard_units = getattr(self.dataset, "shard_units", None)
+        return shard_units if shard_units is not None else self._layout.units
+
+    @property
+    def window(self) -> int:
+        """The most samples of a ``shuffle="block"`` window (see ``shuffle``)."""
+        return self._window
+
+    def shuffle_quality(self, epoch: int | None = None, span: int = 256) -> ShuffleQuality:
+        """How well this rank's order of ``epoch`` (default: the current one) mixes blocks.
+
+        Args:
+            epoch: the epoch whose order is measured.
+            span: the run length measured, e.g. the batch size.
+
+        Returns:
+            the mean number of distinct blocks among ``span`` consecutive samples (a sample
+            outside any block counts as a block of its own) and the mean distance a sample
+            moves from its key order, as a share of the data set (about 1/3 for a full
+            shuffle, 0 for none). A full shuffle draws about ``span`` blocks per run when
+            blocks are many; key order about ``span`` / the block size.
+        """
+        order = self._epoch_order(self.epoch if epoch is None else epoch)
+        unit_of = [0] * len(self.dataset)
+        for u, members in enumerate(self._units()):
+            for i in members:
+                unit_of[i] = u
+        return shuffle_quality(order, unit_of, span)
 
     def _report(self, stats: Stats, elapsed: float, finished: bool) -> None:
         starved = stats.wait_s - stats.first_wait_s
@@ -326,10 +386,10 @@ class S5Sampler(Sampler[int]):
             o = self._options
             log.warning(
                 "data starvation: " + msg + "; the loader waited %.0f%% of the epoch after its first "
-                "sample. To stage faster: more buffers (now %d s5cmd calls in flight), a larger "
+                "sample. To stage faster: a larger calls_in_flight (now %d), a larger "
                 "samples_per_call (now %d), shuffle='block' (one request per block of samples), or a "
                 "larger budget (now %s)",
-                *args, 100 * starved / elapsed, o.buffers, o.samples_per_call, format_size(o.budget),
+                *args, 100 * starved / elapsed, o.calls_in_flight, o.samples_per_call, format_size(o.budget),
             )
         else:
             log.info(msg, *args)
@@ -340,19 +400,37 @@ class S5Sampler(Sampler[int]):
         skipped URIs and the time the loader waited for staging."""
         return self._active.stats if self._active is not None else self._last_stats
 
+    def metrics(self) -> Metrics:
+        """Live figures of the current pass, cheap enough to call every training step (no
+        lock, no system call but a clock read; safe from any thread).
+
+        Between passes: the last pass's figures as it ended; before the first: zeros and the
+        budget. The fields are described in :class:`~s5loader.engine.metrics.Metrics`:
+        bytes staged and the budget, samples ready ahead of the loader, calls and objects in
+        flight, MB/s and samples/s over the last few seconds, the time the loader waited for
+        staging, retries, skips, the epoch and the position in it.
+        """
+        stager = self._active
+        if stager is not None:
+            return stager.metrics(epoch=self.epoch, position=self._yielded)
+        if self._last_metrics is not None:
+            return self._last_metrics
+        return Metrics(epoch=self.epoch, samples=len(self), budget=self.budget)
+
     def write_command_files(self, directory: str, epoch: int | None = None) -> list[str]:
         """Write the s5cmd command files this rank would run for an epoch, without running them.
 
         The files stage into ``directory`` as the sampler stages into its own directory (the
         same wildcard lines for whole blocks and multi-object samples, ``cp --raw`` lines for
-        the rest, ``samples_per_call`` samples per file, without the small first calls), so
+        the rest, ``samples_per_call`` samples per file, cut at window starts with
+        ``shuffle="block"``, without the small first calls), so
         ``s5cmd run FILE`` reproduces the sampler's fetching with no Python involved; files
         fetched by wildcard lines stay in their ``.cN/`` scratch folders.
 
         Returns:
             the paths of the command files, in order.
         """
-        order = self._epoch_order(self.epoch if epoch is None else epoch)
+        order, windows = self._epoch_plan(self.epoch if epoch is None else epoch)
         spc = self._options.samples_per_call
         os.makedirs(directory, exist_ok=True)
         stage = os.path.abspath(directory)
@@ -360,10 +438,17 @@ class S5Sampler(Sampler[int]):
             from ._shardpass import ShardPass
 
             order = ShardPass(self.dataset, order, stage, False, "raise").engine_order  # type: ignore[arg-type]
+            windows = None
         paths = []
-        for n, first in enumerate(range(0, len(order), spc)):
+        cuts = [0]
+        while cuts[-1] < len(order):
+            end = min(cuts[-1] + spc, len(order))
+            # whole windows per file, as the engine's calls
+            inside = [w for w in windows or () if cuts[-1] < w <= end]
+            cuts.append(inside[-1] if inside and end < len(order) else end)
+        for n, (first, last) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):
             plan = plan_call(
-                self.dataset.samples, order, range(first, min(first + spc, len(order))),
+                self.dataset.samples, order, range(first, last),
                 lambda i: f"{stage}/{i}", self._layout, f"{stage}/.c{n}",
             )
             path = os.path.join(stage, f"call-{n:05d}.txt")
@@ -391,6 +476,7 @@ class S5Sampler(Sampler[int]):
             "start": self._start,
             "yielded": self._yielded,
             "complete": self._epoch_done or (self._pass_len is not None and self._yielded >= self._pass_len),
+            "window": self._window,  # shuffle="block": the order depends on it
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -409,6 +495,9 @@ class S5Sampler(Sampler[int]):
                 unknown version, a missing key).
         """
         saved = check_state(state, len(self.dataset))
+        window = state.get("window", self._window)
+        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+            raise StateError(f"state['window'] must be a positive int, got {window!r}")
         block, w, drop_last = saved.shuffle == "block", saved.num_replicas, saved.drop_last
         consumed, complete, n = saved.consumed, saved.complete, len(self.dataset)
         if block and w != self._order.num_replicas and not complete:
@@ -423,6 +512,13 @@ class S5Sampler(Sampler[int]):
                 self._order.num_replicas, w, min(consumed, n), n,
             )
         self._order = _Order(saved.shuffle, saved.seed, self._order.num_replicas, self._order.rank, drop_last)
+        if block and window != self._window:
+            # the saved order's windows, whatever this job's budget gives
+            log.info("shuffle='block': resuming with the saved window of %d samples (this budget gives %d)",
+                     window, self._window)
+            self._window = window
+            if self._options.samples_per_call < window:
+                self._options = replace(self._options, samples_per_call=window)
         self._yielded = 0
         self._pass_len = None
         self._epoch_done = False
@@ -494,8 +590,19 @@ def _check_shards(dataset: S5Dataset, shuffle: bool | str, budget: int) -> None:
             f"shuffle=True over tar shards draws every sample from any shard, so all shards of "
             f"{dataset.source} ({format_size(dataset.total_bytes)}) would have to be staged at once, "
             f"more than the budget of {format_size(budget)}; use shuffle='block' (the shards in a "
-            "random order, samples shuffled within a window of samples_per_call samples)"
+            "random order, samples shuffled within windows of whole shards)"
         )
+
+
+def _renamed(old: str, old_value: int | None, new: str, new_value: int, default: int) -> int:
+    """The value of a renamed keyword: the old name still works for one release, with a
+    DeprecationWarning; both at once is a ConfigError."""
+    if old_value is None:
+        return new_value
+    if new_value != default:
+        raise ConfigError(f"{old}= is the former name of {new}=; give only {new}={new_value!r}")
+    warnings.warn(f"S5Sampler({old}=...) is deprecated; use {new}=", DeprecationWarning, stacklevel=3)
+    return old_value
 
 
 def _check_batch_fits(dataset: S5Dataset, batch_size: int, budget: int) -> None:

@@ -43,7 +43,7 @@ def cp(args: list[str]) -> bool:
 
 def main(argv: list[str]) -> int:
     while argv and argv[0].startswith("--"):
-        argv = argv[2:] if argv[0] in ("--retry-count", "--endpoint-url", "--numworkers") else argv[1:]
+        argv = argv[2:] if argv[0] in ("--retry-count", "--endpoint-url", "--numworkers", "--profile", "--credentials-file", "--request-payer") else argv[1:]
     cmd, rest = argv[0], argv[1:]
     if cmd == "ls":
         prefix = local(rest[0].rstrip("*"))

@@ -39,6 +39,7 @@ class FaultProxy:
 
     upstream: str
     rules: list[Rule] = field(default_factory=list)
+    tls: tuple[str, str] | None = None  # (certificate, key): serve https, as a TLS-terminating proxy
 
     def __post_init__(self) -> None:
         up = urllib.parse.urlparse(self.upstream)
@@ -46,6 +47,8 @@ class FaultProxy:
         self._lock = threading.Lock()
         self.release = threading.Event()
         self.held: list[tuple[str, str]] = []
+        #: (method, path, headers with lower-case names) of every request, as it arrived.
+        self.requests: list[tuple[str, str, dict[str, str]]] = []
         self._held_changed = threading.Condition(self._lock)
         proxy = self
 
@@ -57,6 +60,8 @@ class FaultProxy:
 
             def _handle(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with proxy._lock:
+                    proxy.requests.append((self.command, self.path, {k.lower(): v for k, v in self.headers.items()}))
                 action = proxy._match(self.command, urllib.parse.unquote(self.path))
                 if action == "hold":
                     with proxy._held_changed:
@@ -113,7 +118,15 @@ class FaultProxy:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        scheme = "http"
+        if self.tls is not None:
+            import ssl
+
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*self.tls)
+            self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+            scheme = "https"
+        self.endpoint = f"{scheme}://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self._thread.start()
 

@@ -130,7 +130,8 @@ def test_generate_shows_progress_on_stderr(seaweed_server: str, capsys: pytest.C
     assert bench.main(["--generate", "3", source, "--endpoint-url", seaweed_server, "--sample-size", "10",
                        "--shards-prefix", source + "tars/"]) == 0
     out = capsys.readouterr()
-    assert "objects" in out.err and "[" in out.err and "wrote 3 samples" in out.out
+    # not a terminal (captured): a line at the end instead of a bar
+    assert "uploading to" in out.err and "7 objects of 7" in out.err and "wrote 3 samples" in out.out
 
 
 def _installed(name: str) -> bool:
@@ -405,6 +406,10 @@ def test_real_run_reports_cpu_split_and_requests(data: dict[str, str], tmp_path,
     by = _counted_run(data, tmp_path, "--steps", "3", "--methods", *methods)
     table = capsys.readouterr().out
     assert "requests/sample" in table and "GET/HEAD/LIST/other per sample" in table
+    assert "blocks/256 samples" in table
+    for m in ("s5loader", "s5loader-block"):  # the order's mixing, from S5Sampler.shuffle_quality
+        assert by[m]["blocks_per_256"] >= 1 and 0 < by[m]["displacement"] < 1
+    assert by["boto3"]["blocks_per_256"] is None
     for m in methods:
         r = by[m]
         assert r["status"] == "ok", (m, r["note"])

@@ -107,7 +107,7 @@ def cache_bytes(cache: Path) -> int:
             if "/.calls" in root:
                 continue
             for fn in files:
-                if fn in (".lock",):
+                if fn in (".lock", "__key__"):  # control files, not sample bytes
                     continue
                 try:
                     st = os.lstat(os.path.join(root, fn))

@@ -34,7 +34,7 @@ def test_staging_options_reach_the_engine(moto: Store, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [({"retries": -1}, "retries must be an int >= 0"), ({"stall_timeout": 0}, "stall_timeout must be a positive"),
-     ({"buffers": 0}, "buffers must be a positive int"), ({"on_error": "ignore"}, "on_error must be one of")],
+     ({"calls_in_flight": 0}, "calls_in_flight must be a positive int"), ({"on_error": "ignore"}, "on_error must be one of")],
 )
 def test_staging_options_checked_as_the_samplers(tmp_path: Path, change: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -50,3 +50,23 @@ def test_bad_staging_option_is_a_usage_error(tmp_path: Path, bad: list[str]) -> 
     )
     assert r.returncode == 2, r.stderr
     assert bad[0] in r.stderr
+
+
+def test_block_shuffle_delivers_the_samplers_order(moto: Store, tmp_path: Path, staging_root: str) -> None:
+    from s5loader import S5Dataset, S5Sampler
+    from s5loader.daemon.protocol import sample_folder_name
+
+    moto.put({f"{d}/{i:02d}.bin": bytes([i]) * 10 for d in ("a", "b", "c") for i in range(4)})
+    args = build_parser().parse_args([
+        moto.uri(), "--cache", str(tmp_path / "cache"), "--budget", "1MiB", "--endpoint-url", moto.endpoint,
+        "--shuffle", "block", "--block-size", "2", "--seed", "3", "--samples-per-call", "4",
+    ])
+    with Prefetcher(options_from_args(args)) as p:
+        p.open()
+        assert p.run().delivered == 12
+    delivered = sorted(n for n in os.listdir(tmp_path / "cache") if not n.startswith(".") and n != "END")
+    ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
+    sampler = S5Sampler(ds, shuffle="block", block_size=2, seed=3, samples_per_call=4, staging_dir=staging_root)
+    expected = [sample_folder_name(seq, ds.samples[i].key) for seq, i in enumerate(sampler._epoch_order(0))]
+    assert delivered == expected
+    assert expected != sorted(expected, key=lambda n: n.split("-", 1)[1])  # shuffled, not key order

@@ -141,7 +141,7 @@ def test_help_shows_every_default() -> None:
     text = build_parser().format_help().split("options:", 1)[1]
     for option, default in (
         ("--group-by", "stem"), ("--seed", "0"), ("--epochs", "1"), ("--samples-per-call", "1000"),
-        ("--buffers", "2"), ("--numworkers", "256"), ("--on-error", "raise"), ("--shuffle", "off"),
+        ("--calls-in-flight", "2"), ("--s5cmd-workers", "256"), ("--block-size", "64"), ("--on-error", "raise"), ("--shuffle", "off"),
     ):
         section = text.split(f"\n  {option}", 1)[1].split("\n  --", 1)[0]
         assert f"(default: {default})" in " ".join(section.split()), (option, section)

@@ -162,7 +162,7 @@ def test_bad_input_errors(moto: Store, proxy: FaultProxy, tmp_path, staging_root
     with pytest.raises(ManifestError, match=r"line 2: not an s3 URI"):
         S5Dataset.from_manifest(str(manifest), endpoint_url=moto.endpoint)
     ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
-    for bad in ({"samples_per_call": 0}, {"samples_per_call": -3}, {"buffers": 0}, {"budget": "lots"},
+    for bad in ({"samples_per_call": 0}, {"samples_per_call": -3}, {"calls_in_flight": 0}, {"budget": "lots"},
                 {"budget": -1}, {"on_error": "ignore"}, {"stall_timeout": 0}):
         with pytest.raises(ConfigError):
             S5Sampler(ds, staging_dir=staging_root, **bad)
@@ -211,7 +211,7 @@ def test_s5cmd_killed_mid_call_recovers(seaweed: Store, staging_root: str) -> No
             time.sleep(0.005)
 
     t = threading.Thread(target=killer)
-    with S5Sampler(ds, staging_dir=staging_root, samples_per_call=100, buffers=1) as sampler:
+    with S5Sampler(ds, staging_dir=staging_root, samples_per_call=100, calls_in_flight=1) as sampler:
         t.start()
         got = [s for b in DataLoader(ds, sampler=sampler, batch_size=4, num_workers=2, collate_fn=collate) for s in b]
         t.join()
@@ -228,7 +228,7 @@ def test_server_restarted_mid_epoch(tmp_path, staging_root: str) -> None:
         source = store.put(make_pairs(60, size=500))
         ds = S5Dataset.from_prefix(store.uri(), endpoint_url=store.endpoint)
         got = []
-        with S5Sampler(ds, staging_dir=staging_root, samples_per_call=4, buffers=1, budget=8 * 600,
+        with S5Sampler(ds, staging_dir=staging_root, samples_per_call=4, calls_in_flight=1, budget=8 * 600,
                        retries=8, stall_timeout=5) as sampler:
             for i, b in enumerate(DataLoader(ds, sampler=sampler, batch_size=2, collate_fn=collate)):
                 got += b
@@ -269,7 +269,7 @@ def test_secrets_never_written_logged_or_shown(moto: Store, staging_root: str, m
     moto.put(make_pairs(60, size=2000))
     ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
     seen_argv, seen_files, modes = [], [], []
-    with S5Sampler(ds, staging_dir=staging_root, samples_per_call=10, buffers=2) as sampler:
+    with S5Sampler(ds, staging_dir=staging_root, samples_per_call=10, calls_in_flight=2) as sampler:
         for idx in sampler:
             for p in psutil.Process().children(recursive=True):
                 try:
@@ -293,3 +293,27 @@ def test_secrets_never_written_logged_or_shown(moto: Store, staging_root: str, m
     assert "staged" in ours  # s5loader did log at DEBUG and INFO
     for text in seen_argv + seen_files + [ours]:
         assert secret not in text and "AKIDSECRETID0000" not in text
+
+
+def test_profile_secrets_stay_in_the_credentials_file(moto: Store, staging_root: str, tmp_path, caplog) -> None:
+    from s5loader import Access
+
+    secret = "PROFILEsecret0987654321zyxwvuQRS"
+    creds = tmp_path / "credentials"
+    creds.write_text(f"[p]\naws_access_key_id = AKIDPROFILE00000\naws_secret_access_key = {secret}\n")
+    caplog.set_level(logging.DEBUG)
+    moto.put(make_pairs(20, size=2000))
+    ds = S5Dataset.from_prefix(moto.uri(), access=Access(moto.endpoint, profile="p", credentials_file=str(creds)))
+    seen_argv = []
+    with S5Sampler(ds, staging_dir=staging_root, samples_per_call=5) as sampler:
+        for idx in sampler:
+            for p in psutil.Process().children(recursive=True):
+                try:
+                    seen_argv.append(" ".join(p.cmdline()))
+                except psutil.Error:
+                    pass
+            ds[idx]
+    assert any("--profile p" in a and f"--credentials-file {creds}" in a for a in seen_argv)
+    ours = "\n".join(r.getMessage() for r in caplog.records if r.name.startswith("s5loader"))
+    for text in seen_argv + [ours, str(ds.access), repr(ds.access)]:
+        assert secret not in text and "AKIDPROFILE00000" not in text

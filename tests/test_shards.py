@@ -244,7 +244,7 @@ def test_webdataset_and_gnu_tar_shards_load_byte_exact_through_the_sampler(seawe
         capture_output=True, text=True, timeout=120,
     )
     assert r.returncode == 0, r.stderr
-    assert "indexed 4/4 shards" in r.stderr and "26 samples" in r.stdout
+    assert "4 shards of 4" in r.stderr and "26 samples" in r.stdout
     ds = S5Dataset.from_shards(seaweed.uri(), endpoint_url=seaweed.endpoint)
     assert len(ds) == 26 and len(ds.samples) == 4
     assert len(S5Dataset.from_shards(source, index=seaweed.uri("wids.json"), endpoint_url=seaweed.endpoint)) == 20
@@ -483,3 +483,20 @@ def test_a_shard_daemon_cut_mid_shard_continues_without_loss_or_repeat(moto: Sto
     assert [name for name, _ in got] == [sample_folder_name(i, k) for i, k in enumerate(keys)]
     for name, files in got:
         assert files == expected[name.split("-", 1)[1]]
+
+
+def test_iterable_dataset_over_shards_every_sample_once_per_rank_split(moto: Store, staging_root: str) -> None:
+    from s5loader import S5IterableDataset
+
+    shards, expected = make_shards(6, 5)
+    source = put_indexed(moto, shards)
+    keys: list[str] = []
+    for rank in range(2):
+        with S5IterableDataset.from_shards(source, endpoint_url=moto.endpoint, shuffle="block", seed=2, budget=80_000,
+                                           num_replicas=2, rank=rank, staging_dir=staging_root) as it:
+            loader = DataLoader(it, batch_size=4, num_workers=2, collate_fn=lambda b: b)
+            got = [x for b in loader for x in b]
+            assert all(x["bin"] == expected[x["__key__"]]["bin"] for x in got)
+            keys += [x["__key__"] for x in got]
+            assert leftovers(it._area.path) == []
+    assert len(keys) == 30 and set(keys) == set(expected)  # 30 samples over 2 ranks: each once

@@ -224,7 +224,7 @@ def _put(server: SeaweedFS, n: int) -> dict[str, bytes]:
 def test_server_that_stops_answering_ends_in_stall_error(own_server: SeaweedFS, staging_root: str) -> None:
     _put(own_server, 40)
     ds = S5Dataset.from_prefix("s3://data/train/", endpoint_url=own_server.endpoint)
-    sampler = S5Sampler(ds, staging_dir=staging_root, samples_per_call=2, buffers=1, budget=4 * 600,
+    sampler = S5Sampler(ds, staging_dir=staging_root, samples_per_call=2, calls_in_flight=1, budget=4 * 600,
                         stall_timeout=1.5, retries=1)
     it = iter(DataLoader(ds, sampler=sampler, batch_size=1))
     next(it)
@@ -242,7 +242,7 @@ def test_server_that_stops_answering_ends_in_stall_error(own_server: SeaweedFS, 
 def test_server_back_within_retry_window(own_server: SeaweedFS, staging_root: str) -> None:
     source = _put(own_server, 40)
     ds = S5Dataset.from_prefix("s3://data/train/", endpoint_url=own_server.endpoint)
-    with S5Sampler(ds, staging_dir=staging_root, samples_per_call=2, buffers=1, budget=4 * 600,
+    with S5Sampler(ds, staging_dir=staging_root, samples_per_call=2, calls_in_flight=1, budget=4 * 600,
                    stall_timeout=1.0, retries=4) as sampler:
         got = []
         for i, b in enumerate(DataLoader(ds, sampler=sampler, batch_size=1, collate_fn=collate)):
@@ -304,7 +304,7 @@ def test_starvation_is_reported_at_warning(moto: Store, staging_root: str, caplo
     levels = [(r.levelname, r.getMessage().startswith("data starvation")) for r in caplog.records if "waited" in r.getMessage()]
     assert levels == [("WARNING", True), ("INFO", False)]
     advice = next(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
-    assert "more buffers" in advice and "samples_per_call" in advice and "shuffle='block'" in advice
+    assert "calls_in_flight" in advice and "samples_per_call" in advice and "shuffle='block'" in advice
 
 
 def test_own_sigterm_handler_is_left_alone(moto: Store, staging_root: str, tmp_path) -> None:

@@ -123,8 +123,8 @@ def fake_s3(tmp_path, monkeypatch: pytest.MonkeyPatch):
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sizes=st.lists(st.integers(1, 3000), min_size=1, max_size=40), spc=st.integers(1, 12),
-       buffers=st.integers(1, 3), slack=st.integers(0, 4000), shuffle=st.sampled_from([True, False, "block"]))
-def test_budget_never_exceeded_and_each_sample_once(fake_s3, tmp_path, sizes, spc, buffers, slack, shuffle) -> None:
+       calls_in_flight=st.integers(1, 3), slack=st.integers(0, 4000), shuffle=st.sampled_from([True, False, "block"]))
+def test_budget_never_exceeded_and_each_sample_once(fake_s3, tmp_path, sizes, spc, calls_in_flight, slack, shuffle) -> None:
     import shutil
 
     shutil.rmtree(fake_s3)
@@ -137,7 +137,7 @@ def test_budget_never_exceeded_and_each_sample_once(fake_s3, tmp_path, sizes, sp
     root = str(tmp_path / "stage")
     os.makedirs(root, exist_ok=True)
     with Peak(lambda: staged_bytes(root), interval=0.0005) as peak, S5Sampler(
-        ds, shuffle=shuffle, samples_per_call=spc, buffers=buffers, budget=budget, staging_dir=root, block_size=4
+        ds, shuffle=shuffle, samples_per_call=spc, calls_in_flight=calls_in_flight, budget=budget, staging_dir=root, block_size=4
     ) as sampler:
         got = []
         for idx in sampler:
@@ -175,10 +175,10 @@ def test_s5cmd_environment_tunes_go_and_keeps_the_users_settings(monkeypatch) ->
 
     monkeypatch.delenv("GOGC", raising=False)
     monkeypatch.delenv("GOMEMLIMIT", raising=False)
-    env = S5cmd.env()
+    env = S5cmd().env()
     assert (env["GOGC"], env["GOMEMLIMIT"]) == ("400", "512MiB")
     monkeypatch.setenv("GOGC", "100")
-    assert S5cmd.env()["GOGC"] == "100"
+    assert S5cmd().env()["GOGC"] == "100"
 
 
 def test_disk_footprint_counts_whole_blocks(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -43,7 +43,7 @@ from typing import Any
 
 import psutil
 
-from s5loader import ConfigError, S5Dataset, find_s5cmd, parse_size
+from s5loader import Access, ConfigError, Progress, S5Dataset, find_s5cmd, parse_size
 
 from .methods import INSTALL_HINT, METHODS, Context, Figures, Settings, measure, shards_prefix
 from .proxy import ProxyProcess
@@ -97,7 +97,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("source", help="s3://bucket/prefix/ holding NNNNNN.image + NNNNNN.label pairs (or any "
                    "objects grouped by stem)")
-    p.add_argument("--endpoint-url", help="S3 endpoint (else AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, S3_ENDPOINT_URL)")
     p.add_argument("--methods", nargs="+", metavar="M",
                    help=f"methods to run, in order (space or comma separated; default all: {', '.join(METHODS)})")
     p.add_argument("--batch-size", type=positive_int, default=4, help="samples per step (default 4)")
@@ -108,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     stop.add_argument("--seconds", type=positive_float, help="seconds per method instead of a step count")
     p.add_argument("--samples-per-call", type=positive_int, default=1000,
                    help="S5Sampler samples per s5cmd call, also for s5cmd-run (default 1000)")
-    p.add_argument("--buffers", type=positive_int, default=2, help="S5Sampler s5cmd calls in flight (default 2)")
+    p.add_argument("--calls-in-flight", "--buffers", dest="calls_in_flight", type=positive_int, default=2,
+                   help="S5Sampler calls_in_flight: s5cmd calls running at once (default 2; --buffers is its former name)")
     p.add_argument("--budget", default="2GiB", help="S5Sampler staging budget (default 2GiB)")
     p.add_argument("--staging-dir", help="S5Sampler staging root (default: /dev/shm when it has room)")
     p.add_argument("--repeat", type=positive_int, default=1,
@@ -124,11 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delay-ms", type=float, default=None,
                    help="hold every client-to-server chunk this many ms at that proxy, like a trip to a distant "
                    "store (implies --count-requests; default 0)")
-    p.add_argument("--region", default=None, help="region for boto3 and s3torchconnector (default AWS_REGION or us-east-1)")
     p.add_argument("--shards-prefix", help="tar shards for webdataset (default: SOURCE's sibling '<name>-shards/')")
     p.add_argument("--json", dest="json_file", metavar="FILE", help="write every figure and the settings as JSON")
     p.add_argument("--plot", metavar="FILE", help="write a PNG bar chart of samples/s and CPU per method (matplotlib)")
     p.add_argument("--markdown", metavar="FILE", help="also write the table as Markdown")
+    Access.add_arguments(p)  # --endpoint-url, --region, --no-sign-request, --profile, ...
     gen = p.add_argument_group("generating a toy data set")
     gen.add_argument("--generate", type=positive_int, metavar="N",
                      help="write N samples (NNNNNN.image + NNNNNN.label) under SOURCE and tar shards of "
@@ -162,33 +162,6 @@ def _endpoint(given: str | None) -> str | None:
 
 
 # -- generating the toy data set ----------------------------------------------------------
-class Progress:
-    """A one-line progress bar on stderr."""
-
-    def __init__(self, total: int, label: str, width: int = 30) -> None:
-        self.total, self.label, self.width = max(total, 1), label, width
-        self.done = 0
-        self.t0 = time.monotonic()
-        self._last = 0.0
-
-    def update(self, n: int = 1, force: bool = False) -> None:
-        self.done += n
-        now = time.monotonic()
-        if not force and now - self._last < 0.1 and self.done < self.total:
-            return
-        self._last = now
-        filled = int(self.width * min(self.done, self.total) / self.total)
-        rate = self.done / max(now - self.t0, 1e-9)
-        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (self.width - filled)}] "
-                         f"{self.done}/{self.total} objects, {rate:.0f}/s ")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        self.update(0, force=True)
-        sys.stderr.write("\n")
-        sys.stderr.flush()
-
-
 def _s5cmd_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("AWS_REGION", env.get("AWS_DEFAULT_REGION") or "us-east-1")
@@ -249,7 +222,7 @@ def generate(source: str, n: int, *, sample_size: int = 100_000, label_size: int
             total_bytes += len(image) + len(label)
         if tar is not None:
             tar.close()
-        progress = Progress(2 * n + n_shards, f"uploading to {source}")
+        progress = Progress(f"uploading to {source}", 2 * n + n_shards)
         dest = source if source.endswith("/") else source + "/"
         upload(os.path.join(sdir, "*"), dest, endpoint, progress)
         upload(os.path.join(tdir, "*"), shards, endpoint, progress)
@@ -264,7 +237,7 @@ def _fmt(v: float | None, spec: str = ".3g") -> str:
 
 COLUMNS = ("method", "samples/s", "MB/s", "s/100 steps (mean)", "s/100 steps (var, s²)", "waited",
            "CPU (cores)", "CPU s/1k samples", "s5cmd", "main", "workers", "requests/sample",
-           "GET/HEAD/LIST/other per sample", "peak mem MB", "vs s5loader", "note")
+           "GET/HEAD/LIST/other per sample", "blocks/256 samples", "peak mem MB", "vs s5loader", "note")
 # the CPU split columns: CPU s per 1,000 samples of each kind of process (see monitor.CpuSplit)
 SPLIT_COLUMNS = ("s5cmd", "main", "workers")
 
@@ -292,7 +265,7 @@ def table_rows(results: list[Figures]) -> list[list[str]]:
             _fmt(f.step100_var_s2, ".2g"), "-" if f.wait_fraction is None else f"{f.wait_fraction:.0%}",
             _fmt(f.cpu_util, ".2f"), _fmt(f.cpu_s_per_1k_samples, ".2f"),
             *(_split(f, k) for k in SPLIT_COLUMNS),
-            _fmt(f.requests_per_sample, ".2f"), _by_kind(f),
+            _fmt(f.requests_per_sample, ".2f"), _by_kind(f), _fmt(f.blocks_per_256, ".1f"),
             _fmt(f.peak_mem_mb, ".0f"),
             "-" if f.ratio_to_s5loader is None else f"{f.ratio_to_s5loader:.2f}x",
             f"{f.samples} samples in {f.seconds:.1f}s" + (f"; {f.note}" if f.note else "")
@@ -403,7 +376,7 @@ def _median_run(runs: list[Figures]) -> Figures:
 def run(settings: Settings, methods: list[str], repeat: int = 1, echo: bool = True) -> list[Figures]:
     """Run ``methods`` one after another on ``settings.source`` (the whole list ``repeat``
     times, interleaved); per method the repeat with the median samples/s; ratios filled in."""
-    dataset = S5Dataset.from_prefix(settings.source, endpoint_url=settings.endpoint_url)
+    dataset = S5Dataset.from_prefix(settings.source, access=settings.store(settings.endpoint_url))
     if settings.count_requests:
         if not settings.endpoint_url:
             raise ConfigError("counting requests needs an http:// endpoint (--endpoint-url)")
@@ -458,6 +431,10 @@ def main(argv: list[str] | None = None) -> int:
                          "AWS_ENDPOINT_URL...): the proxy reads each request, which TLS would hide")
         methods = _methods(parser, args.methods)
         try:
+            access = Access.from_args(args)
+        except ConfigError as exc:
+            parser.error(str(exc))
+        try:
             parse_size(args.budget, "budget")
         except (ConfigError, ValueError) as exc:
             parser.error(f"--budget: {exc}")
@@ -469,6 +446,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse: 2 with a message on stderr, 0 for --help
         return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
     endpoint = _endpoint(args.endpoint_url)
+    if args.region:
+        os.environ["AWS_REGION"] = args.region  # every s5cmd the methods start reads it there
     shards = args.shards_prefix or shards_prefix(args.source)
     if args.generate is not None:
         t0 = time.monotonic()
@@ -480,10 +459,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     settings = Settings(
         source=args.source, endpoint_url=endpoint, batch_size=args.batch_size, num_workers=args.num_workers,
-        steps=args.steps, seconds=args.seconds, samples_per_call=args.samples_per_call, buffers=args.buffers,
+        steps=args.steps, seconds=args.seconds, samples_per_call=args.samples_per_call, calls_in_flight=args.calls_in_flight,
         budget=args.budget, staging_dir=args.staging_dir, shards_prefix=shards, compute_ms=args.compute_ms,
         seed=args.seed, region=args.region or os.environ.get("AWS_REGION") or "us-east-1",
-        count_requests=count, delay_ms=args.delay_ms or 0.0,
+        count_requests=count, delay_ms=args.delay_ms or 0.0, access=access,
     )
     started = datetime.datetime.now(datetime.timezone.utc)
     with warnings.catch_warnings():

@@ -10,6 +10,7 @@ s5loader is used.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import json
@@ -29,7 +30,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Dataset
 
-from s5loader import S5Dataset, S5Sampler, ShardIndexError
+from s5loader import Access, S5Dataset, S5Sampler, ShardIndexError
 
 from .monitor import TreeMonitor
 
@@ -57,7 +58,7 @@ class Settings:
     steps: int | None = None
     seconds: float | None = None
     samples_per_call: int = 1000
-    buffers: int = 2
+    calls_in_flight: int = 2
     budget: str = "2GiB"
     staging_dir: str | None = None
     shards_prefix: str | None = None
@@ -66,6 +67,19 @@ class Settings:
     region: str = "us-east-1"
     count_requests: bool = False  # every method through the request-counting proxy
     delay_ms: float = 0.0  # the latency the proxy adds per client-to-server chunk
+    access: Access | None = None  # --no-sign-request, --profile, ... (the endpoint is endpoint_url)
+
+    def store(self, endpoint: str | None) -> Access:
+        """The access settings with ``endpoint`` (the request-counting proxy's, when there is one)."""
+        a = self.access or Access()
+        return dataclasses.replace(a, endpoint_url=endpoint, region=a.region or self.region)
+
+    @property
+    def plain_access(self) -> bool:
+        """Whether the access settings are only an endpoint and a region, which every peer takes."""
+        a = self.access or Access()
+        return not (a.anonymous or a.profile or a.credentials_file or a.requester_pays or not a.verify_ssl
+                    or a.list_objects_v1 or a.addressing_style != "auto")
 
 
 @dataclass
@@ -103,6 +117,10 @@ class Figures:
     ratio_to_s5loader: float | None = None
     cpu_per_sample_ratio_to_s5loader: float | None = None
     repeats_samples_per_s: list[float] | None = None  # every repeat's samples/s (--repeat)
+    # the order's mixing (S5Sampler.shuffle_quality): distinct blocks among 256 consecutive
+    # samples, and the mean move from key order as a share of the data set (1/3: full shuffle)
+    blocks_per_256: float | None = None
+    displacement: float | None = None
 
 
 # -- timing ----------------------------------------------------------------------------------
@@ -120,6 +138,7 @@ class Recorder:
         self.objects = 0
         self.bytes = 0
         self.wait_s: float | None = None
+        self.quality: tuple[float, float] | None = None  # (blocks per 256 samples, displacement)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
@@ -158,6 +177,8 @@ class Recorder:
             fig.step100_var_s2 = (sum((w - mean) ** 2 for w in windows) / (len(windows) - 1)
                                   if len(windows) > 1 else None)
         fig.wait_fraction = self.wait_s / end if self.wait_s is not None and end > 0 else None
+        if self.quality is not None:
+            fig.blocks_per_256, fig.displacement = self.quality
 
 
 def _sample_bytes(sample: Any) -> int:
@@ -233,6 +254,11 @@ class Context:
             self.samples_per_call = max(1, min(s.samples_per_call, s.steps * s.batch_size))
 
     @property
+    def access(self) -> Access:
+        """How the methods reach the store (through the proxy when there is one)."""
+        return self.settings.store(self.endpoint)
+
+    @property
     def samples_needed(self) -> float:
         """Samples the run delivers at most (``inf`` for ``--seconds``)."""
         return self.max_steps * self.settings.batch_size
@@ -249,9 +275,9 @@ class Context:
 def run_s5loader(ctx: Context, shuffle: bool | str = True) -> Recorder:
     """S5Sampler + S5Dataset through a DataLoader (``s5loader-block``: ``shuffle="block"``)."""
     s = ctx.settings
-    ds = S5Dataset.from_prefix(s.source, endpoint_url=ctx.endpoint)
+    ds = S5Dataset.from_prefix(s.source, access=ctx.access)
     sampler = S5Sampler(ds, shuffle=shuffle, seed=s.seed, samples_per_call=ctx.samples_per_call,
-                        buffers=s.buffers, budget=s.budget, staging_dir=s.staging_dir)
+                        calls_in_flight=s.calls_in_flight, budget=s.budget, staging_dir=s.staging_dir)
     try:
         loader = ctx.loader(ds, sampler=sampler)
         rec = ctx.recorder()
@@ -261,6 +287,8 @@ def run_s5loader(ctx: Context, shuffle: bool | str = True) -> Recorder:
             return loader
 
         drive(epoch_loader, rec, s.compute_ms)
+        q = sampler.shuffle_quality(epoch=0)
+        rec.quality = (round(q.units_per_span, 2), round(q.displacement, 4))
     finally:
         sampler.close()
     return rec
@@ -269,10 +297,9 @@ def run_s5loader(ctx: Context, shuffle: bool | str = True) -> Recorder:
 class Boto3Dataset(Dataset[dict[str, Any]]):
     """The common baseline: a map-style Dataset with one GetObject per file."""
 
-    def __init__(self, samples: list[tuple[str, list[tuple[str, str, str]]]], endpoint: str | None,
-                 region: str) -> None:
+    def __init__(self, samples: list[tuple[str, list[tuple[str, str, str]]]], access: Access) -> None:
         self.samples = samples  # (key, [(field, bucket, object key)])
-        self.endpoint, self.region = endpoint, region
+        self.access = access
         self._client: Any = None
         self._pid = -1
 
@@ -281,9 +308,8 @@ class Boto3Dataset(Dataset[dict[str, Any]]):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         if self._client is None or self._pid != os.getpid():
-            import boto3
-
-            self._client = boto3.session.Session().client("s3", endpoint_url=self.endpoint, region_name=self.region)
+            # the same client settings s5loader's own boto3 clients get
+            self._client = self.access.boto3_client()
             self._pid = os.getpid()
         key, fields = self.samples[i]
         out: dict[str, Any] = {"__key__": key}
@@ -303,7 +329,7 @@ def _split_uri(uri: str) -> tuple[str, str]:
 def run_boto3(ctx: Context) -> Recorder:
     s = ctx.settings
     samples = [(x.key, [(f.name, *_split_uri(f.uri)) for f in x.fields]) for x in ctx.dataset.samples]
-    ds = Boto3Dataset(samples, ctx.endpoint, s.region)
+    ds = Boto3Dataset(samples, ctx.access)
     rec = ctx.recorder()
 
     def epoch_loader(epoch: int) -> DataLoader[Any]:
@@ -317,9 +343,7 @@ def run_boto3(ctx: Context) -> Recorder:
 
 def _s5cmd_argv(ctx: Context, *args: str, json_lines: bool = True) -> list[str]:
     argv = [ctx.s5cmd] + (["--json"] if json_lines else []) + ["--retry-count", "3"]
-    if ctx.endpoint:
-        argv += ["--endpoint-url", ctx.endpoint]
-    return argv + list(args)
+    return argv + ctx.access.s5cmd_flags() + list(args)
 
 
 def _s5cmd_env() -> dict[str, str]:
@@ -421,12 +445,12 @@ def _remove(paths: list[str]) -> None:
 
 
 def run_s5cmd_run(ctx: Context) -> Recorder:
-    """The command files s5loader writes, run by s5cmd (``buffers`` in flight, as the sampler
+    """The command files s5loader writes, run by s5cmd (``calls_in_flight`` at once, as the sampler
     does) into tmpfs with no Python reading the files; each call's files are deleted after it."""
     s = ctx.settings
     spc = ctx.samples_per_call
     sampler = S5Sampler(ctx.dataset, shuffle=True, seed=s.seed, samples_per_call=spc,
-                        buffers=s.buffers, budget=s.budget, staging_dir=s.staging_dir)
+                        calls_in_flight=s.calls_in_flight, budget=s.budget, staging_dir=s.staging_dir)
     root = tempfile.mkdtemp(prefix="s5cmd-run-", dir=ctx.tmp_root)
     try:
         plan: list[tuple[int, str]] = []
@@ -458,7 +482,7 @@ def run_s5cmd_run(ctx: Context) -> Recorder:
                 # deleted by another thread, so that the next call starts at once
                 cleaner.submit(_remove, _run_s5cmd(argv, lambda line: done.line(ep, line), stop, rec))
 
-            with ThreadPoolExecutor(max_workers=s.buffers) as pool:
+            with ThreadPoolExecutor(max_workers=s.calls_in_flight) as pool:
                 for fut in [pool.submit(call, item) for item in plan]:
                     fut.result()
             done.flush()
@@ -588,6 +612,9 @@ def run_s3torchconnector(ctx: Context) -> Recorder:
     """AWS's connector: ``S3MapDataset.from_prefix`` through a DataLoader."""
     s = ctx.settings
     stc = import_peer("s3torchconnector")
+    if not s.plain_access:
+        raise SkipMethod("s3torchconnector is not given the access options (--no-sign-request, --profile, ...); "
+                         "run it without them to compare")
     config = stc.S3ClientConfig(force_path_style=True) if ctx.endpoint else None
     try:
         inner = stc.S3MapDataset.from_prefix(s.source, region=s.region, endpoint=ctx.endpoint,
@@ -671,18 +698,16 @@ def run_s5loader_shards(ctx: Context) -> Recorder:
     if not any(u.endswith(".tar") for u in list_uris(ctx, prefix)):
         raise SkipMethod(f"no tar shards under {prefix} (write them with s5loader bench --generate)")
     try:
-        ds = S5Dataset.from_shards(prefix, endpoint_url=ctx.endpoint)
+        ds = S5Dataset.from_shards(prefix, access=ctx.access)
     except ShardIndexError:
-        argv = [sys.executable, "-m", "s5loader", "index-shards", prefix]
-        if ctx.endpoint:
-            argv += ["--endpoint-url", ctx.endpoint]
+        argv = [sys.executable, "-m", "s5loader", "index-shards", prefix, *ctx.access.to_args()]
         proc = subprocess.run(argv, capture_output=True, check=False)
         if proc.returncode != 0:
             tail = proc.stderr.decode("utf-8", "replace").strip()[-1000:]
             raise RuntimeError(f"{shlex.join(argv)} exited with code {proc.returncode}: {tail}") from None
-        ds = S5Dataset.from_shards(prefix, endpoint_url=ctx.endpoint)
+        ds = S5Dataset.from_shards(prefix, access=ctx.access)
     sampler = S5Sampler(ds, shuffle="block", seed=s.seed, samples_per_call=ctx.samples_per_call,
-                        buffers=s.buffers, budget=s.budget, staging_dir=s.staging_dir)
+                        calls_in_flight=s.calls_in_flight, budget=s.budget, staging_dir=s.staging_dir)
     try:
         loader = ctx.loader(ds, sampler=sampler)
         rec = ctx.recorder()

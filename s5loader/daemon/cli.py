@@ -12,7 +12,7 @@ from typing import Any
 from .._args import non_negative_int, positive_float, positive_int, size_arg
 from .._index import GROUP_BY
 from ..cli import EXIT_OK
-from ..engine import ON_ERROR
+from ..config import ON_ERROR, Access
 from .prefetcher import Prefetcher, PrefetchOptions
 
 log = logging.getLogger(__name__)
@@ -77,16 +77,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--shards", action="store_true",
         help="the source names tar shards in the WebDataset format (a prefix of *.tar, a brace pattern "
         "'s3://b/shard-{000..099}.tar' or one shard): each sample is delivered as a folder of its fields; "
-        "--shuffle permutes the shards; --budget must hold twice the largest shard",
+        "--shuffle permutes the shards (block or not); --budget must hold twice the largest shard",
     )
     p.add_argument("--index", help="with --shards: the wids shard index (default: wids.json beside the shards)")
-    p.add_argument("--shuffle", action="store_true", help="a seeded permutation per epoch")
+    p.add_argument(
+        "--shuffle", nargs="?", const=True, default=False, type=_shuffle_arg, metavar="block",
+        help="a seeded permutation per epoch; '--shuffle block' permutes blocks of samples that share a key prefix",
+    )
+    p.add_argument("--block-size", type=positive_int, default=64, help="most samples in a block, with --shuffle block")
     p.add_argument("--seed", type=int, default=0, help="the permutation's seed")
     p.add_argument("--epochs", type=positive_int, default=1, help="passes over the source")
-    p.add_argument("--endpoint-url", help="the S3 endpoint (default: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL or S3_ENDPOINT_URL, else AWS)")
     p.add_argument("--samples-per-call", type=positive_int, default=1000, help="samples per s5cmd call")
-    p.add_argument("--buffers", type=positive_int, default=2, help="s5cmd calls in flight")
-    p.add_argument("--numworkers", type=positive_int, default=256, help="s5cmd --numworkers")
+    p.add_argument("--calls-in-flight", type=positive_int, default=2, help="s5cmd calls running at once")
+    p.add_argument("--s5cmd-workers", type=positive_int, default=256, help="s5cmd --numworkers (parallel requests per call)")
+    # The former names, accepted for one release.
+    p.add_argument("--buffers", type=positive_int, dest="old_buffers", help=argparse.SUPPRESS)
+    p.add_argument("--numworkers", type=positive_int, dest="old_numworkers", help=argparse.SUPPRESS)
     p.add_argument("--on-error", default="raise", choices=list(ON_ERROR), help="a sample that cannot be fetched")
     p.add_argument("--stall-timeout", type=positive_float, default=60.0, help="seconds without progress before a call or a copy counts as stalled")
     p.add_argument("--retries", type=non_negative_int, default=3, help="retries of a sample that failed for a transient reason")
@@ -99,14 +105,31 @@ def build_parser() -> argparse.ArgumentParser:
     bar = p.add_mutually_exclusive_group()
     bar.add_argument("--progress", dest="progress", action="store_true", default=None, help="always draw the bar (default: only when stderr is a terminal)")
     bar.add_argument("--no-progress", dest="progress", action="store_false", default=None, help="never draw the bar")
+    Access.add_arguments(p)
     return p
+
+
+def _shuffle_arg(text: str) -> str:
+    if text != "block":
+        raise argparse.ArgumentTypeError(f"the only value --shuffle takes is 'block', got {text!r}")
+    return text
+
+
+def _renamed(args: argparse.Namespace, old: str, new: str) -> int:
+    """The value of an option whose flag was renamed; the old flag warns."""
+    value = getattr(args, "old_" + old)
+    if value is None:
+        return int(getattr(args, new))
+    log.warning("--%s is deprecated; use --%s", old, new.replace("_", "-"))
+    return int(value)
 
 
 def options_from_args(args: argparse.Namespace) -> PrefetchOptions:
     return PrefetchOptions(
         source=args.source, cache=args.cache, budget=args.budget, group_by=args.group_by,
-        shuffle=args.shuffle, seed=args.seed, epochs=args.epochs, endpoint_url=args.endpoint_url,
-        samples_per_call=args.samples_per_call, buffers=args.buffers, numworkers=args.numworkers,
+        shuffle=args.shuffle, seed=args.seed, epochs=args.epochs, access=Access.from_args(args),
+        samples_per_call=args.samples_per_call, calls_in_flight=_renamed(args, "buffers", "calls_in_flight"),
+        s5cmd_workers=_renamed(args, "numworkers", "s5cmd_workers"), block_size=args.block_size,
         on_error=args.on_error, stall_timeout=args.stall_timeout, retries=args.retries, verify=args.verify,
         fresh=args.fresh, json_log=args.json_log, progress=args.progress, shards=args.shards, index=args.index,
     )

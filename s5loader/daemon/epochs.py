@@ -29,9 +29,14 @@ class EpochSamples(Sequence[Sample]):
     when first needed (a few epochs are kept).
     """
 
-    def __init__(self, samples: Sequence[Sample], order: Order, epochs: int) -> None:
+    def __init__(
+        self, samples: Sequence[Sample], order: Order, epochs: int,
+        units: list[list[int]] | None = None, window: int = 1000,
+    ) -> None:
         self._samples = samples
         self._order = order
+        self._units = units  # with shuffle "block": the blocks, as the sampler's
+        self._window = window
         self._n = len(samples)
         self._epochs = epochs
         self._perms: collections.OrderedDict[int, list[int]] = collections.OrderedDict()
@@ -58,7 +63,7 @@ class EpochSamples(Sequence[Sample]):
         with self._lock:
             perm = self._perms.get(epoch)
             if perm is None:
-                perm = self._order.indices(self._n, epoch)
+                perm = self._order.indices(self._n, epoch, units=self._units, window=self._window)
                 self._perms[epoch] = perm
                 while len(self._perms) > 3:
                     self._perms.popitem(last=False)

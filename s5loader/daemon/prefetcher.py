@@ -9,20 +9,22 @@ import secrets
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import IO, Any
 
+from .._blocks import plan_blocks
 from .._index import GROUP_BY, Sample
-from .._order import Order
+from .._order import Order, block_window
 from .._platform import require_linux
 from .._s5cmd import S5cmd
 from .._uri import format_size
-from ..engine import Stager, StagerOptions
+from ..config import Access, StagingOptions
+from ..engine import Stager
 from ..exceptions import ConfigError, DaemonError
 from ..staging.area import StagingArea
 from .epochs import EpochSamples, index_fingerprint
 from .progress import ProgressReporter, open_reporter
-from .protocol import END_MARKER, STAGING_DIR, STATE_FILE, sample_folder_name
+from .protocol import END_MARKER, KEY_FILE, STAGING_DIR, STATE_FILE, sample_folder_name
 from .shards import ShardDeliveries, Unpacker
 from .state import (
     CacheLock,
@@ -44,22 +46,26 @@ log = logging.getLogger(__name__)
 class PrefetchOptions:
     """What ``s5loader prefetch`` was asked to do (its command-line options).
 
-    The staging options (``budget``, ``samples_per_call``, ``buffers``, ``stall_timeout``,
-    ``retries``, ``on_error``, ``verify``) have the names, defaults and checks of
-    :class:`~s5loader.S5Sampler`'s: :meth:`stager_options` is the engine's one options object.
+    The staging options (``budget``, ``samples_per_call``, ``calls_in_flight``,
+    ``s5cmd_workers``, ``block_size``, ``stall_timeout``, ``retries``, ``on_error``,
+    ``verify``) have the names, defaults and checks of :class:`~s5loader.S5Sampler`'s:
+    :meth:`stager_options` is the one :class:`~s5loader.StagingOptions` object, and
+    ``shuffle`` takes ``True``, ``False`` or ``"block"`` as the sampler's does. ``access``
+    (with ``endpoint_url`` folded in) says how the store is reached.
     """
 
     source: str
     cache: str
     budget: int
     group_by: str = "stem"
-    shuffle: bool = False
+    shuffle: bool | str = False
     seed: int = 0
     epochs: int = 1
     endpoint_url: str | None = None
     samples_per_call: int = 1000
-    buffers: int = 2
-    numworkers: int = 256
+    calls_in_flight: int = 2
+    s5cmd_workers: int = 256
+    block_size: int = 64
     on_error: str = "raise"
     stall_timeout: float = 60.0
     retries: int = 3
@@ -67,6 +73,7 @@ class PrefetchOptions:
     fresh: bool = False
     json_log: str | None = None
     progress: bool | None = None  # None: a bar when stderr is a terminal
+    access: Access | None = None
     shards: bool = False  # the source names tar shards (see .shards)
     index: str | None = None  # their wids shard index; default: wids.json beside them
 
@@ -75,15 +82,24 @@ class PrefetchOptions:
             raise ConfigError(f"group_by must be one of {', '.join(GROUP_BY)}; got {self.group_by!r}")
         if self.epochs < 1:
             raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
-        if self.numworkers < 1:
-            raise ConfigError(f"numworkers must be >= 1, got {self.numworkers}")
+        if self.shuffle not in (True, False, "block"):
+            raise ConfigError(f"shuffle must be True, False or 'block', got {self.shuffle!r}")
+        object.__setattr__(self, "access", Access.coerce(self.access, self.endpoint_url))
         self.stager_options()  # checks the staging options as the sampler's are checked
 
-    def stager_options(self) -> StagerOptions:
-        return StagerOptions(
+    @property
+    def store(self) -> Access:
+        """How the store is reached (``access`` with ``endpoint_url`` folded in)."""
+        assert self.access is not None
+        return self.access
+
+    def stager_options(self) -> StagingOptions:
+        return StagingOptions(
             budget=self.budget,
             samples_per_call=self.samples_per_call,
-            buffers=self.buffers,
+            calls_in_flight=self.calls_in_flight,
+            s5cmd_workers=self.s5cmd_workers,
+            block_size=self.block_size,
             stall_timeout=self.stall_timeout,
             retries=self.retries,
             on_error=self.on_error,
@@ -133,6 +149,7 @@ class Prefetcher:
         self._start = 0
         self._shards: ShardDeliveries | None = None
         self._unpacker: Unpacker | None = None
+        self._key_clash_warned = False
         self.summary = Summary()
 
     # -- opening ----------------------------------------------------------------------------
@@ -159,17 +176,22 @@ class Prefetcher:
         if self.opts.fresh:
             wipe(self.cache)
             old = None
-        samples, endpoint = self._index()
+        samples, listing, total = self._index()
         order = Order(self.opts.shuffle, self.opts.seed, 1, 0, False)
+        units = None
         if self._shards is not None:
-            self._view = self._shards
             count, fingerprint = len(self._shards.dataset), self._shards.fingerprint()
         else:
-            self._view = EpochSamples(samples, order, self.opts.epochs)
+            if self.opts.shuffle == "block":
+                units = plan_blocks(samples, self.opts.block_size, listing).units
             count, fingerprint = len(samples), index_fingerprint(samples)
         state = DaemonState(
             self.opts.source, "shards" if self.opts.shards else self.opts.group_by, self.opts.shuffle,
             self.opts.seed, self.opts.epochs, count, fingerprint, run=secrets.token_hex(8),
+            block_size=self.opts.block_size if units is not None else None,
+            # as the sampler's windows; a restart keeps the saved one, whatever its budget
+            window=block_window(self.opts.budget, total / max(1, len(samples)),
+                                self.opts.calls_in_flight) if units is not None else None,
         )
         if old is not None:
             diff = old.differences(state)
@@ -181,6 +203,10 @@ class Prefetcher:
             state = old
             state.run = state.run or secrets.token_hex(8)  # a state from before runs were named
         self._state = state
+        if self._shards is not None:
+            self._view = self._shards
+        else:
+            self._view = EpochSamples(samples, order, self.opts.epochs, units, state.window or self.opts.samples_per_call)
         recover_pending(state, self._state_path)
         check_cache_budget(samples, self.opts.budget, self.opts.epochs, self.cache, adopt_delivered(self.cache, self._ledger))
         self._start = state.delivered
@@ -189,56 +215,56 @@ class Prefetcher:
         if state.delivered < len(self._view):
             remove_end(self.cache)
         state.save(self._state_path)
-        self._open_stager(samples, endpoint)
+        self._open_stager()
         return self
 
-    def _index(self) -> tuple[Sequence[Sample], str | None]:
+    def _index(self) -> tuple[Sequence[Sample], Sequence[str] | None, int]:
         from ..dataset import S5Dataset
 
-        src, ep, gb = self.opts.source, self.opts.endpoint_url, self.opts.group_by
+        src, store, gb = self.opts.source, self.opts.store, self.opts.group_by
         if self.opts.shards:
             from .._shardset import ShardDataset
 
-            sds = S5Dataset.from_shards(src, index=self.opts.index, endpoint_url=ep)
+            sds = S5Dataset.from_shards(src, index=self.opts.index, access=store)
             assert isinstance(sds, ShardDataset)
             order = Order(self.opts.shuffle, self.opts.seed, 1, 0, False)
             self._shards = ShardDeliveries(sds, order, self.opts.epochs)
             log.info("%s: %d samples in %d shards, %s", src, len(sds), len(sds.shards), format_size(sds.total_bytes))
-            return sds.samples, sds.endpoint_url
+            return sds.samples, None, sds.total_bytes
         if src.startswith("s3://") and not src.endswith((".jsonl", ".json")):
-            ds = S5Dataset.from_prefix(src, endpoint_url=ep, group_by=gb)
+            ds = S5Dataset.from_prefix(src, access=store, group_by=gb)
         else:
-            ds = S5Dataset.from_manifest(src, endpoint_url=ep, group_by=gb)
+            ds = S5Dataset.from_manifest(src, access=store, group_by=gb)
         log.info("%s: %d samples, %s", src, len(ds), format_size(ds.total_bytes))
-        return ds.samples, ds.endpoint_url
+        return ds.samples, ds._listing, ds.total_bytes
 
-    def _open_stager(self, samples: Sequence[Sample], endpoint: str | None) -> None:
+    def _open_stager(self) -> None:
         assert self._view is not None and self._state is not None
         staging = os.path.join(self.cache, STAGING_DIR)
         os.makedirs(staging, exist_ok=True)
         self._area = StagingArea(staging)
         self._area.create()
         options = self.opts.stager_options()
-        s5 = S5cmd(endpoint, numworkers=self.opts.numworkers)
+        s5 = S5cmd(access=self.opts.store, numworkers=options.s5cmd_workers)
         sh = self._shards
         if sh is None:
             order: Sequence[int] = range(self._state.delivered, len(self._view))
             self._stager = Stager(
                 self._view, order, self._area, s5, options,
-                is_released=self._ledger.is_released, endpoint_url=endpoint,
+                is_released=self._ledger.is_released, endpoint_url=self.opts.store,
             )
             for seq, size in self._ledger.items():
                 self._stager.hold(seq, size)
         else:
             # The engine stages visits of shards (indices >= 0); a delivered sample is held
             # under -(seq + 1) until the consumer deletes its folder.
-            options = StagerOptions(**{**options.__dict__, "budget": sh.check_budget(self.opts.budget)})
+            options = replace(options, budget=sh.check_budget(self.opts.budget))
             area, ledger = self._area, self._ledger
             self._start = sh.visit_of(self._state.delivered) if self._state.delivered < len(sh) else len(sh.visits)
             self._stager = Stager(
                 sh.visits, range(self._start, len(sh.visits)), area, s5, options,
                 is_released=lambda k: ledger.is_released(-k - 1) if k < 0 else not os.path.isdir(area.sample_dir(k)),
-                endpoint_url=endpoint,
+                endpoint_url=self.opts.store,
             )
             self._unpacker = Unpacker(sh, area.path, self.opts.on_error)
             for seq, size in self._ledger.items():
@@ -372,6 +398,7 @@ class Prefetcher:
             src, key, size = area.sample_dir(seq), sample.key, sample.size
         name = sample_folder_name(seq, key)
         dst = os.path.join(self.cache, name)
+        self._write_key(src, key)
         # the one write of this delivery: a restart completes the rename if it did not happen
         st.delivered, st.pending = seq + 1, {"seq": seq, "from": src, "to": dst}
         st.save(self._state_path)
@@ -386,6 +413,18 @@ class Prefetcher:
         if self._starving:
             self.summary.starved_s += time.monotonic() - self._starving
             self._starving = 0.0
+
+    def _write_key(self, folder: str, key: str) -> None:
+        """The sample's full key into its folder, before the folder is renamed into place (a
+        control file of a few bytes, not counted in the budget)."""
+        path = os.path.join(folder, KEY_FILE)
+        if os.path.lexists(path):  # a field of the sample has that name
+            if not self._key_clash_warned:
+                self._key_clash_warned = True
+                log.warning("sample %r has a field named %s; its folders carry no %s file", key, KEY_FILE, KEY_FILE)
+            return
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(key)
 
     def _skip(self, seq: int) -> None:
         st, view = self._state, self._view
@@ -410,7 +449,16 @@ class Prefetcher:
         st, stager = self._state, self._stager
         assert st is not None and stager is not None
         reserved = stager.reserved
+        per_epoch = max(1, self.summary.total // max(1, self.opts.epochs))
+        starving = time.monotonic() - self._starving if self._starving else 0.0
+        # The figures S5Sampler.metrics() gives, for this run of the daemon (positions count
+        # on across epochs), then the daemon's own.
+        metrics = stager.metrics(
+            epoch=min(st.delivered // per_epoch, self.opts.epochs - 1), position=st.delivered,
+            samples=self.summary.total, waited_s=self.summary.starved_s + starving,
+        )
         return {
+            **metrics.as_dict(),
             "delivered": st.delivered,
             "consumed": self._consumed(),
             "in_cache": self._ledger.count,

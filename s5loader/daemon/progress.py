@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import json
 import logging
 import sys
@@ -10,6 +9,7 @@ import time
 from typing import IO, Any
 
 from .._uri import format_size
+from ..progress import Progress
 
 
 class ProgressReporter:
@@ -21,8 +21,7 @@ class ProgressReporter:
         self.bar = bar
         self.json_out = json_out
         self._last = 0.0
-        self._rates: collections.deque[tuple[float, int]] = collections.deque(maxlen=20)
-        self._drawn = False
+        self._line = Progress("prefetch", total, tty=True)
         self.bar_filter: logging.Filter | None = None
 
     def event(self, name: str, **fields: Any) -> None:
@@ -36,9 +35,6 @@ class ProgressReporter:
         if not force and now - self._last < (0.25 if self.bar else 1.0):
             return
         self._last = now
-        self._rates.append((now, snap["fetched_bytes"]))
-        t0, b0 = self._rates[0]
-        snap["mb_s"] = round((snap["fetched_bytes"] - b0) / (now - t0) / 1e6, 2) if now > t0 else 0.0
         if self.bar:
             self._draw(snap)
         self.event("progress", **snap)
@@ -51,22 +47,15 @@ class ProgressReporter:
             f"cache [{'#' * filled}{'.' * (width - filled)}] {format_size(s['cache_bytes'])}"
             f"/{format_size(self.budget)}  {s['mb_s']:.1f} MB/s"
         )
-        sys.stderr.write("\r\x1b[K" + line)
-        sys.stderr.flush()
-        self._drawn = True
+        self._line.show(line)
 
     def clear_line(self) -> None:
         """Wipe the bar so a log line starts on a clean line; the next tick redraws it."""
-        if self._drawn:
-            sys.stderr.write("\r\x1b[K")
-            sys.stderr.flush()
+        self._line.clear()
 
     def close(self) -> None:
         """End the bar's line and take its filter off the log handlers. Safe to call twice."""
-        if self._drawn:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
-            self._drawn = False
+        self._line.close()
         bar_filter, self.bar_filter = self.bar_filter, None
         if bar_filter is not None:
             for handler in logging.getLogger().handlers:

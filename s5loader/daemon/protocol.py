@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import re
 
-from ..consume import END_MARKER, SEQ_WIDTH, parse_seq, ready_names
+from ..consume import END_MARKER, KEY_FILE, SEQ_WIDTH, parse_seq, ready_names
 
 __all__ = [
-    "END_MARKER", "END_TMP", "LOCK_FILE", "SEQ_WIDTH", "STAGING_DIR", "STATE_FILE", "STATE_TMP",
+    "END_MARKER", "END_TMP", "KEY_FILE", "LOCK_FILE", "SEQ_WIDTH", "STAGING_DIR", "STATE_FILE", "STATE_TMP",
     "parse_seq", "ready_names", "sample_folder_name",
 ]
 

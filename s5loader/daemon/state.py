@@ -110,7 +110,7 @@ class DaemonState:
 
     source: str
     group_by: str
-    shuffle: bool
+    shuffle: bool | str
     seed: int
     epochs: int
     samples: int
@@ -121,8 +121,10 @@ class DaemonState:
     version: int = STATE_VERSION
     done: bool = False
     run: str = ""
+    block_size: int | None = None  # with shuffle "block": the blocks' most samples
+    window: int | None = None  # with shuffle "block": the windows' most samples (kept on restart)
 
-    IDENTITY = ("version", "source", "group_by", "shuffle", "seed", "epochs", "samples", "index")
+    IDENTITY = ("version", "source", "group_by", "shuffle", "seed", "epochs", "samples", "index", "block_size")
 
     @classmethod
     def load(cls, path: str) -> DaemonState | None:

@@ -22,6 +22,10 @@ class Readiness:
         self.stats = stats
         self.error: BaseException | None = None
         self.consumer_waiting = 0.0  # since when a consumer waits in wait(), or 0
+        # For the metrics: positions marked ready, and those a consumer took (each position
+        # is waited for, or polled to an answer, once).
+        self.n_ready = 0
+        self.n_taken = 0
 
     def wait(self, pos: int, running: Callable[[], bool]) -> bool:
         """Block until position ``pos`` is staged; False if its sample was skipped."""
@@ -41,7 +45,7 @@ class Readiness:
                     "this staging pass was closed: a newer iterator over the same S5Sampler "
                     "replaced it, or close() was called"
                 )
-            return self.state[pos] == READY
+            return self._take(pos)
 
     def poll(self, pos: int, timeout: float) -> bool | None:
         """Like :meth:`wait` with a timeout, and without flagging a waiting consumer."""
@@ -52,10 +56,16 @@ class Readiness:
                 if self.error is not None:
                     raise self.error
                 return None
-            return self.state[pos] == READY
+            return self._take(pos)
+
+    def _take(self, pos: int) -> bool:
+        ready = self.state[pos] == READY
+        self.n_taken += ready
+        return ready
 
     def mark(self, pos: int, state: int = READY) -> None:
         with self.cond:
+            self.n_ready += state == READY and self.state[pos] != READY
             self.state[pos] = state
             self.cond.notify_all()
 

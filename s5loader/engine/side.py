@@ -11,6 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from .. import _s5cmd
 from .._index import boto3_error, make_boto3_client
 from .._uri import parse_s3_uri
+from ..config import Access
 from .retry import Failures
 
 THREAD_PREFIX = "s5loader-aside"
@@ -19,7 +20,7 @@ THREAD_PREFIX = "s5loader-aside"
 class SideFetches:
     """boto3 downloads running beside the s5cmd calls, on a small thread pool made on first use."""
 
-    def __init__(self, endpoint_url: str | None) -> None:
+    def __init__(self, endpoint_url: Access | str | None) -> None:
         self.endpoint_url = endpoint_url
         self._executor: ThreadPoolExecutor | None = None
         self._running: list[tuple[Future[None], int, int, str]] = []
@@ -66,7 +67,7 @@ class SideFetches:
             self._executor = None
 
 
-def _download(uri: str, dest: str, endpoint_url: str | None) -> None:
+def _download(uri: str, dest: str, endpoint_url: Access | str | None) -> None:
     u = parse_s3_uri(uri)
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     tmp = dest + ".part"

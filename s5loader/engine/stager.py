@@ -2,7 +2,7 @@
 
 A background thread walks an ordered list of sample indices, cuts it into calls of at most
 ``samples_per_call`` samples that fit the byte budget (:mod:`.budget`), plans each call's
-command lines (:mod:`.plan`), keeps ``buffers`` ``s5cmd run`` processes in flight and routes
+command lines (:mod:`.plan`), keeps ``calls_in_flight`` ``s5cmd run`` processes in flight and routes
 their output to samples as it comes (:mod:`.calls`), so a sample is ready as soon as its last
 file is staged. What fails goes to the retry policy (:mod:`.retry`); hung copies and stalled
 calls are found by the watchdog (:mod:`.watchdog`); keys no command file can carry are fetched
@@ -11,6 +11,7 @@ aside (:mod:`.side`). Budget comes back when consumers release what they read.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import selectors
@@ -22,11 +23,13 @@ from collections.abc import Callable, Sequence
 from .. import _s5cmd
 from .._blocks import Layout
 from .._index import Field, Sample
+from ..config import Access
 from ..exceptions import S5LoaderError
 from ..staging.area import StagingArea
 from ..staging.layout import ReleaseEvents, StagingLayout
 from .budget import Budget
 from .calls import Call, Calls
+from .metrics import Metrics, Throughput
 from .options import StagerOptions, Stats
 from .plan import plan_call
 from .ready import SKIPPED, Readiness
@@ -39,6 +42,13 @@ log = logging.getLogger(__name__)
 
 class Stager:
     """Stages ``order`` (indices into ``samples``) into ``area``; see the module docstring.
+
+    ``windows`` (ascending positions, the first 0) cuts the order into windows that calls
+    stage whole: a call that reaches past a window's start (by ``samples_per_call`` or by
+    the budget) ends at the last such start, so it holds whole windows and fetches each of
+    their blocks with one wildcard line. While anything is staged, a call the budget cuts
+    inside a window waits for releases instead; only a window larger than the whole budget
+    (or a call after a retry) is split.
 
     Consumers call :meth:`wait` for each position in order, read the sample and release it
     (:meth:`StagingLayout.release <s5loader.staging.layout.StagingLayout.release>`: delete its
@@ -57,8 +67,9 @@ class Stager:
         *,
         kept: set[int] | None = None,
         is_released: Callable[[int], bool] | None = None,
-        endpoint_url: str | None = None,
+        endpoint_url: Access | str | None = None,
         layout: Layout | None = None,
+        windows: Sequence[int] | None = None,
     ) -> None:
         self.samples = samples
         self.order = order
@@ -69,6 +80,7 @@ class Stager:
         self.folders = StagingLayout(area.path)
         self.endpoint_url = endpoint_url
         self.layout = layout
+        self.windows = list(windows or ())
         self.stats = Stats(samples=len(order))
         self.ready = Readiness(len(order), self.stats)
         self._cond = self.ready.cond  # the engine's one lock
@@ -78,6 +90,8 @@ class Stager:
         self._next = 0
         self._seq = 0
         self._fields_left: dict[int, int] = {}
+        self._objects_left = 0  # the sum of _fields_left, kept for the metrics
+        self.throughput = Throughput(time.monotonic())
         # Readers announce releases on the pass's FIFO; a consumer with a protocol of its own
         # (is_released) is asked instead.
         self.is_released = is_released or (lambda idx: not os.path.isdir(self.folders.sample_dir(idx)))
@@ -189,13 +203,14 @@ class Stager:
         # The first calls are small (32, 64, 128, ... samples) so the first batch does not
         # wait for a whole call of samples_per_call to come in.
         spc = min(self.opts.samples_per_call, 32 << min(self.stats.calls, 20))
-        while len(self.calls) < self.opts.buffers:
+        while len(self.calls) < self.opts.calls_in_flight:
             retried = self.retries.take_due(time.monotonic(), spc)
             picked = list(retried)  # a retried sample still holds its budget
             in_call = {order[p] for p in picked}
             left = budget.limit - budget.reserved
             nxt, cut = self._next, False
-            while nxt < len(order) and len(picked) < spc:
+            end = self._call_end(nxt, spc)
+            while nxt < end and len(picked) < spc:
                 idx = order[nxt]
                 if self.kept is not None and idx in self.kept:
                     self.ready.mark(nxt)
@@ -213,12 +228,21 @@ class Stager:
                 left -= size
                 nxt += 1
             budget.blocked = cut and not picked
+            whole = False  # the call ends at a window's start: its windows are whole
+            if cut and self.windows:
+                k = bisect.bisect_right(self.windows, nxt) - 1
+                if k >= 0 and self.windows[k] > self._next:
+                    nxt, whole = self.windows[k], True  # what fits, less the part of a window
+                    picked = [p for p in picked if p < nxt]
             if not picked:
                 return
             new = len(picked) - len(retried)
-            want = min(spc, len(order) - self._next)
-            if cut and self.calls and not retried and new < max(1, want // 2):
-                return  # wait for releases rather than start a sliver of a call
+            want = end - self._next
+            if cut and not retried and not whole:
+                if self.windows and budget.reserved:
+                    return  # wait for releases rather than split a window that the budget holds
+                if self.calls and new < max(1, want // 2):
+                    return  # wait for releases rather than start a sliver of a call
             if retried:
                 self.retries.started(retried)
             with self._cond:
@@ -228,6 +252,15 @@ class Stager:
             self.stats.peak_reserved = max(self.stats.peak_reserved, budget.reserved)
             self._start_call(picked)
 
+    def _call_end(self, first: int, spc: int) -> int:
+        """Where a call that begins at ``first`` ends: after ``spc`` positions, or earlier at
+        the start of the last window that begins within them."""
+        end = min(first + spc, len(self.order))
+        k = bisect.bisect_right(self.windows, end) - 1
+        if k >= 0 and self.windows[k] > first and end < len(self.order):
+            return self.windows[k]
+        return end
+
     def _start_call(self, positions: list[int]) -> None:
         self._seq += 1
         for pos in positions:
@@ -235,7 +268,9 @@ class Stager:
             folder = self.folders.sample_dir(idx)
             if os.path.lexists(folder):  # a retry: start the sample from scratch
                 shutil.rmtree(folder, ignore_errors=True)
+            self._forget(pos)
             self._fields_left[pos] = len(self.samples[idx].fields)
+            self._objects_left += len(self.samples[idx].fields)
         plan = plan_call(
             self.samples, self.order, positions, self.folders.sample_dir, self.layout,
             f"{self.area.path}/.c{self._seq}", single=set(self.retries.attempts), via_scratch=True,
@@ -263,17 +298,19 @@ class Stager:
         self.calls.pump(timeout, self._field_done, self._end_call, self.budget.on_events)
 
     def _forget(self, pos: int) -> None:
-        self._fields_left.pop(pos, None)
+        self._objects_left -= self._fields_left.pop(pos, 0)
 
     def _field_done(self, pos: int) -> None:
         if pos not in self._fields_left:
             return  # a late answer for a sample already retried or given up
         left = self._fields_left[pos] - 1
+        self._objects_left -= 1
         if left:
             self._fields_left[pos] = left
             return
         del self._fields_left[pos]
         self.stats.staged_samples += 1
+        self.throughput.add(time.monotonic(), self.stats.staged_bytes, self.stats.staged_samples)
         self.ready.mark(pos)
 
     def _discard(self, call: Call) -> None:
@@ -328,6 +365,43 @@ class Stager:
         # hold): the engine thread starts no new call, nor recreates folders, from now on.
         self._aborted = True
         self.calls.kill_now()
+
+    def metrics(self, *, epoch: int, position: int, samples: int | None = None, waited_s: float | None = None) -> Metrics:
+        """A snapshot of this pass (see :class:`~s5loader.engine.metrics.Metrics`), for any thread:
+        counters read without the engine's lock, one clock read.
+
+        Args:
+            epoch: the consumer's epoch.
+            position: positions the consumer has taken (or passed, when skipped).
+            samples: samples in the pass (default: the length of the order).
+            waited_s: the consumer's own starvation figure (default: the time spent in
+                :meth:`wait`, up to now if it waits now).
+        """
+        now = time.monotonic()
+        st, ready, budget = self.stats, self.ready, self.budget
+        fetched, staged = st.staged_bytes, st.staged_samples
+        mb_s, samples_s = self.throughput.rates(now, fetched, staged)
+        if waited_s is None:
+            since = ready.consumer_waiting
+            waited_s = st.wait_s + (now - since if since else 0.0)
+        running = self._running()
+        return Metrics(
+            epoch=epoch,
+            position=position,
+            samples=len(self.order) if samples is None else samples,
+            staged_bytes=budget.reserved,
+            budget=budget.limit,
+            ready_ahead=max(0, ready.n_ready - ready.n_taken),
+            calls_in_flight=len(self.calls) if running else 0,
+            objects_in_flight=max(0, self._objects_left) if running else 0,
+            mb_s=round(mb_s, 3),
+            samples_s=round(samples_s, 3),
+            waited_s=round(waited_s, 3),
+            retries=st.retries,
+            skips=len(st.skipped),
+            fetched_bytes=fetched,
+            fetched_samples=staged,
+        )
 
     @property
     def reserved(self) -> int:

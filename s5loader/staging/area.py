@@ -333,6 +333,12 @@ def install_sigterm_handler() -> None:
     """
     if threading.current_thread() is not threading.main_thread():
         return
+    from torch.utils.data import get_worker_info
+
+    if get_worker_info() is not None:
+        # A DataLoader worker: torch's own handler (set in C, so getsignal says None) ends the
+        # worker quietly when its loader stops it; ours would make that a reported crash.
+        return
     try:
         current = signal.getsignal(signal.SIGTERM)
     except ValueError:  # pragma: no cover

@@ -1,0 +1,282 @@
+"""The options, validated once: :class:`Access` (how to reach the store, for s5cmd and boto3
+alike) and :class:`StagingOptions` (how samples are staged, for the sampler and the daemon).
+
+Both are frozen dataclasses checked on creation, with messages that say what to change. The
+sampler, the dataset constructors, the daemon and the command line all build these two
+objects; nothing below them checks an option again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import urllib.parse
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ._uri import parse_size
+from .exceptions import ConfigError
+
+log = logging.getLogger(__name__)
+
+ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "S3_ENDPOINT_URL")
+ADDRESSING_STYLES = ("auto", "path", "virtual")
+ON_ERROR = ("raise", "skip")
+
+_warned_insecure: set[str | None] = set()
+
+
+def resolve_endpoint(endpoint_url: str | None) -> str | None:
+    """The endpoint to use: the argument, else the standard environment variables.
+
+    Raises:
+        ConfigError: the URL carries credentials (``http://key:secret@host``), which would
+            show in the process list; they belong in the AWS credential chain.
+    """
+    found = endpoint_url or next((os.environ[v] for v in ENDPOINT_VARS if os.environ.get(v)), None)
+    if found and "@" in urllib.parse.urlsplit(found).netloc:
+        raise ConfigError(
+            "the endpoint URL carries credentials; pass them through the AWS credential chain "
+            "(environment, profile) and give the endpoint as scheme://host:port"
+        )
+    return found
+
+
+def _optional_str(name: str, value: Any) -> None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ConfigError(f"{name} must be a non-empty string or None, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Access:
+    """How to reach the store: the same settings for s5cmd (staging, listing) and boto3
+    (listing fallbacks, HEADs, direct GETs, side fetches, uploads).
+
+    Args:
+        endpoint_url: the S3 endpoint; ``None``: ``AWS_ENDPOINT_URL_S3``,
+            ``AWS_ENDPOINT_URL`` or ``S3_ENDPOINT_URL``, else AWS.
+        anonymous: send unsigned requests and load no credentials (public buckets);
+            s5cmd ``--no-sign-request``, boto3 ``signature_version=UNSIGNED``.
+        profile: a named profile of the shared credentials and config files (else
+            ``AWS_PROFILE``, else the default chain).
+        credentials_file: a shared credentials file to read instead of
+            ``~/.aws/credentials`` (as ``AWS_SHARED_CREDENTIALS_FILE``).
+        region: the signing region (else ``AWS_REGION``, ``AWS_DEFAULT_REGION``, ``us-east-1``).
+        requester_pays: send ``x-amz-request-payer: requester`` on every request, for
+            requester-pays buckets.
+        verify_ssl: verify the endpoint's TLS certificate. ``False`` (for self-signed
+            on-premise stores) logs a warning.
+        list_objects_v1: list with ListObjects (v1), for stores without ListObjectsV2.
+        addressing_style: ``"auto"``, ``"path"`` or ``"virtual"``. s5cmd 2.3 has no such
+            option: it uses virtual-host addressing on AWS and path addressing on a custom
+            endpoint, so only the style it uses is accepted.
+
+    Raises:
+        ConfigError: an invalid or contradictory option, or one s5cmd cannot honour.
+    """
+
+    endpoint_url: str | None = None
+    anonymous: bool = False
+    profile: str | None = None
+    credentials_file: str | None = None
+    region: str | None = None
+    requester_pays: bool = False
+    verify_ssl: bool = True
+    list_objects_v1: bool = False
+    addressing_style: str = "auto"
+
+    def __post_init__(self) -> None:
+        for name in ("endpoint_url", "profile", "credentials_file", "region"):
+            _optional_str(name, getattr(self, name))
+        for name in ("anonymous", "requester_pays", "verify_ssl", "list_objects_v1"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.anonymous and (self.profile or self.credentials_file):
+            raise ConfigError(
+                "anonymous=True sends unsigned requests and loads no credentials: "
+                "drop profile/credentials_file, or anonymous"
+            )
+        if self.credentials_file is not None:
+            path = os.path.abspath(os.path.expanduser(self.credentials_file))
+            if not os.path.isfile(path):
+                raise ConfigError(f"credentials_file {self.credentials_file!r} is not a file")
+            object.__setattr__(self, "credentials_file", path)
+        if self.addressing_style not in ADDRESSING_STYLES:
+            raise ConfigError(
+                f"addressing_style must be one of {', '.join(ADDRESSING_STYLES)}; got {self.addressing_style!r}"
+            )
+        endpoint = self.endpoint()
+        if self.addressing_style == "path" and not endpoint:
+            raise ConfigError(
+                "addressing_style='path' without an endpoint: s5cmd 2.3 always uses "
+                "virtual-host addressing on AWS S3; leave addressing_style='auto'"
+            )
+        if self.addressing_style == "virtual" and endpoint:
+            raise ConfigError(
+                f"addressing_style='virtual' with the endpoint {endpoint}: s5cmd 2.3 always uses "
+                "path addressing on a custom endpoint; use addressing_style='path' or 'auto'"
+            )
+
+    @classmethod
+    def coerce(cls, access: Access | str | None, endpoint_url: str | None = None) -> Access:
+        """One :class:`Access` from an ``access=`` and an ``endpoint_url=`` argument (a plain
+        string ``access`` is an endpoint URL, as the functions took before).
+
+        Raises:
+            ConfigError: both name an endpoint, and different ones.
+        """
+        if access is None or isinstance(access, str):
+            if access and endpoint_url and access != endpoint_url:
+                raise ConfigError(f"two endpoints given: {access!r} and {endpoint_url!r}")
+            return cls(endpoint_url=endpoint_url or access or None)
+        if not isinstance(access, Access):
+            raise ConfigError(f"access must be an s5loader.Access, got {type(access).__name__}")
+        if endpoint_url and access.endpoint_url and endpoint_url != access.endpoint_url:
+            raise ConfigError(
+                f"endpoint_url={endpoint_url!r} differs from access.endpoint_url={access.endpoint_url!r}; give one"
+            )
+        if endpoint_url and not access.endpoint_url:
+            return replace(access, endpoint_url=endpoint_url)
+        return access
+
+    def endpoint(self) -> str | None:
+        """The endpoint in effect (the option, else the environment), or ``None`` for AWS."""
+        return resolve_endpoint(self.endpoint_url)
+
+    def region_name(self) -> str:
+        """The region in effect: the option, ``AWS_REGION``, ``AWS_DEFAULT_REGION``, ``us-east-1``."""
+        return self.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+
+    def warn_insecure(self) -> None:
+        """Log, once per endpoint and process, that TLS verification is off."""
+        endpoint = self.endpoint()
+        if not self.verify_ssl and endpoint not in _warned_insecure:
+            _warned_insecure.add(endpoint)
+            log.warning(
+                "TLS certificate verification is off for %s: anyone on the path can read and "
+                "alter the data; use it only for a trusted self-signed store",
+                endpoint or "AWS S3",
+            )
+
+    def boto3_client(self) -> Any:
+        """A boto3 S3 client that sees the store as s5loader's own clients do (for your code
+        beside the loader: uploads, checks, a baseline)."""
+        from ._index import make_boto3_client
+
+        return make_boto3_client(self)
+
+    def s5cmd_flags(self) -> list[str]:
+        """s5cmd's global flags for these settings (``--endpoint-url``, ``--no-sign-request``,
+        ``--profile``, ...), for running s5cmd yourself; no secret is ever among them. s5cmd
+        reads the region from ``AWS_REGION``."""
+        from ._s5cmd import access_flags
+
+        return access_flags(self)
+
+    # -- the command line ----------------------------------------------------------------
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        """Add the access flags (``--endpoint-url``, ``--no-sign-request``, ``--profile``, ...),
+        named as s5cmd names them, to a command's parser."""
+        g = parser.add_argument_group("access to the store")
+        g.add_argument("--endpoint-url", help="the S3 endpoint (default: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL or S3_ENDPOINT_URL, else AWS)")
+        g.add_argument("--no-sign-request", action="store_true", help="unsigned requests, no credentials (public buckets)")
+        g.add_argument("--profile", help="a named profile of the shared credentials file (default: AWS_PROFILE)")
+        g.add_argument("--credentials-file", help="a credentials file instead of ~/.aws/credentials")
+        g.add_argument("--region", help="the region (default: AWS_REGION, AWS_DEFAULT_REGION, us-east-1)")
+        g.add_argument("--request-payer", choices=["requester"], help="the requester pays (requester-pays buckets)")
+        g.add_argument("--no-verify-ssl", action="store_true", help="do not verify the TLS certificate (self-signed stores; warns)")
+        g.add_argument("--use-list-objects-v1", action="store_true", help="list with ListObjects v1 (old stores)")
+        g.add_argument("--addressing-style", choices=list(ADDRESSING_STYLES), default="auto", help="path or virtual-host bucket addressing")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Access:
+        """The :class:`Access` of the flags :meth:`add_arguments` added."""
+        return cls(
+            endpoint_url=args.endpoint_url or None,
+            anonymous=bool(args.no_sign_request),
+            profile=args.profile or None,
+            credentials_file=args.credentials_file or None,
+            region=args.region or None,
+            requester_pays=args.request_payer == "requester",
+            verify_ssl=not args.no_verify_ssl,
+            list_objects_v1=bool(args.use_list_objects_v1),
+            addressing_style=args.addressing_style,
+        )
+
+    def to_args(self) -> list[str]:
+        """The flags :meth:`add_arguments` added that give these settings (the inverse of
+        :meth:`from_args`), for running ``s5loader`` commands from Python."""
+        argv = ["--endpoint-url", self.endpoint_url] if self.endpoint_url else []
+        for flag, value in (("--profile", self.profile), ("--credentials-file", self.credentials_file),
+                            ("--region", self.region)):
+            if value:
+                argv += [flag, value]
+        argv += [flag for flag, on in (
+            ("--no-sign-request", self.anonymous), ("--no-verify-ssl", not self.verify_ssl),
+            ("--use-list-objects-v1", self.list_objects_v1)) if on]
+        if self.requester_pays:
+            argv += ["--request-payer", "requester"]
+        if self.addressing_style != "auto":
+            argv += ["--addressing-style", self.addressing_style]
+        return argv
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"{name} must be a positive int, got {value!r}")
+
+
+@dataclass(frozen=True)
+class StagingOptions:
+    """How samples are staged: the same names, defaults and checks for
+    :class:`~s5loader.S5Sampler` and ``s5loader prefetch``. The engine runs on this object.
+
+    Args:
+        budget: most bytes staged and not yet read (``"2GiB"``, ``"500MB"`` or an int);
+            stored as an int of bytes.
+        samples_per_call: samples per s5cmd command file.
+        calls_in_flight: s5cmd calls running at once (2: double buffering).
+        s5cmd_workers: s5cmd's ``--numworkers`` (parallel requests per call).
+        block_size: most samples in a block for ``shuffle="block"`` and wildcard fetches.
+        stall_timeout: seconds without progress before a call or copy counts as stalled.
+        retries: retries of a sample that failed for a transient reason.
+        retry_backoff: the first pause before a retry, in seconds (doubling).
+        on_error: ``"raise"`` or ``"skip"`` a sample that cannot be fetched.
+        verify: check each staged file's size and, for single-part uploads, MD5 ETag.
+        keep_staged: keep staged files across epochs (sampler only).
+        shrink_budget: shrink a budget larger than the free space instead of failing.
+        staging_dir: the staging root (sampler only; ``None``: picked by free space).
+
+    Raises:
+        ConfigError: an invalid option.
+    """
+
+    budget: int = 2 * 1024**3  # also a string such as "2GiB", turned into bytes on creation
+    samples_per_call: int = 1000
+    calls_in_flight: int = 2
+    s5cmd_workers: int = 256
+    block_size: int = 64
+    stall_timeout: float = 60.0
+    retries: int = 3
+    retry_backoff: float = 0.5
+    on_error: str = "raise"
+    verify: bool = False
+    keep_staged: bool = False
+    shrink_budget: bool = False
+    staging_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "budget", parse_size(self.budget, "budget"))
+        for name in ("samples_per_call", "calls_in_flight", "s5cmd_workers", "block_size"):
+            _positive_int(name, getattr(self, name))
+        if not isinstance(self.retries, int) or isinstance(self.retries, bool) or self.retries < 0:
+            raise ConfigError(f"retries must be an int >= 0, got {self.retries!r}")
+        if isinstance(self.stall_timeout, bool) or not isinstance(self.stall_timeout, (int, float)) or not self.stall_timeout > 0:
+            raise ConfigError(f"stall_timeout must be a positive number of seconds, got {self.stall_timeout!r}")
+        if isinstance(self.retry_backoff, bool) or not isinstance(self.retry_backoff, (int, float)) or self.retry_backoff < 0:
+            raise ConfigError(f"retry_backoff must be a number of seconds >= 0, got {self.retry_backoff!r}")
+        if self.on_error not in ON_ERROR:
+            raise ConfigError(f"on_error must be one of {', '.join(ON_ERROR)}; got {self.on_error!r}")
+        _optional_str("staging_dir", self.staging_dir)

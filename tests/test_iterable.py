@@ -1,0 +1,227 @@
+"""S5IterableDataset: every sample once per epoch, equal counts per rank, the order, exact
+resume through StatefulDataLoader, the byte budget; real s5cmd against local S3 servers."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+from conftest import Peak, Store, make_pairs, staged_bytes
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from s5loader import BudgetError, ConfigError, S5Dataset, S5IterableDataset, StateError
+from s5loader._index import Field, Sample
+from s5loader._order import Order
+from s5loader.iterable import buffer_shuffle, check_state, worker_length, worker_order
+
+
+def collate(batch):
+    return batch
+
+
+def keys_of(source: dict[str, bytes]) -> list[str]:
+    return sorted({k.rsplit(".", 1)[0] for k in source})
+
+
+def keys(loader) -> list[str]:  # type: ignore[no-untyped-def]
+    return [s["__key__"] for b in loader for s in b]
+
+
+@pytest.fixture
+def pairs(moto: Store) -> tuple[Store, dict[str, bytes]]:
+    return moto, moto.put(make_pairs(23, size=300))
+
+
+def make(store: Store, root: str, **kw):  # type: ignore[no-untyped-def]
+    return S5IterableDataset.from_prefix(store.uri(), endpoint_url=store.endpoint, staging_dir=root, **kw)
+
+
+# -- fast: the order, without a server -------------------------------------------------------
+@pytest.mark.parametrize("shuffle", [True, False, "block"])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_worker_parts_give_every_rank_the_same_count(shuffle: bool | str, drop_last: bool) -> None:
+    for n in (1, 2, 7, 23, 64):
+        for world in (1, 2, 3, 4):
+            for nw in (1, 2, 3):
+                seen, counts = [], set()
+                for rank in range(world):
+                    o = Order(shuffle, 7, world, rank, drop_last)
+                    parts = [worker_order(o, n, 2, w, nw, 5, window=4) for w in range(nw)]
+                    assert [len(x) for x in parts] == [worker_length(o, n, w, nw) for w in range(nw)]
+                    counts.add(tuple(len(x) for x in parts))
+                    seen += [i for x in parts for i in x]
+                assert len(counts) == 1  # the same per worker on every rank: the same batch count
+                if drop_last:
+                    assert len(seen) == len(set(seen)) == n - n % world
+                else:
+                    assert set(seen) == set(range(n)) and len(seen) == -(-n // world) * world
+
+
+def test_shuffle_buffer_is_webdatasets_draw() -> None:
+    rng = np.random.default_rng(3)
+    out = buffer_shuffle(list(range(100)), 10, rng)
+    assert sorted(out) == list(range(100)) and out != list(range(100))
+    # a sample comes out at most k - 1 places early
+    assert all(pos >= x - 9 for pos, x in enumerate(out))
+    assert buffer_shuffle(list(range(10)), 1, rng) == list(range(10))
+
+
+def test_bad_options_and_states_are_config_and_state_errors(staging_root: str) -> None:
+    ds = S5Dataset([Sample(f"{i}", (Field("data", f"s3://b/{i}", 10, ""),)) for i in range(5)])
+    for bad in ({"shuffle": "yes"}, {"shuffle_buffer": -1}, {"seed": 1.5}, {"drop_last": 1},
+                {"num_replicas": 2, "rank": 2}, {"calls_in_flight": 0}, {"on_error": "ignore"}, {"budget": "lots"}):
+        with pytest.raises(ConfigError):
+            S5IterableDataset(ds, staging_dir=staging_root, **bad)
+    with pytest.raises(ConfigError, match="S5Dataset"):
+        S5IterableDataset([1, 2], staging_dir=staging_root)  # type: ignore[arg-type]
+    with pytest.raises(BudgetError, match="s3://b/0"):
+        S5IterableDataset(ds, staging_dir=staging_root, budget=5)
+    with S5IterableDataset(ds, staging_dir=staging_root) as it:
+        state = it.state_dict()
+        assert check_state(state, 5)["yielded"] == 0
+        for broken, match in (({**state, "dataset_len": 6}, "6 samples"), ({**state, "worker": 3}, "worker"),
+                              ({k: v for k, v in state.items() if k != "epoch"}, "epoch"), ([], "dict")):
+            with pytest.raises(StateError, match=match):
+                it.load_state_dict(broken)  # type: ignore[arg-type]
+        it.load_state_dict({**state, "num_replicas": 2})
+        with pytest.raises(StateError, match="saved mid-epoch by rank 0 of 2, worker 0 of 1 cannot resume rank 0 of 1"):
+            iter(it)
+        area = it._area.path
+        assert os.path.isdir(area)
+    assert not os.path.exists(area)
+
+
+# -- the real path -------------------------------------------------------------------------
+def test_every_sample_once_per_epoch_with_0_and_2_workers(pairs, staging_root: str) -> None:  # type: ignore[no-untyped-def]
+    store, source = pairs
+    with make(store, staging_root, budget="64KiB") as it:
+        for workers in (0, 2):
+            got = [s for b in DataLoader(it, batch_size=4, num_workers=workers, collate_fn=collate) for s in b]
+            assert sorted(s["__key__"] for s in got) == keys_of(source)
+            assert all(s["image"] == source[s["__key__"] + ".image"] for s in got)
+        assert len(it) == len(source) // 2
+        assert staged_bytes(staging_root) == 0  # every sample read was deleted
+
+
+def test_a_worker_its_loader_stops_ends_quietly(pairs, staging_root: str) -> None:  # type: ignore[no-untyped-def]
+    # torch's SIGTERM handler in a worker (set in C) exits 0 when the loader stops it; the
+    # staging cleanup handler must not replace it, or every stop reads as a worker crash
+    store, _ = pairs
+    with make(store, staging_root, samples_per_call=2) as it:
+        stream = iter(DataLoader(it, batch_size=1, num_workers=1, collate_fn=collate))
+        next(stream)  # the worker's engine runs
+        worker = stream._workers[0]  # type: ignore[attr-defined]
+        os.kill(worker.pid, signal.SIGTERM)
+        worker.join(timeout=60)
+        assert worker.exitcode == 0
+        del stream
+
+
+def test_two_ranks_yield_equal_counts_and_cover_everything(pairs, staging_root: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    store, source = pairs  # 23 samples: uneven over 2 ranks
+    for drop_last in (False, True):
+        per_rank = []
+        for rank in (0, 1):
+            # rank 0 by arguments; rank 1 as torchrun says it (the workers inherit the environment)
+            split = {"num_replicas": 2, "rank": 0} if rank == 0 else {}
+            monkeypatch.setenv("WORLD_SIZE", "2")
+            monkeypatch.setenv("RANK", str(rank))
+            with make(store, staging_root, drop_last=drop_last, **split) as it:
+                batches = list(DataLoader(it, batch_size=4, num_workers=2, collate_fn=collate))
+                per_rank.append(([s["__key__"] for b in batches for s in b], len(batches)))
+        (a, na), (b, nb) = per_rank
+        assert len(a) == len(b) == (11 if drop_last else 12) and na == nb
+        if drop_last:
+            assert not set(a) & set(b) and len(set(a) | set(b)) == 22
+        else:
+            assert sorted(set(a) | set(b)) == keys_of(source)
+
+
+def test_order_follows_seed_and_epoch(pairs, staging_root: str) -> None:  # type: ignore[no-untyped-def]
+    store, source = pairs
+
+    def run(epoch: int, **kw) -> list[str]:  # type: ignore[no-untyped-def]
+        with make(store, staging_root, **kw) as it:
+            it.set_epoch(epoch)
+            return keys(DataLoader(it, batch_size=2, num_workers=2, collate_fn=collate))
+
+    first = run(0, seed=4, shuffle_buffer=5)
+    assert run(0, seed=4, shuffle_buffer=5) == first
+    assert sorted(first) == keys_of(source)
+    other = run(1, seed=4, shuffle_buffer=5)
+    assert other != first and sorted(other) == sorted(first)
+    assert run(0, seed=4) != first  # the buffer draws
+
+
+@pytest.mark.parametrize(("shuffle", "persistent"), [(True, False), ("block", True)])
+def test_mid_epoch_resume_through_stateful_dataloader_is_exact(pairs, staging_root: str, shuffle, persistent) -> None:  # type: ignore[no-untyped-def]
+    store, source = pairs
+
+    def loader(it: S5IterableDataset) -> StatefulDataLoader:
+        return StatefulDataLoader(it, batch_size=2, num_workers=2, persistent_workers=persistent, collate_fn=collate)
+
+    opts = {"shuffle": shuffle, "seed": 9, "shuffle_buffer": 4, "block_size": 4, "samples_per_call": 5}
+    with make(store, staging_root, **opts) as it:
+        it.set_epoch(3)
+        ld = loader(it)
+        stream = iter(ld)
+        head = [s["__key__"] for _ in range(4) for s in next(stream)]
+        state = ld.state_dict()
+        rest = [s["__key__"] for b in stream for s in b]
+        end_state = ld.state_dict()
+    assert sorted(head + rest) == keys_of(source)
+    with make(store, staging_root, **opts) as again:
+        ld = loader(again)
+        ld.load_state_dict(state)
+        assert keys(ld) == rest  # the same samples, in the same order
+    # after the whole epoch: the next one, here as set_epoch names it
+    with make(store, staging_root, **opts) as fresh:
+        fresh.set_epoch(4)
+        epoch4 = keys(loader(fresh))
+    with make(store, staging_root, **opts) as again:
+        again.set_epoch(4)
+        ld = loader(again)
+        ld.load_state_dict(end_state)
+        assert keys(ld) == epoch4 != head + rest
+
+
+def test_end_of_epoch_state_resumes_at_the_next_epoch(pairs, staging_root: str) -> None:  # type: ignore[no-untyped-def]
+    store, _ = pairs
+    with make(store, staging_root, seed=2) as it:
+        ld = StatefulDataLoader(it, batch_size=5, collate_fn=collate)
+        epoch0 = keys(ld)
+        state = ld.state_dict()
+        it.set_epoch(1)
+        epoch1 = keys(ld)
+    assert epoch1 != epoch0
+    with make(store, staging_root, seed=2) as again:  # no set_epoch: the state says what is next
+        ld = StatefulDataLoader(again, batch_size=5, collate_fn=collate)
+        ld.load_state_dict(state)
+        assert keys(ld) == epoch1
+
+
+def test_workers_stage_in_folders_of_their_own_within_the_budget(seaweed: Store, staging_root: str) -> None:
+    source = seaweed.put(make_pairs(80, size=2000))
+    ds = S5Dataset.from_prefix(seaweed.uri(), endpoint_url=seaweed.endpoint)
+    budget = ds.total_bytes // 8
+    folders: set[str] = set()
+
+    with S5IterableDataset(ds, budget=budget, samples_per_call=10, staging_dir=staging_root) as it:
+        area = it._area.path
+
+        def look() -> int:
+            folders.update(n for n in os.listdir(area) if not n.startswith("."))
+            return staged_bytes(staging_root)
+
+        with Peak(look) as watcher:
+            got = keys(DataLoader(it, batch_size=4, num_workers=2, collate_fn=collate))
+    assert sorted(got) == keys_of(source)
+    assert watcher.looks > 10 and 0 < watcher.peak <= budget, (watcher.peak, budget)
+    assert len(folders) == 2  # one engine folder per worker, inside the dataset's directory
+    largest = max(s.size for s in ds.samples)
+    with S5IterableDataset(ds, budget=largest * 3 // 2, staging_dir=staging_root) as small:
+        with pytest.raises(BudgetError, match="between 2 DataLoader workers"):
+            keys(DataLoader(small, batch_size=4, num_workers=2, collate_fn=collate))

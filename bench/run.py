@@ -42,7 +42,8 @@ def child_env() -> dict[str, str]:
 # the README's names for the methods, in its order
 README_METHODS = {"s5loader": "s5loader", "s5loader-block": 's5loader, `shuffle="block"`', "boto3": "boto3",
                   "s5cmd-run": "s5cmd-run", "s5cmd-bulk": "s5cmd-bulk", "s3torchconnector": "s3torchconnector",
-                  "webdataset": "webdataset (shards)"}
+                  "webdataset": "webdataset (shards)", "s5loader-shards": "s5loader, shards",
+                  "s5loader-iterable": "S5IterableDataset, shards"}
 
 
 def check_run(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:

@@ -11,7 +11,8 @@ Methods: ``s5loader`` (S5Sampler + S5Dataset), ``boto3`` (one GetObject per file
 this design), ``s5cmd-bulk`` (one ``s5cmd cp 'prefix/*'``: the ceiling of the sidecar),
 ``s3torchconnector`` and ``webdataset`` (tar shards through ``pipe:s5cmd cat``) when installed,
 ``s5loader-shards`` (``S5Dataset.from_shards`` + ``S5Sampler(shuffle="block")`` over the same
-shards; their index is built first when missing);
+shards; their index is built first when missing) and ``s5loader-iterable``
+(``S5IterableDataset(shuffle="block")`` over them, no sampler);
 a peer that is absent or cannot work against the endpoint is skipped with a note.
 
 Per method: samples/s, CPU per 1,000 samples split into s5cmd, the training process and the

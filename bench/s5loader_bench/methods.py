@@ -30,13 +30,13 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Dataset
 
-from s5loader import Access, S5Dataset, S5Sampler, ShardIndexError
+from s5loader import Access, S5Dataset, S5IterableDataset, S5Sampler, ShardIndexError
 
 from .monitor import TreeMonitor
 
 METHODS = (
     "s5loader", "s5loader-block", "boto3", "s5cmd-run", "s5cmd-bulk", "s3torchconnector", "webdataset",
-    "s5loader-shards",
+    "s5loader-shards", "s5loader-iterable",
 )
 PEERS = ("s3torchconnector", "webdataset")  # optional packages: skipped with a note when absent
 INSTALL_HINT = "pip install 's5loader[bench]'"
@@ -690,22 +690,27 @@ def run_webdataset(ctx: Context) -> Recorder:
     return rec
 
 
-def run_s5loader_shards(ctx: Context) -> Recorder:
-    """S5Dataset.from_shards + S5Sampler(shuffle="block") over the tar shards webdataset reads;
-    a missing shard index is built first with ``s5loader index-shards`` (not timed)."""
-    s = ctx.settings
-    prefix = s.shards_prefix or shards_prefix(s.source)
+def shard_dataset(ctx: Context) -> S5Dataset:
+    """``S5Dataset.from_shards`` over the tar shards webdataset reads; a missing shard index is
+    built first with ``s5loader index-shards`` (in the run's setup, so its time and CPU count)."""
+    prefix = ctx.settings.shards_prefix or shards_prefix(ctx.settings.source)
     if not any(u.endswith(".tar") for u in list_uris(ctx, prefix)):
         raise SkipMethod(f"no tar shards under {prefix} (write them with s5loader bench --generate)")
     try:
-        ds = S5Dataset.from_shards(prefix, access=ctx.access)
+        return S5Dataset.from_shards(prefix, access=ctx.access)
     except ShardIndexError:
         argv = [sys.executable, "-m", "s5loader", "index-shards", prefix, *ctx.access.to_args()]
         proc = subprocess.run(argv, capture_output=True, check=False)
         if proc.returncode != 0:
             tail = proc.stderr.decode("utf-8", "replace").strip()[-1000:]
             raise RuntimeError(f"{shlex.join(argv)} exited with code {proc.returncode}: {tail}") from None
-        ds = S5Dataset.from_shards(prefix, access=ctx.access)
+        return S5Dataset.from_shards(prefix, access=ctx.access)
+
+
+def run_s5loader_shards(ctx: Context) -> Recorder:
+    """S5Dataset.from_shards + S5Sampler(shuffle="block") over the tar shards webdataset reads."""
+    s = ctx.settings
+    ds = shard_dataset(ctx)
     sampler = S5Sampler(ds, shuffle="block", seed=s.seed, samples_per_call=ctx.samples_per_call,
                         calls_in_flight=s.calls_in_flight, budget=s.budget, staging_dir=s.staging_dir)
     try:
@@ -722,6 +727,26 @@ def run_s5loader_shards(ctx: Context) -> Recorder:
     return rec
 
 
+def run_s5loader_iterable(ctx: Context) -> Recorder:
+    """S5IterableDataset(shuffle="block") over the same tar shards: no sampler; the shards are
+    split across the DataLoader's workers, each staging its own within its share of the budget."""
+    s = ctx.settings
+    it = S5IterableDataset(shard_dataset(ctx), shuffle="block", seed=s.seed, budget=s.budget,
+                           staging_dir=s.staging_dir, calls_in_flight=s.calls_in_flight)
+    try:
+        loader = ctx.loader(it)
+        rec = ctx.recorder()
+
+        def epoch_loader(epoch: int) -> DataLoader[Any]:
+            it.set_epoch(epoch)
+            return loader
+
+        drive(epoch_loader, rec, s.compute_ms)
+    finally:
+        it.close()
+    return rec
+
+
 RUNNERS: dict[str, Callable[[Context], Recorder]] = {
     "s5loader": run_s5loader,
     "s5loader-block": lambda ctx: run_s5loader(ctx, shuffle="block"),
@@ -731,6 +756,7 @@ RUNNERS: dict[str, Callable[[Context], Recorder]] = {
     "s3torchconnector": run_s3torchconnector,
     "webdataset": run_webdataset,
     "s5loader-shards": run_s5loader_shards,
+    "s5loader-iterable": run_s5loader_iterable,
 }
 
 

@@ -176,15 +176,17 @@ class SeaweedFS:
             return False
         return True
 
-    def stop(self) -> None:
-        """Stop the server (SIGTERM, then SIGKILL). Safe to call twice."""
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the server: SIGTERM, then SIGKILL after ``timeout`` seconds (``weed mini``
+        sometimes takes half a minute to shut down; what it wrote is in its files by then, and
+        a restart on the same folder serves it). Safe to call twice."""
         proc, self.proc = self.proc, None
         if proc is None:
             return
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
             try:
-                proc.wait(timeout=10)
+                proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()

@@ -47,10 +47,11 @@ def test_failure_line_is_matched_by_its_destination() -> None:
 
 
 def _mixed(moto: Store, proxy: FaultProxy) -> S5Dataset:
-    """Twelve stem pairs, all in the first call (32 samples): a 403, a 503 on every attempt,
-    an object deleted after the listing, and successes."""
+    """Twelve stem pairs, all in the first call (32 samples): a 403, a 500 on every attempt
+    (not a 503 SlowDown, which s5cmd backs off from for seconds), an object deleted after the
+    listing, and successes."""
     moto.put(make_pairs(12, size=200))
-    proxy.rules += [Rule("0002.image", "403", method="*"), Rule("0005.label", "503", method="*")]
+    proxy.rules += [Rule("0002.image", "403", method="*"), Rule("0005.label", "500", method="*")]
     ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=proxy.endpoint)
     moto.client.delete_object(Bucket="data", Key="train/0008.image")
     return ds
@@ -67,7 +68,7 @@ def test_mixed_failures_in_one_call_each_get_their_own_cause(
         with S5Sampler(ds, **opts) as sampler:
             for idx in sampler:
                 ds[idx]
-    assert "SlowDown" not in str(e.value) and "NoSuchKey" not in str(e.value)
+    assert "InternalError" not in str(e.value) and "NoSuchKey" not in str(e.value)
 
     caplog.set_level(logging.WARNING, logger="s5loader")
     proxy.rules[0].hits = 0
@@ -80,17 +81,17 @@ def test_mixed_failures_in_one_call_each_get_their_own_cause(
     assert sorted(stats.skipped) == [denied, slow, gone]
     errors = stats.skip_errors
     assert type(errors[denied]) is AccessDeniedError and "AccessDenied" in str(errors[denied])
-    assert type(errors[slow]) is FetchError and "failed after 1 retries: SlowDown" in str(errors[slow])
+    assert type(errors[slow]) is FetchError and "failed after 1 retries: InternalError" in str(errors[slow])
     assert type(errors[gone]) is ObjectNotFoundError and "404" in str(errors[gone])
-    causes = {denied: "AccessDenied", slow: "SlowDown", gone: "NoSuchKey"}
+    causes = {denied: "AccessDenied", slow: "InternalError", gone: "NoSuchKey"}
     for uri, cause in causes.items():
         lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("skipping sample") and uri in r.getMessage()]
         assert len(lines) == 1, (uri, lines)
         assert cause in lines[0] and not any(c in lines[0] for c in causes.values() if c != cause), lines[0]
     retried = [r.getMessage() for r in caplog.records if r.getMessage().startswith("retrying")]
     assert retried and all(denied not in m for m in retried), retried
-    assert all("SlowDown" not in m.split(gone)[1].split(";")[0] for m in retried if gone in m), retried
-    # the 403 was never retried: its own error was known at once, not another object's 503
+    assert all("InternalError" not in m.split(gone)[1].split(";")[0] for m in retried if gone in m), retried
+    # the 403 was never retried: its own error was known at once, not another object's 500
     assert proxy.rules[0].hits == (1 if block_size > 1 else 2)  # a cp --raw line sends a HEAD first
 
 

@@ -39,7 +39,7 @@ def test_demo_does_not_warn_and_leaves_no_temp_files(tmp_path: Path) -> None:
     tmpdir.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "S3_"))}
     env.update(TMPDIR=str(tmpdir), PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, str(ROOT / "bin" / "demo")], capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run([sys.executable, str(ROOT / "bin" / "demo"), "--samples", "256"], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     out = r.stdout + r.stderr
     assert "Done." in out and "epoch 3" in out

@@ -115,7 +115,8 @@ def test_generate_writes_the_expected_objects(data: dict[str, str], capsys: pyte
         assert samples[f"{data['base']}train/{i:06d}.image"] == 2000
         assert 1 <= samples[f"{data['base']}train/{i:06d}.label"] <= 4
     shards = _keys(data["endpoint"], "data", data["base"] + "train-shards/")
-    assert sorted(shards) == [f"{data['base']}train-shards/shard-{n:06d}.tar" for n in range(4)]
+    assert sorted(shards) == [f"{data['base']}train-shards/shard-{n:06d}.tar" for n in range(4)] + [
+        f"{data['base']}train-shards/wids.json"]  # the shards' index, as s5loader index-shards writes it
     body = _client(data["endpoint"]).get_object(Bucket="data", Key=sorted(shards)[1])["Body"].read()
     with tarfile.open(fileobj=io.BytesIO(body)) as tar:
         names = tar.getnames()

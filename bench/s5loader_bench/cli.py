@@ -190,7 +190,8 @@ def upload(local_glob: str, dest: str, endpoint: str | None, progress: Progress)
 def generate(source: str, n: int, *, sample_size: int = 100_000, label_size: int | None = None,
              shard_samples: int = 100, shards: str | None = None, endpoint: str | None = None,
              seed: int = 0) -> tuple[int, int]:
-    """Write ``n`` image + label pairs under ``source`` and tar shards of them under ``shards``.
+    """Write ``n`` image + label pairs under ``source`` and tar shards of them under ``shards``,
+    with the shards' wids index (``s5loader index-shards``).
 
     Returns (objects written, bytes written).
     """
@@ -228,7 +229,12 @@ def generate(source: str, n: int, *, sample_size: int = 100_000, label_size: int
         upload(os.path.join(sdir, "*"), dest, endpoint, progress)
         upload(os.path.join(tdir, "*"), shards, endpoint, progress)
         progress.close()
-    return 2 * n + n_shards, total_bytes
+    # the shards' wids index, as a user would build it, so no measured run builds it
+    argv = [sys.executable, "-m", "s5loader", "index-shards", shards, *(["--endpoint-url", endpoint] if endpoint else [])]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{shlex.join(argv)} exited with code {proc.returncode}: {proc.stderr[-2000:]}")
+    return 2 * n + n_shards + 1, total_bytes
 
 
 # -- reporting -------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ S5Sampler and a DataLoader, rank splits, resume, hostile shards and decoding."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
@@ -127,6 +128,7 @@ def test_members_group_into_samples_by_the_first_dot_of_the_file_name() -> None:
         (tar_of([("../evil.txt", b"x")]), UnsafeArchiveError, "../evil.txt"),
         (tar_of([("/etc/evil.txt", b"x")]), UnsafeArchiveError, "/etc/evil.txt"),
         (tar_of([("0001.txt", b"a"), ("0001.txt", b"b")]), ShardError, "twice"),
+        (gzip.compress(tar_of([("0001.txt", b"a")]), mtime=0), ShardError, "gzip compressed"),
     ],
 )
 def test_hostile_tars_are_refused_naming_the_shard_and_member(data: bytes, error: type, words: str) -> None:
@@ -135,6 +137,45 @@ def test_hostile_tars_are_refused_naming_the_shard_and_member(data: bytes, error
     assert words in str(info.value)
     with pytest.raises(error):  # the streamed scan of index-shards sees the same
         _tar.scan(io.BytesIO(data), len(data), "s3://b/bad.tar", stream=True)
+
+
+def test_end_padding_of_any_length_passes_and_anything_after_it_does_not() -> None:
+    # ``tar -b 2048`` pads to 1 MiB records: the streamed scan of index-shards must accept
+    # the zeros that follow its read-ahead as the file scan does
+    data = tar_of([("0001.txt", b"a"), ("0002.txt", b"b")]) + bytes(300_000)
+    for stream in (False, True):
+        assert len(_tar.scan(io.BytesIO(data), len(data), "s3://b/s.tar", stream=stream)) == 2
+        bad = data + b"x"
+        with pytest.raises(ShardError, match="s3://b/s.tar: a truncated or damaged tar after member '0002.txt'"):
+            _tar.scan(io.BytesIO(bad), len(bad), "s3://b/s.tar", stream=stream)
+
+
+def test_index_urls_resolve_as_wids_does_and_never_leave_the_bucket() -> None:
+    where = "s3://b/train/wids.json"
+
+    def parse(doc: dict) -> dict[str, int]:
+        return _shards.parse_index(json.dumps({"wids_version": 1, **doc}).encode(), where)
+
+    def urls(*names: str) -> dict:
+        return {"shardlist": [{"url": u, "nsamples": 1} for u in names]}
+
+    assert parse(urls("./a.tar", "./.b.tar", "sub/../c.tar", "../val/d.tar")) == {
+        "s3://b/train/a.tar": 1, "s3://b/train/.b.tar": 1, "s3://b/train/c.tar": 1, "s3://b/val/d.tar": 1
+    }
+    # widsindex writes a "base" (update --rebase: an absolute URL; --base: anything)
+    assert parse({"base": "s3://other/x", **urls("a.tar")}) == {"s3://other/x/a.tar": 1}
+    assert parse({"base": "../data/", **urls("a.tar")}) == {"s3://b/data/a.tar": 1}
+    assert parse({"base": "file:///mnt/copy", **urls("a.tar")}) == {"s3://b/train/a.tar": 1}
+    for bad, words in [
+        ("../../a.tar", "leads outside the bucket s3://b/"),
+        ("x/../../../a.tar", "leads outside the bucket"),
+        ("/etc/a.tar", "absolute path"),
+        ("s3://c/x/../a.tar", "'..' component"),
+    ]:
+        with pytest.raises(ShardIndexError, match=f"{where}: entry 0 .*{words}"):
+            parse(urls(bad))
+    with pytest.raises(ShardIndexError, match="base .*leads outside the bucket"):
+        parse({"base": "../../..", **urls("a.tar")})
 
 
 def test_a_sparse_member_is_refused(tmp_path) -> None:
@@ -337,6 +378,36 @@ def test_bad_shards_raise_naming_them_or_are_skipped(moto: Store, staging_root: 
             load_all(ds, s, workers=0)
     with pytest.raises(ShardError, match="shard-000.tar holds 3"):
         ds[0]  # the direct read (no sampler) checks the same
+
+
+def test_an_index_that_widsindex_writes_loads(moto: Store) -> None:
+    shards, expected = make_shards(2, 3)
+    shards["shard-001.tar"] += bytes(200_000)  # end padding past the streamed scan's tail
+    source = put_indexed(moto, shards)
+    # an index as webdataset's widsindex writes it (update --rebase: a "base", md5sums), kept
+    # in another folder than its shards
+    listed = [
+        {"url": f"./{n}", "md5sum": hashlib.md5(d).hexdigest(), "nsamples": 3, "filesize": len(d)}
+        for n, d in shards.items()
+    ]
+    doc = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "shardlist": listed, "name": "t", "base": source}
+    moto.put({"meta/train.json": json.dumps(doc).encode()})
+    ds = S5Dataset.from_shards(source, index=moto.uri("meta/train.json"), endpoint_url=moto.endpoint)
+    assert len(ds) == 6 and ds[4]["bin"] == expected["s00004"]["bin"]
+
+
+def test_wids_reads_the_index_that_index_shards_writes(moto: Store, tmp_path) -> None:
+    # wids is webdataset 0.2's indexed reader (webdataset 1.0 no longer ships it)
+    wids = pytest.importorskip("wids")
+    shards, expected = make_shards(2, 3)
+    put_indexed(moto, shards)
+    # with the shards beside the index, as they are in the bucket
+    for name in ["wids.json", *shards]:
+        (tmp_path / name).write_bytes(moto.client.get_object(Bucket=moto.bucket, Key=moto.prefix + name)["Body"].read())
+    wds = wids.ShardListDataset(str(tmp_path / "wids.json"), cache_dir=str(tmp_path / "cache"))
+    assert len(wds) == 6
+    got = {wds[i]["__key__"]: wds[i][".bin"].read() for i in range(6)}
+    assert got == {k: v["bin"] for k, v in expected.items()}
 
 
 def put_indexed_with(store: Store, shards: dict[str, bytes], counts: dict[str, int]) -> str:

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 from s5loader import (
     BudgetError,
     ConfigError,
+    EmptySourceError,
     S5Dataset,
     S5Sampler,
     ShardError,
@@ -394,6 +395,10 @@ def test_an_index_that_widsindex_writes_loads(moto: Store) -> None:
     moto.put({"meta/train.json": json.dumps(doc).encode()})
     ds = S5Dataset.from_shards(source, index=moto.uri("meta/train.json"), endpoint_url=moto.endpoint)
     assert len(ds) == 6 and ds[4]["bin"] == expected["s00004"]["bin"]
+    # compressed shards are not read, and a prefix of only those says so
+    moto.put({"gz/shard-000.tar.gz": gzip.compress(shards["shard-000.tar"])})
+    with pytest.raises(EmptySourceError, match=r"only compressed ones such as s3://.*/gz/shard-000.tar.gz"):
+        S5Dataset.from_shards(moto.uri("gz/"), endpoint_url=moto.endpoint)
 
 
 def test_wids_reads_the_index_that_index_shards_writes(moto: Store, tmp_path) -> None:
@@ -554,6 +559,27 @@ def test_a_shard_daemon_cut_mid_shard_continues_without_loss_or_repeat(moto: Sto
     assert [name for name, _ in got] == [sample_folder_name(i, k) for i, k in enumerate(keys)]
     for name, files in got:
         assert files == expected[name.split("-", 1)[1]]
+
+
+def test_a_member_name_that_is_not_utf8_keeps_its_bytes_through_the_daemon(moto: Store, tmp_path) -> None:
+    # an old tar's Latin-1 name: tarfile gives it as surrogates, which UTF-8 cannot encode
+    from s5loader.consume import consume
+    from s5loader.daemon import Prefetcher, PrefetchOptions
+
+    name = b"caf\xe9".decode("utf-8", "surrogateescape")
+    data = tar_of([(f"{name}.cls", b"1"), (f"{name}.txt", b"t"), ("plain.cls", b"2")])
+    source = put_indexed(moto, {"shard-000.tar": data})
+    opts = PrefetchOptions(source, str(tmp_path / "cache"), 4 * len(data), endpoint_url=moto.endpoint, shards=True)
+    with Prefetcher(opts) as daemon:
+        daemon.open()
+        assert daemon.run().delivered == 2
+    got, raw = [], []
+    for s in consume(str(tmp_path / "cache"), timeout=60):
+        got.append((s.key, {f: s.read(f) for f in s.files}))
+        with open(os.path.join(s.path, "__key__"), "rb") as fh:
+            raw.append(fh.read())
+    assert got == [(name, {"cls": b"1", "txt": b"t"}), ("plain", {"cls": b"2"})]
+    assert raw == [b"caf\xe9", b"plain"]
 
 
 def test_iterable_dataset_over_shards_every_sample_once_per_rank_split(moto: Store, staging_root: str) -> None:

@@ -582,6 +582,27 @@ def test_a_member_name_that_is_not_utf8_keeps_its_bytes_through_the_daemon(moto:
     assert raw == [b"caf\xe9", b"plain"]
 
 
+def test_iterable_workers_split_shards_not_samples_so_each_shard_is_fetched_once(moto: Store, staging_root: str) -> None:
+    from faults import FaultProxy
+
+    from s5loader import S5IterableDataset
+
+    shards, expected = make_shards(4, 5)
+    source = put_indexed(moto, shards)
+    proxy = FaultProxy(moto.endpoint)
+    try:
+        with S5IterableDataset.from_shards(source, endpoint_url=proxy.endpoint, shuffle=False, budget=80_000,
+                                           staging_dir=staging_root) as it:
+            got = [x["__key__"] for b in DataLoader(it, batch_size=4, num_workers=2, collate_fn=lambda b: b) for x in b]
+        gets = Counter(path.split("?")[0].rsplit("/", 1)[-1] for method, path, _ in proxy.requests
+                       if method == "GET" and ".tar" in path)
+    finally:
+        proxy.close()
+    assert sorted(got) == sorted(expected)
+    # worker 0 takes the first half of the epoch (shards 0 and 1), worker 1 the second half
+    assert gets == Counter(list(shards)), gets
+
+
 def test_iterable_dataset_over_shards_every_sample_once_per_rank_split(moto: Store, staging_root: str) -> None:
     from s5loader import S5IterableDataset
 

@@ -346,6 +346,36 @@ def test_budget_and_shuffle_rules_over_shards(moto: Store, staging_root: str) ->
             assert s.stats is not None and s.stats.calls == (1 if epoch == 0 else 0)
 
 
+def test_staged_shard_bytes_never_exceed_the_budget_and_shards_go_once_read(moto: Store, staging_root: str) -> None:
+    from conftest import Peak
+
+    shards, expected = make_shards(6, 4, size=4000)
+    shards["shard-005.tar"] = tar_of([("last.bin", b"x" * 100)])  # uneven sizes
+    source = put_indexed(moto, shards)
+    ds = S5Dataset.from_shards(source, endpoint_url=moto.endpoint)
+    big = max(len(v) for v in shards.values())
+    budget = 2 * big + 1000
+
+    with S5Sampler(ds, budget=budget, shuffle="block", seed=5, samples_per_call=4, staging_dir=staging_root) as s:
+
+        def staged() -> int:
+            total = 0
+            for root, _, files in os.walk(s.staging_dir):
+                for f in files:  # shards and s5cmd's partial downloads; not the control files
+                    if "/.calls" not in root and f not in (".lock", ".released", ".members"):
+                        try:
+                            total += os.lstat(os.path.join(root, f)).st_size
+                        except OSError:
+                            pass
+            return total
+
+        with Peak(staged, interval=0.001) as peak:
+            got = load_all(ds, s)
+        assert leftovers(s.staging_dir) == []  # every shard deleted once its samples were read
+    assert len(got) == 21 and len({x["__key__"] for x in got}) == 21
+    assert peak.looks > 10 and big <= peak.peak <= budget, (peak.peak, budget)
+
+
 def test_bad_shards_raise_naming_them_or_are_skipped(moto: Store, staging_root: str) -> None:
     shards, expected = make_shards(2, 3)
     good = dict(shards)
@@ -601,6 +631,37 @@ def test_iterable_workers_split_shards_not_samples_so_each_shard_is_fetched_once
     assert sorted(got) == sorted(expected)
     # worker 0 takes the first half of the epoch (shards 0 and 1), worker 1 the second half
     assert gets == Counter(list(shards)), gets
+
+
+@pytest.mark.parametrize("shuffle", [False, "block"])
+def test_iterable_dataset_over_shards_resumes_mid_epoch_exactly(moto: Store, staging_root: str, shuffle) -> None:  # type: ignore[no-untyped-def]
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from s5loader import S5IterableDataset
+
+    shards, expected = make_shards(3, 5)
+    shards["shard-003.tar"] = tar_of([("odd.bin", b"o")])  # uneven shard sizes
+    source = put_indexed(moto, shards)
+
+    def run(state: dict | None, stop: int | None) -> tuple[list[str], dict]:
+        with S5IterableDataset.from_shards(source, endpoint_url=moto.endpoint, shuffle=shuffle, seed=4,
+                                           shuffle_buffer=3, budget=200_000, staging_dir=staging_root) as it:
+            it.set_epoch(1)
+            ld = StatefulDataLoader(it, batch_size=2, num_workers=2, collate_fn=lambda b: b)
+            if state is not None:
+                ld.load_state_dict(state)
+            got: list[str] = []
+            for i, batch in enumerate(ld):
+                got += [x["__key__"] for x in batch]
+                if stop is not None and i + 1 == stop:
+                    return got, ld.state_dict()
+            return got, ld.state_dict()
+
+    whole, _ = run(None, None)
+    head, state = run(None, 3)
+    rest, _ = run(state, None)
+    assert sorted(whole) == sorted([*expected, "odd"])
+    assert head + rest == whole  # the same samples, in the same order, none twice
 
 
 def test_iterable_dataset_over_shards_every_sample_once_per_rank_split(moto: Store, staging_root: str) -> None:

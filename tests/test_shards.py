@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 from s5loader import (
     BudgetError,
     ConfigError,
+    DecodeError,
     EmptySourceError,
     S5Dataset,
     S5Sampler,
@@ -474,6 +475,13 @@ def test_decode_and_the_direct_read_without_a_sampler(moto: Store) -> None:
     by_key = {raw.samples[i].key: raw[i] for i in range(len(raw))}
     assert by_key["train/wids"]["json"]["__kind__"] == "wids-shard-index-v1"
     assert by_key["train/shard-000"]["tar"] == shards["shard-000.tar"]
+    # a field that is not what its extension says names the field, the key and its URI
+    moto.put({"bad/shard-000.tar": tar_of([("x.json", b"{nope")]), "rawbad/y.json": b"{nope"})
+    _shards.build_index(moto.uri("bad/"), moto.endpoint)
+    with pytest.raises(DecodeError, match=r"s3://\S+/bad/shard-000.tar: field 'json' of sample 'x' cannot be decoded"):
+        S5Dataset.from_shards(moto.uri("bad/"), endpoint_url=moto.endpoint, decode=True)[0]
+    with pytest.raises(DecodeError, match=r"s3://\S+/rawbad/y.json: field 'json' of sample '\S*y'"):
+        S5Dataset.from_prefix(moto.uri("rawbad/"), endpoint_url=moto.endpoint, decode=True)[0]
 
 
 # -- the daemon ---------------------------------------------------------------------------------

@@ -325,6 +325,26 @@ def test_every_sample_once_per_epoch_over_two_ranks_and_a_mid_epoch_resume(moto:
     assert len(first) + len(rest) == 35 and set(first) | set(rest) == set(expected)
 
 
+def test_three_ranks_over_uneven_shards_each_sample_once_with_and_without_drop_last(moto: Store, staging_root: str) -> None:
+    shards = {f"shard-{i:03d}.tar": tar_of([(f"k{i:02d}{j:02d}.bin", b"%d" % j) for j in range(n)])
+              for i, n in enumerate((1, 6, 2, 5, 3))}  # 17 samples
+    source = put_indexed(moto, shards)
+    ds = S5Dataset.from_shards(source, endpoint_url=moto.endpoint)
+    for drop_last in (False, True):
+        parts = []
+        for rank in range(3):
+            with S5Sampler(ds, shuffle="block", seed=1, num_replicas=3, rank=rank, drop_last=drop_last,
+                           budget=60_000, samples_per_call=4, staging_dir=staging_root) as sampler:
+                parts.append([x["__key__"] for x in load_all(ds, sampler, workers=0)])
+                assert leftovers(sampler.staging_dir) == []
+        keys = [k for p in parts for k in p]
+        assert {len(p) for p in parts} == {5 if drop_last else 6}
+        if drop_last:
+            assert len(set(keys)) == 15
+        else:
+            assert set(keys) == {f"k{i:02d}{j:02d}" for i, n in enumerate((1, 6, 2, 5, 3)) for j in range(n)}
+
+
 def test_budget_and_shuffle_rules_over_shards(moto: Store, staging_root: str) -> None:
     shards, _ = make_shards(3, 4, size=3000)
     source = put_indexed(moto, shards)

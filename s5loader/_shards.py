@@ -109,8 +109,15 @@ def resolve(source: str | Sequence[str], endpoint_url: Access | str | None) -> t
         return [found[u] for u in uris], _folder(literal)
     if source.endswith(".tar"):
         return stat_objects([source], endpoint_url), _folder(source)
-    objects = sorted((o for o in list_prefix(source, S5cmd(access=Access.coerce(endpoint_url))) if o.key.endswith(".tar")), key=lambda o: o.key)
+    listed = list_prefix(source, S5cmd(access=Access.coerce(endpoint_url)))
+    objects = sorted((o for o in listed if o.key.endswith(".tar")), key=lambda o: o.key)
     if not objects:
+        packed = [o.uri for o in listed if o.key.endswith((".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst"))]
+        if packed:
+            raise EmptySourceError(
+                f"no *.tar shard under {source}, only compressed ones such as {packed[0]}; "
+                f"s5loader reads uncompressed tar shards"
+            )
         raise EmptySourceError(f"no *.tar shard under {source}")
     return objects, _folder(source)
 
@@ -133,6 +140,11 @@ def parse_index(data: bytes, where: str) -> dict[str, int]:
     if kind != WIDS_KIND:
         raise ShardIndexError(f"the shard index {where} is a {kind!r}, not a {WIDS_KIND!r}")
     base = _folder(where) if where.startswith("s3://") else ""
+    extra = doc.get("base")
+    if isinstance(extra, str) and extra and (extra.startswith("s3://") or "://" not in extra):
+        # widsindex's "base": the folder relative URLs are below (an s3 URL, or relative to
+        # the index); a base of another scheme names where someone else keeps a copy
+        base = _join(base, extra.rstrip("/") + "/", where, "base")
     out: dict[str, int] = {}
     for i, entry in enumerate(doc["shardlist"]):
         url = entry.get("url") if isinstance(entry, dict) else None
@@ -141,12 +153,33 @@ def parse_index(data: bytes, where: str) -> dict[str, int]:
             raise ShardIndexError(
                 f"the shard index {where}: entry {i} needs a 'url' string and an int 'nsamples' >= 0, got {entry!r}"
             )
-        if not url.startswith("s3://"):
-            if not base:
-                raise ShardIndexError(f"the shard index {where}: entry {i} has the relative URL {url!r}; a local index needs s3:// URLs")
-            url = base + url.lstrip("./") if url.startswith("./") else base + url
-        out[url] = n
+        out[_join(base, url, where, f"entry {i}")] = n
     return out
+
+
+def _join(base: str, url: str, where: str, what: str) -> str:
+    """``url`` resolved against the s3 folder ``base`` as wids does (``./`` and ``..``
+    folded). Refused: a relative URL that leaves its bucket or has no s3 folder to resolve
+    against, and an s3:// URL with a ``.`` or ``..`` component (S3 would take it literally,
+    wids would not).
+    """
+    if url.startswith("s3://"):
+        bucket, _, key = url[5:].partition("/")
+        if any(p in (".", "..") for p in key.split("/")):
+            raise ShardIndexError(f"the shard index {where}: {what} ({url!r}) has a '.' or '..' component; refused")
+        return url
+    if not base:
+        raise ShardIndexError(f"the shard index {where}: {what} has the relative URL {url!r}; a local index needs s3:// URLs")
+    if url.startswith("/"):
+        raise ShardIndexError(f"the shard index {where}: {what} has the absolute path {url!r}; use an s3:// URL")
+    bucket, _, key = base[5:].partition("/")
+    depth = 0
+    for p in (key + url).split("/"):
+        depth += -1 if p == ".." else 0 if p in ("", ".") else 1
+        if depth < 0:
+            raise ShardIndexError(f"the shard index {where}: {what} ({url!r}) leads outside the bucket s3://{bucket}/")
+    folded = posixpath.normpath(key + url)
+    return f"s3://{bucket}/{folded}" + ("/" if url.endswith("/") and folded != "." else "")
 
 
 def format_index(shards: Sequence[Shard], index_uri: str, name: str = "") -> bytes:

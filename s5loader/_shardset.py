@@ -107,7 +107,7 @@ class ShardDataset(S5Dataset):
                 )
         if out is None:
             out = self._fetch_member(s, j)
-        return self._finish(out)
+        return self._finish(out, self.shards[s].uri)
 
     def _table(self, layout: StagingLayout, shard: int) -> list[_tar.TarSample] | None:
         key = (layout.folder, shard)

@@ -69,11 +69,21 @@ def scan(fileobj: Any, size: int, uri: str, stream: bool = False) -> list[TarSam
     key: str | None = None
     members: list[Member] = []
     last = ""
+    if stream:
+        fileobj = Tail(fileobj)
+        head = fileobj.peek()
+    else:
+        head = fileobj.read(6)
+        fileobj.seek(0)
     try:
-        if stream:
-            fileobj = Tail(fileobj)
         tar = tarfile.open(fileobj=fileobj, mode="r|" if stream else "r:")
     except tarfile.TarError as exc:
+        kind = _compression(head)
+        if kind:
+            raise ShardError(
+                f"{uri} is {kind} compressed; s5loader reads uncompressed tar shards (write them "
+                f"without compression, or decompress them)"
+            ) from exc
         raise ShardError(f"{uri} is not a tar file ({exc})") from exc
     try:
         while True:
@@ -114,6 +124,13 @@ def scan(fileobj: Any, size: int, uri: str, stream: bool = False) -> list[TarSam
     return samples
 
 
+_MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
+
+
+def _compression(head: bytes) -> str:
+    return next((kind for magic, kind in _MAGIC.items() if head.startswith(magic)), "")
+
+
 class Tail:
     """A file object that reads through ``raw`` and keeps the last bytes it returned (so a
     stream's end can be checked after tarfile read its headers)."""
@@ -124,9 +141,19 @@ class Tail:
         self.raw = raw
         self.pos = 0
         self.tail = b""
+        self._head = b""
+
+    def peek(self, n: int = 6) -> bytes:
+        """The first ``n`` bytes, read ahead and given again by the next reads."""
+        self._head = self.raw.read(n)
+        return self._head
 
     def read(self, n: int = -1) -> bytes:
         data = self.raw.read(n)
+        if self._head:
+            data, self._head = self._head + data, b""
+            if n is not None and n >= 0 and len(data) > n:
+                data, self._head = data[:n], data[n:]
         self.pos += len(data)
         self.tail = (self.tail + data)[-self.KEEP :]
         return data
@@ -137,10 +164,17 @@ def _check_end(fileobj: Any, end: int, size: int, stream: bool, last: str, uri: 
     # is a tar cut short in a header, or garbage that tarfile took for the end.
     if stream:
         assert isinstance(fileobj, Tail)
-        while fileobj.read(1 << 20):
-            pass
+        # tarfile reads ahead at most a record or so, well within the kept tail; what comes
+        # after is checked as it streams by, so end padding of any length (``tar -b``) passes
         start = fileobj.pos - len(fileobj.tail)
         rest = fileobj.tail[end - start :] if end >= start else b"\x01"
+        nonzero = False
+        while chunk := fileobj.read(1 << 20):
+            nonzero = nonzero or chunk.count(0) != len(chunk)
+        if nonzero:
+            rest += b"\x01"
+        elif len(rest) < 512 and fileobj.pos - end >= 512:
+            rest = bytes(512)
         total = fileobj.pos
     else:
         fileobj.seek(end)

@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 SEQ_WIDTH = 12
 #: The file the daemon writes into the cache once every sample has been delivered.
 END_MARKER = "END"
-#: The file in each delivered folder that holds the sample's full key (UTF-8, no newline).
+#: The file in each delivered folder that holds the sample's full key (UTF-8, no newline; a
+#: tar member name that is not UTF-8 keeps its own bytes).
 KEY_FILE = "__key__"
 _SAMPLE_RE = re.compile(rf"^(\d{{{SEQ_WIDTH}}})-")
 
@@ -88,7 +89,7 @@ class ReadySample:
         """The sample's full key, from the folder's ``__key__`` file; from a daemon that wrote
         none, the shortened, file-name-safe key of the folder name."""
         try:
-            with open(os.path.join(self.path, KEY_FILE), encoding="utf-8") as f:
+            with open(os.path.join(self.path, KEY_FILE), encoding="utf-8", errors="surrogateescape") as f:
                 return f.read()
         except FileNotFoundError:
             return self.name.split("-", 1)[1]

@@ -364,13 +364,13 @@ class S5Dataset(Dataset[Any]):
         if sample.extra:
             for k, v in sample.extra.items():
                 out.setdefault(k, v)
-        return self._finish(out)
+        return self._finish(out, {f.name: f.uri for f in sample.fields})
 
-    def _finish(self, out: dict[str, Any]) -> Any:
+    def _finish(self, out: dict[str, Any], where: str | dict[str, str] = "") -> Any:
         if self.decode:
             from .decode import decode
 
-            out = decode(out)
+            out = decode(out, where)
         return self.transform(out) if self.transform is not None else out
 
     @staticmethod

@@ -25,8 +25,10 @@ from __future__ import annotations
 import io
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from .exceptions import DecodeError
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +101,29 @@ def decode_field(name: str, data: Any) -> Any:
     return data if fn is None else fn(bytes(data))
 
 
-def decode(sample: dict[str, Any]) -> dict[str, Any]:
+def decode(sample: dict[str, Any], where: str | Mapping[str, str] = "") -> dict[str, Any]:
     """A copy of ``sample`` with every field decoded by its extension (see the module doc);
-    keys starting with ``__`` (``__key__``) are kept as they are."""
-    return {k: v if k.startswith("__") else decode_field(k, v) for k, v in sample.items()}
+    keys starting with ``__`` (``__key__``) are kept as they are.
+
+    Args:
+        where: where the sample came from, for messages: a shard's URI, or each field's
+            object URI by field name.
+
+    Raises:
+        DecodeError: a field's bytes are not what its extension says (names the field, the
+            sample's key and ``where``).
+    """
+    out = {}
+    for k, v in sample.items():
+        if k.startswith("__"):
+            out[k] = v
+            continue
+        try:
+            out[k] = decode_field(k, v)
+        except Exception as exc:
+            src = where.get(k, "") if isinstance(where, Mapping) else where
+            raise DecodeError(
+                f"{src + ': ' if src else ''}field {k!r} of sample {sample.get('__key__')!r} cannot be "
+                f"decoded as .{k.rsplit('.', 1)[-1].lower()} ({type(exc).__name__}: {exc})"
+            ) from exc
+    return out

@@ -104,6 +104,11 @@ class ShardError(S5LoaderError, ValueError):
     index; the message names the shard's URI and the member."""
 
 
+class DecodeError(S5LoaderError, ValueError):
+    """A sample field cannot be decoded by its extension (``decode=True``); the message names
+    the field, the sample's key and where it came from (the object's or the shard's URI)."""
+
+
 class ShardIndexError(S5LoaderError, ValueError):
     """A shard index (a wids JSON shard list) is missing, cannot be read, or does not cover the
     shards; the message names it and says how to build one."""

@@ -67,7 +67,8 @@ class S5IterableDataset(IterableDataset[Any]):
     ranks so that every rank gets the same number of samples (padded by repetition, or cut
     with ``drop_last``, as ``DistributedSampler``), and this rank's part is split between its
     DataLoader workers (every ``num_workers``-th sample; contiguous runs with
-    ``shuffle="block"`` so that blocks stay whole). So every rank yields the same count, and
+    ``shuffle="block"`` and over tar shards, so that blocks stay whole and a shard is staged
+    by one worker). So every rank yields the same count, and
     with the same ``batch_size`` and ``num_workers`` the same number of batches: no rank waits
     for another in a collective at the end of an epoch.
 
@@ -167,6 +168,9 @@ class S5IterableDataset(IterableDataset[Any]):
         self.shuffle_buffer = shuffle_buffer
         self.drop_last = drop_last
         self.budget = budget_bytes
+        # over tar shards a worker takes a contiguous run of the epoch, so that its shards are
+        # staged by it alone (interleaved samples would have every worker fetch every shard)
+        self._runs = dataset.shards is not None
         self._num_replicas = num_replicas
         self._rank = rank
         self._engine_options: dict[str, Any] = {
@@ -274,7 +278,7 @@ class S5IterableDataset(IterableDataset[Any]):
                 )
             order = Order(loaded["shuffle"], loaded["seed"], world, rank, loaded["drop_last"])
             buffer, epoch, start = loaded["shuffle_buffer"], loaded["epoch"], loaded["yielded"]
-        length = worker_length(order, len(self.dataset), worker, nw)
+        length = worker_length(order, len(self.dataset), worker, nw, self._runs)
         if loaded is not None and loaded["complete"]:
             # The saved epoch is over for this worker: this pass yields nothing (its remainder)
             # and the next one is the epoch after it (or the one set_epoch named).
@@ -421,6 +425,7 @@ class _WorkerSampler(S5Sampler):
             rank=p.rank, drop_last=p.order.drop_last, **options,
         )
         self._pass_spec = p
+        self._owner = owner
 
     def run(self, p: _Pass) -> Generator[StagedIndex, None, None]:
         """Stage and yield ``p``'s samples from its position on."""
@@ -441,7 +446,7 @@ class _WorkerSampler(S5Sampler):
         units = self._units() if p.order.shuffle == "block" else None
         order = worker_order(
             p.order, len(self.dataset), epoch, p.worker, p.num_workers, p.shuffle_buffer,
-            units=units, window=self._window,
+            units=units, window=self._window, runs=self._owner._runs,
         )
         return order[start:], None
 
@@ -459,16 +464,18 @@ def worker_order(
     shuffle_buffer: int = 0,
     units: list[list[int]] | None = None,
     window: int = 1000,
+    runs: bool = False,
 ) -> list[int]:
     """One DataLoader worker's part of a rank's epoch, in the order it yields it.
 
     The rank's part is :meth:`Order.indices` (every rank the same count). Worker ``w`` of
     ``num_workers`` takes every ``num_workers``-th sample from the ``w``-th on, or, with
-    ``shuffle="block"``, the ``w``-th of ``num_workers`` contiguous runs (blocks stay with one
-    worker). Then the shuffle buffer (see :class:`S5IterableDataset`) reorders it.
+    ``shuffle="block"`` or ``runs`` (tar shards), the ``w``-th of ``num_workers`` contiguous
+    runs (blocks and shards stay with one worker, which stages them alone). Then the shuffle
+    buffer (see :class:`S5IterableDataset`) reorders it.
     """
     part = order.indices(n, epoch, 0, units=units, window=window)
-    if order.shuffle == "block":
+    if order.shuffle == "block" or runs:
         lo, hi = len(part) * worker // num_workers, len(part) * (worker + 1) // num_workers
         mine = part[lo:hi]
     else:
@@ -479,11 +486,11 @@ def worker_order(
     return mine
 
 
-def worker_length(order: Order, n: int, worker: int, num_workers: int) -> int:
+def worker_length(order: Order, n: int, worker: int, num_workers: int, runs: bool = False) -> int:
     """How many samples :func:`worker_order` gives ``worker`` (without computing the order)."""
     w = order.num_replicas
     part = n // w if order.drop_last else math.ceil(n / w)
-    if order.shuffle == "block":
+    if order.shuffle == "block" or runs:
         return part * (worker + 1) // num_workers - part * worker // num_workers
     return len(range(worker, part, num_workers))
 

@@ -40,17 +40,32 @@ def make(store: Store, root: str, **kw):  # type: ignore[no-untyped-def]
 
 
 # -- fast: the order, without a server -------------------------------------------------------
+def uneven_units(n: int) -> list[list[int]]:
+    """Samples in runs of 1, 3, 2, 5, 1, 3, ... (tar shards of uneven sizes)."""
+    units, i, sizes = [], 0, (1, 3, 2, 5)
+    while i < n:
+        size = sizes[len(units) % 4]
+        units.append(list(range(i, min(n, i + size))))
+        i += size
+    return units
+
+
 @pytest.mark.parametrize("shuffle", [True, False, "block"])
 @pytest.mark.parametrize("drop_last", [False, True])
-def test_worker_parts_give_every_rank_the_same_count(shuffle: bool | str, drop_last: bool) -> None:
+@pytest.mark.parametrize("runs", [False, True])  # True: over tar shards
+def test_worker_parts_give_every_rank_the_same_count(shuffle: bool | str, drop_last: bool, runs: bool) -> None:
     for n in (1, 2, 7, 23, 64):
+        units = uneven_units(n) if runs and shuffle == "block" else None
         for world in (1, 2, 3, 4):
             for nw in (1, 2, 3):
                 seen, counts = [], set()
                 for rank in range(world):
                     o = Order(shuffle, 7, world, rank, drop_last)
-                    parts = [worker_order(o, n, 2, w, nw, 5, window=4) for w in range(nw)]
-                    assert [len(x) for x in parts] == [worker_length(o, n, w, nw) for w in range(nw)]
+                    parts = [worker_order(o, n, 2, w, nw, 5, units=units, window=4, runs=runs) for w in range(nw)]
+                    assert [len(x) for x in parts] == [worker_length(o, n, w, nw, runs) for w in range(nw)]
+                    if runs:  # without the buffer, the workers' parts are consecutive runs of the rank's
+                        plain = [worker_order(o, n, 2, w, nw, 0, units=units, window=4, runs=True) for w in range(nw)]
+                        assert [i for x in plain for i in x] == o.indices(n, 2, 0, units=units, window=4)
                     counts.add(tuple(len(x) for x in parts))
                     seen += [i for x in parts for i in x]
                 assert len(counts) == 1  # the same per worker on every rank: the same batch count

@@ -3,6 +3,7 @@ S5Sampler and a DataLoader, rank splits, resume, hostile shards and decoding."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
@@ -19,6 +20,8 @@ from torch.utils.data import DataLoader
 from s5loader import (
     BudgetError,
     ConfigError,
+    DecodeError,
+    EmptySourceError,
     S5Dataset,
     S5Sampler,
     ShardError,
@@ -127,6 +130,7 @@ def test_members_group_into_samples_by_the_first_dot_of_the_file_name() -> None:
         (tar_of([("../evil.txt", b"x")]), UnsafeArchiveError, "../evil.txt"),
         (tar_of([("/etc/evil.txt", b"x")]), UnsafeArchiveError, "/etc/evil.txt"),
         (tar_of([("0001.txt", b"a"), ("0001.txt", b"b")]), ShardError, "twice"),
+        (gzip.compress(tar_of([("0001.txt", b"a")]), mtime=0), ShardError, "gzip compressed"),
     ],
 )
 def test_hostile_tars_are_refused_naming_the_shard_and_member(data: bytes, error: type, words: str) -> None:
@@ -135,6 +139,45 @@ def test_hostile_tars_are_refused_naming_the_shard_and_member(data: bytes, error
     assert words in str(info.value)
     with pytest.raises(error):  # the streamed scan of index-shards sees the same
         _tar.scan(io.BytesIO(data), len(data), "s3://b/bad.tar", stream=True)
+
+
+def test_end_padding_of_any_length_passes_and_anything_after_it_does_not() -> None:
+    # ``tar -b 2048`` pads to 1 MiB records: the streamed scan of index-shards must accept
+    # the zeros that follow its read-ahead as the file scan does
+    data = tar_of([("0001.txt", b"a"), ("0002.txt", b"b")]) + bytes(300_000)
+    for stream in (False, True):
+        assert len(_tar.scan(io.BytesIO(data), len(data), "s3://b/s.tar", stream=stream)) == 2
+        bad = data + b"x"
+        with pytest.raises(ShardError, match="s3://b/s.tar: a truncated or damaged tar after member '0002.txt'"):
+            _tar.scan(io.BytesIO(bad), len(bad), "s3://b/s.tar", stream=stream)
+
+
+def test_index_urls_resolve_as_wids_does_and_never_leave_the_bucket() -> None:
+    where = "s3://b/train/wids.json"
+
+    def parse(doc: dict) -> dict[str, int]:
+        return _shards.parse_index(json.dumps({"wids_version": 1, **doc}).encode(), where)
+
+    def urls(*names: str) -> dict:
+        return {"shardlist": [{"url": u, "nsamples": 1} for u in names]}
+
+    assert parse(urls("./a.tar", "./.b.tar", "sub/../c.tar", "../val/d.tar")) == {
+        "s3://b/train/a.tar": 1, "s3://b/train/.b.tar": 1, "s3://b/train/c.tar": 1, "s3://b/val/d.tar": 1
+    }
+    # widsindex writes a "base" (update --rebase: an absolute URL; --base: anything)
+    assert parse({"base": "s3://other/x", **urls("a.tar")}) == {"s3://other/x/a.tar": 1}
+    assert parse({"base": "../data/", **urls("a.tar")}) == {"s3://b/data/a.tar": 1}
+    assert parse({"base": "file:///mnt/copy", **urls("a.tar")}) == {"s3://b/train/a.tar": 1}
+    for bad, words in [
+        ("../../a.tar", "leads outside the bucket s3://b/"),
+        ("x/../../../a.tar", "leads outside the bucket"),
+        ("/etc/a.tar", "absolute path"),
+        ("s3://c/x/../a.tar", "'..' component"),
+    ]:
+        with pytest.raises(ShardIndexError, match=f"{where}: entry 0 .*{words}"):
+            parse(urls(bad))
+    with pytest.raises(ShardIndexError, match="base .*leads outside the bucket"):
+        parse({"base": "../../..", **urls("a.tar")})
 
 
 def test_a_sparse_member_is_refused(tmp_path) -> None:
@@ -282,6 +325,26 @@ def test_every_sample_once_per_epoch_over_two_ranks_and_a_mid_epoch_resume(moto:
     assert len(first) + len(rest) == 35 and set(first) | set(rest) == set(expected)
 
 
+def test_three_ranks_over_uneven_shards_each_sample_once_with_and_without_drop_last(moto: Store, staging_root: str) -> None:
+    shards = {f"shard-{i:03d}.tar": tar_of([(f"k{i:02d}{j:02d}.bin", b"%d" % j) for j in range(n)])
+              for i, n in enumerate((1, 6, 2, 5, 3))}  # 17 samples
+    source = put_indexed(moto, shards)
+    ds = S5Dataset.from_shards(source, endpoint_url=moto.endpoint)
+    for drop_last in (False, True):
+        parts = []
+        for rank in range(3):
+            with S5Sampler(ds, shuffle="block", seed=1, num_replicas=3, rank=rank, drop_last=drop_last,
+                           budget=60_000, samples_per_call=4, staging_dir=staging_root) as sampler:
+                parts.append([x["__key__"] for x in load_all(ds, sampler, workers=0)])
+                assert leftovers(sampler.staging_dir) == []
+        keys = [k for p in parts for k in p]
+        assert {len(p) for p in parts} == {5 if drop_last else 6}
+        if drop_last:
+            assert len(set(keys)) == 15
+        else:
+            assert set(keys) == {f"k{i:02d}{j:02d}" for i, n in enumerate((1, 6, 2, 5, 3)) for j in range(n)}
+
+
 def test_budget_and_shuffle_rules_over_shards(moto: Store, staging_root: str) -> None:
     shards, _ = make_shards(3, 4, size=3000)
     source = put_indexed(moto, shards)
@@ -302,6 +365,36 @@ def test_budget_and_shuffle_rules_over_shards(moto: Store, staging_root: str) ->
             s.set_epoch(epoch)
             assert len(load_all(ds, s)) == 12
             assert s.stats is not None and s.stats.calls == (1 if epoch == 0 else 0)
+
+
+def test_staged_shard_bytes_never_exceed_the_budget_and_shards_go_once_read(moto: Store, staging_root: str) -> None:
+    from conftest import Peak
+
+    shards, expected = make_shards(6, 4, size=4000)
+    shards["shard-005.tar"] = tar_of([("last.bin", b"x" * 100)])  # uneven sizes
+    source = put_indexed(moto, shards)
+    ds = S5Dataset.from_shards(source, endpoint_url=moto.endpoint)
+    big = max(len(v) for v in shards.values())
+    budget = 2 * big + 1000
+
+    with S5Sampler(ds, budget=budget, shuffle="block", seed=5, samples_per_call=4, staging_dir=staging_root) as s:
+
+        def staged() -> int:
+            total = 0
+            for root, _, files in os.walk(s.staging_dir):
+                for f in files:  # shards and s5cmd's partial downloads; not the control files
+                    if "/.calls" not in root and f not in (".lock", ".released", ".members"):
+                        try:
+                            total += os.lstat(os.path.join(root, f)).st_size
+                        except OSError:
+                            pass
+            return total
+
+        with Peak(staged, interval=0.001) as peak:
+            got = load_all(ds, s)
+        assert leftovers(s.staging_dir) == []  # every shard deleted once its samples were read
+    assert len(got) == 21 and len({x["__key__"] for x in got}) == 21
+    assert peak.looks > 10 and big <= peak.peak <= budget, (peak.peak, budget)
 
 
 def test_bad_shards_raise_naming_them_or_are_skipped(moto: Store, staging_root: str) -> None:
@@ -339,6 +432,40 @@ def test_bad_shards_raise_naming_them_or_are_skipped(moto: Store, staging_root: 
         ds[0]  # the direct read (no sampler) checks the same
 
 
+def test_an_index_that_widsindex_writes_loads(moto: Store) -> None:
+    shards, expected = make_shards(2, 3)
+    shards["shard-001.tar"] += bytes(200_000)  # end padding past the streamed scan's tail
+    source = put_indexed(moto, shards)
+    # an index as webdataset's widsindex writes it (update --rebase: a "base", md5sums), kept
+    # in another folder than its shards
+    listed = [
+        {"url": f"./{n}", "md5sum": hashlib.md5(d).hexdigest(), "nsamples": 3, "filesize": len(d)}
+        for n, d in shards.items()
+    ]
+    doc = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "shardlist": listed, "name": "t", "base": source}
+    moto.put({"meta/train.json": json.dumps(doc).encode()})
+    ds = S5Dataset.from_shards(source, index=moto.uri("meta/train.json"), endpoint_url=moto.endpoint)
+    assert len(ds) == 6 and ds[4]["bin"] == expected["s00004"]["bin"]
+    # compressed shards are not read, and a prefix of only those says so
+    moto.put({"gz/shard-000.tar.gz": gzip.compress(shards["shard-000.tar"])})
+    with pytest.raises(EmptySourceError, match=r"only compressed ones such as s3://.*/gz/shard-000.tar.gz"):
+        S5Dataset.from_shards(moto.uri("gz/"), endpoint_url=moto.endpoint)
+
+
+def test_wids_reads_the_index_that_index_shards_writes(moto: Store, tmp_path) -> None:
+    # wids is webdataset 0.2's indexed reader (webdataset 1.0 no longer ships it)
+    wids = pytest.importorskip("wids")
+    shards, expected = make_shards(2, 3)
+    put_indexed(moto, shards)
+    # with the shards beside the index, as they are in the bucket
+    for name in ["wids.json", *shards]:
+        (tmp_path / name).write_bytes(moto.client.get_object(Bucket=moto.bucket, Key=moto.prefix + name)["Body"].read())
+    wds = wids.ShardListDataset(str(tmp_path / "wids.json"), cache_dir=str(tmp_path / "cache"))
+    assert len(wds) == 6
+    got = {wds[i]["__key__"]: wds[i][".bin"].read() for i in range(6)}
+    assert got == {k: v["bin"] for k, v in expected.items()}
+
+
 def put_indexed_with(store: Store, shards: dict[str, bytes], counts: dict[str, int]) -> str:
     """Upload shards (some unreadable) with an index that gives ``counts`` for the bad ones."""
     store.put(shards)
@@ -368,6 +495,13 @@ def test_decode_and_the_direct_read_without_a_sampler(moto: Store) -> None:
     by_key = {raw.samples[i].key: raw[i] for i in range(len(raw))}
     assert by_key["train/wids"]["json"]["__kind__"] == "wids-shard-index-v1"
     assert by_key["train/shard-000"]["tar"] == shards["shard-000.tar"]
+    # a field that is not what its extension says names the field, the key and its URI
+    moto.put({"bad/shard-000.tar": tar_of([("x.json", b"{nope")]), "rawbad/y.json": b"{nope"})
+    _shards.build_index(moto.uri("bad/"), moto.endpoint)
+    with pytest.raises(DecodeError, match=r"s3://\S+/bad/shard-000.tar: field 'json' of sample 'x' cannot be decoded"):
+        S5Dataset.from_shards(moto.uri("bad/"), endpoint_url=moto.endpoint, decode=True)[0]
+    with pytest.raises(DecodeError, match=r"s3://\S+/rawbad/y.json: field 'json' of sample '\S*y'"):
+        S5Dataset.from_prefix(moto.uri("rawbad/"), endpoint_url=moto.endpoint, decode=True)[0]
 
 
 # -- the daemon ---------------------------------------------------------------------------------
@@ -483,6 +617,79 @@ def test_a_shard_daemon_cut_mid_shard_continues_without_loss_or_repeat(moto: Sto
     assert [name for name, _ in got] == [sample_folder_name(i, k) for i, k in enumerate(keys)]
     for name, files in got:
         assert files == expected[name.split("-", 1)[1]]
+
+
+def test_a_member_name_that_is_not_utf8_keeps_its_bytes_through_the_daemon(moto: Store, tmp_path) -> None:
+    # an old tar's Latin-1 name: tarfile gives it as surrogates, which UTF-8 cannot encode
+    from s5loader.consume import consume
+    from s5loader.daemon import Prefetcher, PrefetchOptions
+
+    name = b"caf\xe9".decode("utf-8", "surrogateescape")
+    data = tar_of([(f"{name}.cls", b"1"), (f"{name}.txt", b"t"), ("plain.cls", b"2")])
+    source = put_indexed(moto, {"shard-000.tar": data})
+    opts = PrefetchOptions(source, str(tmp_path / "cache"), 4 * len(data), endpoint_url=moto.endpoint, shards=True)
+    with Prefetcher(opts) as daemon:
+        daemon.open()
+        assert daemon.run().delivered == 2
+    got, raw = [], []
+    for s in consume(str(tmp_path / "cache"), timeout=60):
+        got.append((s.key, {f: s.read(f) for f in s.files}))
+        with open(os.path.join(s.path, "__key__"), "rb") as fh:
+            raw.append(fh.read())
+    assert got == [(name, {"cls": b"1", "txt": b"t"}), ("plain", {"cls": b"2"})]
+    assert raw == [b"caf\xe9", b"plain"]
+
+
+def test_iterable_workers_split_shards_not_samples_so_each_shard_is_fetched_once(moto: Store, staging_root: str) -> None:
+    from faults import FaultProxy
+
+    from s5loader import S5IterableDataset
+
+    shards, expected = make_shards(4, 5)
+    source = put_indexed(moto, shards)
+    proxy = FaultProxy(moto.endpoint)
+    try:
+        with S5IterableDataset.from_shards(source, endpoint_url=proxy.endpoint, shuffle=False, budget=80_000,
+                                           staging_dir=staging_root) as it:
+            got = [x["__key__"] for b in DataLoader(it, batch_size=4, num_workers=2, collate_fn=lambda b: b) for x in b]
+        gets = Counter(path.split("?")[0].rsplit("/", 1)[-1] for method, path, _ in proxy.requests
+                       if method == "GET" and ".tar" in path)
+    finally:
+        proxy.close()
+    assert sorted(got) == sorted(expected)
+    # worker 0 takes the first half of the epoch (shards 0 and 1), worker 1 the second half
+    assert gets == Counter(list(shards)), gets
+
+
+def test_iterable_dataset_over_shards_resumes_mid_epoch_exactly(moto: Store, staging_root: str) -> None:
+    shuffle = False  # with the shuffle buffer; "block" resumes through the same path (test_iterable)
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from s5loader import S5IterableDataset
+
+    shards, expected = make_shards(3, 5)
+    shards["shard-003.tar"] = tar_of([("odd.bin", b"o")])  # uneven shard sizes
+    source = put_indexed(moto, shards)
+
+    def run(state: dict | None, stop: int | None) -> tuple[list[str], dict]:
+        with S5IterableDataset.from_shards(source, endpoint_url=moto.endpoint, shuffle=shuffle, seed=4,
+                                           shuffle_buffer=3, budget=200_000, staging_dir=staging_root) as it:
+            it.set_epoch(1)
+            ld = StatefulDataLoader(it, batch_size=2, num_workers=2, collate_fn=lambda b: b)
+            if state is not None:
+                ld.load_state_dict(state)
+            got: list[str] = []
+            for i, batch in enumerate(ld):
+                got += [x["__key__"] for x in batch]
+                if stop is not None and i + 1 == stop:
+                    return got, ld.state_dict()
+            return got, ld.state_dict()
+
+    whole, _ = run(None, None)
+    head, state = run(None, 3)
+    rest, _ = run(state, None)
+    assert sorted(whole) == sorted([*expected, "odd"])
+    assert head + rest == whole  # the same samples, in the same order, none twice
 
 
 def test_iterable_dataset_over_shards_every_sample_once_per_rank_split(moto: Store, staging_root: str) -> None:

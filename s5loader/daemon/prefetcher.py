@@ -423,7 +423,7 @@ class Prefetcher:
                 self._key_clash_warned = True
                 log.warning("sample %r has a field named %s; its folders carry no %s file", key, KEY_FILE, KEY_FILE)
             return
-        with open(path, "w", encoding="utf-8") as f:
+        with open(path, "w", encoding="utf-8", errors="surrogateescape") as f:  # a tar name's own bytes
             f.write(key)
 
     def _skip(self, seq: int) -> None:

@@ -3,6 +3,7 @@ answers to them (reported path -> sample position and field, scratch path -> fin
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -96,3 +97,28 @@ def plan_call(
             plan.lines.append(_s5cmd.copy_line(f.uri, dest))
             plan.items[dest] = (pos, j)
     return plan
+
+
+def write_plan_files(
+    samples: Sequence[Sample],
+    order: Sequence[int],
+    windows: Sequence[int] | None,
+    layout: Layout | None,
+    samples_per_call: int,
+    stage: str,
+) -> list[str]:
+    """Write the command files that stage ``order`` into ``stage`` as the engine's calls would:
+    ``samples_per_call`` samples per file, cut at the last window start inside (whole windows
+    per file), without the engine's small first calls. Returns their paths, in order."""
+    paths = []
+    cuts = [0]
+    while cuts[-1] < len(order):
+        end = min(cuts[-1] + samples_per_call, len(order))
+        inside = [w for w in windows or () if cuts[-1] < w <= end]
+        cuts.append(inside[-1] if inside and end < len(order) else end)
+    for n, (first, last) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):
+        plan = plan_call(samples, order, range(first, last), lambda i: f"{stage}/{i}", layout, f"{stage}/.c{n}")
+        path = os.path.join(stage, f"call-{n:05d}.txt")
+        _s5cmd.write_command_file(path, plan.lines)
+        paths.append(path)
+    return paths

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from ._blocks import Layout
 from ._resume import Position
-from ._s5cmd import S5cmd
 from .config import StagingOptions
 from .dataset import S5Dataset, StagedIndex
 from .engine import Stager, Stats
 from .engine.metrics import Metrics
 from .engine.plan import write_plan_files
+from .s5cmd import S5cmd
 from .staging.area import PassArea, StagingArea
 
 if TYPE_CHECKING:

@@ -31,9 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from . import _archive, _s5cmd, _transfer, _verify
+from . import _archive, _transfer, _verify
 from ._index import boto3_error, list_prefix
-from ._s5cmd import ObjectInfo, S5cmd
 from ._uri import format_size, parse_s3_uri, parse_size
 from .checkpoint import DEFAULT_CONCURRENCY
 from .config import Access
@@ -47,6 +46,7 @@ from .exceptions import (
     UnsafeArchiveError,
 )
 from .progress import Progress
+from .s5cmd import ObjectInfo, S5cmd, kill, start_cat, start_copy
 from .staging.area import free_bytes, register_cleanup
 
 log = logging.getLogger(__name__)
@@ -252,7 +252,7 @@ class _Work:
             self.stopped = True
             procs, self.procs = list(self.procs), set()
         for proc in procs:
-            _s5cmd.kill(proc)
+            kill(proc)
 
     def start(self, fn: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
         with self._lock:
@@ -310,7 +310,7 @@ def _fetch_plain(
         for o in objects:
             path = os.path.join(files, names[o.uri])
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            proc = work.start(lambda o=o, path=path: _s5cmd.start_copy(  # type: ignore[misc]
+            proc = work.start(lambda o=o, path=path: start_copy(  # type: ignore[misc]
                 s5, o.uri, path, concurrency=concurrency, part_size=part, size=o.size))
             _transfer.run(proc, o.uri)
             checker = checkers[o.uri]
@@ -364,7 +364,7 @@ class _Volumes:
                     self.reserved += o.size
                     self.peak = max(self.peak, self.reserved)
                 path = os.path.join(self.dir, f"{i:06d}")
-                proc = self.work.start(lambda o=o, path=path: _s5cmd.start_copy(  # type: ignore[misc]
+                proc = self.work.start(lambda o=o, path=path: start_copy(  # type: ignore[misc]
                     self.s5, o.uri, path, concurrency=self.concurrency, part_size=self.part, size=o.size))
                 _transfer.run(proc, o.uri)
                 with self.cond:
@@ -393,7 +393,7 @@ class _Volumes:
             self.cur = open(path, "rb")  # noqa: SIM115 - closed in _end_current
         else:
             log.info("%s is larger than the budget: reading it straight from the store", o.uri)
-            self.cur_proc = self.work.start(lambda: _s5cmd.start_cat(
+            self.cur_proc = self.work.start(lambda: start_cat(
                 self.s5, o.uri, concurrency=self.concurrency, part_size=self.part, size=o.size))
             self.cur = self.cur_proc.stdout
         return True

@@ -14,13 +14,13 @@ from ._order import WINDOW_CAP, ShuffleQuality, block_window, part_len, shuffle_
 from ._passes import StagingPasses, write_command_files
 from ._platform import require_linux
 from ._resume import Position, check_state, check_window, make_state, resume, resume_window
-from ._s5cmd import S5cmd
 from ._sampler_setup import configure
 from ._uri import format_size
 from .dataset import S5Dataset
 from .engine import Stats
 from .engine.metrics import Metrics, PassReport
 from .exceptions import ConfigError
+from .s5cmd import S5cmd
 from .staging.area import StagingArea, register_cleanup
 
 log = logging.getLogger(__name__)

@@ -16,11 +16,11 @@ from .._blocks import plan_blocks
 from .._index import GROUP_BY, Sample
 from .._order import Order, block_window
 from .._platform import require_linux
-from .._s5cmd import S5cmd
 from .._uri import format_size
 from ..config import Access, StagingOptions
 from ..engine import Stager
 from ..exceptions import ConfigError, DaemonError
+from ..s5cmd import S5cmd
 from ..staging.area import StagingArea
 from .epochs import EpochSamples, index_fingerprint
 from .progress import ProgressReporter, open_reporter

@@ -7,9 +7,9 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .. import _s5cmd
 from .._blocks import Layout
 from .._index import Sample
+from ..s5cmd import can_write, copy_line, wildcard_line, write_command_file
 from ..staging.layout import field_names
 
 
@@ -67,7 +67,7 @@ def plan_call(
     for blk, ps, tag in wildcards:
         scratch = f"{scratch_dir}/.{tag}"
         plan.scratch.append(scratch)
-        plan.lines.append(_s5cmd.wildcard_line(blk.wildcard, scratch + "/"))
+        plan.lines.append(wildcard_line(blk.wildcard, scratch + "/"))
         reported = plan.folders.setdefault(scratch + "/", [])
         for pos in ps:
             idx = order[pos]
@@ -86,7 +86,7 @@ def plan_call(
         folder = sample_dir(idx)
         for j, (f, name) in enumerate(zip(sample.fields, field_names(sample), strict=True)):
             dest = f"{folder}/{name}"
-            if not _s5cmd.can_write(f.uri):
+            if not can_write(f.uri):
                 plan.aside.append((pos, j, f.uri, dest))
                 continue
             if via_scratch:
@@ -94,7 +94,7 @@ def plan_call(
                     plan.scratch.append(raw)
                 plan.moves[f"{raw}/{pos}.{j}"] = dest
                 dest = f"{raw}/{pos}.{j}"
-            plan.lines.append(_s5cmd.copy_line(f.uri, dest))
+            plan.lines.append(copy_line(f.uri, dest))
             plan.items[dest] = (pos, j)
     return plan
 
@@ -119,6 +119,6 @@ def write_plan_files(
     for n, (first, last) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):
         plan = plan_call(samples, order, range(first, last), lambda i: f"{stage}/{i}", layout, f"{stage}/.c{n}")
         path = os.path.join(stage, f"call-{n:05d}.txt")
-        _s5cmd.write_command_file(path, plan.lines)
+        write_command_file(path, plan.lines)
         paths.append(path)
     return paths

@@ -3,7 +3,6 @@ while this process forks; listing a prefix; one large object in many parallel pa
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -11,8 +10,9 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO
 
+from .._platform import die_with_parent
 from ..config import Access
 from ..exceptions import EmptySourceError, S5cmdNotFoundError
 from .binary import INSTALL_HINT, access_flags, environment, find_s5cmd
@@ -22,18 +22,10 @@ from .output import ObjectInfo, classify, error_for, last_error, looks_unreachab
 log = logging.getLogger(__name__)
 
 
-_PRCTL: Any
-try:  # resolved here, in the parent: no dlopen between fork and exec in a threaded process
-    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):  # pragma: no cover - not Linux
-    _PRCTL = None
-
-
 def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child between fork and exec
     # The kernel kills the child when the thread that started it dies, so a loader that is
     # SIGKILLed cannot leave a downloader running behind it.
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    die_with_parent(signal.SIGKILL)
 
 
 # Starting s5cmd and forking this process (a DataLoader starting its workers) must not

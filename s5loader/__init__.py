@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 from . import checkpoint, fetch
-from ._s5cmd import find_s5cmd
 from ._uri import parse_size
 from .config import Access, StagingOptions
 from .consume import consume
@@ -43,6 +42,7 @@ from .iterable import S5IterableDataset
 from .metrics import Metrics, log_metrics
 from .prefetch import Prefetcher
 from .progress import Progress
+from .s5cmd import find_s5cmd
 from .sampler import S5Sampler
 
 __version__ = "0.1.0"

@@ -175,7 +175,7 @@ def _make_block(bucket: str, prefix: str, a: int, b: int, keys: list[list[str]])
     for i in range(a, b):
         rel = tuple(k[len(folder) :] for k in keys[i])
         for r in rel:
-            if ".." in r:  # wildcard lines exclude such keys (see _s5cmd.wildcard_line)
+            if ".." in r:  # wildcard lines exclude such keys (see wildcard_line)
                 return None
             if not _SAFE_REL(r):
                 return None

@@ -10,7 +10,6 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ._s5cmd import TLS_HINT, ObjectInfo, S5cmd, _GlobInPrefix
 from ._uri import parse_s3_uri
 from .config import Access
 from .exceptions import (
@@ -25,6 +24,8 @@ from .exceptions import (
     S5LoaderError,
 )
 from .progress import Progress
+from .s5cmd import TLS_HINT, ObjectInfo, S5cmd
+from .s5cmd.process import _GlobInPrefix
 
 if TYPE_CHECKING:
     from ._compact import SampleIndex

@@ -89,7 +89,7 @@ class Order:
             edges.append(len(seq))
             seq += units[u]
         w = self.num_replicas
-        per = n // w if self.drop_last else math.ceil(n / w)
+        per = part_len(n, w, self.drop_last)
         if per * w > len(seq) and seq:
             edges.append(len(seq))  # the repeated tail is a unit of its own
             seq += (seq * math.ceil((per * w - len(seq)) / len(seq)))[: per * w - len(seq)]
@@ -161,6 +161,11 @@ def shuffle_quality(order: Sequence[int], unit_of: Sequence[int], span: int = 25
     scale = n / len(order)  # a rank's part spreads over the whole data set
     moved = sum(abs(pos * scale - i) for pos, i in enumerate(order)) / (len(order) * n)
     return ShuffleQuality(span, units, moved)
+
+
+def part_len(n: int, num_replicas: int, drop_last: bool) -> int:
+    """Samples in each rank's part of ``n``: the tail dropped, or padded by repetition."""
+    return n // num_replicas if drop_last else math.ceil(n / num_replicas)
 
 
 # shuffle="block": the most samples a window holds (see block_window)

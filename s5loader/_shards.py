@@ -22,10 +22,10 @@ from typing import Any, NamedTuple
 
 from . import _tar
 from ._index import boto3_error, list_prefix, make_boto3_client, stat_objects
-from ._s5cmd import ObjectInfo, S5cmd
 from ._uri import parse_s3_uri
 from .config import Access
 from .exceptions import ConfigError, EmptySourceError, ObjectNotFoundError, ShardIndexError
+from .s5cmd import ObjectInfo, S5cmd
 
 log = logging.getLogger(__name__)
 

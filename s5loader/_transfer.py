@@ -14,12 +14,11 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from . import _s5cmd
 from ._index import boto3_error, make_boto3_client
-from ._s5cmd import S5cmd
 from ._uri import format_size, parse_s3_uri, parse_size
 from .config import Access
 from .exceptions import S3URIError, StagingSpaceError
+from .s5cmd import S5cmd, error_from_exit, kill, start_copy
 from .staging.area import SHM, free_bytes, register_cleanup
 
 log = logging.getLogger(__name__)
@@ -116,10 +115,10 @@ def run(proc: subprocess.Popen[bytes], what: str) -> bytes:
     try:
         out, err = proc.communicate()
     except BaseException:
-        _s5cmd.kill(proc)
+        kill(proc)
         raise
     if proc.returncode != 0:
-        raise _s5cmd.error_from_exit(proc.returncode, err, what)
+        raise error_from_exit(proc.returncode, err, what)
     return out
 
 
@@ -185,7 +184,7 @@ class UploadGuard:
         with self._lock:
             active, self._active = self._active, False
         for proc in self._procs:
-            _s5cmd.kill(proc)  # a no-op for a finished transfer
+            kill(proc)  # a no-op for a finished transfer
         if not active:
             return
         try:
@@ -212,7 +211,7 @@ def head_size(uri: str, endpoint_url: Access | str | None) -> tuple[int, str]:
 
 def download(s5: S5cmd, uri: str, path: str, *, size: int, concurrency: int, part_size: int) -> None:
     """Download one object to ``path`` in parallel parts."""
-    proc = _s5cmd.start_copy(s5, uri, path, concurrency=concurrency, part_size=part_size, size=size)
+    proc = start_copy(s5, uri, path, concurrency=concurrency, part_size=part_size, size=size)
     run(proc, uri)
 
 
@@ -246,7 +245,7 @@ def upload_many(
     def one(item: tuple[str, UploadGuard]) -> None:
         path, guard = item
         size = os.path.getsize(path)
-        proc = _s5cmd.start_copy(s5, path, guard.uri, concurrency=concurrency, part_size=part_size, size=size)
+        proc = start_copy(s5, path, guard.uri, concurrency=concurrency, part_size=part_size, size=size)
         guard.attach(proc)
         run(proc, guard.uri)
 

@@ -31,11 +31,11 @@ import logging
 import os
 from typing import IO, Any
 
-from . import _s5cmd, _transfer
-from ._s5cmd import S5cmd
+from . import _transfer
 from ._uri import format_size
 from .config import Access
 from .exceptions import FetchError, StagingSpaceError
+from .s5cmd import S5cmd, error_from_exit, kill, start_cat, start_copy, start_pipe
 from .staging.area import StagingArea
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ def save(
                 size = os.path.getsize(path)
                 log.info("%s: uploading %s staged in %s", uri, format_size(size), root)
                 with _transfer.UploadGuard(uri, store) as guard:
-                    proc = _s5cmd.start_copy(s5, path, uri, concurrency=concurrency, part_size=part, size=size)
+                    proc = start_copy(s5, path, uri, concurrency=concurrency, part_size=part, size=size)
                     guard.attach(proc)
                     _transfer.run(proc, uri)
                 return
@@ -155,7 +155,7 @@ def _save_streaming(
     import torch
 
     with _transfer.UploadGuard(uri, endpoint_url) as guard:
-        proc = _s5cmd.start_pipe(s5, uri, concurrency=concurrency, part_size=part, size=need)
+        proc = start_pipe(s5, uri, concurrency=concurrency, part_size=part, size=need)
         guard.attach(proc)
         assert proc.stdin is not None
         writer = _PipeWriter(proc.stdin)
@@ -167,7 +167,7 @@ def _save_streaming(
         except BaseException:
             # Kill before the input is closed: s5cmd must not see end-of-stream and complete
             # a half-written object.
-            _s5cmd.kill(proc)
+            kill(proc)
             raise
         try:
             proc.stdin.close()  # end of stream: s5cmd uploads the last part and completes
@@ -241,7 +241,7 @@ def load(
 
 
 def _read_all(s5: S5cmd, uri: str, size: int, concurrency: int, part: int) -> memoryview:
-    proc = _s5cmd.start_cat(s5, uri, concurrency=concurrency, part_size=part, size=size)
+    proc = start_cat(s5, uri, concurrency=concurrency, part_size=part, size=size)
     buf = bytearray(size)
     view = memoryview(buf)
     got = 0
@@ -255,10 +255,10 @@ def _read_all(s5: S5cmd, uri: str, size: int, concurrency: int, part: int) -> me
         extra = proc.stdout.read(1)
         _, err = proc.communicate()
     except BaseException:
-        _s5cmd.kill(proc)
+        kill(proc)
         raise
     if proc.returncode != 0:
-        raise _s5cmd.error_from_exit(proc.returncode, err, uri)
+        raise error_from_exit(proc.returncode, err, uri)
     if got != size or extra:
         raise FetchError(f"{uri}: read {got}{'+' if extra else ''} bytes, expected {size} (changed while read?)")
     return view

@@ -170,7 +170,7 @@ class Access:
         """s5cmd's global flags for these settings (``--endpoint-url``, ``--no-sign-request``,
         ``--profile``, ...), for running s5cmd yourself; no secret is ever among them. s5cmd
         reads the region from ``AWS_REGION``."""
-        from ._s5cmd import access_flags
+        from .s5cmd import access_flags
 
         return access_flags(self)
 

@@ -23,11 +23,11 @@ from ._index import (
     make_boto3_client,
 )
 from ._labels import check_label, folder_labels, warn_grouping
-from ._s5cmd import S5cmd
 from ._share import shared_index
 from ._uri import parse_s3_uri
 from .config import Access
 from .exceptions import ConfigError, EmptySourceError, S3URIError
+from .s5cmd import S5cmd
 from .staging.layout import StagingLayout
 
 log = logging.getLogger(__name__)

@@ -32,10 +32,10 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from . import _transfer
-from ._s5cmd import S5cmd
 from ._uri import format_size, parse_s3_uri
 from .checkpoint import DEFAULT_CONCURRENCY
 from .config import Access
+from .s5cmd import S5cmd
 from .staging.area import StagingArea, free_bytes
 
 log = logging.getLogger(__name__)

@@ -432,13 +432,13 @@ class _WorkerSampler(S5Sampler):
         self._pass_spec = p
         self._order = p.order
         self.epoch = p.epoch
-        self._start = p.yielded
-        self._epoch_done = False
+        self._pos.start = p.yielded
+        self._pos.epoch_done = False
         return self._iterate()  # type: ignore[return-value]
 
     def position(self, p: _Pass) -> int:
         """``p``'s position after the last sample handed out (skipped samples included)."""
-        return self._start + self._yielded
+        return self._pos.start + self._pos.yielded
 
     def _epoch_plan(self, epoch: int, start: int = 0) -> tuple[list[int], list[int] | None]:
         # a worker's part has no windows of its own: the engine cuts its calls freely
@@ -452,7 +452,7 @@ class _WorkerSampler(S5Sampler):
 
     def drop_finished(self) -> None:
         """Remove the folders of finished passes: every sample in them was read in this process."""
-        self._remove_replaced()
+        self._passes.remove_replaced()
 
 
 def worker_order(

@@ -4,7 +4,6 @@ cache without a second terminal."""
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -15,8 +14,8 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
 
+from ._platform import die_with_parent
 from ._uri import parse_size
 from .config import Access
 from .consume import ReadySample, consume
@@ -24,17 +23,9 @@ from .exceptions import ConfigError, DaemonError
 
 log = logging.getLogger(__name__)
 
-_PRCTL: Any
-try:  # resolved in the parent: no dlopen between fork and exec
-    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):  # pragma: no cover - not Linux
-    _PRCTL = None
-
-
 def _stop_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
     # SIGTERM, not SIGKILL: the daemon then stops cleanly (kills s5cmd, removes partial files).
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    die_with_parent(signal.SIGTERM)
 
 
 class Prefetcher:

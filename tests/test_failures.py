@@ -32,7 +32,7 @@ def wait_until(predicate, timeout: float) -> bool:
 
 
 def test_failure_line_is_matched_by_its_destination() -> None:
-    from s5loader._s5cmd import parse_line, partial_of, reported_destinations
+    from s5loader.s5cmd import parse_line, partial_of, reported_destinations
 
     # the shape s5cmd v2.3 prints for a failing cp --raw line and for one object of a wildcard
     line = b'{"operation":"cp","command":"cp s3://b/a b.bin /stage dir/.c1/.r/3.0","error":"AccessDenied: x"}'

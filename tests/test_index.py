@@ -22,8 +22,8 @@ from s5loader import FetchError, IndexFileError, ManifestError, S5Dataset
 from s5loader._compact import SampleIndex
 from s5loader._index import GROUP_BY, Sample, group
 from s5loader._indexfile import MAGIC, dumps, loads
-from s5loader._s5cmd import ObjectInfo, find_s5cmd
 from s5loader.exceptions import ConfigError
+from s5loader.s5cmd import ObjectInfo, find_s5cmd
 
 MD5 = "0123456789abcdef0123456789abcdef"
 PARTS = ["a", "b", "a.b", "a-b", "x.y.z", "_", "é", "0", "a.", ".b", "."]

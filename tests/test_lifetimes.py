@@ -246,7 +246,7 @@ def test_a_fork_while_s5cmd_starts_does_not_hold_the_start() -> None:
     main thread may be waiting for the starting thread meanwhile (a replaced pass closing)."""
     import signal
 
-    from s5loader._s5cmd import S5cmd
+    from s5loader.s5cmd import S5cmd
 
     s5 = S5cmd()
     done = threading.Event()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import free_port
 
-from s5loader._s5cmd import find_s5cmd
+from s5loader.s5cmd import find_s5cmd
 
 ROOT = Path(__file__).resolve().parent.parent
 S3_LOCAL = str(ROOT / "bin" / "s3-local")

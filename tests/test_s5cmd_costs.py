@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from s5loader._s5cmd import copy_line, wildcard_line
+from s5loader.s5cmd import copy_line, wildcard_line
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _spec = importlib.util.spec_from_file_location("s5cmd_costs", os.path.join(ROOT, "bench", "s5cmd_costs.py"))

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from s5loader import BudgetError, ConfigError, S3URIError, S5Dataset, S5Sampler, parse_size
 from s5loader._index import group
 from s5loader._order import Order
-from s5loader._s5cmd import ObjectInfo, copy_line, wildcard_line
+from s5loader.s5cmd import ObjectInfo, copy_line, wildcard_line
 from s5loader.staging.layout import field_names
 
 
@@ -160,7 +160,7 @@ def test_finds_the_wheel_binary_not_the_wrapper(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_endpoint_with_credentials_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    from s5loader._s5cmd import resolve_endpoint
+    from s5loader.config import resolve_endpoint
 
     with pytest.raises(ConfigError, match="carries credentials"):
         resolve_endpoint("http://AKID:secret@127.0.0.1:9000")
@@ -171,7 +171,7 @@ def test_endpoint_with_credentials_is_refused(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_s5cmd_environment_tunes_go_and_keeps_the_users_settings(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from s5loader._s5cmd import S5cmd
+    from s5loader.s5cmd import S5cmd
 
     monkeypatch.delenv("GOGC", raising=False)
     monkeypatch.delenv("GOMEMLIMIT", raising=False)

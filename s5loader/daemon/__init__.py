@@ -19,7 +19,9 @@ Layout of a cache directory::
 """
 
 from .cli import build_parser, main, options_from_args
-from .prefetcher import Prefetcher, PrefetchOptions, Summary
+from .delivery import Summary
+from .options import PrefetchOptions
+from .prefetcher import Prefetcher
 from .protocol import END_MARKER, LOCK_FILE, STAGING_DIR, STATE_FILE, sample_folder_name
 
 __all__ = [

@@ -13,7 +13,8 @@ from .._args import non_negative_int, positive_float, positive_int, size_arg
 from .._index import GROUP_BY
 from ..cli import EXIT_OK
 from ..config import ON_ERROR, Access
-from .prefetcher import Prefetcher, PrefetchOptions
+from .options import PrefetchOptions
+from .prefetcher import Prefetcher
 
 log = logging.getLogger(__name__)
 

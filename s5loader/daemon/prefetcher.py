@@ -9,22 +9,23 @@ import secrets
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import IO, Any
 
 from .._blocks import plan_blocks
-from .._index import GROUP_BY, Sample
+from .._index import Sample
 from .._order import Order, block_window
 from .._platform import require_linux
-from .._s5cmd import S5cmd
 from .._uri import format_size
-from ..config import Access, StagingOptions
 from ..engine import Stager
-from ..exceptions import ConfigError, DaemonError
+from ..exceptions import DaemonError
+from ..s5cmd import S5cmd
 from ..staging.area import StagingArea
+from .delivery import Deliveries, StarvationWatch, Summary
 from .epochs import EpochSamples, index_fingerprint
+from .options import PrefetchOptions
 from .progress import ProgressReporter, open_reporter
-from .protocol import END_MARKER, KEY_FILE, STAGING_DIR, STATE_FILE, sample_folder_name
+from .protocol import STAGING_DIR, STATE_FILE
 from .shards import ShardDeliveries, Unpacker
 from .state import (
     CacheLock,
@@ -36,89 +37,9 @@ from .state import (
     recover_pending,
     remove_end,
     wipe,
-    write_end,
 )
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class PrefetchOptions:
-    """What ``s5loader prefetch`` was asked to do (its command-line options).
-
-    The staging options (``budget``, ``samples_per_call``, ``calls_in_flight``,
-    ``s5cmd_workers``, ``block_size``, ``stall_timeout``, ``retries``, ``on_error``,
-    ``verify``) have the names, defaults and checks of :class:`~s5loader.S5Sampler`'s:
-    :meth:`stager_options` is the one :class:`~s5loader.StagingOptions` object, and
-    ``shuffle`` takes ``True``, ``False`` or ``"block"`` as the sampler's does. ``access``
-    (with ``endpoint_url`` folded in) says how the store is reached.
-    """
-
-    source: str
-    cache: str
-    budget: int
-    group_by: str = "stem"
-    shuffle: bool | str = False
-    seed: int = 0
-    epochs: int = 1
-    endpoint_url: str | None = None
-    samples_per_call: int = 1000
-    calls_in_flight: int = 2
-    s5cmd_workers: int = 256
-    block_size: int = 64
-    on_error: str = "raise"
-    stall_timeout: float = 60.0
-    retries: int = 3
-    verify: bool = False
-    fresh: bool = False
-    json_log: str | None = None
-    progress: bool | None = None  # None: a bar when stderr is a terminal
-    access: Access | None = None
-    shards: bool = False  # the source names tar shards (see .shards)
-    index: str | None = None  # their wids shard index; default: wids.json beside them
-
-    def __post_init__(self) -> None:
-        if self.group_by not in GROUP_BY:
-            raise ConfigError(f"group_by must be one of {', '.join(GROUP_BY)}; got {self.group_by!r}")
-        if self.epochs < 1:
-            raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
-        if self.shuffle not in (True, False, "block"):
-            raise ConfigError(f"shuffle must be True, False or 'block', got {self.shuffle!r}")
-        object.__setattr__(self, "access", Access.coerce(self.access, self.endpoint_url))
-        self.stager_options()  # checks the staging options as the sampler's are checked
-
-    @property
-    def store(self) -> Access:
-        """How the store is reached (``access`` with ``endpoint_url`` folded in)."""
-        assert self.access is not None
-        return self.access
-
-    def stager_options(self) -> StagingOptions:
-        return StagingOptions(
-            budget=self.budget,
-            samples_per_call=self.samples_per_call,
-            calls_in_flight=self.calls_in_flight,
-            s5cmd_workers=self.s5cmd_workers,
-            block_size=self.block_size,
-            stall_timeout=self.stall_timeout,
-            retries=self.retries,
-            on_error=self.on_error,
-            verify=self.verify,
-        )
-
-
-@dataclass
-class Summary:
-    """What one run of the daemon did."""
-
-    delivered: int = 0
-    skipped: int = 0
-    total: int = 0
-    resumed_from: int = 0
-    stopped: bool = False
-    starved: int = 0
-    starved_s: float = 0.0
-    skipped_uris: list[str] = field(default_factory=list)
 
 
 class Prefetcher:
@@ -143,14 +64,12 @@ class Prefetcher:
         self._state: DaemonState | None = None
         self._reporter: ProgressReporter | None = None
         self._json_file: IO[str] | None = None
-        self._starving = 0.0
-        self._last_starve_log = 0.0
-        self._last_starve_check = 0.0
         self._start = 0
         self._shards: ShardDeliveries | None = None
         self._unpacker: Unpacker | None = None
-        self._key_clash_warned = False
+        self._delivery: Deliveries | None = None
         self.summary = Summary()
+        self._watch = StarvationWatch(self._ledger, self.summary, options.samples_per_call)
 
     # -- opening ----------------------------------------------------------------------------
     def open(self) -> Prefetcher:
@@ -176,7 +95,7 @@ class Prefetcher:
         if self.opts.fresh:
             wipe(self.cache)
             old = None
-        samples, listing, total = self._index()
+        samples, listing, total, self._shards = _index(self.opts)
         order = Order(self.opts.shuffle, self.opts.seed, 1, 0, False)
         units = None
         if self._shards is not None:
@@ -218,26 +137,6 @@ class Prefetcher:
         self._open_stager()
         return self
 
-    def _index(self) -> tuple[Sequence[Sample], Sequence[str] | None, int]:
-        from ..dataset import S5Dataset
-
-        src, store, gb = self.opts.source, self.opts.store, self.opts.group_by
-        if self.opts.shards:
-            from .._shardset import ShardDataset
-
-            sds = S5Dataset.from_shards(src, index=self.opts.index, access=store)
-            assert isinstance(sds, ShardDataset)
-            order = Order(self.opts.shuffle, self.opts.seed, 1, 0, False)
-            self._shards = ShardDeliveries(sds, order, self.opts.epochs)
-            log.info("%s: %d samples in %d shards, %s", src, len(sds), len(sds.shards), format_size(sds.total_bytes))
-            return sds.samples, None, sds.total_bytes
-        if src.startswith("s3://") and not src.endswith((".jsonl", ".json")):
-            ds = S5Dataset.from_prefix(src, access=store, group_by=gb)
-        else:
-            ds = S5Dataset.from_manifest(src, access=store, group_by=gb)
-        log.info("%s: %d samples, %s", src, len(ds), format_size(ds.total_bytes))
-        return ds.samples, ds._listing, ds.total_bytes
-
     def _open_stager(self) -> None:
         assert self._view is not None and self._state is not None
         staging = os.path.join(self.cache, STAGING_DIR)
@@ -271,6 +170,10 @@ class Prefetcher:
                 self._stager.hold(-seq - 1, size)
         self._reporter, self._json_file = open_reporter(
             self.opts.budget, len(self._view), self.opts.json_log, self.opts.progress
+        )
+        self._delivery = Deliveries(
+            self.cache, self._state_path, self._state, self._ledger, self.summary, self._view, self._area,
+            self._unpacker,
         )
 
     # -- running ----------------------------------------------------------------------------
@@ -344,8 +247,9 @@ class Prefetcher:
             if self.stop.is_set():
                 return self._drain(pos)
             ready = stager.poll(pos, 0.1)
-            if ready is not None or time.monotonic() - self._last_starve_check >= 0.1:
-                self._check_starved(seq)
+            if ready is not None or time.monotonic() - self._watch.last_check >= 0.1:
+                assert self._state is not None and self._reporter is not None
+                self._watch.check(seq, self._state, self._consumed, self._reporter)
             self._tick()
             if ready is not None:
                 return ready
@@ -357,100 +261,29 @@ class Prefetcher:
         stager.close()
         return stager.poll(pos, 0)
 
-    def _check_starved(self, seq: int) -> None:
-        st = self._state
-        assert st is not None
-        self._last_starve_check = time.monotonic()
-        self._ledger.refresh(force=True)
-        if self._ledger.count or st.delivered - st.skipped == 0 or self._starving:
-            return
-        self._starving = time.monotonic()
-        self.summary.starved += 1
-        consumed = self._consumed()
-        # Right after a restart the consumer has used up what the last run delivered while this
-        # run's first s5cmd call is under way: an ordinary restart, not a slow source.
-        catching_up = bool(self.summary.resumed_from) and self.summary.delivered < self.opts.samples_per_call
-        assert self._reporter is not None
-        self._reporter.event("starved", seq=seq, consumed=consumed, catching_up=catching_up)
-        if catching_up:
-            log.info(
-                "catching up after a restart at sample %d: the consumer has consumed the samples "
-                "delivered before it (%d in all) and waits for sample %d, which this run is fetching",
-                self.summary.resumed_from, consumed, seq,
-            )
-            return
-        now = time.monotonic()
-        if now - self._last_starve_log > 30:
-            self._last_starve_log = now
-            log.warning(
-                "starved: the consumer has consumed all %d delivered samples and waits for sample "
-                "%d (%d starvation(s) so far); the source or the network is the bottleneck",
-                consumed, seq, self.summary.starved,
-            )
-
     def _deliver(self, seq: int) -> None:
-        st, area, view = self._state, self._area, self._view
-        assert st is not None and area is not None and view is not None
-        sample = view[seq]
-        if self._unpacker is not None:
-            src, key, size = self._unpacker.unpack(seq)
-        else:
-            src, key, size = area.sample_dir(seq), sample.key, sample.size
-        name = sample_folder_name(seq, key)
-        dst = os.path.join(self.cache, name)
-        self._write_key(src, key)
-        # the one write of this delivery: a restart completes the rename if it did not happen
-        st.delivered, st.pending = seq + 1, {"seq": seq, "from": src, "to": dst}
-        st.save(self._state_path)
-        os.rename(src, dst)  # the sample appears complete, or not at all
-        self._ledger.add(seq, name, size)
-        assert self._stager is not None
-        if self._unpacker is not None:
-            self._stager.hold(-seq - 1, size)
-        else:
-            self._stager.yielded(seq)
-        self.summary.delivered += 1
-        if self._starving:
-            self.summary.starved_s += time.monotonic() - self._starving
-            self._starving = 0.0
-
-    def _write_key(self, folder: str, key: str) -> None:
-        """The sample's full key into its folder, before the folder is renamed into place (a
-        control file of a few bytes, not counted in the budget)."""
-        path = os.path.join(folder, KEY_FILE)
-        if os.path.lexists(path):  # a field of the sample has that name
-            if not self._key_clash_warned:
-                self._key_clash_warned = True
-                log.warning("sample %r has a field named %s; its folders carry no %s file", key, KEY_FILE, KEY_FILE)
-            return
-        with open(path, "w", encoding="utf-8", errors="surrogateescape") as f:  # a tar name's own bytes
-            f.write(key)
+        assert self._delivery is not None and self._stager is not None
+        self._delivery.deliver(seq, self._stager)
+        self._watch.fed()
 
     def _skip(self, seq: int) -> None:
-        st, view = self._state, self._view
-        assert st is not None and view is not None
-        st.delivered, st.skipped, st.pending = seq + 1, st.skipped + 1, None
-        st.save(self._state_path)
-        self.summary.skipped += 1
-        self.summary.skipped_uris.append(view[seq].fields[0].uri)
+        assert self._delivery is not None
+        self._delivery.skip(seq)
 
     def _finish(self) -> None:
-        st = self._state
-        assert st is not None
-        write_end(self.cache, st)
-        log.info("all %d samples delivered to %s; wrote %s", st.delivered, self.cache, END_MARKER)
+        assert self._delivery is not None
+        self._delivery.finish()
 
     def _consumed(self) -> int:
-        st = self._state
-        assert st is not None
-        return st.delivered - st.skipped - self._ledger.count
+        assert self._delivery is not None
+        return self._delivery.consumed()
 
     def _snapshot(self) -> dict[str, Any]:
         st, stager = self._state, self._stager
         assert st is not None and stager is not None
         reserved = stager.reserved
         per_epoch = max(1, self.summary.total // max(1, self.opts.epochs))
-        starving = time.monotonic() - self._starving if self._starving else 0.0
+        starving = self._watch.waiting_s()
         # The figures S5Sampler.metrics() gives, for this run of the daemon (positions count
         # on across epochs), then the daemon's own.
         metrics = stager.metrics(
@@ -494,3 +327,26 @@ class Prefetcher:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _index(opts: PrefetchOptions) -> tuple[Sequence[Sample], Sequence[str] | None, int, ShardDeliveries | None]:
+    """The samples of ``opts.source``, the key listing they came from, their bytes, and (over
+    tar shards) the deliveries of their shards."""
+    from ..dataset import S5Dataset
+
+    src, store, gb = opts.source, opts.store, opts.group_by
+    if opts.shards:
+        from .._shardset import ShardDataset
+
+        sds = S5Dataset.from_shards(src, index=opts.index, access=store)
+        assert isinstance(sds, ShardDataset)
+        order = Order(opts.shuffle, opts.seed, 1, 0, False)
+        deliveries = ShardDeliveries(sds, order, opts.epochs)
+        log.info("%s: %d samples in %d shards, %s", src, len(sds), len(sds.shards), format_size(sds.total_bytes))
+        return sds.samples, None, sds.total_bytes, deliveries
+    if src.startswith("s3://") and not src.endswith((".jsonl", ".json")):
+        ds = S5Dataset.from_prefix(src, access=store, group_by=gb)
+    else:
+        ds = S5Dataset.from_manifest(src, access=store, group_by=gb)
+    log.info("%s: %d samples, %s", src, len(ds), format_size(ds.total_bytes))
+    return ds.samples, ds._listing, ds.total_bytes, None

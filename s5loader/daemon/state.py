@@ -19,8 +19,8 @@ from typing import Any
 from .._index import Sample
 from .._uri import format_size
 from ..engine.budget import check_sample_fits
-from ..exceptions import BudgetError, DaemonError
-from ..staging.area import free_bytes
+from ..exceptions import DaemonError
+from ..staging.area import room_for, tree_bytes
 from .protocol import (
     END_MARKER,
     END_TMP,
@@ -267,17 +267,6 @@ def remove_end(cache: str) -> None:
         pass
 
 
-def tree_bytes(path: str) -> int:
-    total = 0
-    for root, _, files in os.walk(path):
-        for fn in files:
-            try:
-                total += os.lstat(os.path.join(root, fn)).st_size
-            except OSError:
-                pass
-    return total
-
-
 def check_cache_budget(samples: Sequence[Sample], budget: int, epochs: int, cache: str, held: int) -> None:
     """Refuse a budget no sample fits in, or one the cache's file system cannot hold.
 
@@ -285,9 +274,4 @@ def check_cache_budget(samples: Sequence[Sample], budget: int, epochs: int, cach
     """
     check_sample_fits(max(samples, key=lambda s: s.size), budget, "raise --budget")
     need = min(budget, sum(s.size for s in samples) * epochs) - held
-    free = free_bytes(cache)
-    if need > free:
-        raise BudgetError(
-            f"the budget of {format_size(budget)} does not fit the {format_size(free)} free in "
-            f"{cache}; lower --budget or free space"
-        )
+    room_for(cache, need, budget, "lower --budget or free space")

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import _s5cmd
 from .._index import Field
+from ..s5cmd import S5cmd, classify, kill_group, parse_line, reported_destinations, write_command_file
 from .options import Stats
 from .plan import CallPlan
 from .retry import Failures
@@ -58,7 +58,7 @@ class Calls:
     """
 
     def __init__(
-        self, s5cmd: _s5cmd.S5cmd, field_of: Callable[[int, int], Field], staging_path: str, verify: bool,
+        self, s5cmd: S5cmd, field_of: Callable[[int, int], Field], staging_path: str, verify: bool,
         stats: Stats,
     ) -> None:
         self.s5cmd = s5cmd
@@ -86,7 +86,7 @@ class Calls:
         for attempt in range(3):
             try:
                 os.makedirs(control_dir, mode=0o700, exist_ok=True)
-                _s5cmd.write_command_file(command_file, plan.lines)
+                write_command_file(command_file, plan.lines)
                 break
             except FileNotFoundError:
                 # the staging directory was removed (by someone else) while this ran
@@ -150,7 +150,7 @@ class Calls:
             buf.clear()
 
     def on_line(self, call: Call, line: bytes, on_done: Callable[[int], None], is_stdout: bool = True) -> None:
-        r = _s5cmd.parse_line(line)
+        r = parse_line(line)
         if r is None:
             return
         items = call.plan.items
@@ -178,7 +178,7 @@ class Calls:
             return
         # A failure line is matched by the destination it names, which s5loader chose; a
         # line that names none of this call's destinations is no object's error.
-        for where in _s5cmd.reported_destinations(r.command) if r.command else ():
+        for where in reported_destinations(r.command) if r.command else ():
             if where in items or where in call.given_up:
                 reported = [where]
             elif where in call.plan.folders:
@@ -259,18 +259,18 @@ class Calls:
             if msg is None:
                 kind, msg = ("stall" if call.stalled else "transient"), default
             else:
-                kind = _s5cmd.classify(msg)
+                kind = classify(msg)
             failures[pos] = (kind, msg, uri_of(pos, j))
         return failures
 
     def kill(self, call: Call) -> None:
-        _s5cmd.kill_group(call.proc)
+        kill_group(call.proc)
         call.proc.wait()
 
     def kill_now(self) -> None:
         """Kill every call's process group, taking no lock: for a signal handler."""
         for call in list(self.live):
-            _s5cmd.kill_group(call.proc)
+            kill_group(call.proc)
             try:
                 call.proc.wait(timeout=1)  # polls; never blocks on the engine thread's reaping
             except Exception:  # noqa: BLE001 - dying anyway

@@ -5,14 +5,22 @@ a sample is retried or skipped) and a small ring of (time, bytes, samples) point
 rates; a reader in another thread takes a snapshot of them with one clock read and no lock.
 Each figure is read once, so a snapshot can be a few events apart between figures (a sample
 counted as fetched a moment before it counts as ready), never torn within one.
+
+At the end of a pass, :class:`PassReport` logs what it did, and "data starvation" when the
+loader waited for staging.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Any
+
+from .._uri import format_size
+from ..config import StagingOptions
+from .options import Stats
 
 #: Seconds the rates (MB/s, samples/s) are measured over.
 RATE_WINDOW_S = 5.0
@@ -94,3 +102,48 @@ class Throughput:
         if dt <= 0:
             return 0.0, 0.0
         return (nbytes - base[1]) / dt / 1e6, (nsamples - base[2]) / dt
+
+
+# "data starvation" is a WARNING only when waiting takes this share of an epoch, in a run
+# (all passes of the sampler so far) at least this long; a short run is not worth tuning.
+_STARVED_SHARE = 0.2
+_STARVED_MIN_RUN_S = 60.0
+
+
+class PassReport:
+    """The log line at the end of each staging pass: what it staged, and "data starvation"
+    (a WARNING with advice) when the loader waited for staging a large share of a long run."""
+
+    def __init__(self, log: logging.Logger) -> None:
+        self.log = log  # the sampler's: users filter its lines by its name
+        self.run_s = 0.0  # seconds of all passes so far
+
+    def report(self, stats: Stats, elapsed: float, finished: bool, epoch: int, options: StagingOptions) -> None:
+        starved = stats.wait_s - stats.first_wait_s
+        msg = (
+            "epoch %d%s: %d samples, %s staged in %d calls (%d retried, %d skipped) in %.1fs; "
+            "waited %.2fs for staging (%.2fs before the first sample)"
+        )
+        args = (
+            epoch, "" if finished else " (stopped early)", stats.staged_samples,
+            format_size(stats.staged_bytes), stats.calls, stats.retries, len(stats.skipped),
+            elapsed, stats.wait_s, stats.first_wait_s,
+        )
+        if stats.skipped:
+            self.log.warning(
+                "epoch %d: skipped %d sample(s) that could not be fetched (on_error='skip'): %s%s",
+                epoch, len(stats.skipped), ", ".join(stats.skipped[:10]),
+                " ..." if len(stats.skipped) > 10 else "",
+            )
+        self.run_s += elapsed
+        if self.run_s >= _STARVED_MIN_RUN_S and elapsed > 0 and starved >= _STARVED_SHARE * elapsed:
+            o = options
+            self.log.warning(
+                "data starvation: " + msg + "; the loader waited %.0f%% of the epoch after its first "
+                "sample. To stage faster: a larger calls_in_flight (now %d), a larger "
+                "samples_per_call (now %d), shuffle='block' (one request per block of samples), or a "
+                "larger budget (now %s)",
+                *args, 100 * starved / elapsed, o.calls_in_flight, o.samples_per_call, format_size(o.budget),
+            )
+        else:
+            self.log.info(msg, *args)

@@ -3,12 +3,13 @@ answers to them (reported path -> sample position and field, scratch path -> fin
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .. import _s5cmd
 from .._blocks import Layout
 from .._index import Sample
+from ..s5cmd import can_write, copy_line, wildcard_line, write_command_file
 from ..staging.layout import field_names
 
 
@@ -66,7 +67,7 @@ def plan_call(
     for blk, ps, tag in wildcards:
         scratch = f"{scratch_dir}/.{tag}"
         plan.scratch.append(scratch)
-        plan.lines.append(_s5cmd.wildcard_line(blk.wildcard, scratch + "/"))
+        plan.lines.append(wildcard_line(blk.wildcard, scratch + "/"))
         reported = plan.folders.setdefault(scratch + "/", [])
         for pos in ps:
             idx = order[pos]
@@ -85,7 +86,7 @@ def plan_call(
         folder = sample_dir(idx)
         for j, (f, name) in enumerate(zip(sample.fields, field_names(sample), strict=True)):
             dest = f"{folder}/{name}"
-            if not _s5cmd.can_write(f.uri):
+            if not can_write(f.uri):
                 plan.aside.append((pos, j, f.uri, dest))
                 continue
             if via_scratch:
@@ -93,6 +94,31 @@ def plan_call(
                     plan.scratch.append(raw)
                 plan.moves[f"{raw}/{pos}.{j}"] = dest
                 dest = f"{raw}/{pos}.{j}"
-            plan.lines.append(_s5cmd.copy_line(f.uri, dest))
+            plan.lines.append(copy_line(f.uri, dest))
             plan.items[dest] = (pos, j)
     return plan
+
+
+def write_plan_files(
+    samples: Sequence[Sample],
+    order: Sequence[int],
+    windows: Sequence[int] | None,
+    layout: Layout | None,
+    samples_per_call: int,
+    stage: str,
+) -> list[str]:
+    """Write the command files that stage ``order`` into ``stage`` as the engine's calls would:
+    ``samples_per_call`` samples per file, cut at the last window start inside (whole windows
+    per file), without the engine's small first calls. Returns their paths, in order."""
+    paths = []
+    cuts = [0]
+    while cuts[-1] < len(order):
+        end = min(cuts[-1] + samples_per_call, len(order))
+        inside = [w for w in windows or () if cuts[-1] < w <= end]
+        cuts.append(inside[-1] if inside and end < len(order) else end)
+    for n, (first, last) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):
+        plan = plan_call(samples, order, range(first, last), lambda i: f"{stage}/{i}", layout, f"{stage}/.c{n}")
+        path = os.path.join(stage, f"call-{n:05d}.txt")
+        write_command_file(path, plan.lines)
+        paths.append(path)
+    return paths

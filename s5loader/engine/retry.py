@@ -7,8 +7,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from .. import _s5cmd
 from ..exceptions import StagingSpaceError, StallError
+from ..s5cmd import error_for
 from .options import StagerOptions, Stats
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ class Retries:
 
     def give_up(self, key: str, kind: str, msg: str, uri: str) -> None:
         """Apply the error policy to a sample given up on: raise its error, or count it skipped."""
-        error = _s5cmd.error_for(kind, f"cannot stage {uri}: {msg}")
+        error = error_for(kind, f"cannot stage {uri}: {msg}")
         if self.opts.on_error == "raise":
             raise error
         log.warning("skipping sample %r: %s", key, error)

@@ -8,10 +8,10 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from .. import _s5cmd
 from .._index import boto3_error, make_boto3_client
 from .._uri import parse_s3_uri
 from ..config import Access
+from ..s5cmd import classify
 from .retry import Failures
 
 THREAD_PREFIX = "s5loader-aside"
@@ -55,7 +55,7 @@ class SideFetches:
                 on_done(pos)
             else:
                 msg = str(exc)
-                on_failed({pos: (_s5cmd.classify(msg), msg, uri)})
+                on_failed({pos: (classify(msg), msg, uri)})
         self._running = still
 
     def close(self) -> None:

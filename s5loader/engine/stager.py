@@ -20,11 +20,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from .. import _s5cmd
 from .._blocks import Layout
 from .._index import Field, Sample
 from ..config import Access
 from ..exceptions import S5LoaderError
+from ..s5cmd import S5cmd
 from ..staging.area import StagingArea
 from ..staging.layout import ReleaseEvents, StagingLayout
 from .budget import Budget
@@ -62,7 +62,7 @@ class Stager:
         samples: Sequence[Sample],
         order: Sequence[int],
         area: StagingArea,
-        s5cmd: _s5cmd.S5cmd,
+        s5cmd: S5cmd,
         options: StagerOptions,
         *,
         kept: set[int] | None = None,

@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Callable
 
-from .. import _s5cmd
+from ..s5cmd import kill_group, partial_of
 from .calls import Call, Calls
 from .retry import Failures
 
@@ -62,7 +62,7 @@ class Watchdog:
         self._last_check = now
         for call in self.calls:
             # s5cmd has exited but a pipe never reached EOF: a process forked meanwhile other
-            # than by os.fork() (which waits for a start, see _s5cmd) holds a copy of its write
+            # than by os.fork() (which waits for a start, see s5cmd.process) holds a copy of its write
             # end. Finish the call from its exit.
             if call.proc.poll() is not None:
                 if call.exited_at == 0.0:
@@ -84,7 +84,7 @@ class Watchdog:
                     call.seq, now - call.last_progress,
                 )
                 call.stalled = True
-                _s5cmd.kill_group(call.proc)
+                kill_group(call.proc)
                 continue
             self._check_copies(call, now)
 
@@ -129,7 +129,7 @@ class Watchdog:
             "it" if len(hung) == 1 else f"these {len(hung)} samples",
         )
         if not call.pending:
-            _s5cmd.kill_group(call.proc)  # only given-up copies keep it running
+            kill_group(call.proc)  # only given-up copies keep it running
         self.failed(hung)
 
 
@@ -146,7 +146,7 @@ def _last_writes(pending: set[str]) -> dict[str, float]:
         except OSError:
             continue
         for e in entries:
-            for name in (e.name, *_s5cmd.partial_of(e.name)):
+            for name in (e.name, *partial_of(e.name)):
                 dest = names.get(name)
                 if dest is None:
                     continue

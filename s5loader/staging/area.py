@@ -82,14 +82,9 @@ def choose_root(
             os.makedirs(root, exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"cannot create the staging directory {root!r}: {exc.strerror}") from exc
-    free = free_bytes(root)
+    advice = "lower the budget, free space, choose another staging_dir, or pass shrink_budget=True"
+    free = room_for(root, on_disk * local, need, advice, ranks, fail=not shrink)
     if on_disk * local > free:
-        if not shrink:
-            raise BudgetError(
-                f"the budget of {format_size(need)}{ranks} does not fit the {format_size(free)} free "
-                f"in {root}; lower the budget, free space, choose another staging_dir, or pass "
-                "shrink_budget=True"
-            )
         shrunk = int(free * 0.9 / max(1.0, footprint)) // local
         log.warning(
             "budget shrunk from %s to %s to fit the free space of %s%s",
@@ -97,6 +92,30 @@ def choose_root(
         )
         return root, shrunk
     return root, need
+
+
+def room_for(root: str, need: int, budget: int, advice: str, detail: str = "", fail: bool = True) -> int:
+    """The free bytes of ``root``; with ``fail``, a :class:`BudgetError` when ``need`` bytes do
+    not fit, naming the ``budget`` (``detail``: how ``need`` was counted) and ``advice``."""
+    free = free_bytes(root)
+    if fail and need > free:
+        raise BudgetError(
+            f"the budget of {format_size(budget)}{detail} does not fit the {format_size(free)} free "
+            f"in {root}; {advice}"
+        )
+    return free
+
+
+def tree_bytes(path: str) -> int:
+    """Bytes of the files below ``path`` (files that vanish meanwhile count nothing)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for fn in files:
+            try:
+                total += os.lstat(os.path.join(root, fn)).st_size
+            except OSError:
+                pass
+    return total
 
 
 def disk_footprint(sizes: Sequence[int] | np.ndarray, block: int = 4096) -> float:

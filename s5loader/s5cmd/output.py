@@ -1,0 +1,178 @@
+"""Reading s5cmd's output: its JSON lines (copies, listings), the last error in its stderr,
+which destination a failure is about, and the exception each kind of error becomes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import NamedTuple
+
+from ..exceptions import (
+    AccessDeniedError,
+    EndpointError,
+    FetchError,
+    NoSuchBucketError,
+    ObjectNotFoundError,
+    S5LoaderError,
+)
+
+TLS_HINT = (
+    "; the endpoint's TLS certificate is not trusted: for a self-signed store pass "
+    "Access(verify_ssl=False) (--no-verify-ssl), or add its CA to the system's trust store"
+)
+
+class ObjectInfo(NamedTuple):
+    """One object as listed: its URI, key, size in bytes and ETag (without quotes)."""
+
+    uri: str
+    key: str
+    size: int
+    etag: str
+
+
+class Result(NamedTuple):
+    """One line of ``s5cmd --json`` output about a copy."""
+
+    ok: bool
+    source: str
+    destination: str
+    error: str
+    command: str
+
+
+def classify(error: str) -> str:
+    """Sort an s5cmd error message into ``not_found``, ``denied``, ``no_space``, ``bucket``,
+    ``endpoint``, ``tls`` (the endpoint's certificate is not trusted) or ``transient``."""
+    e = error.lower()
+    if "no space left" in e or "enospc" in e or "disk quota" in e:
+        return "no_space"
+    if "x509:" in e or "tls: " in e or "certificate verify failed" in e:
+        return "tls"
+    if "nosuchbucket" in e:
+        return "bucket"
+    if "nosuchkey" in e or "status code: 404" in e or "not found" in e or "no object found" in e:
+        return "not_found"
+    if any(
+        s in e
+        for s in (
+            "accessdenied",
+            "access denied",
+            "status code: 403",
+            "invalidaccesskeyid",
+            "signaturedoesnotmatch",
+            "forbidden",
+            "nocredentialproviders",
+        )
+    ):
+        return "denied"
+    if "no such host" in e:
+        return "endpoint"
+    return "transient"
+
+
+def error_for(kind: str, message: str) -> S5LoaderError:
+    """The exception type for an error kind from :func:`classify`."""
+    types: dict[str, type[S5LoaderError]] = {
+        "not_found": ObjectNotFoundError,
+        "bucket": NoSuchBucketError,
+        "denied": AccessDeniedError,
+        "endpoint": EndpointError,
+        "tls": EndpointError,
+    }
+    return types.get(kind, FetchError)(message + (TLS_HINT if kind == "tls" else ""))
+
+
+def ls_object(line: bytes) -> ObjectInfo | None:
+    """One object of ``s5cmd ls --json`` output; ``None`` for other lines."""
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return None  # not a listing line
+    if isinstance(rec, dict) and rec.get("type") == "file":
+        uri = rec["key"]
+        key = uri.split("/", 3)[3] if uri.count("/") >= 3 else ""
+        return ObjectInfo(uri, key, int(rec.get("size", 0)), rec.get("etag", "").strip('"'))
+    return None
+
+
+def looks_unreachable(msg: str) -> bool:
+    m = msg.lower()
+    return any(s in m for s in ("connection refused", "no such host", "dial tcp", "i/o timeout"))
+
+
+def last_error(stderr: str) -> str:
+    """The last error message in s5cmd's stderr (JSON lines or plain text)."""
+    for line in reversed(stderr.strip().splitlines()):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            return line[-500:]
+        if isinstance(rec, dict) and rec.get("error"):
+            return str(rec["error"])[-500:]
+    return ""
+
+
+def parse_line(line: bytes | bytearray | str) -> Result | None:
+    """Parse one line of ``s5cmd --json`` output; ``None`` for lines about something else."""
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        text = line.decode("utf-8", "replace") if isinstance(line, (bytes, bytearray)) else line
+        text = text.strip()
+        return Result(False, "", "", text, "") if text else None
+    if not isinstance(rec, dict):
+        return None
+    if rec.get("success"):
+        return Result(True, rec.get("source", ""), rec.get("destination", ""), "", "")
+    if "error" in rec:
+        return Result(False, "", "", str(rec["error"]), str(rec.get("command", "")))
+    return None
+
+
+def reported_destinations(command: str) -> Iterator[str]:
+    """Where a failure line's ``command`` field may name the destination, longest first.
+
+    s5cmd prints the failing copy as ``cp [FLAGS] SOURCE DESTINATION``, unquoted, with one
+    object's source and destination even for a wildcard line (for an error of the whole line,
+    the line's own pattern and folder). Sources and destinations may hold spaces, so the
+    destination is some suffix after a space; the caller looks each up among the
+    destinations it wrote.
+    """
+    for i, c in enumerate(command):
+        if c == " ":
+            yield command[i + 1 :]
+
+
+def partial_of(name: str) -> Iterator[str]:
+    """The destination file names that ``name`` can be s5cmd's temporary file for.
+
+    s5cmd downloads into ``DESTINATION`` followed by random digits, in the destination's
+    folder, and renames it when the object is complete; the file appears when the GET
+    starts and its modification time moves with every write.
+    """
+    for k in range(len(name) - 1, 0, -1):
+        if not name[k].isdigit():
+            return
+        yield name[:k]
+
+
+def error_from_exit(rc: int, stderr: bytes | str, what: str) -> S5LoaderError:
+    """The exception for an s5cmd run about ``what`` (an ``s3://`` URI) that exited ``rc``.
+
+    A full local disk is a ``StagingSpaceError``; everything else is sorted by
+    :func:`classify`.
+    """
+    from ..exceptions import StagingSpaceError
+
+    text = stderr.decode("utf-8", "replace") if isinstance(stderr, bytes) else stderr
+    msg = last_error(text) or f"exit code {rc}"
+    kind = classify(msg)
+    full = f"{what}: {msg} (s5cmd exit code {rc})"
+    if kind == "no_space":
+        return StagingSpaceError(full)
+    if kind == "transient" and looks_unreachable(msg):
+        kind = "endpoint"
+    return error_for(kind, full)

@@ -272,10 +272,11 @@ class Context:
                           collate_fn=collate_list, **kw)
 
 
-def run_s5loader(ctx: Context, shuffle: bool | str = True) -> Recorder:
-    """S5Sampler + S5Dataset through a DataLoader (``s5loader-block``: ``shuffle="block"``)."""
+def run_s5loader(ctx: Context, shuffle: bool | str = True, dataset: S5Dataset | None = None) -> Recorder:
+    """S5Sampler + S5Dataset through a DataLoader (``s5loader-block``: ``shuffle="block"``;
+    ``s5loader-shards``: over the tar shards)."""
     s = ctx.settings
-    ds = S5Dataset.from_prefix(s.source, access=ctx.access)
+    ds = dataset if dataset is not None else S5Dataset.from_prefix(s.source, access=ctx.access)
     sampler = S5Sampler(ds, shuffle=shuffle, seed=s.seed, samples_per_call=ctx.samples_per_call,
                         calls_in_flight=s.calls_in_flight, budget=s.budget, staging_dir=s.staging_dir)
     try:
@@ -287,8 +288,9 @@ def run_s5loader(ctx: Context, shuffle: bool | str = True) -> Recorder:
             return loader
 
         drive(epoch_loader, rec, s.compute_ms)
-        q = sampler.shuffle_quality(epoch=0)
-        rec.quality = (round(q.units_per_span, 2), round(q.displacement, 4))
+        if dataset is None:  # blocks of raw objects: how well the order mixes them
+            q = sampler.shuffle_quality(epoch=0)
+            rec.quality = (round(q.units_per_span, 2), round(q.displacement, 4))
     finally:
         sampler.close()
     return rec
@@ -709,22 +711,7 @@ def shard_dataset(ctx: Context) -> S5Dataset:
 
 def run_s5loader_shards(ctx: Context) -> Recorder:
     """S5Dataset.from_shards + S5Sampler(shuffle="block") over the tar shards webdataset reads."""
-    s = ctx.settings
-    ds = shard_dataset(ctx)
-    sampler = S5Sampler(ds, shuffle="block", seed=s.seed, samples_per_call=ctx.samples_per_call,
-                        calls_in_flight=s.calls_in_flight, budget=s.budget, staging_dir=s.staging_dir)
-    try:
-        loader = ctx.loader(ds, sampler=sampler)
-        rec = ctx.recorder()
-
-        def epoch_loader(epoch: int) -> DataLoader[Any]:
-            sampler.set_epoch(epoch)
-            return loader
-
-        drive(epoch_loader, rec, s.compute_ms)
-    finally:
-        sampler.close()
-    return rec
+    return run_s5loader(ctx, shuffle="block", dataset=shard_dataset(ctx))
 
 
 def run_s5loader_iterable(ctx: Context) -> Recorder:

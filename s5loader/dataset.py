@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
@@ -11,23 +10,12 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from . import _indexfile
+from . import _sources
 from ._compact import SampleIndex
-from ._index import (
-    Sample,
-    boto3_error,
-    check_group_by,
-    index_manifest,
-    index_objects,
-    index_prefix,
-    make_boto3_client,
-)
-from ._labels import check_label, folder_labels, warn_grouping
-from ._share import shared_index
-from ._uri import parse_s3_uri
+from ._index import Sample, make_boto3_client
+from ._reader import fetch_fields, read_staged
 from .config import Access
-from .exceptions import ConfigError, EmptySourceError, S3URIError
-from .s5cmd import S5cmd
+from .exceptions import EmptySourceError
 from .staging.layout import StagingLayout
 
 log = logging.getLogger(__name__)
@@ -102,15 +90,6 @@ class S5Dataset(Dataset[Any]):
         #: Class name -> the int ``"label"`` of its samples.
         self.class_to_idx: dict[str, int] = {c: i for i, c in enumerate(self.classes)}
 
-    @classmethod
-    def _labelled(
-        cls, index: SampleIndex, label: str | None, base: str | None, source: str, group_by: str, **kw: Any
-    ) -> S5Dataset:
-        warn_grouping(index, group_by, source)
-        if label == "folder":
-            index, _ = folder_labels(index, base, source)
-        return cls(index, source=source, **kw)
-
     # -- constructors -------------------------------------------------------------------
     @classmethod
     def from_prefix(
@@ -158,20 +137,8 @@ class S5Dataset(Dataset[Any]):
             ConfigError: an unknown ``group_by`` or ``label``; ``label="folder"`` with
                 ``group_by="folder"`` (the samples would be the class folders).
         """
-        check_group_by(group_by)
-        check_label(label)
-        if label is not None and group_by == "folder":
-            raise ConfigError(
-                f"label='folder' with group_by='folder' would make each class folder under {prefix} "
-                "one sample; use group_by='object' (one image, one sample) or 'stem'"
-            )
-        uri = parse_s3_uri(prefix)
-        store = Access.coerce(access, endpoint_url)
-        index = shared_index(
-            lambda: index_prefix(prefix, S5cmd(access=store), group_by),
-            ["prefix", prefix, store.endpoint(), group_by],
-        )
-        return cls._labelled(index, label, uri.key, prefix, group_by, access=store, transform=transform, decode=decode)
+        index, store = _sources.prefix_index(prefix, access, endpoint_url, group_by, label)
+        return cls(index, source=prefix, access=store, transform=transform, decode=decode)
 
     @classmethod
     def from_objects(
@@ -190,19 +157,8 @@ class S5Dataset(Dataset[Any]):
         labels each sample with the folder that holds it (``.../train/cat/1.jpg``: ``cat``),
         as :meth:`from_prefix` does.
         """
-        check_group_by(group_by)
-        check_label(label)
-        uris = list(uris)
-        for u in uris:
-            if not parse_s3_uri(u).key:
-                raise S3URIError(f"{u!r} names a bucket, not an object")
-        digest = hashlib.sha256("\n".join(uris).encode("utf-8", "surrogatepass")).hexdigest()
-        store = Access.coerce(access, endpoint_url)
-        samples = shared_index(
-            lambda: index_objects(uris, store, group_by),
-            ["objects", digest, store.endpoint(), group_by],
-        )
-        return cls._labelled(samples, label, None, "the object list", group_by, access=store, transform=transform)
+        index, store = _sources.objects_index(uris, access, endpoint_url, group_by, label)
+        return cls(index, source="the object list", access=store, transform=transform)
 
     @classmethod
     def from_manifest(
@@ -225,14 +181,8 @@ class S5Dataset(Dataset[Any]):
         Raises:
             ManifestError: a line is broken (the message names its number).
         """
-        check_group_by(group_by)
-        check_label(label)
-        store = Access.coerce(access, endpoint_url)
-        samples = shared_index(
-            lambda: index_manifest(path_or_uri, store, group_by),
-            ["manifest", path_or_uri, store.endpoint(), group_by],
-        )
-        return cls._labelled(samples, label, None, path_or_uri, group_by, access=store, transform=transform)
+        index, store = _sources.manifest_index(path_or_uri, access, endpoint_url, group_by, label)
+        return cls(index, source=path_or_uri, access=store, transform=transform)
 
     @classmethod
     def from_shards(
@@ -292,10 +242,7 @@ class S5Dataset(Dataset[Any]):
             IndexFileError: not an index file, another format version, or damaged.
         """
         store = Access.coerce(access, endpoint_url)
-        if path_or_uri.startswith("s3://"):
-            index = _indexfile.loads(_read_object(path_or_uri, store), path_or_uri)
-        else:
-            index = _indexfile.load(path_or_uri)
+        index = _sources.load_index(path_or_uri, store)
         source = str(index.meta.get("source", path_or_uri))
         return cls(index, access=store, transform=transform, source=source)
 
@@ -303,16 +250,7 @@ class S5Dataset(Dataset[Any]):
         """Save the sample index (keys, fields, sizes, ETags, extra fields, the listing) to a
         local file or an s3 URI, for :meth:`from_index`. The format is versioned and
         checksummed; see the README."""
-        data = self._samples.to_bytes()
-        if not path_or_uri.startswith("s3://"):
-            _indexfile.save(self._samples, path_or_uri)
-            return
-        u = parse_s3_uri(path_or_uri)
-        client = make_boto3_client(self.access)
-        try:
-            client.put_object(Bucket=u.bucket, Key=u.key, Body=data)
-        except Exception as exc:
-            raise boto3_error(exc, path_or_uri) from exc
+        _sources.save_index(self._samples, path_or_uri, self.access)
 
     @property
     def endpoint_url(self) -> str | None:
@@ -347,7 +285,7 @@ class S5Dataset(Dataset[Any]):
         data = None
         if isinstance(index, StagedIndex):
             folder = index.folder
-            data = self._read_staged(StagingLayout(folder), int(index), sample, keep=index.keep)
+            data = read_staged(StagingLayout(folder), int(index), sample, keep=index.keep)
             # A pass whose folder is gone was replaced: whoever asked will not use the sample
             # (a worker of a loader that was shut down), so that is no staging fault to report.
             if data is None and not self._warned_unstaged and os.path.isdir(folder):
@@ -373,34 +311,11 @@ class S5Dataset(Dataset[Any]):
             out = decode(out, where)
         return self.transform(out) if self.transform is not None else out
 
-    @staticmethod
-    def _read_staged(layout: StagingLayout, index: int, sample: Sample, keep: bool) -> list[bytes] | None:
-        paths = layout.paths(index, sample)
-        data = []
-        try:
-            for p in paths:
-                with open(p, "rb") as fh:
-                    data.append(fh.read())
-        except FileNotFoundError:
-            if not data:
-                return None
-            raise
-        if not keep:
-            layout.release(index, paths)
-        return data
-
     def _fetch(self, sample: Sample) -> list[bytes]:
         if self._client is None or self._client_pid != os.getpid():
             self._client = make_boto3_client(self.access)
             self._client_pid = os.getpid()
-        out = []
-        for f in sample.fields:
-            u = parse_s3_uri(f.uri)
-            try:
-                out.append(self._client.get_object(Bucket=u.bucket, Key=u.key)["Body"].read())
-            except Exception as exc:
-                raise boto3_error(exc, f.uri) from exc
-        return out
+        return fetch_fields(self._client, sample)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -411,10 +326,3 @@ class S5Dataset(Dataset[Any]):
     def __repr__(self) -> str:
         return f"S5Dataset({self.source!r}, {len(self)} samples)"
 
-
-def _read_object(uri: str, endpoint_url: Access | str | None) -> bytes:
-    u = parse_s3_uri(uri)
-    try:
-        return bytes(make_boto3_client(endpoint_url).get_object(Bucket=u.bucket, Key=u.key)["Body"].read())
-    except Exception as exc:
-        raise boto3_error(exc, uri) from exc

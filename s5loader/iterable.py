@@ -13,50 +13,26 @@ import math
 import multiprocessing.util
 import os
 import weakref
-from collections.abc import Generator, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 from torch.utils.data import IterableDataset
 
 from ._dist import pytorch_worker_info, rank_info
+from ._iterparts import STATE_VERSION as STATE_VERSION
+from ._iterparts import _Pass, _WorkerSampler, check_options, check_share, check_state, start_pass
+from ._iterparts import buffer_shuffle as buffer_shuffle
+from ._iterparts import worker_length as worker_length
+from ._iterparts import worker_order as worker_order
 from ._order import Order
 from ._platform import require_linux
-from ._uri import format_size, parse_size
-from .config import Access, StagingOptions
-from .dataset import S5Dataset, StagedIndex, Transform
-from .engine.budget import check_sample_fits
-from .exceptions import BudgetError, ConfigError, StateError
-from .sampler import S5Sampler
-from .staging.area import StagingArea, choose_root, disk_footprint
+from ._uri import format_size
+from .config import Access
+from .dataset import S5Dataset, Transform
+from .exceptions import ConfigError, StateError
+from .staging.area import StagingArea
 
 log = logging.getLogger(__name__)
-
-STATE_VERSION = 1
-_STATE_KEYS = (
-    "version", "epoch", "seed", "shuffle", "shuffle_buffer", "drop_last", "num_replicas", "rank",
-    "num_workers", "worker", "dataset_len", "yielded", "complete",
-)
-
-
-@dataclass
-class _Pass:
-    """One worker's walk through (the rest of) one epoch."""
-
-    epoch: int
-    order: Order
-    shuffle_buffer: int
-    rank: int
-    num_replicas: int
-    worker: int
-    num_workers: int
-    length: int  # samples of this worker's part of the epoch
-    yielded: int  # position in that part: samples handed out (or skipped) so far
-
-    @property
-    def complete(self) -> bool:
-        return self.yielded >= self.length
 
 
 class S5IterableDataset(IterableDataset[Any]):
@@ -136,32 +112,15 @@ class S5IterableDataset(IterableDataset[Any]):
         s5cmd_workers: int = 256,
     ) -> None:
         require_linux("S5IterableDataset")
-        if not isinstance(dataset, S5Dataset):
-            raise ConfigError(f"S5IterableDataset needs an S5Dataset, got {type(dataset).__name__}")
-        if shuffle not in (True, False, "block") or shuffle is None:
-            raise ConfigError(f"shuffle must be True, False or 'block', got {shuffle!r}")
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise ConfigError(f"seed must be an int, got {seed!r}")
-        if not isinstance(shuffle_buffer, int) or isinstance(shuffle_buffer, bool) or shuffle_buffer < 0:
-            raise ConfigError(f"shuffle_buffer must be an int >= 0 (0: no buffer), got {shuffle_buffer!r}")
-        if not isinstance(drop_last, bool):
-            raise ConfigError(f"drop_last must be a bool, got {drop_last!r}")
-        if num_replicas is not None or rank is not None:
-            rank_info(num_replicas, rank)  # a bad explicit split fails here, not in a worker
-        budget_bytes = parse_size(budget, "budget")
-        # Checks every engine option now, in the main process, with the messages of the engine.
-        StagingOptions(
-            budget=budget_bytes, samples_per_call=samples_per_call, calls_in_flight=calls_in_flight,
-            s5cmd_workers=s5cmd_workers, block_size=block_size, stall_timeout=stall_timeout,
-            retries=retries, on_error=on_error, verify=verify,
+        engine_options: dict[str, Any] = {
+            "samples_per_call": samples_per_call, "block_size": block_size, "calls_in_flight": calls_in_flight,
+            "stall_timeout": stall_timeout, "retries": retries, "on_error": on_error,
+            "verify": verify, "s5cmd_workers": s5cmd_workers,
+        }
+        budget_bytes, root = check_options(
+            dataset, shuffle, seed, shuffle_buffer, drop_last, num_replicas, rank, budget, staging_dir,
+            shrink_budget, engine_options,
         )
-        largest = dataset.samples[dataset.samples.largest()]
-        check_sample_fits(largest, budget_bytes)
-        need = min(budget_bytes, dataset.total_bytes)
-        root, room = choose_root(staging_dir, need, shrink_budget, disk_footprint(dataset.samples.size))
-        if room < need:
-            check_sample_fits(largest, room, f"only {format_size(room)} fit in {root}")
-            budget_bytes = room
         self.dataset = dataset
         self.shuffle: bool | str = shuffle if shuffle == "block" else bool(shuffle)
         self.seed = seed
@@ -173,11 +132,7 @@ class S5IterableDataset(IterableDataset[Any]):
         self._runs = dataset.shards is not None
         self._num_replicas = num_replicas
         self._rank = rank
-        self._engine_options: dict[str, Any] = {
-            "samples_per_call": samples_per_call, "block_size": block_size, "calls_in_flight": calls_in_flight,
-            "stall_timeout": stall_timeout, "retries": retries, "on_error": on_error,
-            "verify": verify, "s5cmd_workers": s5cmd_workers,
-        }
+        self._engine_options = engine_options
         self.epoch = 0
         self._epoch_set = False
         self._loaded: dict[str, Any] | None = None  # a loaded state, applied by the next __iter__
@@ -264,26 +219,10 @@ class S5IterableDataset(IterableDataset[Any]):
         rank, world, worker, nw = pytorch_worker_info(self._num_replicas, self._rank)
         loaded, self._loaded = self._loaded, None
         order = Order(self.shuffle, self.seed, world, rank, self.drop_last)
-        buffer, epoch, start = self.shuffle_buffer, self.epoch, 0
-        if loaded is not None and not loaded["complete"]:
-            where = f"rank {rank} of {world}, worker {worker} of {nw}"
-            saved = (
-                f"rank {loaded['rank']} of {loaded['num_replicas']}, worker {loaded['worker']} of "
-                f"{loaded['num_workers']}"
-            )
-            if saved != where:
-                raise StateError(
-                    f"a state of {self.dataset.source or 'the data set'} saved mid-epoch by {saved} "
-                    f"cannot resume {where}: resume with the same number of ranks and DataLoader workers"
-                )
-            order = Order(loaded["shuffle"], loaded["seed"], world, rank, loaded["drop_last"])
-            buffer, epoch, start = loaded["shuffle_buffer"], loaded["epoch"], loaded["yielded"]
-        length = worker_length(order, len(self.dataset), worker, nw, self._runs)
-        if loaded is not None and loaded["complete"]:
-            # The saved epoch is over for this worker: this pass yields nothing (its remainder)
-            # and the next one is the epoch after it (or the one set_epoch named).
-            epoch, start = loaded["epoch"], length
-        return _Pass(epoch, order, buffer, rank, world, worker, nw, length, min(start, length))
+        return start_pass(
+            loaded, order, self.shuffle_buffer, self.epoch, len(self.dataset), worker, nw, self._runs,
+            self.dataset.source or "the data set",
+        )
 
     def _generate(self, p: _Pass) -> Iterator[Any]:
         if p.complete:
@@ -310,15 +249,7 @@ class S5IterableDataset(IterableDataset[Any]):
             return self._engine
         if self._engine is not None and self._engine_key is not None and self._engine_key[0] == os.getpid():
             self._engine.close()
-        share = self.budget // p.num_workers
-        largest = self.dataset.samples[self.dataset.samples.largest()]
-        if largest.size > share:
-            raise BudgetError(
-                f"the budget of {format_size(self.budget)} split between {p.num_workers} DataLoader "
-                f"workers leaves {format_size(share)} each, less than sample {largest.key!r} "
-                f"({', '.join(f.uri for f in largest.fields[:3])}, {format_size(largest.size)}); "
-                "raise the budget or use fewer workers"
-            )
+        share = check_share(self.dataset, self.budget, p.num_workers)
         engine = _WorkerSampler(
             self, p, budget=share, staging_dir=self._area.path, **self._engine_options
         )
@@ -343,22 +274,7 @@ class S5IterableDataset(IterableDataset[Any]):
             rank, world, worker, nw = pytorch_worker_info(self._num_replicas, self._rank)
             p = _Pass(self.epoch, Order(self.shuffle, self.seed, world, rank, self.drop_last),
                       self.shuffle_buffer, rank, world, worker, nw, 1, 0)
-        o = p.order
-        return {
-            "version": STATE_VERSION,
-            "epoch": p.epoch,
-            "seed": o.seed,
-            "shuffle": o.shuffle,
-            "shuffle_buffer": p.shuffle_buffer,
-            "drop_last": o.drop_last,
-            "num_replicas": p.num_replicas,
-            "rank": p.rank,
-            "num_workers": p.num_workers,
-            "worker": p.worker,
-            "dataset_len": len(self.dataset),
-            "yielded": p.yielded,
-            "complete": p.complete,
-        }
+        return p.state(len(self.dataset))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict` at the next ``iter()``.
@@ -413,141 +329,3 @@ class S5IterableDataset(IterableDataset[Any]):
             f"shuffle_buffer={self.shuffle_buffer}, budget={format_size(self.budget)}, "
             f"staging_dir={self._area.path!r})"
         )
-
-
-class _WorkerSampler(S5Sampler):
-    """The staging engine of one worker: an :class:`S5Sampler` whose pass is that worker's
-    part of the epoch (from a position), not its rank's whole part."""
-
-    def __init__(self, owner: S5IterableDataset, p: _Pass, **options: Any) -> None:
-        super().__init__(
-            owner.dataset, shuffle=p.order.shuffle, seed=p.order.seed, num_replicas=p.num_replicas,
-            rank=p.rank, drop_last=p.order.drop_last, **options,
-        )
-        self._pass_spec = p
-        self._owner = owner
-
-    def run(self, p: _Pass) -> Generator[StagedIndex, None, None]:
-        """Stage and yield ``p``'s samples from its position on."""
-        self._pass_spec = p
-        self._order = p.order
-        self.epoch = p.epoch
-        self._pos.start = p.yielded
-        self._pos.epoch_done = False
-        return self._iterate()  # type: ignore[return-value]
-
-    def position(self, p: _Pass) -> int:
-        """``p``'s position after the last sample handed out (skipped samples included)."""
-        return self._pos.start + self._pos.yielded
-
-    def _epoch_plan(self, epoch: int, start: int = 0) -> tuple[list[int], list[int] | None]:
-        # a worker's part has no windows of its own: the engine cuts its calls freely
-        p = self._pass_spec
-        units = self._units() if p.order.shuffle == "block" else None
-        order = worker_order(
-            p.order, len(self.dataset), epoch, p.worker, p.num_workers, p.shuffle_buffer,
-            units=units, window=self._window, runs=self._owner._runs,
-        )
-        return order[start:], None
-
-    def drop_finished(self) -> None:
-        """Remove the folders of finished passes: every sample in them was read in this process."""
-        self._passes.remove_replaced()
-
-
-def worker_order(
-    order: Order,
-    n: int,
-    epoch: int,
-    worker: int,
-    num_workers: int,
-    shuffle_buffer: int = 0,
-    units: list[list[int]] | None = None,
-    window: int = 1000,
-    runs: bool = False,
-) -> list[int]:
-    """One DataLoader worker's part of a rank's epoch, in the order it yields it.
-
-    The rank's part is :meth:`Order.indices` (every rank the same count). Worker ``w`` of
-    ``num_workers`` takes every ``num_workers``-th sample from the ``w``-th on, or, with
-    ``shuffle="block"`` or ``runs`` (tar shards), the ``w``-th of ``num_workers`` contiguous
-    runs (blocks and shards stay with one worker, which stages them alone). Then the shuffle
-    buffer (see :class:`S5IterableDataset`) reorders it.
-    """
-    part = order.indices(n, epoch, 0, units=units, window=window)
-    if order.shuffle == "block" or runs:
-        lo, hi = len(part) * worker // num_workers, len(part) * (worker + 1) // num_workers
-        mine = part[lo:hi]
-    else:
-        mine = part[worker::num_workers]
-    if shuffle_buffer > 1:
-        rng = np.random.default_rng([order.seed & (2**64 - 1), epoch, order.rank, worker])
-        mine = buffer_shuffle(mine, shuffle_buffer, rng)
-    return mine
-
-
-def worker_length(order: Order, n: int, worker: int, num_workers: int, runs: bool = False) -> int:
-    """How many samples :func:`worker_order` gives ``worker`` (without computing the order)."""
-    w = order.num_replicas
-    part = n // w if order.drop_last else math.ceil(n / w)
-    if order.shuffle == "block" or runs:
-        return part * (worker + 1) // num_workers - part * worker // num_workers
-    return len(range(worker, part, num_workers))
-
-
-def buffer_shuffle(seq: list[int], k: int, rng: np.random.Generator) -> list[int]:
-    """``seq`` through a shuffle buffer of ``k`` (see :class:`S5IterableDataset`)."""
-    if k <= 1 or len(seq) <= 1:
-        return list(seq)
-    draws = rng.random(len(seq))
-    buf: list[int] = []
-    out: list[int] = []
-    t = 0
-    for x in seq:
-        if len(buf) < k:
-            buf.append(x)
-            continue
-        j = int(draws[t] * k)
-        t += 1
-        out.append(buf[j])
-        buf[j] = x
-    while buf:
-        j = int(draws[t] * len(buf))
-        t += 1
-        buf[j], buf[-1] = buf[-1], buf[j]
-        out.append(buf.pop())
-    return out
-
-
-def check_state(state: Any, dataset_len: int) -> dict[str, Any]:
-    """Check an :meth:`S5IterableDataset.state_dict` for a data set of ``dataset_len`` samples.
-
-    Raises:
-        StateError: not such a state, another data set size, or a value out of range.
-    """
-    if not isinstance(state, dict):
-        raise StateError(f"expected a dict from S5IterableDataset.state_dict(), got {type(state).__name__}")
-    missing = [k for k in _STATE_KEYS if k not in state]
-    if missing:
-        raise StateError(f"the state lacks {', '.join(missing)}; was it made by S5IterableDataset.state_dict()?")
-    if state["version"] != STATE_VERSION:
-        raise StateError(f"unknown state version {state['version']!r} (this s5loader writes {STATE_VERSION})")
-    for k in ("epoch", "yielded", "num_replicas", "rank", "num_workers", "worker", "dataset_len", "seed",
-              "shuffle_buffer"):
-        v = state[k]
-        if not isinstance(v, int) or isinstance(v, bool) or (k != "seed" and v < 0):
-            raise StateError(f"state[{k!r}] must be a non-negative int, got {v!r}")
-    if state["shuffle"] not in (True, False, "block") or state["shuffle"] is None:
-        raise StateError(f"state['shuffle'] must be True, False or 'block', got {state['shuffle']!r}")
-    for k in ("drop_last", "complete"):
-        if not isinstance(state[k], bool):
-            raise StateError(f"state[{k!r}] must be a bool, got {state[k]!r}")
-    if state["num_replicas"] < 1 or state["rank"] >= state["num_replicas"]:
-        raise StateError(f"state has rank {state['rank']} of {state['num_replicas']}")
-    if state["num_workers"] < 1 or state["worker"] >= state["num_workers"]:
-        raise StateError(f"state has worker {state['worker']} of {state['num_workers']}")
-    if state["dataset_len"] != dataset_len:
-        raise StateError(f"the state is for a data set of {state['dataset_len']} samples; this one has {dataset_len}")
-    out = {k: state[k] for k in _STATE_KEYS}
-    out["shuffle"] = "block" if state["shuffle"] == "block" else bool(state["shuffle"])
-    return out

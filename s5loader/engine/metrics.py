@@ -16,11 +16,15 @@ import collections
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._uri import format_size
 from ..config import StagingOptions
 from .options import Stats
+
+if TYPE_CHECKING:
+    from .budget import Budget
+    from .ready import Readiness
 
 #: Seconds the rates (MB/s, samples/s) are measured over.
 RATE_WINDOW_S = 5.0
@@ -102,6 +106,46 @@ class Throughput:
         if dt <= 0:
             return 0.0, 0.0
         return (nbytes - base[1]) / dt / 1e6, (nsamples - base[2]) / dt
+
+
+def snapshot(
+    now: float,
+    stats: Stats,
+    ready: Readiness,
+    budget: Budget,
+    throughput: Throughput,
+    *,
+    epoch: int,
+    position: int,
+    samples: int,
+    waited_s: float | None,
+    calls: int,
+    objects: int,
+) -> Metrics:
+    """The :class:`Metrics` of a pass at ``now`` from the engine's counters, read once each
+    and without its lock; ``calls`` and ``objects`` are those in flight (0 once it stopped)."""
+    fetched, staged = stats.staged_bytes, stats.staged_samples
+    mb_s, samples_s = throughput.rates(now, fetched, staged)
+    if waited_s is None:
+        since = ready.consumer_waiting
+        waited_s = stats.wait_s + (now - since if since else 0.0)
+    return Metrics(
+        epoch=epoch,
+        position=position,
+        samples=samples,
+        staged_bytes=budget.reserved,
+        budget=budget.limit,
+        ready_ahead=max(0, ready.n_ready - ready.n_taken),
+        calls_in_flight=calls,
+        objects_in_flight=max(0, objects),
+        mb_s=round(mb_s, 3),
+        samples_s=round(samples_s, 3),
+        waited_s=round(waited_s, 3),
+        retries=stats.retries,
+        skips=len(stats.skipped),
+        fetched_bytes=fetched,
+        fetched_samples=staged,
+    )
 
 
 # "data starvation" is a WARNING only when waiting takes this share of an epoch, in a run

@@ -78,3 +78,35 @@ class Readiness:
         with self.cond:
             self.error = exc
             self.cond.notify_all()
+
+
+class Outstanding:
+    """The fields each sample in flight still waits for, and their sum (for the metrics)."""
+
+    def __init__(self) -> None:
+        self.left: dict[int, int] = {}
+        self.objects = 0
+
+    def __contains__(self, pos: int) -> bool:
+        return pos in self.left
+
+    def start(self, pos: int, fields: int) -> None:
+        self.forget(pos)
+        self.left[pos] = fields
+        self.objects += fields
+
+    def forget(self, pos: int) -> None:
+        self.objects -= self.left.pop(pos, 0)
+
+    def done(self, pos: int) -> bool:
+        """One field of ``pos`` is staged: True when it was the sample's last. A late answer
+        for a sample already retried or given up counts for nothing."""
+        if pos not in self.left:
+            return False
+        left = self.left[pos] - 1
+        self.objects -= 1
+        if left:
+            self.left[pos] = left
+            return False
+        del self.left[pos]
+        return True

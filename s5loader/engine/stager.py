@@ -11,7 +11,6 @@ aside (:mod:`.side`). Budget comes back when consumers release what they read.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import os
 import selectors
@@ -29,10 +28,10 @@ from ..staging.area import StagingArea
 from ..staging.layout import ReleaseEvents, StagingLayout
 from .budget import Budget
 from .calls import Call, Calls
-from .metrics import Metrics, Throughput
+from .metrics import Metrics, Throughput, snapshot
 from .options import StagerOptions, Stats
-from .plan import plan_call
-from .ready import SKIPPED, Readiness
+from .plan import pick_call, plan_call
+from .ready import SKIPPED, Outstanding, Readiness
 from .retry import Failures, Retries
 from .side import SideFetches
 from .watchdog import Watchdog
@@ -89,15 +88,14 @@ class Stager:
         self._thread: threading.Thread | None = None
         self._next = 0
         self._seq = 0
-        self._fields_left: dict[int, int] = {}
-        self._objects_left = 0  # the sum of _fields_left, kept for the metrics
+        self.fields = Outstanding()
         self.throughput = Throughput(time.monotonic())
         # Readers announce releases on the pass's FIFO; a consumer with a protocol of its own
         # (is_released) is asked instead.
         self.is_released = is_released or (lambda idx: not os.path.isdir(self.folders.sample_dir(idx)))
         events = ReleaseEvents(self.folders) if is_released is None else None
         self.budget = Budget(options.budget, self._cond, self.is_released, events)
-        self.retries = Retries(options, self.stats, area.path, self._forget)
+        self.retries = Retries(options, self.stats, area.path, self.fields.forget)
         self.calls = Calls(s5cmd, self._field, area.path, options.verify, self.stats)
         self.side = SideFetches(endpoint_url)
         self.watchdog = Watchdog(
@@ -196,7 +194,7 @@ class Stager:
         return self._next >= len(self.order) and not self.retries.due and not self.calls and not self.side
 
     def _current(self, pos: int, attempt: int) -> bool:
-        return attempt == self.retries.attempts.get(pos, 0) and pos in self._fields_left
+        return attempt == self.retries.attempts.get(pos, 0) and pos in self.fields
 
     def _schedule(self) -> None:
         order, samples, budget = self.order, self.samples, self.budget
@@ -205,40 +203,13 @@ class Stager:
         spc = min(self.opts.samples_per_call, 32 << min(self.stats.calls, 20))
         while len(self.calls) < self.opts.calls_in_flight:
             retried = self.retries.take_due(time.monotonic(), spc)
-            picked = list(retried)  # a retried sample still holds its budget
-            in_call = {order[p] for p in picked}
-            left = budget.limit - budget.reserved
-            nxt, cut = self._next, False
-            end = self._call_end(nxt, spc)
-            while nxt < end and len(picked) < spc:
-                idx = order[nxt]
-                if self.kept is not None and idx in self.kept:
-                    self.ready.mark(nxt)
-                    nxt = self._next = nxt + 1
-                    continue
-                budget.check_fits(samples[idx])
-                size = samples[idx].size
-                # An index still on disk from earlier in the order (padding can repeat one)
-                # is staged again only once its first copy is released.
-                if idx in budget.held or idx in in_call or size > left:
-                    cut = True
-                    break
-                picked.append(nxt)
-                in_call.add(idx)
-                left -= size
-                nxt += 1
-            budget.blocked = cut and not picked
-            whole = False  # the call ends at a window's start: its windows are whole
-            if cut and self.windows:
-                k = bisect.bisect_right(self.windows, nxt) - 1
-                if k >= 0 and self.windows[k] > self._next:
-                    nxt, whole = self.windows[k], True  # what fits, less the part of a window
-                    picked = [p for p in picked if p < nxt]
+            pick = pick_call(order, samples, budget, self._next, spc, retried, self.windows, self.kept, self.ready.mark)
+            self._next, picked = pick.first, pick.picked
             if not picked:
                 return
             new = len(picked) - len(retried)
-            want = end - self._next
-            if cut and not retried and not whole:
+            want = pick.end - self._next
+            if pick.cut and not retried and not pick.whole:
                 if self.windows and budget.reserved:
                     return  # wait for releases rather than split a window that the budget holds
                 if self.calls and new < max(1, want // 2):
@@ -248,18 +219,9 @@ class Stager:
             with self._cond:
                 for pos in picked[len(retried):]:
                     budget.reserve(order[pos], samples[order[pos]].size)
-            self._next = nxt
+            self._next = pick.nxt
             self.stats.peak_reserved = max(self.stats.peak_reserved, budget.reserved)
             self._start_call(picked)
-
-    def _call_end(self, first: int, spc: int) -> int:
-        """Where a call that begins at ``first`` ends: after ``spc`` positions, or earlier at
-        the start of the last window that begins within them."""
-        end = min(first + spc, len(self.order))
-        k = bisect.bisect_right(self.windows, end) - 1
-        if k >= 0 and self.windows[k] > first and end < len(self.order):
-            return self.windows[k]
-        return end
 
     def _start_call(self, positions: list[int]) -> None:
         self._seq += 1
@@ -268,9 +230,7 @@ class Stager:
             folder = self.folders.sample_dir(idx)
             if os.path.lexists(folder):  # a retry: start the sample from scratch
                 shutil.rmtree(folder, ignore_errors=True)
-            self._forget(pos)
-            self._fields_left[pos] = len(self.samples[idx].fields)
-            self._objects_left += len(self.samples[idx].fields)
+            self.fields.start(pos, len(self.samples[idx].fields))
         plan = plan_call(
             self.samples, self.order, positions, self.folders.sample_dir, self.layout,
             f"{self.area.path}/.c{self._seq}", single=set(self.retries.attempts), via_scratch=True,
@@ -297,18 +257,9 @@ class Stager:
             return
         self.calls.pump(timeout, self._field_done, self._end_call, self.budget.on_events)
 
-    def _forget(self, pos: int) -> None:
-        self._objects_left -= self._fields_left.pop(pos, 0)
-
     def _field_done(self, pos: int) -> None:
-        if pos not in self._fields_left:
-            return  # a late answer for a sample already retried or given up
-        left = self._fields_left[pos] - 1
-        self._objects_left -= 1
-        if left:
-            self._fields_left[pos] = left
+        if not self.fields.done(pos):
             return
-        del self._fields_left[pos]
         self.stats.staged_samples += 1
         self.throughput.add(time.monotonic(), self.stats.staged_bytes, self.stats.staged_samples)
         self.ready.mark(pos)
@@ -377,30 +328,11 @@ class Stager:
             waited_s: the consumer's own starvation figure (default: the time spent in
                 :meth:`wait`, up to now if it waits now).
         """
-        now = time.monotonic()
-        st, ready, budget = self.stats, self.ready, self.budget
-        fetched, staged = st.staged_bytes, st.staged_samples
-        mb_s, samples_s = self.throughput.rates(now, fetched, staged)
-        if waited_s is None:
-            since = ready.consumer_waiting
-            waited_s = st.wait_s + (now - since if since else 0.0)
         running = self._running()
-        return Metrics(
-            epoch=epoch,
-            position=position,
-            samples=len(self.order) if samples is None else samples,
-            staged_bytes=budget.reserved,
-            budget=budget.limit,
-            ready_ahead=max(0, ready.n_ready - ready.n_taken),
-            calls_in_flight=len(self.calls) if running else 0,
-            objects_in_flight=max(0, self._objects_left) if running else 0,
-            mb_s=round(mb_s, 3),
-            samples_s=round(samples_s, 3),
-            waited_s=round(waited_s, 3),
-            retries=st.retries,
-            skips=len(st.skipped),
-            fetched_bytes=fetched,
-            fetched_samples=staged,
+        return snapshot(
+            time.monotonic(), self.stats, self.ready, self.budget, self.throughput, epoch=epoch, position=position,
+            samples=len(self.order) if samples is None else samples, waited_s=waited_s,
+            calls=len(self.calls) if running else 0, objects=self.fields.objects if running else 0,
         )
 
     @property

@@ -1,0 +1,79 @@
+"""Unit tests of the staging engine's pure parts: which positions a call takes (windows, budget,
+kept samples, samples still held) and the count of fields each sample in flight waits for."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from s5loader import BudgetError
+from s5loader._index import Field, Sample
+from s5loader.engine.budget import Budget
+from s5loader.engine.plan import call_end, pick_call
+from s5loader.engine.ready import Outstanding
+
+
+def _samples(*sizes: int) -> list[Sample]:
+    return [Sample(f"k{i}", (Field("data", f"s3://b/k{i}", s, ""),)) for i, s in enumerate(sizes)]
+
+
+def _budget(limit: int) -> Budget:
+    return Budget(limit, threading.Condition(), lambda idx: False, None)
+
+
+def test_call_end_stops_at_the_last_window_start() -> None:
+    windows = [0, 10, 20]
+    assert call_end(0, 15, windows, 30) == 10
+    assert call_end(0, 25, windows, 30) == 20
+    assert call_end(10, 5, windows, 30) == 15  # no window starts inside the call
+    assert call_end(20, 15, windows, 30) == 30  # the order's end, not a window start
+    assert call_end(0, 15, [], 30) == 15
+
+
+def test_pick_call_takes_what_fits_and_keeps_windows_whole() -> None:
+    samples = _samples(*([10] * 12))
+    order = list(range(12))
+    # 45 bytes fit 4 samples; the cut falls inside the window [3, 6): the call ends at 3
+    budget = _budget(45)
+    pick = pick_call(order, samples, budget, 0, 12, [], [0, 3, 6, 9], None, lambda pos: None)
+    assert (pick.picked, pick.nxt, pick.cut, pick.whole, pick.end) == ([0, 1, 2], 3, True, True, 12)
+    assert not budget.blocked
+    # without windows the call takes what fits
+    pick = pick_call(order, samples, _budget(45), 0, 12, [], [], None, lambda pos: None)
+    assert (pick.picked, pick.nxt, pick.cut, pick.whole) == ([0, 1, 2, 3], 4, True, False)
+
+
+def test_pick_call_skips_kept_samples_and_waits_for_held_ones() -> None:
+    samples = _samples(*([10] * 6))
+    order = [0, 1, 2, 3, 1, 4]  # padding repeats index 1
+    marked: list[int] = []
+    pick = pick_call(order, samples, _budget(1000), 0, 6, [], [], {0, 2}, marked.append)
+    # 0 and 2 are kept (marked ready, passed); the repeated 1 waits for its first copy
+    assert marked == [0, 2]
+    assert (pick.picked, pick.nxt, pick.cut) == ([1, 3], 4, True)
+    budget = _budget(1000)
+    budget.reserve(1, 10)  # still on disk
+    pick = pick_call(order, samples, budget, 1, 6, [], [], None, lambda pos: None)
+    assert pick.picked == [] and budget.blocked
+    # a retried position still holds its budget and comes first
+    pick = pick_call(order, samples, _budget(15), 3, 6, [2], [], None, lambda pos: None)
+    assert pick.picked == [2, 3]
+
+
+def test_pick_call_rejects_a_sample_larger_than_the_budget() -> None:
+    with pytest.raises(BudgetError, match="s3://b/k1"):
+        pick_call([0, 1], _samples(5, 50), _budget(20), 0, 2, [], [], None, lambda pos: None)
+
+
+def test_outstanding_counts_fields_per_sample() -> None:
+    out = Outstanding()
+    out.start(0, 2)
+    out.start(1, 1)
+    assert out.objects == 3 and 0 in out
+    assert not out.done(0) and out.done(0) and 0 not in out
+    assert not out.done(0)  # a late answer counts for nothing
+    out.start(1, 3)  # a retry starts the sample again
+    assert out.objects == 3
+    out.forget(1)
+    assert out.objects == 0 and not out.done(1)

@@ -52,6 +52,9 @@ def test_pick_call_skips_kept_samples_and_waits_for_held_ones() -> None:
     # 0 and 2 are kept (marked ready, passed); the repeated 1 waits for its first copy
     assert marked == [0, 2]
     assert (pick.picked, pick.nxt, pick.cut) == ([1, 3], 4, True)
+    # the unstaged part begins at 1, not after the kept 2: a call held back for releases
+    # must not leave position 1 behind
+    assert pick.first == 1
     budget = _budget(1000)
     budget.reserve(1, 10)  # still on disk
     pick = pick_call(order, samples, budget, 1, 6, [], [], None, lambda pos: None)

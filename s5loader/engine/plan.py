@@ -74,7 +74,9 @@ def pick_call(
         idx = order[nxt]
         if kept is not None and idx in kept:
             mark(nxt)
-            nxt = first = nxt + 1
+            if len(picked) == len(retried):
+                first = nxt + 1  # only kept samples so far: the unstaged part begins after them
+            nxt += 1
             continue
         budget.check_fits(samples[idx])
         size = samples[idx].size

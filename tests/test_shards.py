@@ -255,7 +255,7 @@ def test_a_pass_stages_each_shard_once_per_run_of_its_samples_and_knows_its_peak
 # -- real path: s5cmd against local S3 servers --------------------------------------------
 
 
-def test_webdataset_and_gnu_tar_shards_load_byte_exact_through_the_sampler(seaweed: Store, tmp_path, staging_root: str) -> None:
+def test_webdataset_and_gnu_tar_shards_load_byte_exact_through_both_datasets_and_the_daemon(seaweed: Store, tmp_path, staging_root: str) -> None:
     import webdataset as wds
 
     expected: dict[str, dict[str, bytes]] = {}
@@ -300,6 +300,24 @@ def test_webdataset_and_gnu_tar_shards_load_byte_exact_through_the_sampler(seawe
                 assert {k: v for k, v in x.items() if k != "__key__"} == expected[x["__key__"]]
             assert leftovers(sampler.staging_dir) == []  # every shard deleted once read
             assert sampler.stats is not None and sampler.stats.staged_samples == 4  # one cp per shard
+    # the same shards through the iterable dataset (two workers) and the daemon
+    from s5loader import S5IterableDataset, consume
+
+    with S5IterableDataset(ds, shuffle="block", seed=2, budget=400_000, staging_dir=staging_root) as it:
+        got = [x for b in DataLoader(it, batch_size=4, num_workers=2, collate_fn=lambda b: b) for x in b]
+    assert sorted(x["__key__"] for x in got) == sorted(expected)
+    assert all({k: v for k, v in x.items() if k != "__key__"} == expected[x["__key__"]] for x in got)
+    cache = tmp_path / "cache"
+    r = subprocess.run(
+        [sys.executable, "-m", "s5loader", "prefetch", "--shards", seaweed.uri(), "--cache", str(cache),
+         "--budget", "1MB", "--endpoint-url", seaweed.endpoint, "--no-progress"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    delivered = {}
+    for sample in consume(cache, timeout=10):
+        delivered[sample.key] = {f: sample.read(f) for f in sample.files}
+    assert delivered == expected
 
 
 def test_every_sample_once_per_epoch_over_two_ranks_and_a_mid_epoch_resume(moto: Store, staging_root: str) -> None:

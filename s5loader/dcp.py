@@ -76,7 +76,30 @@ class _Staged:
             self._area = None
 
 
-class S5StorageWriter(FileSystemWriter):
+class _Settings:
+    """What the writer and the reader share: the prefix, the store, the transfer sizes and the
+    local staging folder."""
+
+    uri: str
+    access: Access
+    endpoint_url: str | None
+    concurrency: int
+    part_size: int
+    _staged: _Staged
+
+    def _setup(
+        self, uri: str, endpoint_url: str | None, staging_dir: str | None, concurrency: int,
+        part_size: int | str | None, access: Access | None,
+    ) -> None:
+        self.uri = _prefix(uri)
+        self.access = Access.coerce(access, endpoint_url)
+        self.endpoint_url = self.access.endpoint_url
+        self.concurrency = concurrency
+        self.part_size = _transfer.part_bytes(part_size)
+        self._staged = _Staged(staging_dir)
+
+
+class S5StorageWriter(_Settings, FileSystemWriter):
     """Save a distributed checkpoint to ``s3://bucket/prefix/`` through s5cmd.
 
     Args:
@@ -106,12 +129,7 @@ class S5StorageWriter(FileSystemWriter):
         access: Access | None = None,
         **kwargs: Any,
     ) -> None:
-        self.uri = _prefix(uri)
-        self.access = Access.coerce(access, endpoint_url)
-        self.endpoint_url = self.access.endpoint_url
-        self.concurrency = concurrency
-        self.part_size = _transfer.part_bytes(part_size)
-        self._staged = _Staged(staging_dir)
+        self._setup(uri, endpoint_url, staging_dir, concurrency, part_size, access)
         self._coordinator = True
         kwargs.setdefault("sync_files", False)  # the files only live until they are uploaded
         super().__init__("/nonexistent-until-staged", **kwargs)
@@ -175,7 +193,7 @@ class S5StorageWriter(FileSystemWriter):
                 os.unlink(os.path.join(self.path, name))
 
 
-class S5StorageReader(FileSystemReader):
+class S5StorageReader(_Settings, FileSystemReader):
     """Load a distributed checkpoint from ``s3://bucket/prefix/`` through s5cmd.
 
     Args:
@@ -198,12 +216,7 @@ class S5StorageReader(FileSystemReader):
         access: Access | None = None,
         **kwargs: Any,
     ) -> None:
-        self.uri = _prefix(uri)
-        self.access = Access.coerce(access, endpoint_url)
-        self.endpoint_url = self.access.endpoint_url
-        self.concurrency = concurrency
-        self.part_size = _transfer.part_bytes(part_size)
-        self._staged = _Staged(staging_dir)
+        self._setup(uri, endpoint_url, staging_dir, concurrency, part_size, access)
         super().__init__("/nonexistent-until-staged", **kwargs)
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:

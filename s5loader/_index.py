@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ._uri import parse_s3_uri
+from ._uri import endpoint_hint, parse_s3_uri
 from .config import Access
 from .exceptions import (
     AccessDeniedError,
@@ -134,6 +134,8 @@ def index_prefix(prefix: str, s5cmd: S5cmd, group_by: str) -> SampleIndex:
                         seen += 1
                         if not seen % _PAGE:
                             progress.set(seen)
+            except EmptySourceError:
+                pass  # told below, with the keys beside an empty folder
             except FetchError as exc:
                 if attempt == LIST_ATTEMPTS:
                     raise FetchError(f"cannot list {prefix} ({attempt} attempts): {exc}") from exc
@@ -145,7 +147,7 @@ def index_prefix(prefix: str, s5cmd: S5cmd, group_by: str) -> SampleIndex:
             break
         progress.set(seen)
     if not seen:
-        raise EmptySourceError(f"no object under {prefix}")
+        raise EmptySourceError(f"no object under {prefix}{_beside_hint(uri.bucket, uri.key, s5cmd.settings)}")
     listed = time.monotonic() - start
     index = builder.build()
     log.info(
@@ -155,6 +157,25 @@ def index_prefix(prefix: str, s5cmd: S5cmd, group_by: str) -> SampleIndex:
         len(index), time.monotonic() - start - listed,
     )
     return index
+
+
+def _beside_hint(bucket: str, folder: str, access: Access | str | None) -> str:
+    """For an empty folder ``train/``: the keys beside it that share its name (``train-old/``,
+    ``train.csv``), which a prefix without its slash would have meant elsewhere; one LIST."""
+    if not folder.endswith("/"):
+        return ""
+    try:
+        client = make_boto3_client(Access.coerce(access))
+        found = client.list_objects_v2(Bucket=bucket, Prefix=folder[:-1], MaxKeys=3).get("Contents", [])
+    except Exception:  # noqa: BLE001 - only a hint for a message that is raised anyway
+        return ""
+    if not found:
+        return ""
+    examples = ", ".join(f"s3://{bucket}/{o['Key']}" for o in found)
+    return (
+        f"; a prefix names a folder, so s3://{bucket}/{folder[:-1]} reads only s3://{bucket}/{folder}, not keys "
+        f"beside it such as {examples}: name the folder they are in, or list the objects in a manifest"
+    )
 
 
 def list_prefix(prefix: str, s5cmd: S5cmd) -> list[ObjectInfo]:
@@ -272,7 +293,7 @@ def boto3_error(exc: Exception, uri: str) -> S5LoaderError:
     if name == "NoCredentialsError":
         return AccessDeniedError(msg)
     if name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError"):
-        return EndpointError(msg)
+        return EndpointError(msg + endpoint_hint(getattr(exc, "kwargs", {}).get("endpoint_url")))
     return FetchError(msg)
 
 

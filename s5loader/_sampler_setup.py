@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import replace
+from types import FrameType
+from typing import TYPE_CHECKING
+
+import numpy as np
+from torch.utils.data import BatchSampler
 
 from ._dist import rank_info
 from ._order import Order, block_window
@@ -17,6 +22,9 @@ from .dataset import S5Dataset
 from .engine.budget import check_sample_fits
 from .exceptions import BudgetError, ConfigError
 from .staging.area import choose_root, disk_footprint
+
+if TYPE_CHECKING:
+    from .sampler import S5Sampler
 
 
 def configure(
@@ -146,11 +154,24 @@ def _check_shards(dataset: S5Dataset, shuffle: bool | str, budget: int) -> None:
         )
 
 
+def check_loader_batch(sampler: S5Sampler, caller: FrameType | None) -> None:
+    """When a DataLoader's BatchSampler iterates ``sampler`` (``caller`` is the frame that
+    asked for the iterator), check that the sampler's budget holds one of its batches.
+
+    Raises:
+        BudgetError: the budget is smaller than the loader's batch of the largest samples.
+    """
+    owner = caller.f_locals.get("self") if caller is not None else None
+    if isinstance(owner, BatchSampler) and owner.sampler is sampler and sampler.dataset.shards is None:
+        _check_batch_fits(sampler.dataset, int(owner.batch_size), sampler.budget)
+
+
 def _check_batch_fits(dataset: S5Dataset, batch_size: int, budget: int) -> None:
     """A DataLoader waits for a whole batch of indices before any sample of it is read, so a
     budget that cannot hold ``batch_size`` samples can stall; fail now with the numbers."""
     n = min(batch_size, len(dataset))
-    biggest = sorted((s.size for s in dataset.samples), reverse=True)[:n]
+    sizes = dataset.samples.sizes()
+    biggest = [int(v) for v in sorted(np.partition(sizes, len(sizes) - n)[len(sizes) - n:], reverse=True)]
     need = sum(biggest)
     if need > budget:
         raise BudgetError(

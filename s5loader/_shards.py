@@ -22,9 +22,9 @@ from typing import Any, NamedTuple
 
 from . import _tar
 from ._index import boto3_error, list_prefix, make_boto3_client, stat_objects
-from ._uri import parse_s3_uri
+from ._uri import COMPRESSED_TAR, as_folder, parse_s3_uri
 from .config import Access
-from .exceptions import ConfigError, EmptySourceError, ObjectNotFoundError, ShardIndexError
+from .exceptions import ConfigError, EmptySourceError, ObjectNotFoundError, ShardError, ShardIndexError
 from .s5cmd import ObjectInfo, S5cmd
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,16 @@ def expand_braces(pattern: str) -> list[str]:
     return [head + c + rest for c in choices for rest in expand_braces(tail)]
 
 
+def _refuse_compressed(uri: str) -> None:
+    """A compressed shard is named as such before anything else is said about it (its index,
+    its listing): no later step could read it."""
+    if uri.endswith(COMPRESSED_TAR):
+        raise ShardError(
+            f"{uri} is a compressed tar shard; s5loader reads uncompressed .tar shards only: "
+            f"decompress it (gunzip, zstd -d, ...) into a .tar, then run s5loader index-shards on those"
+        )
+
+
 def _folder(uri: str) -> str:
     return uri[: uri.rfind("/") + 1]
 
@@ -90,12 +100,16 @@ def resolve(source: str | Sequence[str], endpoint_url: Access | str | None) -> t
             raise EmptySourceError("the shard list is empty")
         for u in uris:
             parse_s3_uri(u)
+            _refuse_compressed(u)
         folders = {_folder(u) for u in uris}
         folder = folders.pop() if len(folders) == 1 else _folder(posixpath.commonprefix(uris))
         return stat_objects(uris, endpoint_url), folder
     parse_s3_uri(source)
+    _refuse_compressed(source)
     if "{" in source:
         uris = expand_braces(source)
+        for u in uris:
+            _refuse_compressed(u)
         literal = source[: source.index("{")]
         try:
             found = {o.uri: o for o in list_prefix(literal, S5cmd(access=Access.coerce(endpoint_url)))}
@@ -109,10 +123,11 @@ def resolve(source: str | Sequence[str], endpoint_url: Access | str | None) -> t
         return [found[u] for u in uris], _folder(literal)
     if source.endswith(".tar"):
         return stat_objects([source], endpoint_url), _folder(source)
+    source = as_folder(source)  # a prefix names a folder, never its siblings
     listed = list_prefix(source, S5cmd(access=Access.coerce(endpoint_url)))
     objects = sorted((o for o in listed if o.key.endswith(".tar")), key=lambda o: o.key)
     if not objects:
-        packed = [o.uri for o in listed if o.key.endswith((".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst"))]
+        packed = [o.uri for o in listed if o.key.endswith(COMPRESSED_TAR)]
         if packed:
             raise EmptySourceError(
                 f"no *.tar shard under {source}, only compressed ones such as {packed[0]}; "

@@ -19,7 +19,7 @@ from ._index import (
 )
 from ._labels import check_label, folder_labels, warn_grouping
 from ._share import shared_index
-from ._uri import parse_s3_uri
+from ._uri import as_folder, parse_s3_uri
 from .config import Access
 from .exceptions import ConfigError, S3URIError
 from .s5cmd import S5cmd
@@ -46,6 +46,8 @@ def prefix_index(
             f"label='folder' with group_by='folder' would make each class folder under {prefix} "
             "one sample; use group_by='object' (one image, one sample) or 'stem'"
         )
+    # A prefix names a folder: "s3://b/train" never reads the siblings train-old/ or trainval/.
+    prefix = as_folder(prefix)
     uri = parse_s3_uri(prefix)
     store = Access.coerce(access, endpoint_url)
     index = shared_index(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from typing import NamedTuple
 
@@ -10,6 +11,23 @@ from .exceptions import ConfigError, S3URIError
 # Bucket names per the S3 rules, loosened a little for S3-compatible stores
 # (underscores and upper case are accepted by several of them).
 _BUCKET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{1,254}$")
+
+
+# Where the endpoint comes from when no endpoint_url is given, in this order (boto3's own two,
+# then s5cmd's).
+ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "S3_ENDPOINT_URL")
+
+
+def endpoint_hint(endpoint: str | None) -> str:
+    """What to check when the store cannot be reached, for the end of an error message."""
+    if endpoint is None:
+        endpoint = next((os.environ[v] for v in ENDPOINT_VARS if os.environ.get(v)), None)
+    where = f"the store at {endpoint}" if endpoint else "AWS S3 (no endpoint is set)"
+    return (
+        f"; check that {where} is up and reachable. The endpoint is endpoint_url= (--endpoint-url), "
+        f"else {', '.join(ENDPOINT_VARS[:-1])} or {ENDPOINT_VARS[-1]}; for the local test server, "
+        'run eval "$(bin/s3-local start)" in this shell first'
+    )
 
 
 class S3URI(NamedTuple):
@@ -37,6 +55,19 @@ def parse_s3_uri(uri: str) -> S3URI:
     if not _BUCKET_RE.match(bucket):
         raise S3URIError(f"invalid bucket name {bucket!r} in {uri!r}")
     return S3URI(bucket, key)
+
+
+def as_folder(uri: str) -> str:
+    """A prefix URI as the folder it names: ``s3://b/train`` is ``s3://b/train/``, so that a
+    listing never reaches the sibling folders ``train-old/`` or ``trainval/``; a bucket
+    (``s3://b`` or ``s3://b/``) stays the whole bucket."""
+    u = parse_s3_uri(uri)
+    if not u.key or u.key.endswith("/"):
+        return f"s3://{u.bucket}/{u.key}"
+    return f"s3://{u.bucket}/{u.key}/"
+
+
+COMPRESSED_TAR = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst")
 
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?i?B?)\s*$", re.IGNORECASE)

@@ -5,22 +5,23 @@ command runs). The CLI owns the terminal; the library only logs."""
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import logging
 import sys
 from typing import Any
 
+from ._args import ArgumentParser
 from .exceptions import S5LoaderError
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+QUIET_LOGGERS = ("botocore", "boto3", "s3transfer", "urllib3")
 
 
 def _ls(argv: list[str]) -> int:
     from . import S5Dataset
     from .config import Access
 
-    p = argparse.ArgumentParser(prog="s5loader ls", description="List the samples of an s3 prefix or manifest.")
+    p = ArgumentParser(prog="s5loader ls", description="List the samples of an s3 prefix or manifest.")
     p.add_argument("source", help="s3://bucket/prefix/, or a manifest (.jsonl path or s3 URI)")
     p.add_argument("--group-by", default="stem", choices=["stem", "folder", "object"])
     Access.add_arguments(p)
@@ -43,7 +44,7 @@ def _index_shards(argv: list[str]) -> int:
     from .config import Access
     from .progress import Progress
 
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="s5loader index-shards",
         description="Count the samples of each tar shard and write a wids JSON shard list "
         "(default: wids.json in the shards' folder), for S5Dataset.from_shards.",
@@ -104,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"usage: s5loader COMMAND [ARGS]\n\ncommands:\n{lines}", file=out)
         return EXIT_OK if out is sys.stdout else EXIT_USAGE
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # The AWS libraries log their routine at INFO ("Found credentials in environment variables.",
+    # once per client); the terminal shows only what they warn about.
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
     handler = _load(argv[0])
     if handler is None:
         return EXIT_ERROR

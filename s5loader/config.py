@@ -15,12 +15,11 @@ import urllib.parse
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ._uri import parse_size
+from ._uri import ENDPOINT_VARS, parse_size
 from .exceptions import ConfigError
 
 log = logging.getLogger(__name__)
 
-ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "S3_ENDPOINT_URL")
 ADDRESSING_STYLES = ("auto", "path", "virtual")
 ON_ERROR = ("raise", "skip")
 

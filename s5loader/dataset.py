@@ -109,8 +109,9 @@ class S5Dataset(Dataset[Any]):
         others receive the index (see the README), so every rank must call this.
 
         Args:
-            prefix: ``s3://bucket/prefix/``; a literal key prefix (a trailing ``/`` names a
-                folder).
+            prefix: ``s3://bucket/folder/``. A prefix always names a folder: ``s3://b/train``
+                reads ``s3://b/train/``, never the sibling keys ``train-old/...`` or
+                ``trainval/...``.
             endpoint_url: the S3 endpoint; else ``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``
                 or ``S3_ENDPOINT_URL``; else AWS.
             group_by: ``"stem"`` (``0001.image`` + ``0001.label`` is one sample with fields
@@ -133,7 +134,8 @@ class S5Dataset(Dataset[Any]):
         Raises:
             S3URIError: the prefix is not an s3 URI.
             NoSuchBucketError, AccessDeniedError, EndpointError: the listing failed.
-            EmptySourceError: nothing under the prefix.
+            EmptySourceError: nothing under the prefix (the message names keys beside an
+                empty folder that share its name).
             ConfigError: an unknown ``group_by`` or ``label``; ``label="folder"`` with
                 ``group_by="folder"`` (the samples would be the class folders).
         """

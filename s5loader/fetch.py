@@ -193,11 +193,9 @@ def _fetch_extract(
 
 def main(argv: list[str]) -> int:
     """``s5loader fetch SOURCE [SOURCE ...] DEST [--verify] [--extract] [--budget SIZE]``."""
-    import argparse
+    from ._args import ArgumentParser, positive_int, size_arg
 
-    from ._args import positive_int, size_arg
-
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="s5loader fetch",
         description="Download objects (one, several, a prefix, the volumes of a split archive) with "
         "parallel ranged requests; optionally verify them and extract them as one tar archive.",

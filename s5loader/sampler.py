@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -14,7 +15,7 @@ from ._order import WINDOW_CAP, ShuffleQuality, block_window, part_len, shuffle_
 from ._passes import StagingPasses, write_command_files
 from ._platform import require_linux
 from ._resume import Position, check_state, check_window, make_state, resume, resume_window
-from ._sampler_setup import configure
+from ._sampler_setup import check_loader_batch, configure
 from ._uri import format_size
 from .dataset import S5Dataset
 from .engine import Stats
@@ -167,6 +168,10 @@ class S5Sampler(Sampler[int]):
         self._pos.epoch_set = True
 
     def __iter__(self) -> Iterator[int]:
+        # Called by the DataLoader's BatchSampler: its batch size is the least the budget must
+        # hold (a batch is handed to a worker only once all of it is staged), so a budget
+        # smaller than a batch is an error now instead of a stall at the first batch.
+        check_loader_batch(self, sys._getframe(1))
         return self._iterate()
 
     def _iterate(self) -> Iterator[int]:

@@ -19,7 +19,8 @@ import pytest
 
 from s5loader.cli import main as cli_main
 from s5loader_bench import cli as bench
-from s5loader_bench.methods import METHODS, Figures, Recorder, wildcard_cover
+from s5loader_bench import methods as bench_methods
+from s5loader_bench.methods import METHODS, Context, Figures, Recorder, Settings, wildcard_cover
 from s5loader_bench.monitor import CpuSplit, ProcTimes, TreeMonitor
 from s5loader_bench.proxy import LatencyProxy, RequestParser, classify
 
@@ -208,6 +209,129 @@ def test_missing_shards_are_a_skip(data: dict[str, str], tmp_path, capsys: pytes
     assert rc == 0
     r = json.loads(out_json.read_text())["results"][0]
     assert r["status"] == "skipped" and "no tar shards under" in r["note"]
+    assert r["note"].index("--shards-prefix") < r["note"].index("--generate")
+
+
+def _offline_context(tmp_path, **settings: object) -> Context:
+    """A Context for methods whose shard listing a test replaces (no store, no index)."""
+    s = Settings(source="s3://my-bucket/train/", steps=3, batch_size=2, **settings)  # type: ignore[arg-type]
+    return Context(s, None, "s5cmd", None, str(tmp_path))  # type: ignore[arg-type]
+
+
+def test_no_shards_note_points_at_shards_prefix_first(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user with their own bucket needs --shards-prefix (their shards); --generate only writes a
+    synthetic data set."""
+    monkeypatch.setattr(bench_methods, "list_uris", lambda ctx, prefix: [])
+    shard_methods = ["s5loader-shards", "s5loader-iterable"] + (["webdataset"] if _installed("webdataset") else [])
+    for prefix, default in ((None, True), ("s3://my-bucket/tars/", False)):
+        ctx = _offline_context(tmp_path, shards_prefix=prefix)
+        for m in shard_methods:
+            f = bench_methods.measure(m, ctx)
+            assert f.status == "skipped", (m, f.note)
+            assert f.note.startswith(f"no tar shards under {prefix or 's3://my-bucket/train-shards/'}")
+            assert "point --shards-prefix at" in f.note
+            assert f.note.index("--shards-prefix") < f.note.index("--generate")
+            assert "synthetic" in f.note[f.note.index("--generate") - 60:]
+            assert ("(the default" in f.note) is default
+
+
+def test_webdataset_with_fewer_shards_than_workers_runs_one_worker_per_shard(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """2 shards and --num-workers 4: webdataset runs with 2 workers and says so, in the table and
+    the JSON. The shards are local files that a stand-in for s5cmd cats."""
+    if not _installed("webdataset"):
+        pytest.skip("webdataset is not installed")
+    shards = []
+    for n in range(2):
+        path = tmp_path / f"shard-{n:06d}.tar"
+        with tarfile.open(path, "w") as tar:
+            for i in range(4 * n, 4 * n + 4):
+                for name, body in (("image", os.urandom(100)), ("label", str(i).encode())):
+                    info = tarfile.TarInfo(f"{i:06d}.{name}")
+                    info.size = len(body)
+                    tar.addfile(info, io.BytesIO(body))
+        shards.append(str(path))
+    fake = tmp_path / "fake-s5cmd"  # `s5cmd [flags] cat URI`: cats its last argument
+    fake.write_text('#!/bin/sh\nfor a; do last=$a; done\nexec cat "$last"\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr(bench_methods, "list_uris", lambda ctx, prefix: shards)
+    ctx = _offline_context(tmp_path, num_workers=4)
+    ctx.s5cmd = str(fake)
+    f = bench_methods.measure("webdataset", ctx)
+    assert f.status == "ok", f.note
+    assert f.num_workers == 2 and f.note == "2 shards, ran with 2 workers instead of 4"
+    assert f.samples == 6 and f.bytes >= 6 * 100
+    doc = json.loads(json.dumps(dataclasses.asdict(f)))  # as --json writes it
+    assert doc["num_workers"] == 2 and doc["note"] == f.note
+    assert "webdataset: 2 shards, ran with 2 workers instead of 4" in bench.format_table([f])
+    assert "2 shards, ran with 2 workers instead of 4" in bench.format_table([f], wide=True)
+
+
+# -- the table ------------------------------------------------------------------------------
+def _realistic_results(counted: bool = False) -> list[Figures]:
+    """Figures like a real run's (the README's loopback figures), every method, one skipped."""
+    rates = {"s5loader": 396.0, "s5loader-block": 591.0, "boto3": 239.0, "s5cmd-run": 343.0, "s5cmd-bulk": 590.0,
+             "webdataset": 1302.4, "s5loader-shards": 1881.2, "s5loader-iterable": 1453.0}
+    cpu = {"s5loader": 2.68, "s5loader-block": 1.98, "boto3": 4.18, "s5cmd-run": 2.44, "s5cmd-bulk": 1.07,
+           "webdataset": 0.83, "s5loader-shards": 0.64, "s5loader-iterable": 0.67}
+    out = []
+    for m in METHODS:
+        if m not in rates:
+            out.append(Figures(m, status="skipped", note=f"{m} is not installed (No module named '{m}'); "
+                               "pip install 's5loader[bench]'"))
+            continue
+        f = Figures(m, samples=2000, bytes=200_002_000, steps=500, seconds=2000 / rates[m],
+                    samples_per_s=rates[m], mb_per_s=rates[m] * 0.100001, step100_mean_s=400 / rates[m],
+                    step100_var_s2=0.0123, step100_s=[400 / rates[m]] * 5, wait_fraction=0.87,
+                    cpu_s=cpu[m] * 2, cpu_util=1.43, cpu_s_per_1k_samples=cpu[m],
+                    cpu_split_s_per_1k_samples={"s5cmd": cpu[m] / 2, "main": cpu[m] / 4, "workers": cpu[m] / 4,
+                                                "unattributed": 0.01},
+                    peak_mem_mb=1234.5, ratio_to_s5loader=rates[m] / rates["s5loader"],
+                    repeats_samples_per_s=[rates[m] * 0.9, rates[m], rates[m] * 1.1])
+        f.num_workers = None if m.startswith("s5cmd") else 4
+        if counted:
+            f.requests = {"GET": 4000, "HEAD": 0, "LIST": 2000, "other": 0}
+            bench_methods.fill_request_rates(f)
+        if m == "webdataset":
+            f.note, f.num_workers = "2 shards, ran with 2 workers instead of 4", 2
+        out.append(f)
+    return out
+
+
+@pytest.mark.parametrize("counted", [False, True])
+def test_default_table_is_compact(counted: bool) -> None:
+    results = _realistic_results(counted)
+    table = bench.format_table(results)  # what main prints without --wide
+    lines = table.splitlines()
+    assert max(len(ln) for ln in lines) <= 100, "\n" + table
+    header = lines[0].split("  ")
+    expected = list(bench.COMPACT_COLUMNS) + (["requests/sample"] if counted else [])
+    assert [c.strip() for c in header if c.strip()] == expected
+    by_method = {ln.split()[0]: ln for ln in lines[1:1 + len(METHODS)]}
+    assert list(by_method) == list(METHODS)
+    assert by_method["s5loader"].split()[1:5] == ["396.0", "39.6", "1.00x", "2.68"]
+    assert by_method["s3torchconnector"].split()[1] == "skipped"
+    # what the compact columns leave out is said under the table: notes, skips, medians
+    assert "webdataset: 2 shards, ran with 2 workers instead of 4" in table
+    assert "s3torchconnector: skipped: s3torchconnector is not installed" in table
+    assert "samples/s: the median of 3 repeats" in table
+    assert len(lines) <= len(METHODS) + 8, "\n" + table  # a note per method at most, not per figure
+    for wide_only in ("s/100 steps (mean)", "GET/HEAD/LIST/other per sample", "peak mem MB", "waited"):
+        assert wide_only not in table
+    assert "--wide" in lines[-1]
+
+
+def test_wide_table_and_markdown_have_every_column() -> None:
+    results = _realistic_results(counted=True)
+    wide = bench.format_table(results, wide=True)
+    header = wide.splitlines()[0]
+    assert all(c in header for c in bench.COLUMNS) and header.rstrip().endswith("note")
+    assert max(len(ln) for ln in wide.splitlines()) > 200  # the full table: why it is not the default
+    assert "2 shards, ran with 2 workers instead of 4" in wide and "median of 3 repeats" in wide
+    md = bench.format_table(results, markdown=True)
+    assert md.splitlines()[0] == "| " + " | ".join(bench.COLUMNS) + " |"
+    assert bench.build_parser().parse_args(["s3://b/p/", "--wide"]).wide
+    assert not bench.build_parser().parse_args(["s3://b/p/"]).wide
 
 
 # -- the measuring parts -------------------------------------------------------------------
@@ -404,7 +528,7 @@ def _counted_run(data: dict[str, str], tmp_path, *args: str) -> dict[str, dict]:
 def test_real_run_reports_cpu_split_and_requests(data: dict[str, str], tmp_path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     methods = ["s5loader", "s5loader-block", "boto3", "s5cmd-run", "s5cmd-bulk"]
-    by = _counted_run(data, tmp_path, "--steps", "3", "--methods", *methods)
+    by = _counted_run(data, tmp_path, "--steps", "3", "--wide", "--methods", *methods)
     table = capsys.readouterr().out
     assert "requests/sample" in table and "GET/HEAD/LIST/other per sample" in table
     assert "blocks/256 samples" in table

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 
@@ -173,7 +174,11 @@ def test_hung_request_never_released_is_a_stall_error_naming_it(moto: Store, pro
     proxy.rules.append(Rule("0003.bin", "hold", method="*"))
     ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=proxy.endpoint, group_by="object")
     got = []
-    with pytest.raises(StallError, match=r"no progress for 1s, 1 times; gave up on 1 object\(s\): s3://data/train/0003\.bin$"):
+    with pytest.raises(
+        StallError,
+        match=rf"staging from {re.escape(proxy.endpoint)} made no progress for 1s, 1 times; "
+        r"gave up on 1 object\(s\): s3://data/train/0003\.bin; the store accepted the requests but sent no data",
+    ):
         with S5Sampler(ds, staging_dir=staging_root, shuffle=False, stall_timeout=1, retries=1) as sampler:
             for idx in sampler:
                 got.append(ds[idx]["__key__"])

@@ -105,18 +105,36 @@ def _readme_block(lang: str, starts: str) -> str:
 
 def test_readme_quick_start_in_a_fresh_shell(local: tuple[Path, dict[str, str]]) -> None:
     server_dir, env = local
-    start = _readme_block("bash", "eval")
-    assert start.startswith('eval "$(bin/s3-local start)"')
+    start = _readme_block("bash", "make venv")
+    lines = start.splitlines()
+    assert lines[1] == "source .venv/bin/activate" and lines[2].startswith('eval "$(bin/s3-local start)"')
     code = _readme_block("python", "import boto3")
-    # The quick start, pasted into a fresh shell in the project: the server's folder is the
-    # test's own, and python is the project's.
-    script = start.replace("bin/s3-local start", f"{sys.executable} bin/s3-local start --dir {server_dir}")
-    script += f"\n{sys.executable} - <<'PYEOF'\n{code}PYEOF\n"
-    shell_env = {
-        "PATH": os.environ["PATH"], "HOME": env.get("HOME", "/root"), "TMPDIR": env["TMPDIR"], "PYTHONPATH": str(ROOT),
-    }
+    # The quick start, pasted into a fresh shell in the project: no environment active (PATH
+    # without .venv/bin), the server's folder the test's own; `python` is whatever the block
+    # activated.
+    venv_bin = os.path.dirname(sys.executable)
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if os.path.realpath(p) != os.path.realpath(venv_bin))
+    script = start.replace("bin/s3-local start", f"bin/s3-local start --dir {server_dir}")
+    script += f"\npython - <<'PYEOF'\n{code}PYEOF\n"
+    shell_env = {"PATH": path, "HOME": env.get("HOME", "/root"), "TMPDIR": env["TMPDIR"]}
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=shell_env, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert [line for line in out.stdout.splitlines() if line.startswith("epoch")] == [
         f"epoch {e}: 100 samples staged" for e in range(3)
     ]
+
+
+def test_s3_local_without_the_environment_says_to_make_it(tmp_path: Path) -> None:
+    # A fresh clone: no .venv, and a Python without torch. The script says what to run instead
+    # of ending in a traceback.
+    clone = tmp_path / "clone"
+    (clone / "bin").mkdir(parents=True)
+    (clone / "bin" / "s3-local").write_text(Path(S3_LOCAL).read_text())
+    (clone / "s5loader").mkdir()
+    (clone / "s5loader" / "__init__.py").write_text("import torch_that_is_not_installed\n")
+    r = subprocess.run(
+        [sys.executable, "-I", str(clone / "bin" / "s3-local"), "start"], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode != 0 and r.stdout == ""
+    assert "Traceback" not in r.stderr
+    assert "make venv" in r.stderr and "source .venv/bin/activate" in r.stderr

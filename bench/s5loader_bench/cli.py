@@ -3,6 +3,7 @@
     s5loader bench SOURCE [--endpoint-url URL] [--methods M ...] [--batch-size 4]
                    [--num-workers N] [--steps N | --seconds S] [--samples-per-call N]
                    [--count-requests] [--delay-ms D] [--json FILE] [--markdown FILE] [--plot FILE]
+                   [--wide]
     s5loader bench --generate N SOURCE [--sample-size 100KB] [--shard-samples 100]
                    [--shards-prefix URI]
 
@@ -37,6 +38,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import textwrap
 import time
 import warnings
 from collections.abc import Callable
@@ -128,7 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shards-prefix", help="tar shards for webdataset (default: SOURCE's sibling '<name>-shards/')")
     p.add_argument("--json", dest="json_file", metavar="FILE", help="write every figure and the settings as JSON")
     p.add_argument("--plot", metavar="FILE", help="write a PNG bar chart of samples/s and CPU per method (matplotlib)")
-    p.add_argument("--markdown", metavar="FILE", help="also write the table as Markdown")
+    p.add_argument("--markdown", metavar="FILE", help="also write the table as Markdown (every column)")
+    p.add_argument("--wide", action="store_true",
+                   help="print every column (time per 100 steps, waiting, CPU split, requests by kind, peak "
+                   "memory, ...) instead of the compact table; --json and --markdown always have them all")
     Access.add_arguments(p)  # --endpoint-url, --region, --no-sign-request, --profile, ...
     gen = p.add_argument_group("generating a toy data set")
     gen.add_argument("--generate", type=positive_int, metavar="N",
@@ -247,6 +252,10 @@ COLUMNS = ("method", "samples/s", "MB/s", "s/100 steps (mean)", "s/100 steps (va
            "GET/HEAD/LIST/other per sample", "blocks/256 samples", "peak mem MB", "vs s5loader", "note")
 # the CPU split columns: CPU s per 1,000 samples of each kind of process (see monitor.CpuSplit)
 SPLIT_COLUMNS = ("s5cmd", "main", "workers")
+# the terminal's default table: what a user reads first (every column: --wide, --markdown, --json);
+# requests/sample joins them when requests were counted
+COMPACT_COLUMNS = ("method", "samples/s", "MB/s", "vs s5loader", "CPU s/1k samples")
+COMPACT_WIDTH = 100  # the notes under the compact table are wrapped to this width
 
 
 def _split(f: Figures, kind: str) -> str:
@@ -260,13 +269,30 @@ def _by_kind(f: Figures) -> str:
     return "/".join(f"{r.get(k, 0.0):.2f}" for k in ("GET", "HEAD", "LIST", "other"))
 
 
+def _ratio(f: Figures) -> str:
+    return "-" if f.ratio_to_s5loader is None else f"{f.ratio_to_s5loader:.2f}x"
+
+
+def _notes(f: Figures) -> list[str]:
+    """What the figures of an ``ok`` run need said beside them: the method's note (e.g. fewer
+    workers than asked), CPU not attributed to a process, the repeats behind a median."""
+    unattributed = (f.cpu_split_s_per_1k_samples or {}).get("unattributed", 0.0)
+    out = [f.note] if f.note else []
+    if unattributed >= 0.005:
+        out.append(f"{unattributed:.2f} CPU s/1k samples not attributed to a process")
+    if f.repeats_samples_per_s and len(f.repeats_samples_per_s) > 1:
+        out.append(f"median of {len(f.repeats_samples_per_s)} repeats: "
+                   + "/".join(f"{v:.0f}" for v in f.repeats_samples_per_s) + " samples/s")
+    return out
+
+
 def table_rows(results: list[Figures]) -> list[list[str]]:
+    """The rows of the full table (:data:`COLUMNS`)."""
     rows = []
     for f in results:
         if f.status != "ok":
             rows.append([f.method] + ["-"] * (len(COLUMNS) - 2) + [f"{f.status}: {f.note}"])
             continue
-        unattributed = (f.cpu_split_s_per_1k_samples or {}).get("unattributed", 0.0)
         rows.append([
             f.method, _fmt(f.samples_per_s, ".1f"), _fmt(f.mb_per_s, ".1f"), _fmt(f.step100_mean_s, ".3f"),
             _fmt(f.step100_var_s2, ".2g"), "-" if f.wait_fraction is None else f"{f.wait_fraction:.0%}",
@@ -274,17 +300,47 @@ def table_rows(results: list[Figures]) -> list[list[str]]:
             *(_split(f, k) for k in SPLIT_COLUMNS),
             _fmt(f.requests_per_sample, ".2f"), _by_kind(f), _fmt(f.blocks_per_256, ".1f"),
             _fmt(f.peak_mem_mb, ".0f"),
-            "-" if f.ratio_to_s5loader is None else f"{f.ratio_to_s5loader:.2f}x",
-            f"{f.samples} samples in {f.seconds:.1f}s" + (f"; {f.note}" if f.note else "")
-            + (f"; {unattributed:.2f} CPU s/1k samples not attributed to a process" if unattributed >= 0.005 else "")
-            + (f"; median of {len(f.repeats_samples_per_s)} repeats: "
-               + "/".join(f"{v:.0f}" for v in f.repeats_samples_per_s) + " samples/s"
-               if f.repeats_samples_per_s and len(f.repeats_samples_per_s) > 1 else ""),
+            _ratio(f), "; ".join([f"{f.samples} samples in {f.seconds:.1f}s", *_notes(f)]),
         ])
     return rows
 
 
-def format_table(results: list[Figures], markdown: bool = False) -> str:
+def compact_table(results: list[Figures]) -> str:
+    """The terminal's default table (:data:`COMPACT_COLUMNS`, plus requests/sample when requests
+    were counted) and under it each method's own note (a skip, a failure, fewer workers than
+    asked) and whether samples/s are medians of repeats, wrapped to :data:`COMPACT_WIDTH`. The
+    CPU not attributed to a process and each repeat's samples/s are in the full table."""
+    counted = any(f.requests_per_sample is not None for f in results)
+    header = list(COMPACT_COLUMNS) + (["requests/sample"] if counted else [])
+    rows, notes = [header], []
+    for f in results:
+        if f.status != "ok":
+            rows.append([f.method, f.status] + ["-"] * (len(header) - 2))
+            notes.append(f"{f.method}: {f.status}: {f.note}")
+            continue
+        rows.append([f.method, _fmt(f.samples_per_s, ".1f"), _fmt(f.mb_per_s, ".1f"), _ratio(f),
+                     _fmt(f.cpu_s_per_1k_samples, ".2f")] + ([_fmt(f.requests_per_sample, ".2f")] if counted else []))
+        notes += [f"{f.method}: {f.note}"] if f.note else []
+    repeats = {len(f.repeats_samples_per_s) for f in results if f.repeats_samples_per_s}
+    if max(repeats, default=1) > 1:
+        notes.append(f"samples/s: the median of {max(repeats)} repeats (each repeat's: --wide or --json)")
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    out = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+           for r in rows]
+    if notes:
+        out.append("notes:")
+        for n in notes:
+            out += textwrap.wrap(n, COMPACT_WIDTH, initial_indent="  ", subsequent_indent="    ",
+                                 break_long_words=False, break_on_hyphens=False)
+    out.append("(every column - time per 100 steps, waiting, CPU split, memory...: --wide, --markdown, --json)")
+    return "\n".join(out)
+
+
+def format_table(results: list[Figures], markdown: bool = False, wide: bool = False) -> str:
+    """The results as a table: the compact one for the terminal (:func:`compact_table`), or
+    every column (``wide``, and always for ``markdown``)."""
+    if not (markdown or wide):
+        return compact_table(results)
     rows = [list(COLUMNS)] + table_rows(results)
     if markdown:
         def esc(c: str) -> str:
@@ -406,6 +462,7 @@ def _run(ctx: Context, methods: list[str], repeat: int, echo: bool) -> list[Figu
             f = measure(m, ctx)
             if echo:
                 what = (f"{f.samples_per_s:.1f} samples/s, {f.cpu_s_per_1k_samples:.2f} CPU s/1k samples"
+                        + (f" ({f.note})" if f.note else "")
                         if f.status == "ok" and f.samples_per_s and f.cpu_s_per_1k_samples is not None
                         else f"{f.status}: {f.note}")
                 print(f"s5loader bench: {tag}: {what}", file=sys.stderr, flush=True)
@@ -476,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         # DataLoader warns when num_workers exceeds the CPU count; the table says how many ran.
         warnings.filterwarnings("ignore", message=".*worker processes in total.*")
         results = run(settings, methods, repeat=args.repeat)
-    print(format_table(results))
+    print(format_table(results, wide=args.wide))
     machine = machine_info()
     doc = {
         "version": 1,

@@ -89,6 +89,7 @@ class Figures:
     method: str
     status: str = "ok"  # ok | skipped | failed
     note: str = ""
+    num_workers: int | None = None  # DataLoader workers the method ran with (None: no DataLoader)
     samples: int = 0
     bytes: int = 0
     steps: int = 0
@@ -139,6 +140,8 @@ class Recorder:
         self.bytes = 0
         self.wait_s: float | None = None
         self.quality: tuple[float, float] | None = None  # (blocks per 256 samples, displacement)
+        self.num_workers: int | None = None  # the DataLoader's workers (set by drive)
+        self.note = ""  # what the method ran with that differs from the settings
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
@@ -161,6 +164,9 @@ class Recorder:
         """Write the timing figures into ``fig``."""
         fig.samples, fig.bytes, fig.steps = self.samples, self.bytes, len(self.step_at)
         fig.objects = self.objects
+        fig.num_workers = self.num_workers
+        if self.note:
+            fig.note = self.note
         if not self.step_at:
             raise RuntimeError("no step completed")
         end = self.step_at[-1]
@@ -204,7 +210,10 @@ def drive(make_loader: Callable[[int], Iterable[list[Any]]], rec: Recorder, comp
     epoch = 0
     while not rec.done():
         t = time.perf_counter()
-        it: Iterator[list[Any]] | None = iter(make_loader(epoch))  # starts the workers: counted as waiting
+        loader = make_loader(epoch)
+        if isinstance(loader, DataLoader):
+            rec.num_workers = loader.num_workers
+        it: Iterator[list[Any]] | None = iter(loader)  # starts the workers: counted as waiting
         got = 0
         while True:
             try:
@@ -266,9 +275,12 @@ class Context:
     def recorder(self) -> Recorder:
         return Recorder(self.settings.batch_size, self.max_steps, self.settings.seconds)
 
-    def loader(self, dataset: Any, **kw: Any) -> DataLoader[Any]:
+    def loader(self, dataset: Any, num_workers: int | None = None, **kw: Any) -> DataLoader[Any]:
+        """A DataLoader of the settings' batch size and workers (``num_workers``: instead of
+        the settings' workers)."""
         s = self.settings
-        return DataLoader(dataset, batch_size=s.batch_size, num_workers=s.num_workers,
+        return DataLoader(dataset, batch_size=s.batch_size,
+                          num_workers=s.num_workers if num_workers is None else num_workers,
                           collate_fn=collate_list, **kw)
 
 
@@ -652,6 +664,16 @@ def shards_prefix(source: str) -> str:
     return source.rstrip("/") + "-shards/"
 
 
+def no_shards_note(prefix: str, source: str) -> str:
+    """The skip note of the shard methods when ``prefix`` holds no tar shards: first how to point
+    them at existing shards, then how to write a synthetic data set with shards instead."""
+    default = " (the default: SOURCE's sibling '<name>-shards/')" if prefix == shards_prefix(source) else ""
+    return (f"no tar shards under {prefix}{default}; point --shards-prefix at the s3:// prefix of your tar "
+            "shards of these samples, or write a synthetic data set with shards by "
+            "s5loader bench --generate N SOURCE (it writes N made-up samples under SOURCE and their "
+            "shards under --shards-prefix)")
+
+
 def list_uris(ctx: Context, prefix: str) -> list[str]:
     """The object URIs under ``prefix``, listed with ``s5cmd ls`` (empty if there are none)."""
     argv = _s5cmd_argv(ctx, "ls", prefix + "*")
@@ -676,17 +698,21 @@ def run_webdataset(ctx: Context) -> Recorder:
     prefix = s.shards_prefix or shards_prefix(s.source)
     shards = [u for u in list_uris(ctx, prefix) if u.endswith(".tar")]
     if not shards:
-        raise SkipMethod(f"no tar shards under {prefix} (write them with s5loader bench --generate)")
-    if s.num_workers > len(shards):
-        raise SkipMethod(f"{len(shards)} shards under {prefix}, fewer than --num-workers={s.num_workers}")
+        raise SkipMethod(no_shards_note(prefix, s.source))
+    # webdataset splits the shards among the workers: one without a shard would deliver nothing,
+    # so no more workers than shards
+    workers = min(s.num_workers, len(shards))
     head = shlex.join(_s5cmd_argv(ctx, "cat", json_lines=False))
     urls = [f"pipe:{head} {shlex.quote(u)}" for u in shards]
     os.environ.setdefault("AWS_REGION", "us-east-1")  # the pipe's s5cmd inherits it
     rec = ctx.recorder()
+    if workers < s.num_workers:
+        rec.note = (f"{len(shards)} shard{'s' if len(shards) != 1 else ''}, ran with {workers} "
+                    f"worker{'s' if workers != 1 else ''} instead of {s.num_workers}")
 
     def epoch_loader(epoch: int) -> DataLoader[Any]:
         ds = wds.WebDataset(urls, shardshuffle=False, empty_check=False)
-        return ctx.loader(ds)
+        return ctx.loader(ds, num_workers=workers)
 
     drive(epoch_loader, rec, s.compute_ms)
     return rec
@@ -697,7 +723,7 @@ def shard_dataset(ctx: Context) -> S5Dataset:
     built first with ``s5loader index-shards`` (in the run's setup, so its time and CPU count)."""
     prefix = ctx.settings.shards_prefix or shards_prefix(ctx.settings.source)
     if not any(u.endswith(".tar") for u in list_uris(ctx, prefix)):
-        raise SkipMethod(f"no tar shards under {prefix} (write them with s5loader bench --generate)")
+        raise SkipMethod(no_shards_note(prefix, ctx.settings.source))
     try:
         return S5Dataset.from_shards(prefix, access=ctx.access)
     except ShardIndexError:

@@ -9,7 +9,7 @@ import threading
 from types import FrameType
 from typing import Any
 
-from .._args import non_negative_int, positive_float, positive_int, size_arg
+from .._args import ArgumentParser, non_negative_int, positive_float, positive_int, size_arg
 from .._index import GROUP_BY
 from ..cli import EXIT_OK
 from ..config import ON_ERROR, Access
@@ -60,7 +60,7 @@ class _DefaultsHelp(argparse.HelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="s5loader prefetch",
         formatter_class=_DefaultsHelp,
         description=(

@@ -27,6 +27,7 @@ class Retries:
         stats: counts retries, stalls and skipped samples.
         staging_path: named in a :class:`StagingSpaceError`.
         forget: called first for every failed position (its fields are no longer awaited).
+        endpoint: the store's endpoint (``None``: AWS), named in errors about reaching it.
     """
 
     def __init__(
@@ -35,8 +36,10 @@ class Retries:
         stats: Stats,
         staging_path: str,
         forget: Callable[[int], None],
+        endpoint: str | None = None,
     ) -> None:
         self.opts = options
+        self.endpoint = endpoint
         self.stats = stats
         self.staging_path = staging_path
         self.forget = forget
@@ -79,9 +82,11 @@ class Retries:
                 if pos in self.stalled:
                     stalled = [u for p, (k, _, u) in failures.items() if k == "stall"] or [uri]
                     raise StallError(
-                        f"staging made no progress for {self.opts.stall_timeout:g}s, "
-                        f"{self.opts.retries} times; gave up on {len(stalled)} object(s): "
-                        f"{', '.join(stalled[:5])}{' ...' if len(stalled) > 5 else ''}"
+                        f"staging from {self.endpoint or 'AWS S3'} made no progress for "
+                        f"{self.opts.stall_timeout:g}s, {self.opts.retries} times; gave up on "
+                        f"{len(stalled)} object(s): {', '.join(stalled[:5])}{' ...' if len(stalled) > 5 else ''}; "
+                        "the store accepted the requests but sent no data: check its health and load, "
+                        "or raise stall_timeout for a slow link"
                     )
                 msg = f"failed after {self.opts.retries} retries: {msg}"
             give_up(pos, kind, msg, uri)
@@ -106,7 +111,7 @@ class Retries:
 
     def give_up(self, key: str, kind: str, msg: str, uri: str) -> None:
         """Apply the error policy to a sample given up on: raise its error, or count it skipped."""
-        error = error_for(kind, f"cannot stage {uri}: {msg}")
+        error = error_for(kind, f"cannot stage {uri}: {msg}", self.endpoint)
         if self.opts.on_error == "raise":
             raise error
         log.warning("skipping sample %r: %s", key, error)

@@ -95,7 +95,7 @@ class Stager:
         self.is_released = is_released or (lambda idx: not os.path.isdir(self.folders.sample_dir(idx)))
         events = ReleaseEvents(self.folders) if is_released is None else None
         self.budget = Budget(options.budget, self._cond, self.is_released, events)
-        self.retries = Retries(options, self.stats, area.path, self.fields.forget)
+        self.retries = Retries(options, self.stats, area.path, self.fields.forget, s5cmd.settings.endpoint())
         self.calls = Calls(s5cmd, self._field, area.path, options.verify, self.stats)
         self.side = SideFetches(endpoint_url)
         self.watchdog = Watchdog(

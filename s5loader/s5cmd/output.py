@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterator
 from typing import NamedTuple
 
+from .._uri import endpoint_hint
 from ..exceptions import (
     AccessDeniedError,
     EndpointError,
@@ -70,8 +71,11 @@ def classify(error: str) -> str:
     return "transient"
 
 
-def error_for(kind: str, message: str) -> S5LoaderError:
-    """The exception type for an error kind from :func:`classify`."""
+def error_for(kind: str, message: str, endpoint: str | None = None) -> S5LoaderError:
+    """The exception type for an error kind from :func:`classify`; an unreachable store's
+    message ends with what to check about ``endpoint`` (default: the environment's)."""
+    if kind == "endpoint":
+        message += endpoint_hint(endpoint)
     types: dict[str, type[S5LoaderError]] = {
         "not_found": ObjectNotFoundError,
         "bucket": NoSuchBucketError,
@@ -159,7 +163,7 @@ def partial_of(name: str) -> Iterator[str]:
         yield name[:k]
 
 
-def error_from_exit(rc: int, stderr: bytes | str, what: str) -> S5LoaderError:
+def error_from_exit(rc: int, stderr: bytes | str, what: str, endpoint: str | None = None) -> S5LoaderError:
     """The exception for an s5cmd run about ``what`` (an ``s3://`` URI) that exited ``rc``.
 
     A full local disk is a ``StagingSpaceError``; everything else is sorted by
@@ -175,4 +179,4 @@ def error_from_exit(rc: int, stderr: bytes | str, what: str) -> S5LoaderError:
         return StagingSpaceError(full)
     if kind == "transient" and looks_unreachable(msg):
         kind = "endpoint"
-    return error_for(kind, full)
+    return error_for(kind, full, endpoint)

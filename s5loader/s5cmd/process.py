@@ -155,7 +155,7 @@ class S5cmd:
                 raise EmptySourceError(f"no object under {prefix_uri} ({msg})")
             if kind == "transient" and looks_unreachable(msg):
                 kind = "endpoint"
-            raise error_for(kind, f"cannot list {prefix_uri}: {msg} (s5cmd exit code {rc})")
+            raise error_for(kind, f"cannot list {prefix_uri}: {msg} (s5cmd exit code {rc})", self.settings.endpoint())
 
 
 class _GlobInPrefix(Exception):

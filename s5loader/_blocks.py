@@ -64,7 +64,7 @@ def _lcp(a: str, b: str) -> str:
 
 
 @dataclass(frozen=True)
-class Layout:
+class BlockPlan:
     """The blocks of a data set, and which sample lies in which (-1: none)."""
 
     blocks: list[Block]
@@ -89,7 +89,7 @@ class Layout:
         return out
 
 
-def plan_blocks(samples: Sequence[Sample], block_size: int, listing: Sequence[str] | None) -> Layout:
+def plan_blocks(samples: Sequence[Sample], block_size: int, listing: Sequence[str] | None) -> BlockPlan:
     """Cut the (key-sorted) samples into blocks of at most ``block_size`` samples.
 
     Args:
@@ -107,11 +107,11 @@ def plan_blocks(samples: Sequence[Sample], block_size: int, listing: Sequence[st
     block_of = [-1] * n
     blocks: list[Block] = []
     if n == 0 or block_size < 2 or listing is None:
-        return Layout(blocks, block_of)
+        return BlockPlan(blocks, block_of)
     if isinstance(samples, SampleIndex):
         # the keys straight from the index's string table, no Sample built per sample
         if len(samples.buckets) != 1:
-            return Layout(blocks, block_of)
+            return BlockPlan(blocks, block_of)
         bucket = samples.buckets[0]
         every_key = list(samples.text)
         at = samples.first.tolist()
@@ -120,7 +120,7 @@ def plan_blocks(samples: Sequence[Sample], block_size: int, listing: Sequence[st
     else:
         buckets = {_split(f.uri)[0] for s in samples for f in s.fields}
         if len(buckets) != 1:
-            return Layout(blocks, block_of)
+            return BlockPlan(blocks, block_of)
         bucket = buckets.pop()
         keys = [[_split(f.uri)[1] for f in s.fields] for s in samples]
     lo = [min(k) for k in keys]
@@ -162,7 +162,7 @@ def plan_blocks(samples: Sequence[Sample], block_size: int, listing: Sequence[st
             p = _lcp(lo[i], hi[i])
             if exact(i, i + 1, p):
                 single[i] = _make_block(bucket, p, i, i + 1, keys)
-    return Layout(blocks, block_of, single)
+    return BlockPlan(blocks, block_of, single)
 
 
 def _make_block(bucket: str, prefix: str, a: int, b: int, keys: list[list[str]]) -> Block | None:

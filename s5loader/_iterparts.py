@@ -1,28 +1,26 @@
 """The parts of :class:`~s5loader.S5IterableDataset`: the checks of its options, one worker's
 pass through an epoch (:class:`_Pass`, its order and length, the shuffle buffer), the staging
-engine of a worker (:class:`_WorkerSampler`) and the resume state."""
+of a worker (:class:`WorkerStaging`, a :class:`~s5loader._run.StagingRun` of its own) and the
+resume state."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Generator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
 from ._dist import rank_info
-from ._order import Order
+from ._order import Order, block_window, check_seed, check_shuffle
+from ._resume import check_fields
+from ._run import StagingRun
+from ._sampler_setup import fit_budget
 from ._uri import format_size, parse_size
 from .config import StagingOptions
 from .dataset import S5Dataset, StagedIndex
-from .engine.budget import check_sample_fits
 from .exceptions import BudgetError, ConfigError, StateError
-from .sampler import S5Sampler
-from .staging.area import choose_root, disk_footprint
-
-if TYPE_CHECKING:
-    from .iterable import S5IterableDataset
 
 STATE_VERSION = 1
 _STATE_KEYS = (
@@ -52,27 +50,21 @@ def check_options(
     """
     if not isinstance(dataset, S5Dataset):
         raise ConfigError(f"S5IterableDataset needs an S5Dataset, got {type(dataset).__name__}")
-    if shuffle not in (True, False, "block") or shuffle is None:
-        raise ConfigError(f"shuffle must be True, False or 'block', got {shuffle!r}")
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise ConfigError(f"seed must be an int, got {seed!r}")
+    check_shuffle(shuffle)
+    check_seed(seed)
     if not isinstance(shuffle_buffer, int) or isinstance(shuffle_buffer, bool) or shuffle_buffer < 0:
         raise ConfigError(f"shuffle_buffer must be an int >= 0 (0: no buffer), got {shuffle_buffer!r}")
     if not isinstance(drop_last, bool):
         raise ConfigError(f"drop_last must be a bool, got {drop_last!r}")
     if num_replicas is not None or rank is not None:
         rank_info(num_replicas, rank)  # a bad explicit split fails here, not in a worker
-    budget_bytes = parse_size(budget, "budget")
-    # Checks every engine option now, in the main process, with the messages of the engine.
-    StagingOptions(budget=budget_bytes, **engine_options)
-    largest = dataset.samples[dataset.samples.largest()]
-    check_sample_fits(largest, budget_bytes)
-    need = min(budget_bytes, dataset.total_bytes)
-    root, room = choose_root(staging_dir, need, shrink_budget, disk_footprint(dataset.samples.size))
-    if room < need:
-        check_sample_fits(largest, room, f"only {format_size(room)} fit in {root}")
-        budget_bytes = room
-    return budget_bytes, root
+    # Every engine option and the budget are checked now, in the main process, as the
+    # sampler's are (the same checks, the same messages).
+    options = StagingOptions(
+        budget=parse_size(budget, "budget"), staging_dir=staging_dir, shrink_budget=shrink_budget, **engine_options
+    )
+    options, root = fit_budget(dataset, options, shuffle, None)
+    return options.budget, root
 
 
 @dataclass
@@ -172,44 +164,58 @@ def check_share(dataset: S5Dataset, budget: int, num_workers: int) -> int:
     return share
 
 
-class _WorkerSampler(S5Sampler):
-    """The staging engine of one worker: an :class:`S5Sampler` whose pass is that worker's
-    part of the epoch (from a position), not its rank's whole part."""
+class WorkerStaging:
+    """The staging of one DataLoader worker: a :class:`~s5loader._run.StagingRun` over that
+    worker's part of the epoch (from a position), within the worker's share of the budget.
 
-    def __init__(self, owner: S5IterableDataset, p: _Pass, **options: Any) -> None:
-        super().__init__(
-            owner.dataset, shuffle=p.order.shuffle, seed=p.order.seed, num_replicas=p.num_replicas,
-            rank=p.rank, drop_last=p.order.drop_last, **options,
+    Args:
+        dataset: the data set.
+        options: the staging options with the worker's share as the budget.
+        root: the folder the worker stages below (inside the iterable dataset's directory).
+        runs: workers take contiguous runs of the rank's part (tar shards: each shard is
+            staged by one worker), not every ``num_workers``-th sample.
+        block: the order is ``shuffle="block"``.
+    """
+
+    def __init__(self, dataset: S5Dataset, options: StagingOptions, root: str, runs: bool, block: bool) -> None:
+        self.dataset = dataset
+        self.runs = runs
+        # a worker's part has no windows of its own: the engine cuts its calls freely, and a
+        # block order takes the window the rank's sampler would take for this budget
+        self.window = block_window(
+            options.budget, dataset.total_bytes / max(1, len(dataset)), options.calls_in_flight
         )
-        self._pass_spec = p
-        self._owner = owner
+        if block:  # a call holds whole windows, so that each block is one request
+            options = replace(options, samples_per_call=max(options.samples_per_call, self.window))
+        self.staging = StagingRun(dataset, options, root)
 
     def run(self, p: _Pass) -> Generator[StagedIndex, None, None]:
         """Stage and yield ``p``'s samples from its position on."""
-        self._pass_spec = p
-        self._order = p.order
-        self.epoch = p.epoch
-        self._pos.start = p.yielded
-        self._pos.epoch_done = False
-        return self._iterate()  # type: ignore[return-value]
-
-    def position(self, p: _Pass) -> int:
-        """``p``'s position after the last sample handed out (skipped samples included)."""
-        return self._pos.start + self._pos.yielded
-
-    def _epoch_plan(self, epoch: int, start: int = 0) -> tuple[list[int], list[int] | None]:
-        # a worker's part has no windows of its own: the engine cuts its calls freely
-        p = self._pass_spec
-        units = self._units() if p.order.shuffle == "block" else None
+        run = self.staging
+        run.passes.close_active()
+        run.position.restart(p.yielded)
+        units = self.units() if p.order.shuffle == "block" else None
         order = worker_order(
-            p.order, len(self.dataset), epoch, p.worker, p.num_workers, p.shuffle_buffer,
-            units=units, window=self._window, runs=self._owner._runs,
+            p.order, len(self.dataset), p.epoch, p.worker, p.num_workers, p.shuffle_buffer,
+            units=units, window=self.window, runs=self.runs,
         )
-        return order[start:], None
+        return run.stage(order[p.yielded:], None, p.order.shuffle, lambda: p.epoch)
+
+    def units(self) -> list[list[int]]:
+        """The blocks a ``shuffle="block"`` order permutes: tar shards, else key-prefix blocks."""
+        shard_units = getattr(self.dataset, "shard_units", None)
+        return shard_units if shard_units is not None else self.staging.blocks.units
+
+    def position(self) -> int:
+        """The position after the last sample handed out (skipped samples included)."""
+        return self.staging.position.start + self.staging.position.yielded
 
     def drop_finished(self) -> None:
         """Remove the folders of finished passes: every sample in them was read in this process."""
-        self._passes.remove_replaced()
+        self.staging.passes.remove_replaced()
+
+    def close(self) -> None:
+        self.staging.close()
 
 
 def worker_order(
@@ -282,29 +288,15 @@ def check_state(state: Any, dataset_len: int) -> dict[str, Any]:
     Raises:
         StateError: not such a state, another data set size, or a value out of range.
     """
-    if not isinstance(state, dict):
-        raise StateError(f"expected a dict from S5IterableDataset.state_dict(), got {type(state).__name__}")
-    missing = [k for k in _STATE_KEYS if k not in state]
-    if missing:
-        raise StateError(f"the state lacks {', '.join(missing)}; was it made by S5IterableDataset.state_dict()?")
-    if state["version"] != STATE_VERSION:
-        raise StateError(f"unknown state version {state['version']!r} (this s5loader writes {STATE_VERSION})")
-    for k in ("epoch", "yielded", "num_replicas", "rank", "num_workers", "worker", "dataset_len", "seed",
-              "shuffle_buffer"):
-        v = state[k]
-        if not isinstance(v, int) or isinstance(v, bool) or (k != "seed" and v < 0):
-            raise StateError(f"state[{k!r}] must be a non-negative int, got {v!r}")
-    if state["shuffle"] not in (True, False, "block") or state["shuffle"] is None:
-        raise StateError(f"state['shuffle'] must be True, False or 'block', got {state['shuffle']!r}")
-    for k in ("drop_last", "complete"):
-        if not isinstance(state[k], bool):
-            raise StateError(f"state[{k!r}] must be a bool, got {state[k]!r}")
+    check_fields(
+        state, "S5IterableDataset.state_dict()", _STATE_KEYS, (STATE_VERSION,),
+        ("epoch", "yielded", "num_replicas", "rank", "num_workers", "worker", "dataset_len", "seed", "shuffle_buffer"),
+        ("drop_last", "complete"), dataset_len,
+    )
     if state["num_replicas"] < 1 or state["rank"] >= state["num_replicas"]:
         raise StateError(f"state has rank {state['rank']} of {state['num_replicas']}")
     if state["num_workers"] < 1 or state["worker"] >= state["num_workers"]:
         raise StateError(f"state has worker {state['worker']} of {state['num_workers']}")
-    if state["dataset_len"] != dataset_len:
-        raise StateError(f"the state is for a data set of {state['dataset_len']} samples; this one has {dataset_len}")
     out = {k: state[k] for k in _STATE_KEYS}
     out["shuffle"] = "block" if state["shuffle"] == "block" else bool(state["shuffle"])
     return out

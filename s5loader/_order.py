@@ -8,9 +8,37 @@ from dataclasses import dataclass
 
 import torch
 
+from .exceptions import ConfigError
+
 # shuffle="block": the samples of a rank's first window; later windows double up to the
 # full window (the engine's first calls grow the same way)
 FIRST_WINDOW = 32
+
+
+SHUFFLES = (True, False, "block")
+
+
+def check_shuffle(value: object, name: str = "shuffle", error: type[ValueError] = ConfigError) -> bool | str:
+    """The one check of a ``shuffle`` value (the sampler's, the iterable's, the daemon's, a
+    saved state's): ``True``, ``False`` or ``"block"``; returns it as a bool or ``"block"``.
+
+    Raises:
+        ConfigError (or ``error``): any other value, named by ``name``.
+    """
+    if value is None or value not in SHUFFLES:
+        raise error(f"{name} must be True, False or 'block', got {value!r}")
+    return "block" if value == "block" else bool(value)
+
+
+def check_seed(value: object) -> int:
+    """The one check of a ``seed``: an int (not a bool).
+
+    Raises:
+        ConfigError: anything else.
+    """
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"seed must be an int, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ._blocks import Layout
+from ._blocks import BlockPlan
 from ._resume import Position
 from .config import StagingOptions
 from .dataset import S5Dataset, StagedIndex
@@ -33,7 +33,7 @@ class StagingPasses:
     """The passes of one sampler below its :class:`StagingArea`: the one running, the folders
     of earlier ones awaiting removal, the indices kept staged, and the last pass's figures."""
 
-    def __init__(self, dataset: S5Dataset, area: StagingArea, s5cmd: S5cmd, layout: Layout, keep: bool) -> None:
+    def __init__(self, dataset: S5Dataset, area: StagingArea, s5cmd: S5cmd, layout: BlockPlan, keep: bool) -> None:
         self.dataset = dataset
         self.area = area
         self.s5cmd = s5cmd
@@ -170,7 +170,7 @@ def write_command_files(
     dataset: S5Dataset,
     order: list[int],
     windows: list[int] | None,
-    layout: Layout,
+    layout: BlockPlan,
     options: StagingOptions,
     directory: str,
 ) -> list[str]:

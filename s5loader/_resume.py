@@ -5,10 +5,11 @@ position a sampler keeps in its epoch."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from ._order import Order, part_len
+from ._order import Order, check_shuffle, part_len
 from .config import StagingOptions
 from .exceptions import StateError
 
@@ -30,6 +31,42 @@ class SavedPosition(NamedTuple):
     complete: bool
 
 
+def check_fields(
+    state: Any,
+    made_by: str,
+    keys: Sequence[str],
+    versions: Sequence[int],
+    ints: Sequence[str],
+    bools: Sequence[str],
+    dataset_len: int,
+) -> dict[str, Any]:
+    """The checks every saved state gets (a sampler's, an iterable dataset's worker's): a dict
+    from ``made_by`` with ``keys``, a known version, the ``ints`` non-negative (a seed may be
+    any int), the ``bools`` bools, a valid ``shuffle``, and the same data set size.
+
+    Raises:
+        StateError: naming the key and the value that do not fit.
+    """
+    if not isinstance(state, dict):
+        raise StateError(f"expected a dict from {made_by}, got {type(state).__name__}")
+    missing = [k for k in keys if k not in state]
+    if missing:
+        raise StateError(f"the state lacks {', '.join(missing)}; was it made by {made_by}?")
+    if state["version"] not in versions:
+        raise StateError(f"unknown state version {state['version']!r} (this s5loader writes {max(versions)})")
+    for k in ints:
+        v = state[k]
+        if not isinstance(v, int) or isinstance(v, bool) or (k != "seed" and v < 0):
+            raise StateError(f"state[{k!r}] must be a non-negative int, got {v!r}")
+    check_shuffle(state["shuffle"], "state['shuffle']", StateError)
+    for k in bools:
+        if k in state and not isinstance(state[k], bool):
+            raise StateError(f"state[{k!r}] must be a bool, got {state[k]!r}")
+    if state["dataset_len"] != dataset_len:
+        raise StateError(f"the state is for a data set of {state['dataset_len']} samples; this one has {dataset_len}")
+    return state
+
+
 def check_state(state: Any, dataset_len: int) -> SavedPosition:
     """Check a state for a data set of ``dataset_len`` samples and say where it resumes.
 
@@ -37,29 +74,16 @@ def check_state(state: Any, dataset_len: int) -> SavedPosition:
         StateError: the state does not fit (another data set size, negative counts, an
             unknown version, a missing key).
     """
-    if not isinstance(state, dict):
-        raise StateError(f"expected a dict from S5Sampler.state_dict(), got {type(state).__name__}")
     need = ["version", "epoch", "seed", "shuffle", "drop_last", "num_replicas", "dataset_len", "start", "yielded"]
-    if state.get("version") == STATE_VERSION:
+    if isinstance(state, dict) and state.get("version") == STATE_VERSION:
         need.append("complete")
-    missing = [k for k in need if k not in state]
-    if missing:
-        raise StateError(f"the state lacks {', '.join(missing)}; was it made by S5Sampler.state_dict()?")
-    if state["version"] not in (1, STATE_VERSION):
-        raise StateError(f"unknown state version {state['version']!r} (this s5loader writes {STATE_VERSION})")
-    for k in ("epoch", "start", "yielded", "num_replicas", "dataset_len", "seed"):
-        v = state[k]
-        if not isinstance(v, int) or isinstance(v, bool) or (k != "seed" and v < 0):
-            raise StateError(f"state[{k!r}] must be a non-negative int, got {v!r}")
-    if state["shuffle"] not in (True, False, "block"):
-        raise StateError(f"state['shuffle'] must be True, False or 'block', got {state['shuffle']!r}")
-    if not isinstance(state.get("complete", False), bool):
-        raise StateError(f"state['complete'] must be a bool, got {state['complete']!r}")
+    check_fields(
+        state, "S5Sampler.state_dict()", need, (1, STATE_VERSION),
+        ("epoch", "start", "yielded", "num_replicas", "dataset_len", "seed"), ("complete",), dataset_len,
+    )
     if state["num_replicas"] < 1:
         raise StateError(f"state['num_replicas'] must be >= 1, got {state['num_replicas']}")
     n = dataset_len
-    if state["dataset_len"] != n:
-        raise StateError(f"the state is for a data set of {state['dataset_len']} samples; this one has {n}")
     if state["start"] > n:
         raise StateError(f"state['start']={state['start']} is past the data set's {n} samples")
     block = state["shuffle"] == "block"

@@ -9,22 +9,18 @@ from __future__ import annotations
 import warnings
 from dataclasses import replace
 from types import FrameType
-from typing import TYPE_CHECKING
 
 import numpy as np
 from torch.utils.data import BatchSampler
 
 from ._dist import rank_info
-from ._order import Order, block_window
+from ._order import Order, block_window, check_seed, check_shuffle
 from ._uri import format_size, parse_size
 from .config import StagingOptions
 from .dataset import S5Dataset
 from .engine.budget import check_sample_fits
 from .exceptions import BudgetError, ConfigError
 from .staging.area import choose_root, disk_footprint
-
-if TYPE_CHECKING:
-    from .sampler import S5Sampler
 
 
 def configure(
@@ -53,16 +49,14 @@ def configure(
 ) -> tuple[Order, int, StagingOptions, str]:
     """Check :class:`S5Sampler`'s options: its order, its ``shuffle="block"`` window, the
     staging options with the budget the staging root has room for, and that root."""
-    if shuffle not in (True, False, "block"):
-        raise ConfigError(f"shuffle must be True, False or 'block', got {shuffle!r}")
-    if not isinstance(seed, int):
-        raise ConfigError(f"seed must be an int, got {seed!r}")
+    shuffle = check_shuffle(shuffle)
+    check_seed(seed)
     calls_in_flight = renamed("buffers", buffers, "calls_in_flight", calls_in_flight, 2)
     s5cmd_workers = renamed("numworkers", numworkers, "s5cmd_workers", s5cmd_workers, 256)
     if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1):
         raise ConfigError(f"batch_size must be a positive int or None, got {batch_size!r}")
     r, world = rank_info(num_replicas, rank)
-    order = Order(shuffle if shuffle == "block" else bool(shuffle), seed, world, r, bool(drop_last))
+    order = Order(shuffle, seed, world, r, bool(drop_last))
     budget_bytes = parse_size(budget, "budget")
     # From the options, not the space found: every rank must cut the same windows.
     window = block_window(budget_bytes, dataset.total_bytes / max(1, len(dataset)), calls_in_flight)
@@ -154,16 +148,16 @@ def _check_shards(dataset: S5Dataset, shuffle: bool | str, budget: int) -> None:
         )
 
 
-def check_loader_batch(sampler: S5Sampler, caller: FrameType | None) -> None:
+def check_loader_batch(sampler: object, dataset: S5Dataset, budget: int, caller: FrameType | None) -> None:
     """When a DataLoader's BatchSampler iterates ``sampler`` (``caller`` is the frame that
-    asked for the iterator), check that the sampler's budget holds one of its batches.
+    asked for the iterator), check that ``budget`` holds one of its batches of ``dataset``.
 
     Raises:
         BudgetError: the budget is smaller than the loader's batch of the largest samples.
     """
     owner = caller.f_locals.get("self") if caller is not None else None
-    if isinstance(owner, BatchSampler) and owner.sampler is sampler and sampler.dataset.shards is None:
-        _check_batch_fits(sampler.dataset, int(owner.batch_size), sampler.budget)
+    if isinstance(owner, BatchSampler) and owner.sampler is sampler and dataset.shards is None:
+        _check_batch_fits(dataset, int(owner.batch_size), budget)
 
 
 def _check_batch_fits(dataset: S5Dataset, batch_size: int, budget: int) -> None:

@@ -20,14 +20,14 @@ from torch.utils.data import IterableDataset
 
 from ._dist import pytorch_worker_info, rank_info
 from ._iterparts import STATE_VERSION as STATE_VERSION
-from ._iterparts import _Pass, _WorkerSampler, check_options, check_share, check_state, start_pass
+from ._iterparts import WorkerStaging, _Pass, check_options, check_share, check_state, start_pass
 from ._iterparts import buffer_shuffle as buffer_shuffle
 from ._iterparts import worker_length as worker_length
 from ._iterparts import worker_order as worker_order
 from ._order import Order
 from ._platform import require_linux
 from ._uri import format_size
-from .config import Access
+from .config import Access, StagingOptions
 from .dataset import S5Dataset, Transform
 from .exceptions import ConfigError, StateError
 from .staging.area import StagingArea
@@ -137,7 +137,7 @@ class S5IterableDataset(IterableDataset[Any]):
         self._epoch_set = False
         self._loaded: dict[str, Any] | None = None  # a loaded state, applied by the next __iter__
         self._pass: _Pass | None = None
-        self._engine: _WorkerSampler | None = None
+        self._engine: WorkerStaging | None = None
         self._engine_key: tuple[int, ...] | None = None
         # One directory for the whole dataset, made now by the process that owns it (the
         # DataLoader's workers make their folders inside it and never remove it).
@@ -234,7 +234,7 @@ class S5IterableDataset(IterableDataset[Any]):
             for idx in indices:
                 sample = self.dataset[idx]
                 # skipped samples (on_error="skip") count too, so a resumed pass lines up
-                p.yielded = engine.position(p)
+                p.yielded = engine.position()
                 yield sample
             p.yielded = p.length
             finished = True
@@ -243,16 +243,15 @@ class S5IterableDataset(IterableDataset[Any]):
             if finished:
                 engine.drop_finished()
 
-    def _worker_engine(self, p: _Pass) -> _WorkerSampler:
+    def _worker_engine(self, p: _Pass) -> WorkerStaging:
         key = (os.getpid(), p.rank, p.num_replicas, p.worker, p.num_workers)
         if self._engine is not None and self._engine_key == key:
             return self._engine
         if self._engine is not None and self._engine_key is not None and self._engine_key[0] == os.getpid():
             self._engine.close()
         share = check_share(self.dataset, self.budget, p.num_workers)
-        engine = _WorkerSampler(
-            self, p, budget=share, staging_dir=self._area.path, **self._engine_options
-        )
+        options = StagingOptions(budget=share, staging_dir=self._area.path, **self._engine_options)
+        engine = WorkerStaging(self.dataset, options, self._area.path, self._runs, self.shuffle == "block")
         self._engine, self._engine_key = engine, key
         if key[0] != self._area._owner:
             # A DataLoader worker runs no atexit handlers; multiprocessing's finalizers do run.

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 
+from ._order import check_shuffle
 from ._platform import die_with_parent
 from ._uri import parse_size
 from .config import Access
@@ -90,8 +91,7 @@ class Prefetcher:
         self.budget = parse_size(budget, "budget")
         argv = [source, "--cache", self.cache, "--budget", str(self.budget), "--group-by", group_by,
                 "--seed", str(int(seed)), "--epochs", str(int(epochs)), "--on-error", on_error, "--no-progress"]
-        if shuffle not in (True, False, "block"):
-            raise ConfigError(f"shuffle must be True, False or 'block', got {shuffle!r}")
+        check_shuffle(shuffle)
         argv += Access.coerce(access, endpoint_url).to_args()
         for flag, value in (
             ("--samples-per-call", samples_per_call), ("--calls-in-flight", calls_in_flight),

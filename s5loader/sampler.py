@@ -10,19 +10,19 @@ from typing import Any
 
 from torch.utils.data import Sampler
 
-from ._blocks import plan_blocks
 from ._order import WINDOW_CAP, ShuffleQuality, block_window, part_len, shuffle_quality  # noqa: F401 (re-exported)
-from ._passes import StagingPasses, write_command_files
+from ._passes import write_command_files
 from ._platform import require_linux
-from ._resume import Position, check_state, check_window, make_state, resume, resume_window
+from ._resume import check_state, check_window, make_state, resume, resume_window
+from ._run import StagingRun
 from ._sampler_setup import check_loader_batch, configure
 from ._uri import format_size
+from .config import StagingOptions
 from .dataset import S5Dataset
 from .engine import Stats
-from .engine.metrics import Metrics, PassReport
+from .engine.metrics import Metrics
 from .exceptions import ConfigError
-from .s5cmd import S5cmd
-from .staging.area import StagingArea, register_cleanup
+from .staging.area import StagingArea
 
 log = logging.getLogger(__name__)
 
@@ -115,33 +115,32 @@ class S5Sampler(Sampler[int]):
         if not isinstance(dataset, S5Dataset):
             raise ConfigError(f"S5Sampler needs an S5Dataset, got {type(dataset).__name__}")
         self.dataset = dataset
-        self._order, self._window, self._options, root = configure(
+        self._order, self._window, options, root = configure(
             dataset, shuffle=shuffle, seed=seed, samples_per_call=samples_per_call, block_size=block_size,
             calls_in_flight=calls_in_flight, staging_dir=staging_dir, budget=budget, keep_staged=keep_staged,
             shrink_budget=shrink_budget, stall_timeout=stall_timeout, retries=retries, on_error=on_error,
             verify=verify, num_replicas=num_replicas, rank=rank, drop_last=drop_last,
             s5cmd_workers=s5cmd_workers, batch_size=batch_size, buffers=buffers, numworkers=numworkers,
         )
-        # over shards a block is a shard, fetched with one cp --raw line: no wildcard lines
-        self._layout = plan_blocks(dataset.samples, 1 if dataset.shards is not None else block_size, dataset._listing)
-        self._s5cmd = S5cmd(access=dataset.access, numworkers=self._options.s5cmd_workers)
-        self._area = StagingArea(root)
+        self._run = StagingRun(dataset, options, root, bool(keep_staged))
         self.keep_staged = bool(keep_staged)
         self.epoch = 0
-        self._pos = Position()  # where this rank is in self.epoch (see state_dict)
-        self._passes = StagingPasses(dataset, self._area, self._s5cmd, self._layout, self.keep_staged)
-        self._reporter = PassReport(log)
-        self._finalizer = weakref.finalize(self, StagingArea.remove, self._area)
+        self._pos = self._run.position  # where this rank is in self.epoch (see state_dict)
+        self._finalizer = weakref.finalize(self, StagingArea.remove, self._run.area)
 
     # -- the Sampler protocol -----------------------------------------------------------
     @property
     def staging_dir(self) -> str:
         """This sampler's own staging directory (created on first iteration)."""
-        return self._area.path
+        return self._run.area.path
 
     @property
     def budget(self) -> int:
         return self._options.budget
+
+    @property
+    def _options(self) -> StagingOptions:
+        return self._run.options
 
     @property
     def num_replicas(self) -> int:
@@ -171,23 +170,15 @@ class S5Sampler(Sampler[int]):
         # Called by the DataLoader's BatchSampler: its batch size is the least the budget must
         # hold (a batch is handed to a worker only once all of it is staged), so a budget
         # smaller than a batch is an error now instead of a stall at the first batch.
-        check_loader_batch(self, sys._getframe(1))
+        check_loader_batch(self, self.dataset, self.budget, sys._getframe(1))
         return self._iterate()
 
     def _iterate(self) -> Iterator[int]:
-        self._passes.close_active()
+        self._run.passes.close_active()
         if self._pos.epoch_done:
             self._pos.start, self._pos.epoch_done = 0, False  # the same epoch again, from its start
         order, windows = self._epoch_plan(self.epoch, self._pos.start)
-        self._area.create()
-        register_cleanup(self)
-        # The earlier passes' folders go now, not when they were abandoned: DataLoader workers
-        # read their queued samples (persistent workers do so in iter(loader), before this
-        # pass begins), and those reads must find their files.
-        self._passes.remove_replaced()
-        yield from self._passes.run(
-            order, windows, self._options, self._order.shuffle, self._pos, lambda: self.epoch, self._report
-        )
+        yield from self._run.stage(order, windows, self._order.shuffle, lambda: self.epoch)
 
     def _epoch_order(self, epoch: int, start: int = 0) -> list[int]:
         return self._epoch_plan(epoch, start)[0]
@@ -201,7 +192,7 @@ class S5Sampler(Sampler[int]):
     def _units(self) -> list[list[int]]:
         """The blocks a ``shuffle="block"`` order permutes: tar shards, else key-prefix blocks."""
         shard_units = getattr(self.dataset, "shard_units", None)
-        return shard_units if shard_units is not None else self._layout.units
+        return shard_units if shard_units is not None else self._run.blocks.units
 
     @property
     def window(self) -> int:
@@ -229,14 +220,11 @@ class S5Sampler(Sampler[int]):
                 unit_of[i] = u
         return shuffle_quality(order, unit_of, span)
 
-    def _report(self, stats: Stats, elapsed: float, finished: bool) -> None:
-        self._reporter.report(stats, elapsed, finished, self.epoch, self._options)
-
     @property
     def stats(self) -> Stats | None:
         """What the last finished (or current) pass did: samples, bytes, calls, retries,
         skipped URIs and the time the loader waited for staging."""
-        return self._passes.stats()
+        return self._run.passes.stats()
 
     def metrics(self) -> Metrics:
         """Live figures of the current pass, cheap enough to call every training step (no
@@ -248,7 +236,7 @@ class S5Sampler(Sampler[int]):
         flight, MB/s and samples/s over the last few seconds, the time the loader waited for
         staging, retries, skips, the epoch and the position in it.
         """
-        return self._passes.metrics(self.epoch, self._pos.yielded, len(self), self.budget)
+        return self._run.metrics(self.epoch, len(self))
 
     def write_command_files(self, directory: str, epoch: int | None = None) -> list[str]:
         """Write the s5cmd command files this rank would run for an epoch, without running them.
@@ -264,7 +252,7 @@ class S5Sampler(Sampler[int]):
             the paths of the command files, in order.
         """
         order, windows = self._epoch_plan(self.epoch if epoch is None else epoch)
-        return write_command_files(self.dataset, order, windows, self._layout, self._options, directory)
+        return write_command_files(self.dataset, order, windows, self._run.blocks, self._options, directory)
 
     # -- resume (torchdata's Stateful protocol) --------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -294,18 +282,12 @@ class S5Sampler(Sampler[int]):
         saved = check_state(state, len(self.dataset))
         window = check_window(state, self._window)
         self._order, self.epoch = resume(saved, self._order, self.epoch, self._pos, len(self.dataset))
-        self._window, self._options = resume_window(saved, window, self._window, self._options)
+        self._window, self._run.options = resume_window(saved, window, self._window, self._options)
 
     # -- lifetime -----------------------------------------------------------------------
     def close(self) -> None:
         """Stop staging, kill s5cmd, remove the staging directory. Safe to call twice."""
-        self._passes.close()
-        self._area.remove()
-
-    def _abort(self) -> None:
-        """On SIGTERM: kill s5cmd and remove the staging directory, taking no lock."""
-        self._passes.abort()
-        self._area.remove()
+        self._run.close()
 
     def __enter__(self) -> S5Sampler:
         return self

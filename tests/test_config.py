@@ -42,11 +42,11 @@ def test_renamed_sampler_keywords_warn_and_still_work(staging_root: str) -> None
     assert s._options.calls_in_flight == 3
     with pytest.warns(DeprecationWarning, match="use s5cmd_workers="):
         s = S5Sampler(ds, staging_dir=staging_root, budget=1000, numworkers=8)
-    assert (s._options.s5cmd_workers, s._s5cmd.numworkers) == (8, 8)
+    assert (s._options.s5cmd_workers, s._run.s5cmd.numworkers) == (8, 8)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         s = S5Sampler(ds, staging_dir=staging_root, budget=1000, calls_in_flight=4, s5cmd_workers=16)
-    assert (s._options.calls_in_flight, s._s5cmd.numworkers) == (4, 16)
+    assert (s._options.calls_in_flight, s._run.s5cmd.numworkers) == (4, 16)
     with pytest.raises(ConfigError, match="buffers= is the former name of calls_in_flight="):
         S5Sampler(ds, staging_dir=staging_root, budget=1000, buffers=3, calls_in_flight=4)
 

@@ -25,10 +25,10 @@ def test_short_run_is_not_starvation(moto: Store, staging_root: str, caplog: pyt
     ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
     with S5Sampler(ds, staging_dir=staging_root) as sampler, caplog.at_level(logging.INFO, logger="s5loader"):
         for _ in range(4):  # four one-second epochs that wait 60% of the time: a demo, not a problem
-            sampler._report(Stats(samples=10, wait_s=0.7, first_wait_s=0.1), elapsed=1.0, finished=True)
+            sampler._run.report(Stats(samples=10, wait_s=0.7, first_wait_s=0.1), 1.0, True, sampler.epoch)
         assert [r.levelname for r in caplog.records if r.name == "s5loader.sampler"] == ["INFO"] * 4
         for _ in range(60):  # the same, for a minute: now it matters
-            sampler._report(Stats(samples=10, wait_s=0.7, first_wait_s=0.1), elapsed=1.0, finished=True)
+            sampler._run.report(Stats(samples=10, wait_s=0.7, first_wait_s=0.1), 1.0, True, sampler.epoch)
     last = [r for r in caplog.records if r.name == "s5loader.sampler"][-1]
     assert last.levelname == "WARNING" and "waited 60% of the epoch" in last.getMessage()
 

@@ -299,8 +299,8 @@ def test_starvation_is_reported_at_warning(moto: Store, staging_root: str, caplo
     moto.put(make_pairs(2))
     ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
     with S5Sampler(ds, staging_dir=staging_root) as sampler, caplog.at_level(logging.INFO, logger="s5loader"):
-        sampler._report(Stats(samples=10, wait_s=30.0, first_wait_s=0.5), elapsed=60.0, finished=True)
-        sampler._report(Stats(samples=10, wait_s=0.6, first_wait_s=0.5), elapsed=60.0, finished=True)
+        sampler._run.report(Stats(samples=10, wait_s=30.0, first_wait_s=0.5), 60.0, True, sampler.epoch)
+        sampler._run.report(Stats(samples=10, wait_s=0.6, first_wait_s=0.5), 60.0, True, sampler.epoch)
     levels = [(r.levelname, r.getMessage().startswith("data starvation")) for r in caplog.records if "waited" in r.getMessage()]
     assert levels == [("WARNING", True), ("INFO", False)]
     advice = next(r.getMessage() for r in caplog.records if r.levelname == "WARNING")

@@ -1,6 +1,7 @@
 """The staging engine: how s5cmd is driven to fill a staging pass within a byte budget.
 
-Read in this order: :mod:`.options` (what the engine is told and reports), :mod:`.plan`
+Read in this order: :mod:`.options` (what the engine reports; it is told a
+:class:`~s5loader.config.StagingOptions`), :mod:`.plan`
 (command lines of one call), :mod:`.budget` (reservations, releases, the deadlock guard),
 :mod:`.calls` (s5cmd processes, the select loop, routing and attribution of output lines),
 :mod:`.retry` (backoff, give-up, error policy), :mod:`.watchdog` (stalled calls, hung
@@ -8,8 +9,8 @@ copies), :mod:`.side` (keys no command file can carry) and :mod:`.stager`, which
 orchestrates them.
 """
 
-from .options import ON_ERROR, StagerOptions, Stats
+from .options import Stats
 from .plan import CallPlan, plan_call
 from .stager import Stager
 
-__all__ = ["ON_ERROR", "CallPlan", "Stager", "StagerOptions", "Stats", "plan_call"]
+__all__ = ["CallPlan", "Stager", "Stats", "plan_call"]

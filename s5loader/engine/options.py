@@ -1,17 +1,14 @@
-"""What the engine is told (:class:`StagerOptions`, the one
-:class:`~s5loader.config.StagingOptions` object) and what it reports (:class:`Stats`)."""
+"""What the engine reports (:class:`Stats`); what it is told is the one
+:class:`~s5loader.config.StagingOptions` object the sampler and the daemon build, checked once
+there."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..config import ON_ERROR, StagingOptions
 from ..exceptions import S5LoaderError
 
-# The engine runs on the options object the sampler and the daemon build; checked once there.
-StagerOptions = StagingOptions
-
-__all__ = ["ON_ERROR", "StagerOptions", "Stats"]
+__all__ = ["Stats"]
 
 
 @dataclass

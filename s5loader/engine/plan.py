@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .._blocks import Layout
+from .._blocks import BlockPlan
 from .._index import Sample
 from ..s5cmd import can_write, copy_line, wildcard_line, write_command_file
 from ..staging.layout import field_names
@@ -104,7 +104,7 @@ def plan_call(
     order: Sequence[int],
     positions: Sequence[int],
     sample_dir: Callable[[int], str],
-    layout: Layout | None = None,
+    layout: BlockPlan | None = None,
     scratch_dir: str = "",
     single: set[int] | frozenset[int] = frozenset(),
     via_scratch: bool = False,
@@ -177,7 +177,7 @@ def write_plan_files(
     samples: Sequence[Sample],
     order: Sequence[int],
     windows: Sequence[int] | None,
-    layout: Layout | None,
+    layout: BlockPlan | None,
     samples_per_call: int,
     stage: str,
 ) -> list[str]:

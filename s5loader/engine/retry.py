@@ -7,9 +7,10 @@ import logging
 import time
 from collections.abc import Callable
 
+from ..config import StagingOptions
 from ..exceptions import StagingSpaceError, StallError
 from ..s5cmd import error_for
-from .options import StagerOptions, Stats
+from .options import Stats
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ class Retries:
 
     def __init__(
         self,
-        options: StagerOptions,
+        options: StagingOptions,
         stats: Stats,
         staging_path: str,
         forget: Callable[[int], None],

@@ -19,9 +19,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from .._blocks import Layout
+from .._blocks import BlockPlan
 from .._index import Field, Sample
-from ..config import Access
+from ..config import Access, StagingOptions
 from ..exceptions import S5LoaderError
 from ..s5cmd import S5cmd
 from ..staging.area import StagingArea
@@ -29,7 +29,7 @@ from ..staging.layout import ReleaseEvents, StagingLayout
 from .budget import Budget
 from .calls import Call, Calls
 from .metrics import Metrics, Throughput, snapshot
-from .options import StagerOptions, Stats
+from .options import Stats
 from .plan import pick_call, plan_call
 from .ready import SKIPPED, Outstanding, Readiness
 from .retry import Failures, Retries
@@ -62,12 +62,12 @@ class Stager:
         order: Sequence[int],
         area: StagingArea,
         s5cmd: S5cmd,
-        options: StagerOptions,
+        options: StagingOptions,
         *,
         kept: set[int] | None = None,
         is_released: Callable[[int], bool] | None = None,
         endpoint_url: Access | str | None = None,
-        layout: Layout | None = None,
+        layout: BlockPlan | None = None,
         windows: Sequence[int] | None = None,
     ) -> None:
         self.samples = samples

@@ -235,7 +235,7 @@ def main() -> None:
             result = json.loads(subprocess.run([sys.executable, __file__, "manifest", "--_child", *child],
                                                check=True, capture_output=True, text=True).stdout)
         else:
-            from s5loader._locals3 import SeaweedFS
+            from s5loader.testing import SeaweedFS
 
             os.environ.setdefault("AWS_ACCESS_KEY_ID", "any")
             os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "any")

@@ -6,7 +6,7 @@ shape and by Go runtime setting.
         [--grid oat|full] [--gogc 100,200,400,800,off:256MiB,off:512MiB]
         [--gomaxprocs default,1,2] [--numworkers 32,64,128,256] [--also GOGC=400,NUMWORKERS=64]
 
-1. starts the embedded SeaweedFS (``s5loader._locals3.SeaweedFS``) in a temporary folder and
+1. starts the embedded SeaweedFS (``s5loader.testing.localserver.SeaweedFS``) in a temporary folder and
    uploads ``--objects`` random objects of ``--size`` bytes under ``--source`` (default
    ``s3://costs/obj/``) with ``s5cmd cp`` of a local folder (or uses ``--endpoint-url``, where
    they already are or where ``--upload`` puts them);
@@ -459,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.endpoint_url:
             endpoint, server_pid = args.endpoint_url, None
         else:
-            from s5loader._locals3 import SeaweedFS
+            from s5loader.testing import SeaweedFS
 
             server = SeaweedFS(tempfile.mkdtemp(prefix="s5cmd-costs-weed-"), buckets=(bucket,)).start()
             endpoint, server_pid = server.endpoint, server.proc.pid

@@ -7,7 +7,7 @@ it prints, for each window size, the mean number of distinct blocks among 256 co
 samples of an epoch's order and the mean distance a sample moves from its key order as a
 share of the data set (1/3 for a full shuffle, 0 for none). No server is involved: it studies
 the ordering itself, which no public API exposes apart from a data set, so it imports the
-private ``s5loader._order``.
+private ``s5loader._sampling.order``.
 
     .venv/bin/python bench/shuffle_quality.py [--samples 100000] [--windows 256 1024 4096 8192]
 """
@@ -18,7 +18,7 @@ import argparse
 import sys
 import time
 
-from s5loader._order import Order, shuffle_quality
+from s5loader._sampling.order import Order, shuffle_quality
 
 
 def table(n: int, block_sizes: list[int], windows: list[int], span: int, seed: int) -> str:

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from . import checkpoint, fetch
-from ._uri import parse_size
+from ._util.uri import parse_size
 from .config import Access, StagingOptions
 from .consume import consume
 from .dataset import S5Dataset

@@ -31,8 +31,8 @@ import logging
 import os
 from typing import IO, Any
 
-from . import _transfer
-from ._uri import format_size
+from ._largeobj import transfer as _transfer
+from ._util.uri import format_size
 from .config import Access
 from .exceptions import FetchError, StagingSpaceError
 from .s5cmd import S5cmd, error_from_exit, kill, start_cat, start_copy, start_pipe

@@ -10,7 +10,7 @@ import logging
 import sys
 from typing import Any
 
-from ._args import ArgumentParser
+from ._util.args import ArgumentParser
 from .exceptions import S5LoaderError
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
@@ -40,7 +40,7 @@ def _ls(argv: list[str]) -> int:
 
 
 def _index_shards(argv: list[str]) -> int:
-    from ._shards import build_index
+    from ._shards.index import build_index
     from .config import Access
     from .progress import Progress
 

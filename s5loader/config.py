@@ -15,7 +15,7 @@ import urllib.parse
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ._uri import ENDPOINT_VARS, parse_size
+from ._util.uri import ENDPOINT_VARS, parse_size
 from .exceptions import ConfigError
 
 log = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ class Access:
     def boto3_client(self) -> Any:
         """A boto3 S3 client that sees the store as s5loader's own clients do (for your code
         beside the loader: uploads, checks, a baseline)."""
-        from ._index import make_boto3_client
+        from ._index.listing import make_boto3_client
 
         return make_boto3_client(self)
 

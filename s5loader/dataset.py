@@ -10,13 +10,13 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from . import _sources
-from ._compact import SampleIndex
-from ._index import Sample, make_boto3_client
-from ._reader import fetch_fields, read_staged
+from ._index import sources as _sources
+from ._index.compact import SampleIndex
+from ._index.listing import Sample, make_boto3_client
 from .config import Access
 from .exceptions import EmptySourceError
 from .staging.layout import StagingLayout
+from .staging.reader import fetch_fields, read_staged
 
 log = logging.getLogger(__name__)
 
@@ -220,8 +220,8 @@ class S5Dataset(Dataset[Any]):
             ObjectNotFoundError: a shard the pattern or list names does not exist.
             EmptySourceError: no shard, or no sample in the shards.
         """
-        from ._shards import load_shards
-        from ._shardset import ShardDataset
+        from ._shards.dataset import ShardDataset
+        from ._shards.index import load_shards
 
         store = Access.coerce(access, endpoint_url)
         shards, where = load_shards(source, index, store)

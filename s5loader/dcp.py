@@ -31,8 +31,8 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, SavePlan
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from . import _transfer
-from ._uri import format_size, parse_s3_uri
+from ._largeobj import transfer as _transfer
+from ._util.uri import format_size, parse_s3_uri
 from .checkpoint import DEFAULT_CONCURRENCY
 from .config import Access
 from .s5cmd import S5cmd

@@ -25,10 +25,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from . import _archive, _transfer, _verify
-from ._fetchsources import checker_for, is_dir_target, resolve
-from ._uri import format_size, parse_size
-from ._volumes import FetchWork, Volumes, poll_progress
+from ._largeobj import archive as _archive
+from ._largeobj import transfer as _transfer
+from ._largeobj import verify as _verify
+from ._largeobj.sources import checker_for, is_dir_target, resolve
+from ._largeobj.volumes import FetchWork, Volumes, poll_progress
+from ._util.uri import format_size, parse_size
 from .checkpoint import DEFAULT_CONCURRENCY
 from .config import Access
 from .exceptions import ConfigError, S5LoaderError, StagingSpaceError
@@ -193,7 +195,7 @@ def _fetch_extract(
 
 def main(argv: list[str]) -> int:
     """``s5loader fetch SOURCE [SOURCE ...] DEST [--verify] [--extract] [--budget SIZE]``."""
-    from ._args import ArgumentParser, positive_int, size_arg
+    from ._util.args import ArgumentParser, positive_int, size_arg
 
     p = ArgumentParser(
         prog="s5loader fetch",

@@ -18,15 +18,15 @@ from typing import Any
 
 from torch.utils.data import IterableDataset
 
-from ._dist import pytorch_worker_info, rank_info
-from ._iterparts import STATE_VERSION as STATE_VERSION
-from ._iterparts import WorkerStaging, _Pass, check_options, check_share, check_state, start_pass
-from ._iterparts import buffer_shuffle as buffer_shuffle
-from ._iterparts import worker_length as worker_length
-from ._iterparts import worker_order as worker_order
-from ._order import Order
-from ._platform import require_linux
-from ._uri import format_size
+from ._sampling.iterparts import STATE_VERSION as STATE_VERSION
+from ._sampling.iterparts import WorkerStaging, _Pass, check_options, check_share, check_state, start_pass
+from ._sampling.iterparts import buffer_shuffle as buffer_shuffle
+from ._sampling.iterparts import worker_length as worker_length
+from ._sampling.iterparts import worker_order as worker_order
+from ._sampling.order import Order
+from ._util.dist import pytorch_worker_info, rank_info
+from ._util.platform import require_linux
+from ._util.uri import format_size
 from .config import Access, StagingOptions
 from .dataset import S5Dataset, Transform
 from .exceptions import ConfigError, StateError

@@ -15,9 +15,9 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 
-from ._order import check_shuffle
-from ._platform import die_with_parent
-from ._uri import parse_size
+from ._sampling.order import check_shuffle
+from ._util.platform import die_with_parent
+from ._util.uri import parse_size
 from .config import Access
 from .consume import ReadySample, consume
 from .exceptions import ConfigError, DaemonError

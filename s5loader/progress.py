@@ -9,7 +9,7 @@ import sys
 import time
 from typing import IO
 
-from ._uri import format_size
+from ._util.uri import format_size
 
 __all__ = ["Progress"]
 

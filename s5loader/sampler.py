@@ -10,13 +10,13 @@ from typing import Any
 
 from torch.utils.data import Sampler
 
-from ._order import WINDOW_CAP, ShuffleQuality, block_window, part_len, shuffle_quality  # noqa: F401 (re-exported)
-from ._passes import write_command_files
-from ._platform import require_linux
-from ._resume import check_state, check_window, make_state, resume, resume_window
-from ._run import StagingRun
-from ._sampler_setup import check_loader_batch, configure
-from ._uri import format_size
+from ._sampling.order import WINDOW_CAP, ShuffleQuality, block_window, part_len, shuffle_quality  # noqa: F401 (re-exported)
+from ._sampling.passes import write_command_files
+from ._sampling.resume import check_state, check_window, make_state, resume, resume_window
+from ._sampling.run import StagingRun
+from ._sampling.setup import check_loader_batch, configure
+from ._util.platform import require_linux
+from ._util.uri import format_size
 from .config import StagingOptions
 from .dataset import S5Dataset
 from .engine import Stats

@@ -152,7 +152,7 @@ def moto_server() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def seaweed_server() -> Iterator[str]:
-    from s5loader._locals3 import SeaweedFS
+    from s5loader.testing import SeaweedFS
 
     with tempfile.TemporaryDirectory(prefix="s5loader-test-weed-") as d:
         with SeaweedFS(d, ("data",)) as server:

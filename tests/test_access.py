@@ -16,7 +16,7 @@ from conftest import Store, make_pairs
 from faults import FaultProxy
 
 from s5loader import Access, S5Dataset, S5Sampler
-from s5loader._index import _list_boto3
+from s5loader._index.listing import _list_boto3
 from s5loader.exceptions import AccessDeniedError, EndpointError
 
 
@@ -67,7 +67,7 @@ KEY, SECRET = "AKIATRAINPROFILE0001", "train-secret"
 def private_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
     """A SeaweedFS that answers only requests signed with one key (403 otherwise), as a
     private bucket does; the shared test servers accept anything."""
-    from s5loader._locals3 import SeaweedFS
+    from s5loader.testing import SeaweedFS
 
     with SeaweedFS(str(tmp_path_factory.mktemp("weed-private")), ("data",), identity=(KEY, SECRET)) as server:
         yield Store("private", server.endpoint, "data", "train/")

@@ -8,8 +8,8 @@ from conftest import Store, make_pairs, scratch_folders, staged_samples  # noqa:
 from torch.utils.data import DataLoader
 
 from s5loader import S5Dataset, S5Sampler
-from s5loader._blocks import plan_blocks
-from s5loader._index import Field, Sample
+from s5loader._index.blocks import plan_blocks
+from s5loader._index.listing import Field, Sample
 
 
 def samples_of(keys: list[str], fields=("image", "label")) -> list[Sample]:

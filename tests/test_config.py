@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from s5loader import Access, S5Dataset, S5Sampler, StagingOptions
-from s5loader._index import Field, Sample, make_boto3_client
+from s5loader._index.listing import Field, Sample, make_boto3_client
 from s5loader.daemon import build_parser, options_from_args
 from s5loader.exceptions import ConfigError
 from s5loader.s5cmd import S5cmd

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import Peak, Store, make_pairs
 
-from s5loader._order import Order
+from s5loader._sampling.order import Order
 from s5loader.consume import END_MARKER, consume, ready_names
 from s5loader.daemon import STAGING_DIR, STATE_FILE, Prefetcher, PrefetchOptions, sample_folder_name
 from s5loader.dataset import S5Dataset

@@ -20,8 +20,8 @@ from conftest import Store, mount_tmpfs
 from faults import FaultProxy, Rule
 
 from s5loader import ChecksumError, ConfigError, StagingSpaceError, UnsafeArchiveError
-from s5loader._fetchsources import natural_key
-from s5loader._verify import Checker, parse_md5_file
+from s5loader._largeobj.sources import natural_key
+from s5loader._largeobj.verify import Checker, parse_md5_file
 from s5loader.fetch import fetch
 
 KiB, MiB = 1024, 1024**2

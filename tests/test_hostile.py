@@ -26,7 +26,7 @@ from s5loader import (
     S5Sampler,
 )
 from s5loader import exceptions as exc_mod
-from s5loader._locals3 import SeaweedFS
+from s5loader.testing import SeaweedFS
 
 HOSTILE = [
     "sp ace.bin", "tab\there.bin", "q'uote.bin", 'dq"uote.bin', "back\\slash.bin", "star*.bin", "what?.bin",

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from reference_index import group as reference_group
 
 from s5loader import FetchError, IndexFileError, ManifestError, S5Dataset
-from s5loader._compact import SampleIndex
-from s5loader._index import GROUP_BY, Sample, group
-from s5loader._indexfile import MAGIC, dumps, loads
+from s5loader._index.compact import SampleIndex
+from s5loader._index.listing import GROUP_BY, Sample, group
+from s5loader._index.saved import MAGIC, dumps, loads
 from s5loader.exceptions import ConfigError
 from s5loader.s5cmd import ObjectInfo, find_s5cmd
 
@@ -82,7 +82,7 @@ def test_compact_index_matches_reference(case, group_by: str) -> None:
 
 
 def test_index_of_plain_samples_keeps_their_order_and_names() -> None:
-    from s5loader._index import Field
+    from s5loader._index.listing import Field
 
     samples = [
         Sample("z", (Field("odd", "s3://b/k1", 5, MD5), Field("x", "s3://c/other", 1, "w-1"))),
@@ -238,7 +238,7 @@ ds = S5Dataset.from_prefix(uri, endpoint_url=endpoint)
 sampler = S5Sampler(ds, samples_per_call=4)
 rank = os.environ["RANK"]
 with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-    json.dump({"samples": [list(s) for s in ds.samples], "blocks": len(sampler._layout.blocks),
+    json.dump({"samples": [list(s) for s in ds.samples], "blocks": len(sampler._run.blocks.blocks),
                "sizes": [ds[i]["__key__"] for i in range(2)]}, f)
 sampler.close()
 """
@@ -273,7 +273,7 @@ def test_local_ranks_share_one_index_through_a_file(tmp_path: Path, monkeypatch:
     import tempfile
 
     from s5loader import IndexShareError, NoSuchBucketError
-    from s5loader._share import shared_index
+    from s5loader._index.share import shared_index
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
@@ -305,7 +305,7 @@ def test_local_ranks_share_one_index_through_a_file(tmp_path: Path, monkeypatch:
 
 
 def test_manifest_fast_lines_read_as_json_does(tmp_path: Path) -> None:
-    from s5loader._index import index_manifest
+    from s5loader._index.listing import index_manifest
 
     lines = [
         '{"uri": "s3://bk/p/1.jpg", "size": 3, "etag": "' + MD5 + '"}',  # the usual shape

@@ -69,12 +69,12 @@ def test_fetch_command_draws_a_bar_on_a_terminal(moto: Store, tmp_path, monkeypa
 
 
 def test_listing_a_prefix_shows_its_count_on_a_terminal(moto: Store, monkeypatch) -> None:
-    import s5loader._index
+    import s5loader._index.listing
     from s5loader import S5Dataset
 
     moto.put({f"{i:04d}.bin": b"x" for i in range(5)})
     term = FakeTerminal()
     monkeypatch.setattr(sys, "stderr", term)
-    monkeypatch.setattr(s5loader._index, "_PROGRESS_DELAY", 0.0)  # as if the listing were long
+    monkeypatch.setattr(s5loader._index.listing, "_PROGRESS_DELAY", 0.0)  # as if the listing were long
     S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
     assert f"\r\x1b[Klisting {moto.uri()}  5 objects" in term.getvalue() and term.getvalue().endswith("\n")

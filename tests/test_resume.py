@@ -13,7 +13,7 @@ from conftest import Store, make_pairs
 from torch.utils.data import DistributedSampler
 
 from s5loader import S5Dataset, S5Sampler, StateError
-from s5loader._order import Order
+from s5loader._sampling.order import Order
 
 # Three samplers on one dataset, each with its own StatefulDataLoader: one rank alone, and
 # ranks 0 and 1 of two. "first" runs epochs 0, 1 and 2, saving every loader's state after
@@ -207,7 +207,7 @@ def test_staged_index_survives_pickling() -> None:
 
 
 def test_position_and_resume_arithmetic_without_a_server() -> None:
-    from s5loader._resume import Position, check_state, make_state, resume
+    from s5loader._sampling.resume import Position, check_state, make_state, resume
 
     order = Order(True, 7, 2, 1, False)
     mid = Position(start=3, yielded=5, pass_len=10)

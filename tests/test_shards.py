@@ -27,9 +27,9 @@ from s5loader import (
     ShardError,
     ShardIndexError,
     UnsafeArchiveError,
-    _shards,
-    _tar,
 )
+from s5loader._shards import index as _shards
+from s5loader._shards import tar as _tar
 from s5loader.decode import decode
 
 # -- helpers ------------------------------------------------------------------------------
@@ -236,7 +236,7 @@ class _FakeShards:
 
 
 def test_a_pass_stages_each_shard_once_per_run_of_its_samples_and_knows_its_peak() -> None:
-    from s5loader._shardpass import ShardPass
+    from s5loader._shards.passes import ShardPass
 
     ds = _FakeShards([3, 2, 2], [100, 10, 1])
     # padding repeats samples 0 and 1 at the end: shard 0 is staged again for them
@@ -538,7 +538,7 @@ with open(sys.argv[2], "a") as out:
 def test_the_daemon_delivers_shard_samples_as_folders_within_budget(seaweed: Store, tmp_path) -> None:
     from conftest import Peak
 
-    from s5loader._order import Order
+    from s5loader._sampling.order import Order
     from s5loader.consume import END_MARKER, ready_names
     from s5loader.daemon import sample_folder_name
 

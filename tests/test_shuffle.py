@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 import s5loader.engine.stager as stager_module
 from s5loader import S5Dataset, S5Sampler
-from s5loader._order import FIRST_WINDOW, Order, shuffle_quality
+from s5loader._sampling.order import FIRST_WINDOW, Order, shuffle_quality
 from s5loader.exceptions import StateError
 from s5loader.sampler import WINDOW_CAP, block_window
 

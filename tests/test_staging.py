@@ -19,7 +19,7 @@ from conftest import Peak, Store, make_pairs, mount_tmpfs, staged_bytes, staged_
 from torch.utils.data import DataLoader
 
 from s5loader import BudgetError, S5Dataset, S5Sampler, StagingSpaceError, StallError
-from s5loader._locals3 import SeaweedFS
+from s5loader.testing import SeaweedFS
 
 
 def collate(batch):

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from s5loader import BudgetError, ConfigError, S3URIError, S5Dataset, S5Sampler, parse_size
-from s5loader._index import group
-from s5loader._order import Order
+from s5loader._index.listing import group
+from s5loader._sampling.order import Order
 from s5loader.s5cmd import ObjectInfo, copy_line, wildcard_line
 from s5loader.staging.layout import field_names
 
@@ -31,7 +31,7 @@ def test_parse_size() -> None:
 
 
 def test_parse_uri() -> None:
-    from s5loader._uri import parse_s3_uri
+    from s5loader._util.uri import parse_s3_uri
 
     assert parse_s3_uri("s3://b-1/a/b c") == ("b-1", "a/b c")
     for bad in ("b/k", "s3:/b/k", "s3://", "s3://-b/k", "http://b/k", 3):
@@ -67,7 +67,7 @@ def test_copy_line_refuses_line_breaks() -> None:
 
 
 def test_field_names_never_leave_the_sample_folder() -> None:
-    from s5loader._index import Field, Sample
+    from s5loader._index.listing import Field, Sample
 
     def names(*fields: str) -> list[str]:
         return field_names(Sample("k", tuple(Field(f, "s3://b/k", 1, "") for f in fields)))

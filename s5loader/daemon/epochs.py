@@ -9,8 +9,8 @@ import threading
 from collections.abc import Sequence
 from typing import overload
 
-from .._index import Sample
-from .._order import Order
+from .._index.listing import Sample
+from .._sampling.order import Order
 
 
 def index_fingerprint(samples: Sequence[Sample]) -> str:

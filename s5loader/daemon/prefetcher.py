@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import IO, Any
 
-from .._blocks import plan_blocks
-from .._index import Sample
-from .._order import Order, block_window
-from .._platform import require_linux
-from .._uri import format_size
+from .._index.blocks import plan_blocks
+from .._index.listing import Sample
+from .._sampling.order import Order, block_window
+from .._util.platform import require_linux
+from .._util.uri import format_size
 from ..engine import Stager
 from ..exceptions import DaemonError
 from ..s5cmd import S5cmd
@@ -336,7 +336,7 @@ def _index(opts: PrefetchOptions) -> tuple[Sequence[Sample], Sequence[str] | Non
 
     src, store, gb = opts.source, opts.store, opts.group_by
     if opts.shards:
-        from .._shardset import ShardDataset
+        from .._shards.dataset import ShardDataset
 
         sds = S5Dataset.from_shards(src, index=opts.index, access=store)
         assert isinstance(sds, ShardDataset)

@@ -8,7 +8,7 @@ import sys
 import time
 from typing import IO, Any
 
-from .._uri import format_size
+from .._util.uri import format_size
 from ..progress import Progress
 
 

@@ -23,16 +23,16 @@ import shutil
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, overload
 
-from .. import _tar
-from .._index import Field, Sample
-from .._order import Order
-from .._uri import format_size
+from .._index.listing import Field, Sample
+from .._sampling.order import Order
+from .._shards import tar as _tar
+from .._util.uri import format_size
 from ..exceptions import BudgetError, S5LoaderError
 from ..staging.layout import field_names
 from .epochs import index_fingerprint
 
 if TYPE_CHECKING:
-    from .._shardset import ShardDataset
+    from .._shards.dataset import ShardDataset
 
 log = logging.getLogger(__name__)
 

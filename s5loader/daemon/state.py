@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .._index import Sample
-from .._uri import format_size
+from .._index.listing import Sample
+from .._util.uri import format_size
 from ..engine.budget import check_sample_fits
 from ..exceptions import DaemonError
 from ..staging.area import room_for, tree_bytes

@@ -9,8 +9,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from .._index import Sample
-from .._uri import format_size
+from .._index.listing import Sample
+from .._util.uri import format_size
 from ..exceptions import BudgetError
 from ..staging.layout import ReleaseEvents
 

@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._uri import format_size
+from .._util.uri import format_size
 from ..config import StagingOptions
 from .options import Stats
 

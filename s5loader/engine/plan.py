@@ -9,8 +9,8 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .._blocks import BlockPlan
-from .._index import Sample
+from .._index.blocks import BlockPlan
+from .._index.listing import Sample
 from ..s5cmd import can_write, copy_line, wildcard_line, write_command_file
 from ..staging.layout import field_names
 from .budget import Budget

@@ -8,8 +8,8 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from .._index import boto3_error, make_boto3_client
-from .._uri import parse_s3_uri
+from .._index.listing import boto3_error, make_boto3_client
+from .._util.uri import parse_s3_uri
 from ..config import Access
 from ..s5cmd import classify
 from .retry import Failures

@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from .._uri import endpoint_hint
+from .._util.uri import endpoint_hint
 from ..exceptions import (
     AccessDeniedError,
     EndpointError,

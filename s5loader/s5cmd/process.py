@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO
 
-from .._platform import die_with_parent
+from .._util.platform import die_with_parent
 from ..config import Access
 from ..exceptions import EmptySourceError, S5cmdNotFoundError
 from .binary import INSTALL_HINT, access_flags, environment, find_s5cmd

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .._uri import format_size
+from .._util.uri import format_size
 from ..exceptions import BudgetError, ConfigError
 
 log = logging.getLogger(__name__)

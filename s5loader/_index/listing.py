@@ -1,0 +1,390 @@
+"""Where the sample index comes from: listing a prefix, reading a manifest or taking a list of
+URIs, then grouping objects into samples (``stem``, ``folder`` or ``object``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from .._util.uri import endpoint_hint, parse_s3_uri
+from ..config import Access
+from ..exceptions import (
+    AccessDeniedError,
+    ConfigError,
+    EmptySourceError,
+    EndpointError,
+    FetchError,
+    ManifestError,
+    NoSuchBucketError,
+    ObjectNotFoundError,
+    S5LoaderError,
+)
+from ..progress import Progress
+from ..s5cmd import TLS_HINT, ObjectInfo, S5cmd
+from ..s5cmd.process import _GlobInPrefix
+
+if TYPE_CHECKING:
+    from .compact import SampleIndex
+
+log = logging.getLogger(__name__)
+
+GROUP_BY = ("stem", "folder", "object")
+# A grouping that puts more objects than this into a sample on average is probably a
+# folder-per-class layout grouped by folder (an ImageFolder read with group_by="folder").
+
+
+class Field(NamedTuple):
+    """One object of a sample: the field name, its URI, size and ETag."""
+
+    name: str
+    uri: str
+    size: int
+    etag: str
+
+
+class Sample(NamedTuple):
+    """One sample: its key, its objects and the extra fields a manifest carried."""
+
+    key: str
+    fields: tuple[Field, ...]
+    extra: dict[str, Any] | None = None
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.fields)
+
+
+def check_group_by(group_by: str) -> str:
+    if group_by not in GROUP_BY:
+        raise ConfigError(f"group_by must be one of {', '.join(GROUP_BY)}; got {group_by!r}")
+    return group_by
+
+
+def group(
+    objects: Iterable[ObjectInfo],
+    group_by: str,
+    base: str = "",
+    extras: dict[str, dict[str, Any]] | None = None,
+    source: str = "",
+) -> SampleIndex:
+    """Group objects into samples, sorted by sample key, then by field name.
+
+    Args:
+        objects: the objects, in any order.
+        group_by: ``stem`` (``0001.jpg`` + ``0001.cls``), ``folder`` (one sub-folder per sample)
+            or ``object`` (one object per sample).
+        base: the listed key prefix; ``folder`` samples are its sub-folders. Empty for
+            object lists, where a sample is the folder an object lies in.
+        extras: extra fields per object URI (from a manifest), merged into its sample.
+        source: what was listed, for messages.
+
+    Raises:
+        ConfigError: a sample would have the same field twice.
+    """
+    from .builder import IndexBuilder
+
+    builder = IndexBuilder(group_by, base=base, source=source)
+    for obj in objects:
+        builder.add(obj.uri, obj.key, obj.size, obj.etag, extras.get(obj.uri) if extras else None)
+    return builder.build()
+
+
+LIST_ATTEMPTS = 4
+_PAGE = 1000  # keys per LIST response (the S3 maximum, which s5cmd asks for)
+_PROGRESS_DELAY = 1.0  # seconds of listing before its progress shows
+
+
+def index_prefix(prefix: str, s5cmd: S5cmd, group_by: str) -> SampleIndex:
+    """List the objects under ``s3://bucket/prefix`` with ``s5cmd ls`` and group them, reading
+    the listing as it streams in. A listing that fails on a transient error (the store
+    dropped the connection, a 5xx after s5cmd's own retries) starts again, up to
+    ``LIST_ATTEMPTS`` times with a growing pause.
+
+    Raises:
+        S3URIError, NoSuchBucketError, AccessDeniedError, EndpointError, EmptySourceError
+        FetchError: the listing kept failing; the message names the prefix and why.
+    """
+    from .builder import IndexBuilder
+
+    uri = parse_s3_uri(prefix)
+    start = time.monotonic()
+    # A large listing shows a counter on a terminal, a log line every few seconds elsewhere;
+    # one that takes under a second shows nothing.
+    progress = Progress(f"listing {prefix}", delay=_PROGRESS_DELAY, logger=log, final_line=False)
+    with progress:
+        for attempt in range(1, LIST_ATTEMPTS + 1):
+            builder = IndexBuilder(group_by, base=uri.key, source=prefix, listing=True)
+            seen = 0
+            how = "s5cmd ls"
+            try:
+                try:
+                    for obj in s5cmd.list(str(uri)):
+                        builder.add(obj.uri, obj.key, obj.size, obj.etag)
+                        seen += 1
+                        if not seen % _PAGE:
+                            progress.set(seen)
+                except _GlobInPrefix:
+                    how = "the S3 API (s5cmd ls reads '*?[' in a prefix as wildcards)"
+                    for obj in _list_boto3(uri.bucket, uri.key, s5cmd.settings):
+                        builder.add(obj.uri, obj.key, obj.size, obj.etag)
+                        seen += 1
+                        if not seen % _PAGE:
+                            progress.set(seen)
+            except EmptySourceError:
+                pass  # told below, with the keys beside an empty folder
+            except FetchError as exc:
+                if attempt == LIST_ATTEMPTS:
+                    raise FetchError(f"cannot list {prefix} ({attempt} attempts): {exc}") from exc
+                delay = 0.5 * 2 ** (attempt - 1)
+                progress.clear()
+                log.warning("listing %s failed after %d object(s) (%s); listing again in %.1fs", prefix, seen, exc, delay)
+                time.sleep(delay)
+                continue
+            break
+        progress.set(seen)
+    if not seen:
+        raise EmptySourceError(f"no object under {prefix}{_beside_hint(uri.bucket, uri.key, s5cmd.settings)}")
+    listed = time.monotonic() - start
+    index = builder.build()
+    log.info(
+        "listed %s with %s: %d objects in %.1fs (%d attempt(s), about %d LIST requests), "
+        "%d samples indexed in %.1fs",
+        prefix, how, seen, listed, attempt, attempt - 1 + max(1, -(-seen // _PAGE)),
+        len(index), time.monotonic() - start - listed,
+    )
+    return index
+
+
+def _beside_hint(bucket: str, folder: str, access: Access | str | None) -> str:
+    """For an empty folder ``train/``: the keys beside it that share its name (``train-old/``,
+    ``train.csv``), which a prefix without its slash would have meant elsewhere; one LIST."""
+    if not folder.endswith("/"):
+        return ""
+    try:
+        client = make_boto3_client(Access.coerce(access))
+        found = client.list_objects_v2(Bucket=bucket, Prefix=folder[:-1], MaxKeys=3).get("Contents", [])
+    except Exception:  # noqa: BLE001 - only a hint for a message that is raised anyway
+        return ""
+    if not found:
+        return ""
+    examples = ", ".join(f"s3://{bucket}/{o['Key']}" for o in found)
+    return (
+        f"; a prefix names a folder, so s3://{bucket}/{folder[:-1]} reads only s3://{bucket}/{folder}, not keys "
+        f"beside it such as {examples}: name the folder they are in, or list the objects in a manifest"
+    )
+
+
+def list_prefix(prefix: str, s5cmd: S5cmd) -> list[ObjectInfo]:
+    """Every object under ``s3://bucket/prefix``, ungrouped (for :mod:`s5loader.fetch`).
+
+    Raises:
+        S3URIError, NoSuchBucketError, AccessDeniedError, EndpointError, EmptySourceError
+    """
+    uri = parse_s3_uri(prefix)
+    try:
+        objects = list(s5cmd.list(str(uri)))
+    except _GlobInPrefix:
+        objects = list(_list_boto3(uri.bucket, uri.key, s5cmd.settings))
+    if not objects:
+        raise EmptySourceError(f"no object under {prefix}")
+    return objects
+
+
+def index_objects(uris: Sequence[str], endpoint_url: Access | str | None, group_by: str) -> SampleIndex:
+    """The given objects (one HEAD each for sizes and ETags), grouped."""
+    return group(stat_objects(uris, endpoint_url), group_by, source="the object list")
+
+
+def _list_boto3(bucket: str, prefix: str, access: Access | str | None) -> Iterator[ObjectInfo]:
+    # s5cmd's ls reads '*', '?' and '[' in a prefix as wildcards; list such a prefix by API.
+    a = Access.coerce(access)
+    client = make_boto3_client(a)
+    api = "list_objects" if a.list_objects_v1 else "list_objects_v2"
+    try:
+        for page in client.get_paginator(api).paginate(Bucket=bucket, Prefix=prefix):
+            for o in page.get("Contents", []):
+                yield ObjectInfo(f"s3://{bucket}/{o['Key']}", o["Key"], o["Size"], o["ETag"].strip('"'))
+    except Exception as exc:  # botocore's errors: map them to ours
+        raise boto3_error(exc, f"s3://{bucket}/{prefix}") from exc
+
+
+def stat_objects(uris: Sequence[str], endpoint_url: Access | str | None) -> list[ObjectInfo]:
+    """Sizes and ETags of individual objects, one HEAD each (for manifests without sizes).
+
+    Raises:
+        ObjectNotFoundError, AccessDeniedError, NoSuchBucketError, EndpointError
+    """
+    client = make_boto3_client(endpoint_url)
+    out = []
+    for uri in uris:
+        u = parse_s3_uri(uri)
+        try:
+            head = client.head_object(Bucket=u.bucket, Key=u.key)
+        except Exception as exc:
+            raise boto3_error(exc, uri) from exc
+        out.append(ObjectInfo(uri, u.key, int(head["ContentLength"]), head.get("ETag", "").strip('"')))
+    return out
+
+
+def make_boto3_client(access: Access | str | None) -> Any:
+    """A boto3 S3 client for ``access`` (an :class:`Access`, or just an endpoint URL): the
+    same store, credentials, TLS and request options as the s5cmd calls get.
+
+    Raises:
+        ConfigError: the profile does not exist.
+    """
+    import boto3
+    import botocore
+    import botocore.session
+    from botocore.config import Config
+
+    a = Access.coerce(access)
+    core = botocore.session.Session()
+    if a.credentials_file:
+        core.set_config_variable("credentials_file", a.credentials_file)
+    try:
+        session = boto3.session.Session(botocore_session=core, profile_name=a.profile)
+    except botocore.exceptions.ProfileNotFound as exc:
+        raise ConfigError(f"profile {a.profile!r} is not in the AWS config or credentials files: {exc}") from exc
+    extra: dict[str, Any] = {}
+    if a.anonymous:
+        extra["signature_version"] = botocore.UNSIGNED
+    if a.addressing_style != "auto":
+        extra["s3"] = {"addressing_style": a.addressing_style}
+    if not a.verify_ssl:
+        a.warn_insecure()
+    client = session.client(
+        "s3",
+        endpoint_url=a.endpoint(),
+        region_name=a.region_name(),
+        verify=False if not a.verify_ssl else None,
+        config=Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=64, **extra),
+    )
+    if a.requester_pays:
+        # On every request, those of download_file's transfer manager included.
+        client.meta.events.register("before-sign.s3", _request_payer)
+    return client
+
+
+def _request_payer(request: Any, **kwargs: Any) -> None:
+    request.headers["x-amz-request-payer"] = "requester"
+
+
+def boto3_error(exc: Exception, uri: str) -> S5LoaderError:
+    """Map a botocore exception about ``uri`` to one of ours."""
+    code = ""
+    resp = getattr(exc, "response", None)
+    if isinstance(resp, dict):
+        code = str(resp.get("Error", {}).get("Code", ""))
+    msg = f"{uri}: {code + ': ' if code else ''}{exc}"
+    if code == "NoSuchBucket":
+        return NoSuchBucketError(msg)
+    if code in ("NoSuchKey", "404", "NotFound"):
+        return ObjectNotFoundError(msg)
+    if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "Forbidden"):
+        return AccessDeniedError(msg)
+    name = type(exc).__name__
+    if name == "SSLError" or "CERTIFICATE_VERIFY_FAILED" in str(exc):
+        return EndpointError(msg + TLS_HINT)
+    if name == "NoCredentialsError":
+        return AccessDeniedError(msg)
+    if name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError"):
+        return EndpointError(msg + endpoint_hint(getattr(exc, "kwargs", {}).get("endpoint_url")))
+    return FetchError(msg)
+
+
+def index_manifest(path_or_uri: str, endpoint_url: Access | str | None, group_by: str) -> SampleIndex:
+    """Read a JSON Lines manifest from a local path or an s3 URI into an index, line by line.
+
+    Each line is either a JSON string (an object URI) or an object with ``"uri"`` and, where
+    known, ``"size"`` and ``"etag"``; any other keys are extra fields carried into the sample.
+    Blank lines are ignored. Objects without a size get one HEAD request each.
+
+    Raises:
+        ManifestError: a line is not valid (the message names the manifest and the line
+            number), or an object is listed twice.
+        EmptySourceError: the manifest lists no object.
+    """
+    from .builder import IndexBuilder, SameObjectTwice
+
+    builder = IndexBuilder(group_by, source=path_or_uri)
+    missing: list[tuple[int, str, dict[str, Any]]] = []
+    count = 0
+    fast = _FAST_LINE.match
+    for lineno, line in enumerate(_read_lines(path_or_uri, endpoint_url), 1):
+        m = fast(line)
+        if m is not None and not m[2].endswith("/"):
+            # the usual {"uri": ..., "size": ..., "etag": ...} without escapes: what json.loads
+            # and parse_s3_uri make of it, at a fraction of the cost
+            count += 1
+            builder.add(f"s3://{m[1]}/{m[2]}", m[2], int(m[3]), m[4] or "", None, order=count)
+            continue
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ManifestError(f"{path_or_uri} line {lineno}: not valid JSON ({exc.msg}): {line[:200]!r}") from exc
+        if isinstance(rec, str):
+            rec = {"uri": rec}
+        if not isinstance(rec, dict) or not isinstance(rec.get("uri"), str):
+            raise ManifestError(
+                f"{path_or_uri} line {lineno}: expected a URI string or an object with a "
+                f"'uri' field, got {line[:200]!r}"
+            )
+        uri = rec.pop("uri")
+        try:
+            u = parse_s3_uri(uri)
+        except S5LoaderError as exc:
+            raise ManifestError(f"{path_or_uri} line {lineno}: {exc}") from exc
+        if not u.key or u.key.endswith("/"):
+            raise ManifestError(f"{path_or_uri} line {lineno}: {uri!r} names no object")
+        size, etag = rec.pop("size", None), rec.pop("etag", "")
+        count += 1
+        if size is None:
+            missing.append((count, uri, rec))
+            continue
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ManifestError(f"{path_or_uri} line {lineno}: size must be a non-negative int, got {size!r}")
+        builder.add(uri, u.key, size, str(etag).strip('"'), rec, order=count)
+    if not count:
+        raise EmptySourceError(f"the manifest {path_or_uri} lists no object")
+    if missing:
+        for (order, _, rec), obj in zip(missing, stat_objects([m[1] for m in missing], endpoint_url), strict=True):
+            builder.add(obj.uri, obj.key, obj.size, obj.etag, rec, order=order)
+    try:
+        return builder.build()
+    except SameObjectTwice as exc:
+        raise ManifestError(f"{path_or_uri}: {exc.uri} is listed twice") from exc
+
+
+# A manifest line in the usual shape, its JSON strings free of escapes and control characters,
+# its bucket name one that parse_s3_uri accepts; any other line takes the full path.
+_FAST_LINE = re.compile(
+    r'[ \t]*\{[ \t]*"uri"[ \t]*:[ \t]*"s3://([A-Za-z0-9][A-Za-z0-9._-]{1,254})/([^"\\\x00-\x1f]+)"'
+    r'[ \t]*,[ \t]*"size"[ \t]*:[ \t]*(0|[1-9][0-9]*)[ \t]*'
+    r'(?:,[ \t]*"etag"[ \t]*:[ \t]*"([^"\\\x00-\x1f]*)"[ \t]*)?\}[ \t]*\r?\n?$'
+)
+
+
+def _read_lines(path_or_uri: str, endpoint_url: Access | str | None) -> Iterator[str]:
+    if path_or_uri.startswith("s3://"):
+        u = parse_s3_uri(path_or_uri)
+        client = make_boto3_client(endpoint_url)
+        try:
+            body = client.get_object(Bucket=u.bucket, Key=u.key)["Body"]
+            for raw in body.iter_lines(chunk_size=1 << 20, keepends=True):
+                yield raw.decode("utf-8")
+        except Exception as exc:
+            raise boto3_error(exc, path_or_uri) from exc
+        return
+    try:
+        f = open(path_or_uri, encoding="utf-8")
+    except OSError as exc:
+        raise ManifestError(f"cannot read the manifest {path_or_uri!r}: {exc.strerror}") from exc
+    with f:
+        yield from f

@@ -1,0 +1,209 @@
+"""How samples are ordered: a seeded permutation per epoch, split across ranks."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..exceptions import ConfigError
+
+# shuffle="block": the samples of a rank's first window; later windows double up to the
+# full window (the engine's first calls grow the same way)
+FIRST_WINDOW = 32
+
+
+SHUFFLES = (True, False, "block")
+
+
+def check_shuffle(value: object, name: str = "shuffle", error: type[ValueError] = ConfigError) -> bool | str:
+    """The one check of a ``shuffle`` value (the sampler's, the iterable's, the daemon's, a
+    saved state's): ``True``, ``False`` or ``"block"``; returns it as a bool or ``"block"``.
+
+    Raises:
+        ConfigError (or ``error``): any other value, named by ``name``.
+    """
+    if value is None or value not in SHUFFLES:
+        raise error(f"{name} must be True, False or 'block', got {value!r}")
+    return "block" if value == "block" else bool(value)
+
+
+def check_seed(value: object) -> int:
+    """The one check of a ``seed``: an int (not a bool).
+
+    Raises:
+        ConfigError: anything else.
+    """
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"seed must be an int, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Order:
+    """How one pass over the data is ordered and split across ranks."""
+
+    shuffle: bool | str  # True, False or "block"
+    seed: int
+    num_replicas: int
+    rank: int
+    drop_last: bool
+
+    def indices(
+        self, n: int, epoch: int, start: int = 0, units: list[list[int]] | None = None, window: int = 1000
+    ) -> list[int]:
+        """This rank's part of the epoch, from position ``start`` on.
+
+        With ``shuffle`` True or False the global order is one permutation of ``range(n)``
+        per ``(seed, epoch)`` (or the identity), the same on every rank; ``start`` is a
+        position in it. The positions from ``start`` on are dealt round-robin to the ranks
+        after padding by repetition (or dropping the tail with ``drop_last``), so every rank
+        gets the same count; with ``start=0`` this is exactly ``DistributedSampler``'s split.
+
+        With ``shuffle="block"`` the ``units`` (blocks of samples that share a key prefix)
+        are permuted, gathered into windows of whole units of at most ``window`` samples, and
+        the samples of each window are shuffled; each rank takes a contiguous slice (see
+        :meth:`block_order`). A call that stages a whole window fetches each of its blocks
+        with one request; ``start`` counts samples of this rank's slice.
+        """
+        if self.shuffle == "block":
+            return self._block_indices(n, epoch, start, units or [[i] for i in range(n)], window)
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(self.seed + epoch)
+            perm: list[int] = torch.randperm(n, generator=g).tolist()
+        else:
+            perm = list(range(n))
+        return self._deal(perm[start:])
+
+    def _deal(self, rest: list[int]) -> list[int]:
+        w = self.num_replicas
+        if not rest:
+            return []
+        if self.drop_last:
+            rest = rest[: len(rest) - len(rest) % w]
+        elif len(rest) % w:
+            pad = w - len(rest) % w
+            rest += (rest * math.ceil(pad / len(rest)))[:pad]
+        return rest[self.rank :: w]
+
+    def _block_indices(self, n: int, epoch: int, start: int, units: list[list[int]], window: int) -> list[int]:
+        return self.block_order(n, epoch, start, units, window)[0]
+
+    def block_order(
+        self, n: int, epoch: int, start: int, units: list[list[int]], window: int
+    ) -> tuple[list[int], list[int]]:
+        """The ``shuffle="block"`` order of this rank from ``start`` on, and where its windows
+        begin (positions in the returned list, ascending, the first 0).
+
+        The units are permuted and laid end to end, the sequence is padded by repetition
+        (or cut with ``drop_last``) to equal parts, and rank ``r`` takes the ``r``-th
+        contiguous part. Each part is cut into windows of whole units (a unit cut by a
+        part's edge counts as whole) holding at most ``window`` samples (a larger unit is a
+        window of its own), and the samples of each window are shuffled. A window is
+        therefore exactly the samples of its units: staging a window whole fetches each of
+        its units whole. A part's first windows grow from :data:`FIRST_WINDOW` samples,
+        doubling, as the engine's first calls do, so the first batch waits for a small
+        window only. ``start`` counts samples of this rank's part.
+        """
+        g = torch.Generator()
+        g.manual_seed(self.seed + epoch)
+        window = max(1, window)
+        seq: list[int] = []
+        edges: list[int] = []  # where each unit begins in seq
+        for u in torch.randperm(len(units), generator=g).tolist():
+            edges.append(len(seq))
+            seq += units[u]
+        w = self.num_replicas
+        per = part_len(n, w, self.drop_last)
+        if per * w > len(seq) and seq:
+            edges.append(len(seq))  # the repeated tail is a unit of its own
+            seq += (seq * math.ceil((per * w - len(seq)) / len(seq)))[: per * w - len(seq)]
+        mine: list[int] = []
+        starts: list[int] = []
+        # Each rank shuffles the parts before its own too, so that the random stream that
+        # shuffles a part is the same on every rank.
+        for r in range(w):
+            lo, hi = r * per, (r + 1) * per
+            bounds = [lo, *(e for e in edges if lo < e < hi), hi] if hi > lo else []
+            part: list[int] = []
+            wins: list[int] = []
+            limit = min(FIRST_WINDOW, window)
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+                if wins and len(part) - wins[-1] + (b - a) > limit:
+                    self._shuffle(part, wins[-1], g)
+                    limit = min(2 * limit, window)
+                    wins.append(len(part))
+                elif not wins:
+                    wins.append(0)
+                part += seq[a:b]
+            if wins:
+                self._shuffle(part, wins[-1], g)
+            if r == self.rank:
+                mine, starts = part, wins
+                break
+        out = mine[start:]
+        return out, ([0] if out else []) + [s - start for s in starts if s > start]
+
+    @staticmethod
+    def _shuffle(seq: list[int], a: int, g: torch.Generator) -> None:
+        chunk = seq[a:]
+        seq[a:] = [chunk[k] for k in torch.randperm(len(chunk), generator=g).tolist()]
+
+
+@dataclass(frozen=True)
+class ShuffleQuality:
+    """How well an order mixes the data set (see :func:`shuffle_quality`)."""
+
+    span: int
+    units_per_span: float  # mean distinct units among ``span`` consecutive samples
+    displacement: float  # mean |position in the order - position in key order| / samples
+
+
+def shuffle_quality(order: Sequence[int], unit_of: Sequence[int], span: int = 256) -> ShuffleQuality:
+    """Measure an order's mixing: from how many units (blocks) a batch-sized run draws, and how
+    far samples move from their key order.
+
+    Args:
+        order: sample indices in the order they are read (a permutation of part of
+            ``range(len(unit_of))``).
+        unit_of: per sample index, the unit (block) it belongs to.
+        span: the run length, e.g. a batch: the order is cut into runs of ``span``
+            consecutive samples (the whole order if shorter) and the distinct units of
+            each full run are averaged.
+
+    Returns:
+        ``units_per_span``: about ``span`` for a full per-sample shuffle of many small
+        units, about ``span / unit size`` without shuffle; ``displacement``: about 1/3 for a
+        full shuffle, 0 without.
+    """
+    if span < 1:
+        raise ValueError(f"span must be >= 1, got {span}")
+    if not order:
+        return ShuffleQuality(span, 0.0, 0.0)
+    runs = [order[a : a + span] for a in range(0, len(order) - span + 1, span)] or [order]
+    units = sum(len({unit_of[i] for i in run}) for run in runs) / len(runs)
+    n = len(unit_of)
+    scale = n / len(order)  # a rank's part spreads over the whole data set
+    moved = sum(abs(pos * scale - i) for pos, i in enumerate(order)) / (len(order) * n)
+    return ShuffleQuality(span, units, moved)
+
+
+def part_len(n: int, num_replicas: int, drop_last: bool) -> int:
+    """Samples in each rank's part of ``n``: the tail dropped, or padded by repetition."""
+    return n // num_replicas if drop_last else math.ceil(n / num_replicas)
+
+
+# shuffle="block": the most samples a window holds (see block_window)
+WINDOW_CAP = 8192
+
+
+def block_window(budget: int, mean_sample_size: float, calls_in_flight: int) -> int:
+    """How many samples a ``shuffle="block"`` window holds: as many as ``calls_in_flight + 1`` windows
+    of average samples fit in ``budget`` (one being read, ``calls_in_flight`` being staged), at most
+    :data:`WINDOW_CAP`. A call stages a whole window, so a window the budget cannot hold
+    would be cut into calls that split its blocks; a smaller budget gives smaller windows."""
+    fits = int(budget // ((calls_in_flight + 1) * max(1.0, mean_sample_size)))
+    return max(1, min(WINDOW_CAP, fits))

@@ -1,0 +1,186 @@
+"""A sampler's staging passes: each stages one order into a folder of its own and yields the
+indices whose files are staged, in order.
+
+A pass runs a :class:`~s5loader.engine.Stager` (over tar shards, through a
+:class:`~s5loader._shards.passes.ShardPass` that stages shard visits). When a pass ends, is
+abandoned or is replaced by a newer one, its folder is not removed at once: DataLoader workers
+may still read its queued samples, so the next pass, ``close()`` or exit removes it. With
+``keep_staged`` every pass stages into one folder whose files outlive the pass.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from .._index.blocks import BlockPlan
+from ..config import StagingOptions
+from ..dataset import S5Dataset, StagedIndex
+from ..engine import Stager, Stats
+from ..engine.metrics import Metrics
+from ..engine.plan import write_plan_files
+from ..s5cmd import S5cmd
+from ..staging.area import PassArea, StagingArea
+from .resume import Position
+
+if TYPE_CHECKING:
+    from .._shards.passes import ShardPass
+
+
+class StagingPasses:
+    """The passes of one sampler below its :class:`StagingArea`: the one running, the folders
+    of earlier ones awaiting removal, the indices kept staged, and the last pass's figures."""
+
+    def __init__(self, dataset: S5Dataset, area: StagingArea, s5cmd: S5cmd, layout: BlockPlan, keep: bool) -> None:
+        self.dataset = dataset
+        self.area = area
+        self.s5cmd = s5cmd
+        self.layout = layout
+        self.keep = keep
+        self.count = 0  # passes made; each stages into a folder of its own
+        self.replaced: list[StagingArea] = []  # folders of earlier passes, removed by the next
+        self.kept: set[int] = set()
+        self.active: Stager | None = None
+        self.last_stats: Stats | None = None
+        self.last_metrics: Metrics | None = None
+
+    def run(
+        self,
+        order: list[int],
+        windows: list[int] | None,
+        options: StagingOptions,
+        shuffle: bool | str,
+        position: Position,
+        epoch: Callable[[], int],
+        report: Callable[[Stats, float, bool], None],
+    ) -> Iterator[StagedIndex]:
+        """Stage ``order`` (shuffled as ``shuffle`` says) and yield its staged indices, counting
+        them in ``position``; a skipped sample is counted but not yielded. ``report`` gets the
+        pass's figures at its end."""
+        where = self._new_pass()
+        keep = self.keep
+        shards: ShardPass | None = None
+        if self.dataset.shards is not None:
+            from .._shards.passes import ShardPass
+
+            shards = ShardPass(self.dataset, order, where.path, keep, options.on_error)  # type: ignore[arg-type]
+            shards.check_budget(options.budget, shuffle)
+        stager = Stager(
+            self.dataset.samples,
+            order if shards is None else shards.engine_order,
+            where,
+            self.s5cmd,
+            options,
+            kept=self.kept if keep else None,
+            endpoint_url=self.dataset.access,
+            layout=self.layout,
+            windows=windows if shards is None else None,  # over shards the engine stages shard visits
+        ).start()
+        self.active = stager
+        position.yielded = 0
+        position.pass_len = len(order)
+        t0 = time.monotonic()
+        finished = False
+        try:
+            for pos, idx in enumerate(order):
+                if shards is not None:
+                    if shards.take(pos, stager):
+                        position.yielded += 1
+                        yield StagedIndex(idx, where.path, keep)
+                    else:
+                        position.yielded += 1
+                elif stager.wait(pos):
+                    if not keep:
+                        stager.yielded(idx)
+                    position.yielded += 1
+                    yield StagedIndex(idx, where.path, keep)
+                else:
+                    position.yielded += 1  # a skipped sample still counts as consumed
+            finished = True
+        finally:
+            superseded = self.active is not stager  # a newer pass owns the sampler now
+            stager.close()
+            if not superseded:
+                self.active = None
+            self.last_stats = stager.stats
+            self.last_metrics = stager.metrics(epoch=epoch(), position=position.yielded)
+            if keep:
+                self.kept.update(stager.ready_indices())
+            elif not superseded:
+                # Finished or abandoned (break, exception): the next pass, close() or exit
+                # removes this pass's folder once no worker can still be reading from it.
+                self.replaced.append(where)
+            if finished and not superseded:
+                position.epoch_done = True
+            report(stager.stats, time.monotonic() - t0, finished)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "active": None}  # a copy in another process runs no pass
+
+    def stats(self) -> Stats | None:
+        """What the running pass did so far, else the last one."""
+        return self.active.stats if self.active is not None else self.last_stats
+
+    def metrics(self, epoch: int, position: int, samples: int, budget: int) -> Metrics:
+        """The running pass's figures, else the last pass's as it ended, else zeros."""
+        stager = self.active
+        if stager is not None:
+            return stager.metrics(epoch=epoch, position=position)
+        if self.last_metrics is not None:
+            return self.last_metrics
+        return Metrics(epoch=epoch, samples=samples, budget=budget)
+
+    def _new_pass(self) -> PassArea:
+        if self.keep:
+            where = PassArea(self.area, "kept")  # one folder: its files outlive the pass
+        else:
+            self.count += 1
+            where = PassArea(self.area, f"p{self.count}")
+        where.create()
+        return where
+
+    def remove_replaced(self) -> None:
+        replaced, self.replaced = self.replaced, []
+        for where in replaced:
+            where.remove()
+
+    def close_active(self) -> None:
+        """Stop the running pass; its folder goes with the next :meth:`remove_replaced`."""
+        stager, self.active = self.active, None
+        if stager is not None:
+            stager.close()
+            if not self.keep:
+                self.replaced.append(stager.area)
+
+    def close(self) -> None:
+        self.close_active()
+        self.kept.clear()
+        self.replaced.clear()
+
+    def abort(self) -> None:
+        """On SIGTERM: kill s5cmd, taking no lock."""
+        stager = self.active
+        if stager is not None:
+            stager.abort()
+
+
+def write_command_files(
+    dataset: S5Dataset,
+    order: list[int],
+    windows: list[int] | None,
+    layout: BlockPlan,
+    options: StagingOptions,
+    directory: str,
+) -> list[str]:
+    """Write the command files that stage ``order`` into ``directory`` as a pass would (see
+    ``S5Sampler.write_command_files``), without running them; returns their paths in order."""
+    os.makedirs(directory, exist_ok=True)
+    stage = os.path.abspath(directory)
+    if dataset.shards is not None:  # over shards: one line per staging of a shard
+        from .._shards.passes import ShardPass
+
+        order = ShardPass(dataset, order, stage, False, "raise").engine_order  # type: ignore[arg-type]
+        windows = None
+    return write_plan_files(dataset.samples, order, windows, layout, options.samples_per_call, stage)

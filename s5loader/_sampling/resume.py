@@ -1,0 +1,190 @@
+"""What a sampler state says: the checks on a loaded ``S5Sampler.state_dict()`` and the
+arithmetic of where it resumes (samples consumed, whether the epoch was complete), and the
+position a sampler keeps in its epoch."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
+
+from ..config import StagingOptions
+from ..exceptions import StateError
+from .order import Order, check_shuffle, part_len
+
+log = logging.getLogger(__name__)
+
+# 2 added "complete": the state was taken after the epoch's last sample (1 is still read)
+STATE_VERSION = 2
+
+
+class SavedPosition(NamedTuple):
+    """A checked state: its order, the epoch, and how far that epoch got."""
+
+    shuffle: bool | str  # True, False or "block"
+    seed: int
+    num_replicas: int
+    drop_last: bool
+    epoch: int
+    consumed: int  # block order: a position in the rank's slice; otherwise in the global order
+    complete: bool
+
+
+def check_fields(
+    state: Any,
+    made_by: str,
+    keys: Sequence[str],
+    versions: Sequence[int],
+    ints: Sequence[str],
+    bools: Sequence[str],
+    dataset_len: int,
+) -> dict[str, Any]:
+    """The checks every saved state gets (a sampler's, an iterable dataset's worker's): a dict
+    from ``made_by`` with ``keys``, a known version, the ``ints`` non-negative (a seed may be
+    any int), the ``bools`` bools, a valid ``shuffle``, and the same data set size.
+
+    Raises:
+        StateError: naming the key and the value that do not fit.
+    """
+    if not isinstance(state, dict):
+        raise StateError(f"expected a dict from {made_by}, got {type(state).__name__}")
+    missing = [k for k in keys if k not in state]
+    if missing:
+        raise StateError(f"the state lacks {', '.join(missing)}; was it made by {made_by}?")
+    if state["version"] not in versions:
+        raise StateError(f"unknown state version {state['version']!r} (this s5loader writes {max(versions)})")
+    for k in ints:
+        v = state[k]
+        if not isinstance(v, int) or isinstance(v, bool) or (k != "seed" and v < 0):
+            raise StateError(f"state[{k!r}] must be a non-negative int, got {v!r}")
+    check_shuffle(state["shuffle"], "state['shuffle']", StateError)
+    for k in bools:
+        if k in state and not isinstance(state[k], bool):
+            raise StateError(f"state[{k!r}] must be a bool, got {state[k]!r}")
+    if state["dataset_len"] != dataset_len:
+        raise StateError(f"the state is for a data set of {state['dataset_len']} samples; this one has {dataset_len}")
+    return state
+
+
+def check_state(state: Any, dataset_len: int) -> SavedPosition:
+    """Check a state for a data set of ``dataset_len`` samples and say where it resumes.
+
+    Raises:
+        StateError: the state does not fit (another data set size, negative counts, an
+            unknown version, a missing key).
+    """
+    need = ["version", "epoch", "seed", "shuffle", "drop_last", "num_replicas", "dataset_len", "start", "yielded"]
+    if isinstance(state, dict) and state.get("version") == STATE_VERSION:
+        need.append("complete")
+    check_fields(
+        state, "S5Sampler.state_dict()", need, (1, STATE_VERSION),
+        ("epoch", "start", "yielded", "num_replicas", "dataset_len", "seed"), ("complete",), dataset_len,
+    )
+    if state["num_replicas"] < 1:
+        raise StateError(f"state['num_replicas'] must be >= 1, got {state['num_replicas']}")
+    n = dataset_len
+    if state["start"] > n:
+        raise StateError(f"state['start']={state['start']} is past the data set's {n} samples")
+    block = state["shuffle"] == "block"
+    w, drop_last = state["num_replicas"], bool(state["drop_last"])
+    consumed = state["start"] + state["yielded"] * (1 if block else w)
+    if block:
+        end = part_len(n, w, drop_last)
+    else:
+        end = n - n % w if drop_last else n
+    # version 1 did not say whether the epoch was complete: all of it consumed means it was
+    complete = state["complete"] if "complete" in state else consumed >= end
+    shuffle: bool | str = "block" if block else bool(state["shuffle"])
+    return SavedPosition(shuffle, state["seed"], w, drop_last, state["epoch"], consumed, complete)
+
+
+@dataclass
+class Position:
+    """Where a sampler is in its epoch, the part of it a state records.
+
+    ``start`` is the position the next pass starts at (a resumed epoch), ``yielded`` the
+    indices the current pass handed out (skipped samples included), ``pass_len`` that pass's
+    length once it began, ``epoch_done`` whether the last pass ran to the end of its epoch,
+    and ``epoch_set`` whether ``set_epoch`` was called (a loaded end-of-epoch state defers to it).
+    """
+
+    start: int = 0
+    yielded: int = 0
+    pass_len: int | None = None
+    epoch_done: bool = False
+    epoch_set: bool = False
+
+    def restart(self, start: int = 0) -> None:
+        """Forget the current pass; the next one starts at ``start``."""
+        self.start, self.yielded, self.pass_len, self.epoch_done = start, 0, None, False
+
+    @property
+    def complete(self) -> bool:
+        """The epoch's last sample was handed out."""
+        return self.epoch_done or (self.pass_len is not None and self.yielded >= self.pass_len)
+
+
+def make_state(order: Order, epoch: int, dataset_len: int, position: Position, window: int) -> dict[str, Any]:
+    """The dict ``S5Sampler.state_dict()`` returns (read back by :func:`check_state`)."""
+    return {
+        "version": STATE_VERSION,
+        "epoch": epoch,
+        "seed": order.seed,
+        "shuffle": order.shuffle,
+        "drop_last": order.drop_last,
+        "num_replicas": order.num_replicas,
+        "dataset_len": dataset_len,
+        "start": position.start,
+        "yielded": position.yielded,
+        "complete": position.complete,
+        "window": window,  # shuffle="block": the order depends on it
+    }
+
+
+def check_window(state: dict[str, Any], default: int) -> int:
+    """The saved ``shuffle="block"`` window (``default`` for a state without one)."""
+    window = state.get("window", default)
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise StateError(f"state['window'] must be a positive int, got {window!r}")
+    return window
+
+
+def resume_window(
+    saved: SavedPosition, window: int, current: int, options: StagingOptions
+) -> tuple[int, StagingOptions]:
+    """The ``shuffle="block"`` window a resumed epoch uses: the saved order's, whatever this
+    job's budget gives, with ``samples_per_call`` raised to hold it."""
+    if saved.shuffle != "block" or window == current:
+        return current, options
+    log.info("shuffle='block': resuming with the saved window of %d samples (this budget gives %d)", window, current)
+    if options.samples_per_call < window:
+        options = replace(options, samples_per_call=window)
+    return window, options
+
+
+def resume(saved: SavedPosition, order: Order, epoch: int, position: Position, dataset_len: int) -> tuple[Order, int]:
+    """The order and epoch a sampler with ``order`` (this job's ranks) continues ``saved`` with,
+    setting ``position`` to where the next pass starts.
+
+    Raises:
+        StateError: a ``shuffle="block"`` epoch saved mid-way with another number of ranks.
+    """
+    w, n, here = saved.num_replicas, dataset_len, order.num_replicas
+    if saved.shuffle == "block" and w != here and not saved.complete:
+        raise StateError(
+            f"a shuffle='block' epoch resumes only with the same number of ranks: the state "
+            f"has {w}, this job {here}"
+        )
+    if w != here and not saved.complete:
+        log.warning(
+            "resuming with %d rank(s) from a state saved with %d: continuing the global "
+            "order at position %d of %d",
+            here, w, min(saved.consumed, n), n,
+        )
+    resumed = Order(saved.shuffle, saved.seed, here, order.rank, saved.drop_last)
+    if saved.complete:
+        position.restart(0)
+        return resumed, epoch if position.epoch_set else saved.epoch + 1
+    position.restart(min(saved.consumed, n))
+    return resumed, saved.epoch

@@ -1,0 +1,83 @@
+"""One staging run: a staging area, its passes, the position in the current order, and the report
+at the end of each pass. :class:`~s5loader.S5Sampler` holds one for its rank's part of each
+epoch; each DataLoader worker of :class:`~s5loader.S5IterableDataset` holds one for its own part.
+Neither reaches into the other: both compose this."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Generator
+from typing import Any
+
+from .._index.blocks import BlockPlan, plan_blocks
+from ..config import StagingOptions
+from ..dataset import S5Dataset, StagedIndex
+from ..engine import Stats
+from ..engine.metrics import Metrics, PassReport
+from ..s5cmd import S5cmd
+from ..staging.area import StagingArea, register_cleanup
+from .passes import StagingPasses
+from .resume import Position
+
+log = logging.getLogger("s5loader.sampler")
+
+
+class StagingRun:
+    """Stages orders of ``dataset`` below ``root`` within ``options.budget``.
+
+    Args:
+        dataset: the data set whose samples are staged.
+        options: the checked staging options (budget, calls, retries, error policy, ...).
+        root: the staging root; the run's own directory is made below it on the first pass.
+        keep: keep staged files across passes (``keep_staged``).
+    """
+
+    def __init__(self, dataset: S5Dataset, options: StagingOptions, root: str, keep: bool = False) -> None:
+        self.dataset = dataset
+        self.options = options
+        # over shards a block is a shard, fetched with one cp --raw line: no wildcard lines
+        self.blocks: BlockPlan = plan_blocks(
+            dataset.samples, 1 if dataset.shards is not None else options.block_size, dataset._listing
+        )
+        self.s5cmd = S5cmd(access=dataset.access, numworkers=options.s5cmd_workers)
+        self.area = StagingArea(root)
+        self.position = Position()
+        self.passes = StagingPasses(dataset, self.area, self.s5cmd, self.blocks, keep)
+        self._reporter = PassReport(log)
+
+    def stage(
+        self, order: list[int], windows: list[int] | None, shuffle: bool | str, epoch: Callable[[], int]
+    ) -> Generator[StagedIndex, None, None]:
+        """Stage ``order`` in a new pass and yield each index once its files are staged,
+        counting them in :attr:`position` (skipped samples are counted, not yielded)."""
+        self.area.create()
+        register_cleanup(self)
+        # The earlier passes' folders go now, not when they were abandoned: DataLoader workers
+        # read their queued samples (persistent workers do so in iter(loader), before this
+        # pass begins), and those reads must find their files.
+        self.passes.remove_replaced()
+
+        def report(stats: Stats, elapsed: float, finished: bool) -> None:
+            self.report(stats, elapsed, finished, epoch())
+
+        yield from self.passes.run(order, windows, self.options, shuffle, self.position, epoch, report)
+
+    def report(self, stats: Stats, elapsed: float, finished: bool, epoch: int) -> None:
+        """Log what a pass did, and "data starvation" where the loader waited for it."""
+        self._reporter.report(stats, elapsed, finished, epoch, self.options)
+
+    def metrics(self, epoch: int, samples: int) -> Metrics:
+        return self.passes.metrics(epoch, self.position.yielded, samples, self.options.budget)
+
+    def close(self) -> None:
+        """Stop staging, kill s5cmd, remove the staging directory. Safe to call twice."""
+        self.passes.close()
+        self.area.remove()
+
+    def _abort(self) -> None:
+        """On SIGTERM: kill s5cmd and remove the staging directory, taking no lock."""
+        self.passes.abort()
+        self.area.remove()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__.copy()  # the running pass stays behind (see StagingPasses)

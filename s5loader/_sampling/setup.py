@@ -1,0 +1,176 @@
+"""Setting up an :class:`~s5loader.S5Sampler`: checking its options into an order and one
+:class:`~s5loader.config.StagingOptions`, and sizing the budget against the data set and the
+disk before anything is staged: the largest sample (or tar shard) must fit, ``keep_staged``
+must hold the whole data set, the staging root must have room, and (when the batch size is
+known) a batch must fit."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import replace
+from types import FrameType
+
+import numpy as np
+from torch.utils.data import BatchSampler
+
+from .._util.dist import rank_info
+from .._util.uri import format_size, parse_size
+from ..config import StagingOptions
+from ..dataset import S5Dataset
+from ..engine.budget import check_sample_fits
+from ..exceptions import BudgetError, ConfigError
+from ..staging.area import choose_root, disk_footprint
+from .order import Order, block_window, check_seed, check_shuffle
+
+
+def configure(
+    dataset: S5Dataset,
+    *,
+    shuffle: bool | str,
+    seed: int,
+    samples_per_call: int,
+    block_size: int,
+    calls_in_flight: int,
+    staging_dir: str | None,
+    budget: int | str,
+    keep_staged: bool,
+    shrink_budget: bool,
+    stall_timeout: float,
+    retries: int,
+    on_error: str,
+    verify: bool,
+    num_replicas: int | None,
+    rank: int | None,
+    drop_last: bool,
+    s5cmd_workers: int,
+    batch_size: int | None,
+    buffers: int | None,
+    numworkers: int | None,
+) -> tuple[Order, int, StagingOptions, str]:
+    """Check :class:`S5Sampler`'s options: its order, its ``shuffle="block"`` window, the
+    staging options with the budget the staging root has room for, and that root."""
+    shuffle = check_shuffle(shuffle)
+    check_seed(seed)
+    calls_in_flight = renamed("buffers", buffers, "calls_in_flight", calls_in_flight, 2)
+    s5cmd_workers = renamed("numworkers", numworkers, "s5cmd_workers", s5cmd_workers, 256)
+    if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1):
+        raise ConfigError(f"batch_size must be a positive int or None, got {batch_size!r}")
+    r, world = rank_info(num_replicas, rank)
+    order = Order(shuffle, seed, world, r, bool(drop_last))
+    budget_bytes = parse_size(budget, "budget")
+    # From the options, not the space found: every rank must cut the same windows.
+    window = block_window(budget_bytes, dataset.total_bytes / max(1, len(dataset)), calls_in_flight)
+    if shuffle == "block" and isinstance(samples_per_call, int) and not isinstance(samples_per_call, bool) \
+            and samples_per_call > 0:  # an invalid value still fails in StagingOptions
+        samples_per_call = max(samples_per_call, window)
+    options = StagingOptions(
+        budget=budget_bytes,
+        samples_per_call=samples_per_call,
+        calls_in_flight=calls_in_flight,
+        s5cmd_workers=s5cmd_workers,
+        block_size=block_size,
+        stall_timeout=stall_timeout,
+        retries=retries,
+        on_error=on_error,
+        verify=verify,
+        keep_staged=bool(keep_staged),
+        shrink_budget=bool(shrink_budget),
+        staging_dir=staging_dir,
+    )
+    options, root = fit_budget(dataset, options, shuffle, batch_size)
+    return order, window, options, root
+
+
+def renamed(old: str, old_value: int | None, new: str, new_value: int, default: int) -> int:
+    """The value of a renamed keyword: the old name still works for one release, with a
+    DeprecationWarning; both at once is a ConfigError."""
+    if old_value is None:
+        return new_value
+    if new_value != default:
+        raise ConfigError(f"{old}= is the former name of {new}=; give only {new}={new_value!r}")
+    warnings.warn(f"S5Sampler({old}=...) is deprecated; use {new}=", DeprecationWarning, stacklevel=4)
+    return old_value
+
+
+def fit_budget(
+    dataset: S5Dataset, options: StagingOptions, shuffle: bool | str, batch_size: int | None
+) -> tuple[StagingOptions, str]:
+    """The options with the budget the staging root has room for, and that root.
+
+    Raises:
+        BudgetError: a sample (or shard) larger than the budget, a budget larger than the free
+            space, ``keep_staged`` with a budget smaller than the data set, or a budget smaller
+            than a batch.
+        ConfigError: ``shuffle=True`` over tar shards that do not all fit in the budget.
+    """
+    budget = options.budget
+    largest = dataset.samples[dataset.samples.largest()]
+    sharded = dataset.shards is not None
+    if sharded:
+        _check_shards(dataset, shuffle, budget)
+    check_sample_fits(largest, budget)
+    total = dataset.total_bytes
+    if options.keep_staged and total > budget:
+        raise BudgetError(
+            f"keep_staged=True needs a budget that holds the whole data set "
+            f"({format_size(total)}); the budget is {format_size(budget)}"
+        )
+    footprint = disk_footprint(dataset.samples.size)
+    root, room = choose_root(options.staging_dir, min(budget, total), options.shrink_budget, footprint)
+    if room < min(budget, total):
+        if options.keep_staged or largest.size > room:
+            raise BudgetError(
+                f"only {format_size(room)} fit in {root}, too little for "
+                + ("the whole data set with keep_staged" if options.keep_staged else f"sample {largest.key!r}")
+            )
+        options = replace(options, budget=room)
+    if batch_size is not None and not sharded:
+        _check_batch_fits(dataset, batch_size, options.budget)
+    return options, root
+
+
+def _check_shards(dataset: S5Dataset, shuffle: bool | str, budget: int) -> None:
+    """Over tar shards the budget counts whole shards: one larger than the budget can never be
+    staged, and shuffle=True keeps every shard staged for the whole epoch."""
+    samples = dataset.samples
+    big = samples[samples.largest()]
+    if big.size > budget:
+        raise BudgetError(
+            f"the shard {big.fields[0].uri} is {format_size(big.size)}, larger than the budget of "
+            f"{format_size(budget)}; a shard is staged whole: raise the budget or write smaller shards"
+        )
+    if shuffle is True and dataset.total_bytes > budget:
+        raise ConfigError(
+            f"shuffle=True over tar shards draws every sample from any shard, so all shards of "
+            f"{dataset.source} ({format_size(dataset.total_bytes)}) would have to be staged at once, "
+            f"more than the budget of {format_size(budget)}; use shuffle='block' (the shards in a "
+            "random order, samples shuffled within windows of whole shards)"
+        )
+
+
+def check_loader_batch(sampler: object, dataset: S5Dataset, budget: int, caller: FrameType | None) -> None:
+    """When a DataLoader's BatchSampler iterates ``sampler`` (``caller`` is the frame that
+    asked for the iterator), check that ``budget`` holds one of its batches of ``dataset``.
+
+    Raises:
+        BudgetError: the budget is smaller than the loader's batch of the largest samples.
+    """
+    owner = caller.f_locals.get("self") if caller is not None else None
+    if isinstance(owner, BatchSampler) and owner.sampler is sampler and dataset.shards is None:
+        _check_batch_fits(dataset, int(owner.batch_size), budget)
+
+
+def _check_batch_fits(dataset: S5Dataset, batch_size: int, budget: int) -> None:
+    """A DataLoader waits for a whole batch of indices before any sample of it is read, so a
+    budget that cannot hold ``batch_size`` samples can stall; fail now with the numbers."""
+    n = min(batch_size, len(dataset))
+    sizes = dataset.samples.sizes()
+    biggest = [int(v) for v in sorted(np.partition(sizes, len(sizes) - n)[len(sizes) - n:], reverse=True)]
+    need = sum(biggest)
+    if need > budget:
+        raise BudgetError(
+            f"the budget of {format_size(budget)} does not hold one batch: batch_size={batch_size} of "
+            f"the largest samples of {dataset.source or 'the data set'} take {format_size(need)} "
+            f"(the largest is {format_size(biggest[0])}); the budget must hold at least one batch: "
+            f"raise it to at least {format_size(need)} or lower batch_size"
+        )

@@ -1,0 +1,339 @@
+"""Where the shards and their sample counts come from: a source (an s3 prefix of ``*.tar``, a
+list of URIs, or a WebDataset brace pattern) and a wids-style JSON shard list, which
+``s5loader index-shards`` builds by reading each shard's tar headers.
+
+The shard list is webdataset's indexed format (``wids``)::
+
+    {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": ...,
+     "shardlist": [{"url": "shard-000000.tar", "nsamples": 1000, "filesize": 10485760}, ...]}
+
+A ``url`` is an s3 URI or a path relative to the folder that holds the index.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+import re
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
+
+from .._index.listing import boto3_error, list_prefix, make_boto3_client, stat_objects
+from .._util.uri import COMPRESSED_TAR, as_folder, parse_s3_uri
+from ..config import Access
+from ..exceptions import ConfigError, EmptySourceError, ObjectNotFoundError, ShardError, ShardIndexError
+from ..s5cmd import ObjectInfo, S5cmd
+from . import tar as _tar
+
+log = logging.getLogger(__name__)
+
+WIDS_KIND = "wids-shard-index-v1"
+DEFAULT_INDEX = "wids.json"
+
+_BRACE = re.compile(r"\{([^{}]*)\}")
+_RANGE = re.compile(r"(-?\d+)\.\.(-?\d+)")
+
+
+class Shard(NamedTuple):
+    """One shard: its URI, size, ETag and number of samples."""
+
+    uri: str
+    size: int
+    etag: str
+    nsamples: int
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """Expand WebDataset brace notation: ``shard-{000..002}.tar`` (zero padding kept),
+    ``{a,b}``; several braces multiply.
+
+    Raises:
+        ConfigError: an empty or reversed range.
+    """
+    m = _BRACE.search(pattern)
+    if m is None:
+        return [pattern]
+    head, tail, body = pattern[: m.start()], pattern[m.end() :], m[1]
+    r = _RANGE.fullmatch(body)
+    if r is not None:
+        lo, hi = int(r[1]), int(r[2])
+        if hi < lo:
+            raise ConfigError(f"the range {{{body}}} in {pattern!r} runs backwards")
+        width = len(r[1]) if r[1].lstrip("-").startswith("0") else 0
+        choices = [f"{i:0{width}d}" for i in range(lo, hi + 1)]
+    else:
+        choices = body.split(",")
+    return [head + c + rest for c in choices for rest in expand_braces(tail)]
+
+
+def _refuse_compressed(uri: str) -> None:
+    """A compressed shard is named as such before anything else is said about it (its index,
+    its listing): no later step could read it."""
+    if uri.endswith(COMPRESSED_TAR):
+        raise ShardError(
+            f"{uri} is a compressed tar shard; s5loader reads uncompressed .tar shards only: "
+            f"decompress it (gunzip, zstd -d, ...) into a .tar, then run s5loader index-shards on those"
+        )
+
+
+def _folder(uri: str) -> str:
+    return uri[: uri.rfind("/") + 1]
+
+
+def resolve(source: str | Sequence[str], endpoint_url: Access | str | None) -> tuple[list[ObjectInfo], str]:
+    """The shards a source names, with sizes and ETags, and the folder for its default index.
+
+    Args:
+        source: ``s3://b/train/`` (every ``*.tar`` below it, in key order), a brace pattern
+            (``s3://b/train/shard-{000000..000999}.tar``, in pattern order), one shard URI,
+            or a list of shard URIs (in list order).
+
+    Raises:
+        S3URIError, EmptySourceError, ObjectNotFoundError (a shard the pattern or list
+        names does not exist), and the listing's errors.
+    """
+    if not isinstance(source, str):
+        uris = [str(u) for u in source]
+        if not uris:
+            raise EmptySourceError("the shard list is empty")
+        for u in uris:
+            parse_s3_uri(u)
+            _refuse_compressed(u)
+        folders = {_folder(u) for u in uris}
+        folder = folders.pop() if len(folders) == 1 else _folder(posixpath.commonprefix(uris))
+        return stat_objects(uris, endpoint_url), folder
+    parse_s3_uri(source)
+    _refuse_compressed(source)
+    if "{" in source:
+        uris = expand_braces(source)
+        for u in uris:
+            _refuse_compressed(u)
+        literal = source[: source.index("{")]
+        try:
+            found = {o.uri: o for o in list_prefix(literal, S5cmd(access=Access.coerce(endpoint_url)))}
+        except EmptySourceError:
+            found = {}
+        missing = [u for u in uris if u not in found]
+        if missing:
+            raise ObjectNotFoundError(
+                f"{missing[0]}: no such shard ({len(missing)} of the {len(uris)} shards {source} names are missing)"
+            )
+        return [found[u] for u in uris], _folder(literal)
+    if source.endswith(".tar"):
+        return stat_objects([source], endpoint_url), _folder(source)
+    source = as_folder(source)  # a prefix names a folder, never its siblings
+    listed = list_prefix(source, S5cmd(access=Access.coerce(endpoint_url)))
+    objects = sorted((o for o in listed if o.key.endswith(".tar")), key=lambda o: o.key)
+    if not objects:
+        packed = [o.uri for o in listed if o.key.endswith(COMPRESSED_TAR)]
+        if packed:
+            raise EmptySourceError(
+                f"no *.tar shard under {source}, only compressed ones such as {packed[0]}; "
+                f"s5loader reads uncompressed tar shards"
+            )
+        raise EmptySourceError(f"no *.tar shard under {source}")
+    return objects, _folder(source)
+
+
+# -- the shard list ---------------------------------------------------------------------
+def parse_index(data: bytes, where: str) -> dict[str, int]:
+    """``{shard URI: nsamples}`` from a wids JSON shard list; relative URLs are resolved
+    against the folder of ``where`` (the index's own URI or path).
+
+    Raises:
+        ShardIndexError: not JSON, no ``shardlist``, or a bad entry (named by position).
+    """
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ShardIndexError(f"the shard index {where} is not valid JSON ({exc})") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("shardlist"), list):
+        raise ShardIndexError(f"the shard index {where} has no 'shardlist' list (a wids shard index is expected)")
+    kind = doc.get("__kind__", WIDS_KIND)
+    if kind != WIDS_KIND:
+        raise ShardIndexError(f"the shard index {where} is a {kind!r}, not a {WIDS_KIND!r}")
+    base = _folder(where) if where.startswith("s3://") else ""
+    extra = doc.get("base")
+    if isinstance(extra, str) and extra and (extra.startswith("s3://") or "://" not in extra):
+        # widsindex's "base": the folder relative URLs are below (an s3 URL, or relative to
+        # the index); a base of another scheme names where someone else keeps a copy
+        base = _join(base, extra.rstrip("/") + "/", where, "base")
+    out: dict[str, int] = {}
+    for i, entry in enumerate(doc["shardlist"]):
+        url = entry.get("url") if isinstance(entry, dict) else None
+        n = entry.get("nsamples") if isinstance(entry, dict) else None
+        if not isinstance(url, str) or not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ShardIndexError(
+                f"the shard index {where}: entry {i} needs a 'url' string and an int 'nsamples' >= 0, got {entry!r}"
+            )
+        out[_join(base, url, where, f"entry {i}")] = n
+    return out
+
+
+def _join(base: str, url: str, where: str, what: str) -> str:
+    """``url`` resolved against the s3 folder ``base`` as wids does (``./`` and ``..``
+    folded). Refused: a relative URL that leaves its bucket or has no s3 folder to resolve
+    against, and an s3:// URL with a ``.`` or ``..`` component (S3 would take it literally,
+    wids would not).
+    """
+    if url.startswith("s3://"):
+        bucket, _, key = url[5:].partition("/")
+        if any(p in (".", "..") for p in key.split("/")):
+            raise ShardIndexError(f"the shard index {where}: {what} ({url!r}) has a '.' or '..' component; refused")
+        return url
+    if not base:
+        raise ShardIndexError(f"the shard index {where}: {what} has the relative URL {url!r}; a local index needs s3:// URLs")
+    if url.startswith("/"):
+        raise ShardIndexError(f"the shard index {where}: {what} has the absolute path {url!r}; use an s3:// URL")
+    bucket, _, key = base[5:].partition("/")
+    depth = 0
+    for p in (key + url).split("/"):
+        depth += -1 if p == ".." else 0 if p in ("", ".") else 1
+        if depth < 0:
+            raise ShardIndexError(f"the shard index {where}: {what} ({url!r}) leads outside the bucket s3://{bucket}/")
+    folded = posixpath.normpath(key + url)
+    return f"s3://{bucket}/{folded}" + ("/" if url.endswith("/") and folded != "." else "")
+
+
+def format_index(shards: Sequence[Shard], index_uri: str, name: str = "") -> bytes:
+    """A wids JSON shard list; URLs below the index's folder are written relative to it."""
+    base = _folder(index_uri) if index_uri.startswith("s3://") else ""
+    entries = []
+    for s in shards:
+        url = s.uri[len(base) :] if base and s.uri.startswith(base) else s.uri
+        entries.append({"url": url, "nsamples": s.nsamples, "filesize": s.size})
+    doc = {"__kind__": WIDS_KIND, "wids_version": 1, "name": name, "shardlist": entries}
+    return (json.dumps(doc, indent=1) + "\n").encode()
+
+
+def read_index(where: str, endpoint_url: Access | str | None) -> dict[str, int] | None:
+    """The shard list at an s3 URI or a local path; None when there is none."""
+    if not where.startswith("s3://"):
+        try:
+            with open(where, "rb") as fh:
+                return parse_index(fh.read(), where)
+        except FileNotFoundError:
+            return None
+    u = parse_s3_uri(where)
+    try:
+        body = make_boto3_client(endpoint_url).get_object(Bucket=u.bucket, Key=u.key)["Body"].read()
+    except Exception as exc:
+        err = boto3_error(exc, where)
+        if isinstance(err, ObjectNotFoundError):
+            return None
+        raise err from exc
+    return parse_index(body, where)
+
+
+def write_index(data: bytes, where: str, endpoint_url: Access | str | None) -> None:
+    if not where.startswith("s3://"):
+        with open(where, "wb") as fh:
+            fh.write(data)
+        return
+    u = parse_s3_uri(where)
+    try:
+        make_boto3_client(endpoint_url).put_object(Bucket=u.bucket, Key=u.key, Body=data)
+    except Exception as exc:
+        raise boto3_error(exc, where) from exc
+
+
+def load_shards(
+    source: str | Sequence[str], index: str | None, endpoint_url: Access | str | None
+) -> tuple[list[Shard], str]:
+    """The shards of ``source`` with their sample counts from ``index`` (else the default
+    index next to the shards), and the index's location.
+
+    Raises:
+        ShardIndexError: no index, or one that lacks a shard; the message says to run
+            ``s5loader index-shards SOURCE``.
+    """
+    objects, folder = resolve(source, endpoint_url)
+    where = index or folder + DEFAULT_INDEX
+    counts = read_index(where, endpoint_url)
+    hint = f"build one with: s5loader index-shards {_quote_source(source)}"
+    if counts is None:
+        raise ShardIndexError(f"no shard index at {where}: {hint}" + ("" if index else " (or pass index=...)"))
+    shards = []
+    for o in objects:
+        if o.uri not in counts:
+            raise ShardIndexError(f"the shard index {where} does not list {o.uri}: {hint}")
+        shards.append(Shard(o.uri, o.size, o.etag, counts[o.uri]))
+    return shards, where
+
+
+def _quote_source(source: str | Sequence[str]) -> str:
+    if isinstance(source, str):
+        return f"'{source}'" if "{" in source else source
+    return " ".join(source)
+
+
+# -- index-shards -------------------------------------------------------------------------
+class _Body:
+    """A streamed GET body as the file object tarfile's stream mode reads."""
+
+    def __init__(self, body: Any) -> None:
+        self._body = body
+
+    def read(self, n: int = -1) -> bytes:
+        return bytes(self._body.read(n if n is not None and n >= 0 else None))
+
+
+def count_samples(obj: ObjectInfo, endpoint_url: Access | str | None, client: Any = None) -> int:
+    """The number of samples in one shard, read with one streamed GET (headers are parsed,
+    data is skipped as it streams by; memory stays small).
+
+    Raises:
+        ShardError, UnsafeArchiveError: the shard is not a readable tar (names it and the member).
+    """
+    u = parse_s3_uri(obj.uri)
+    client = client or make_boto3_client(endpoint_url)
+    try:
+        body = client.get_object(Bucket=u.bucket, Key=u.key)["Body"]
+    except Exception as exc:
+        raise boto3_error(exc, obj.uri) from exc
+    try:
+        return len(_tar.scan(_Body(body), obj.size, obj.uri, stream=True))
+    finally:
+        body.close()
+
+
+def build_index(
+    source: str | Sequence[str],
+    endpoint_url: Access | str | None,
+    output: str | None = None,
+    progress: Callable[[int, int, int], None] | None = None,
+    jobs: int = 8,
+) -> tuple[str, list[Shard]]:
+    """Count the samples of every shard of ``source`` and write the wids shard list to
+    ``output`` (an s3 URI or a local path; default ``FOLDER/wids.json`` next to the shards).
+
+    Args:
+        progress: called with (shards done, shards in all, bytes read) after each shard.
+        jobs: shards read at once.
+
+    Returns:
+        Where the index went, and the shards with their counts.
+    """
+    objects, folder = resolve(source, endpoint_url)
+    where = output or folder + DEFAULT_INDEX
+    client = make_boto3_client(endpoint_url)
+    done = nbytes = 0
+    counts: list[int] = []
+
+    def one(o: ObjectInfo) -> int:
+        return count_samples(o, endpoint_url, client)
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for o, n in zip(objects, pool.map(one, objects), strict=True):
+            counts.append(n)
+            done += 1
+            nbytes += o.size
+            if progress is not None:
+                progress(done, len(objects), nbytes)
+    shards = [Shard(o.uri, o.size, o.etag, n) for o, n in zip(objects, counts, strict=True)]
+    name = source if isinstance(source, str) else folder
+    write_index(format_index(shards, where, name), where, endpoint_url)
+    log.info("indexed %d shards (%d samples) of %s into %s", len(shards), sum(counts), name, where)
+    return where, shards

@@ -1,0 +1,138 @@
+"""One sampler pass over tar shards: which shards to stage in which order, and opening each
+staged shard for the readers.
+
+The sampler's order is of samples; the engine stages shards. A *visit* is one staging of a
+shard: the samples of the shard at the positions that follow its first, until a sample of it
+comes a second time (padding can repeat samples), which starts the shard's next visit. The
+engine stages the visits in the order of their first position, one ``cp`` per shard, and
+frees a shard when the readers dropped the claims of every sample of its visit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .._util.uri import format_size
+from ..exceptions import BudgetError, S5LoaderError
+from ..staging.layout import StagingLayout
+from . import tar as _tar
+
+if TYPE_CHECKING:
+    from ..engine import Stager
+    from .dataset import ShardDataset
+
+log = logging.getLogger(__name__)
+
+_UNOPENED, _OPEN, _SKIPPED = 0, 1, 2
+
+
+class ShardPass:
+    """The visits of one pass, and the sampler's side of them (wait, check, claim)."""
+
+    def __init__(self, dataset: ShardDataset, order: Sequence[int], folder: str, keep: bool, on_error: str) -> None:
+        self.dataset = dataset
+        self.layout = StagingLayout(folder)
+        self.keep = keep
+        self.on_error = on_error
+        self.visit_of: list[int] = []
+        self.shard_of_visit: list[int] = []
+        self.needed: list[list[int]] = []
+        self.last: list[int] = []
+        current: dict[int, int] = {}
+        seen: list[set[int]] = []
+        for pos, idx in enumerate(order):
+            s, j = dataset.locate(idx)
+            v = current.get(s, -1)
+            if v < 0 or j in seen[v]:
+                v = len(self.shard_of_visit)
+                current[s] = v
+                self.shard_of_visit.append(s)
+                self.needed.append([])
+                self.last.append(pos)
+                seen.append(set())
+            self.needed[v].append(j)
+            seen[v].add(j)
+            self.last[v] = pos
+            self.visit_of.append(v)
+        self.state = bytearray(len(self.shard_of_visit))
+
+    @property
+    def engine_order(self) -> list[int]:
+        """The shards to stage, one entry per visit."""
+        return self.shard_of_visit
+
+    def peak_bytes(self) -> tuple[int, int]:
+        """The most bytes of shards that must be staged at once (a shard stays from its
+        visit's first sample to its last), and the position where that peak is reached."""
+        sizes = [self.dataset.shards[s].size for s in self.shard_of_visit]
+        ends: dict[int, int] = {}
+        for v, last in enumerate(self.last):
+            ends[last] = ends.get(last, 0) + sizes[v]
+        opened = set()
+        held = peak = at = 0
+        for pos, v in enumerate(self.visit_of):
+            if v not in opened:
+                opened.add(v)
+                held += sizes[v]
+                if held > peak:
+                    peak, at = held, pos
+            held -= ends.get(pos, 0)
+        return peak, at
+
+    def check_budget(self, budget: int, shuffle: bool | str) -> None:
+        """Raise :class:`BudgetError` when the shards one stretch of the order needs at once
+        cannot fit the budget (the pass could never go on)."""
+        peak, _ = self.peak_bytes()
+        if peak <= budget:
+            return
+        how = (
+            "shuffle=True spreads every shard over the whole epoch, so all of them are staged at once; "
+            "use shuffle='block' (shards in a random order, samples shuffled within a window)"
+            if shuffle is True
+            else "lower samples_per_call (the window samples are shuffled in, which sets how many "
+            "shards are open at once) or raise the budget"
+        )
+        raise BudgetError(
+            f"the shards of {self.dataset.source} that this order needs staged at once take "
+            f"{format_size(peak)}, more than the budget of {format_size(budget)}: {how}"
+        )
+
+    def take(self, pos: int, stager: Stager) -> bool:
+        """Whether the sample at ``pos`` can be yielded: waits for its shard to be staged and
+        opens it on first use. False for a sample of a shard that was skipped."""
+        v = self.visit_of[pos]
+        if self.state[v] == _UNOPENED:
+            ok = stager.wait(v)
+            if ok:
+                s = self.shard_of_visit[v]
+                if not self.keep:
+                    stager.yielded(s)
+                ok = self._open(v, s, stager)
+            self.state[v] = _OPEN if ok else _SKIPPED
+        return self.state[v] == _OPEN
+
+    def _open(self, v: int, s: int, stager: Stager) -> bool:
+        layout = self.layout
+        if self.keep:
+            try:
+                with open(layout.shard_table(s), "rb"):
+                    return True  # checked in an earlier epoch
+            except FileNotFoundError:
+                pass
+        uri = self.dataset.shards[s].uri
+        try:
+            members = _tar.scan_file(layout.path(s, self.dataset.samples[s], 0), uri)
+            self.dataset.check_members(s, members)
+            layout.open_shard(s, _tar.dumps(members), [] if self.keep else self.needed[v])
+        except S5LoaderError as exc:
+            if self.on_error != "skip":
+                layout.drop_shard(s)
+                raise
+            log.warning("skipping the %d sample(s) of %s: %s", len(self.needed[v]), uri, exc)
+            stager.stats.skipped.append(uri)
+            stager.stats.skip_errors[uri] = exc
+            layout.drop_shard(s)
+            return False
+        return True

@@ -1,0 +1,218 @@
+"""Reading tar shards in the WebDataset convention: scan the member headers once, group the
+members into samples, and read a sample's members by offset.
+
+A sample is a run of consecutive members sharing a key: the member path up to the first dot
+of its file name (``train/0001.jpg`` and ``train/0001.cls`` form the sample ``train/0001``
+with fields ``jpg`` and ``cls``; field names are lower-cased, as webdataset does). Members
+that are not regular files (folders, links) and files without an extension are skipped, as
+webdataset skips them. Nothing is ever extracted to a path made from a member name: members
+are read by offset, and a name with a ``..`` component or an absolute path is refused.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+from collections.abc import Sequence
+from typing import IO, Any, NamedTuple
+
+from ..exceptions import ShardError, UnsafeArchiveError
+
+
+class Member(NamedTuple):
+    """One field of a sample inside a shard: its name, where its bytes start, how many."""
+
+    field: str
+    offset: int
+    size: int
+
+
+class TarSample(NamedTuple):
+    """One sample of a shard: its key and its members, in tar order."""
+
+    key: str
+    members: tuple[Member, ...]
+
+
+def split_name(name: str) -> tuple[str, str] | None:
+    """``dir/0001.seg.jpg`` -> (``dir/0001``, ``seg.jpg``); None for a name without extension."""
+    slash = name.rfind("/") + 1
+    dot = name.find(".", slash)
+    if dot <= slash or dot == len(name) - 1:
+        return None
+    return name[:dot], name[dot + 1 :].lower()
+
+
+def _check_name(name: str, uri: str) -> None:
+    parts = name.split("/")
+    if name.startswith("/") or ".." in parts or "\x00" in name:
+        raise UnsafeArchiveError(f"{uri}: member {name!r} has an absolute path or a '..' component; refused")
+
+
+def scan(fileobj: Any, size: int, uri: str, stream: bool = False) -> list[TarSample]:
+    """Read the member headers of a tar and group its members into samples.
+
+    Args:
+        fileobj: the tar, seekable (data is skipped, never read), or with ``stream`` any
+            file object with ``read`` (data is read and dropped as it streams by).
+        size: its size in bytes, to tell a truncated tar.
+        uri: the shard's s3 URI, for messages.
+
+    Raises:
+        ShardError: not a tar, a damaged header, a truncated member, or a field twice in one
+            sample (the message names the shard and the member).
+        UnsafeArchiveError: a member name with ``..`` or an absolute path.
+    """
+    samples: list[TarSample] = []
+    key: str | None = None
+    members: list[Member] = []
+    last = ""
+    if stream:
+        fileobj = Tail(fileobj)
+        head = fileobj.peek()
+    else:
+        head = fileobj.read(6)
+        fileobj.seek(0)
+    try:
+        tar = tarfile.open(fileobj=fileobj, mode="r|" if stream else "r:")
+    except tarfile.TarError as exc:
+        kind = _compression(head)
+        if kind:
+            raise ShardError(
+                f"{uri} is {kind} compressed; s5loader reads uncompressed tar shards (write them "
+                f"without compression, or decompress them)"
+            ) from exc
+        raise ShardError(f"{uri} is not a tar file ({exc})") from exc
+    try:
+        while True:
+            try:
+                info = tar.next()
+            except (tarfile.TarError, EOFError) as exc:
+                raise ShardError(f"{uri}: a damaged or truncated tar after member {last!r} ({exc or type(exc).__name__})") from exc
+            if info is None:
+                break
+            last = info.name
+            _check_name(info.name, uri)
+            if info.issparse():  # its data is not stored in one piece: offsets would lie
+                raise ShardError(f"{uri}: member {info.name!r} is a GNU sparse file; write shards without --sparse")
+            if info.offset_data + info.size > size:
+                raise ShardError(
+                    f"{uri}: member {info.name!r} is truncated ({info.size} bytes at offset "
+                    f"{info.offset_data}, the shard has {size})"
+                )
+            if not info.isreg():
+                continue
+            parts = split_name(info.name)
+            if parts is None:
+                continue
+            k, f = parts
+            if k != key:
+                if key is not None:
+                    samples.append(TarSample(key, tuple(members)))
+                key, members = k, []
+            if any(m.field == f for m in members):
+                raise ShardError(f"{uri}: member {info.name!r}: field {f!r} twice in sample {k!r}")
+            members.append(Member(f, info.offset_data, info.size))
+        end = tar.offset
+    finally:
+        tar.close()
+    _check_end(fileobj, end, size, stream, last, uri)
+    if key is not None:
+        samples.append(TarSample(key, tuple(members)))
+    return samples
+
+
+_MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
+
+
+def _compression(head: bytes) -> str:
+    return next((kind for magic, kind in _MAGIC.items() if head.startswith(magic)), "")
+
+
+class Tail:
+    """A file object that reads through ``raw`` and keeps the last bytes it returned (so a
+    stream's end can be checked after tarfile read its headers)."""
+
+    KEEP = 1 << 16
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self.raw = raw
+        self.pos = 0
+        self.tail = b""
+        self._head = b""
+
+    def peek(self, n: int = 6) -> bytes:
+        """The first ``n`` bytes, read ahead and given again by the next reads."""
+        self._head = self.raw.read(n)
+        return self._head
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        if self._head:
+            data, self._head = self._head + data, b""
+            if n is not None and n >= 0 and len(data) > n:
+                data, self._head = data[:n], data[n:]
+        self.pos += len(data)
+        self.tail = (self.tail + data)[-self.KEEP :]
+        return data
+
+
+def _check_end(fileobj: Any, end: int, size: int, stream: bool, last: str, uri: str) -> None:
+    # What follows the last member must be the end-of-archive blocks (zeros): anything else
+    # is a tar cut short in a header, or garbage that tarfile took for the end.
+    if stream:
+        assert isinstance(fileobj, Tail)
+        # tarfile reads ahead at most a record or so, well within the kept tail; what comes
+        # after is checked as it streams by, so end padding of any length (``tar -b``) passes
+        start = fileobj.pos - len(fileobj.tail)
+        rest = fileobj.tail[end - start :] if end >= start else b"\x01"
+        nonzero = False
+        while chunk := fileobj.read(1 << 20):
+            nonzero = nonzero or chunk.count(0) != len(chunk)
+        if nonzero:
+            rest += b"\x01"
+        elif len(rest) < 512 and fileobj.pos - end >= 512:
+            rest = bytes(512)
+        total = fileobj.pos
+    else:
+        fileobj.seek(end)
+        rest = fileobj.read()
+        total = end + len(rest)
+    if total != size:
+        raise ShardError(f"{uri}: {total} bytes read, {size} expected")
+    if len(rest) < 512 or rest.count(0) != len(rest):
+        raise ShardError(
+            f"{uri}: a truncated or damaged tar after member {last!r} (no end-of-archive "
+            f"blocks at offset {end})"
+        )
+
+
+def scan_file(path: str, uri: str) -> list[TarSample]:
+    """:func:`scan` of a staged shard."""
+    with open(path, "rb") as fh:
+        return scan(fh, os.fstat(fh.fileno()).st_size, uri)
+
+
+def scan_bytes(data: bytes, uri: str) -> list[TarSample]:
+    """:func:`scan` of a shard in memory."""
+    return scan(io.BytesIO(data), len(data), uri)
+
+
+def read_sample(fileobj: IO[bytes], sample: TarSample) -> dict[str, bytes]:
+    """The fields of ``sample`` as bytes, read by offset."""
+    out: dict[str, bytes] = {}
+    for m in sample.members:
+        fileobj.seek(m.offset)
+        out[m.field] = fileobj.read(m.size)
+    return out
+
+
+def dumps(samples: Sequence[TarSample]) -> bytes:
+    """The member table of a shard, for the readers of a staging pass."""
+    return json.dumps([[s.key, [list(m) for m in s.members]] for s in samples], separators=(",", ":")).encode()
+
+
+def loads(data: bytes) -> list[TarSample]:
+    return [TarSample(k, tuple(Member(f, o, n) for f, o, n in ms)) for k, ms in json.loads(data)]

@@ -1,0 +1,40 @@
+"""How :class:`~s5loader.S5Dataset` reads a sample's fields: from the files a staging pass
+staged (then released), or directly from S3."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._index.listing import Sample, boto3_error
+from .._util.uri import parse_s3_uri
+from .layout import StagingLayout
+
+
+def read_staged(layout: StagingLayout, index: int, sample: Sample, keep: bool) -> list[bytes] | None:
+    """The fields of sample ``index`` from its staged files, which are released unless
+    ``keep``; None when none is staged (a file missing after the first is an error)."""
+    paths = layout.paths(index, sample)
+    data = []
+    try:
+        for p in paths:
+            with open(p, "rb") as fh:
+                data.append(fh.read())
+    except FileNotFoundError:
+        if not data:
+            return None
+        raise
+    if not keep:
+        layout.release(index, paths)
+    return data
+
+
+def fetch_fields(client: Any, sample: Sample) -> list[bytes]:
+    """The fields of ``sample``, each with one GET through the boto3 ``client``."""
+    out = []
+    for f in sample.fields:
+        u = parse_s3_uri(f.uri)
+        try:
+            out.append(client.get_object(Bucket=u.bucket, Key=u.key)["Body"].read())
+        except Exception as exc:
+            raise boto3_error(exc, f.uri) from exc
+    return out

@@ -1,0 +1,153 @@
+"""The package's shape, checked: no import circle (imports inside functions and under
+``TYPE_CHECKING`` count too), imports of the package's own modules at the top of modules but
+for the deliberate lazy ones below, no runtime module over 400 lines and no class over 300,
+and a ``docs/architecture.md`` that names every module."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "s5loader"
+
+# (importing module, imported module): the lazy imports kept on purpose, each with its reason
+# in a comment where it is made.
+LAZY_ALLOWED = {
+    ("s5loader", "s5loader.dcp"),  # torch.distributed.checkpoint only when s5loader.dcp is used
+}
+MODULE_LINES = 400
+CLASS_LINES = 300
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, bool]]:
+    """The package modules ``name`` imports, each with whether the import is lazy (inside a
+    function)."""
+    is_pkg = path.name == "__init__.py"
+    found: list[tuple[str, bool]] = []
+
+    def target(base: str) -> str:
+        while base not in modules and "." in base:
+            base = base.rsplit(".", 1)[0]
+        return base
+
+    def visit(node: ast.AST, lazy: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = lazy or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if isinstance(child, ast.Import):
+                found.extend((target(a.name), inner) for a in child.names if a.name.startswith("s5loader"))
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    here = name.split(".") if is_pkg else name.split(".")[:-1]
+                    here = here[: len(here) - (child.level - 1)]
+                    base = ".".join(here + ([child.module] if child.module else []))
+                else:
+                    base = child.module or ""
+                if base.startswith("s5loader"):
+                    for a in child.names:
+                        full = f"{base}.{a.name}"
+                        found.append((full if full in modules else target(base), inner))
+            visit(child, inner)
+
+    visit(ast.parse(path.read_text()), False)
+    return [(t, lazy) for t, lazy in found if t != name]
+
+
+def _graph() -> tuple[dict[str, set[str]], set[tuple[str, str]]]:
+    modules = _modules()
+    graph: dict[str, set[str]] = defaultdict(set)
+    lazy: set[tuple[str, str]] = set()
+    for name, path in modules.items():
+        for target, is_lazy in _imports(name, path, modules):
+            graph[name].add(target)
+            if is_lazy:
+                lazy.add((name, target))
+    return graph, lazy
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in list(graph):
+        if v not in index:
+            connect(v)
+    return out
+
+
+def test_cycle_finder_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circle_in_the_package() -> None:
+    graph, _ = _graph()
+    # a package imports its own modules to export them; its modules must not import it back
+    assert _cycles(graph) == []
+
+
+def test_imports_are_at_the_top_but_the_deliberate_lazy_ones() -> None:
+    _, lazy = _graph()
+    # the CLI imports each command's module when that command runs (s5loader.cli._load)
+    unexpected = sorted(e for e in lazy - LAZY_ALLOWED if e[0] != "s5loader.cli")
+    assert unexpected == []
+
+
+def test_no_module_over_400_lines_and_no_class_over_300() -> None:
+    long_modules, long_classes = [], []
+    for name, path in _modules().items():
+        text = path.read_text()
+        if text.count("\n") > MODULE_LINES:
+            long_modules.append((name, text.count("\n")))
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                size = node.end_lineno - node.lineno + 1
+                if size > CLASS_LINES:
+                    long_classes.append((f"{name}.{node.name}", size))
+    assert long_modules == [] and long_classes == []
+
+
+def test_the_architecture_doc_names_every_module() -> None:
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    missing = []
+    for path in _modules().values():
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel not in doc and path.name != "__init__.py":
+            missing.append(rel)
+    assert missing == []

@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv demo test test-fast lint bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -18,8 +18,13 @@ venv: $(STAMP)
 demo: venv
 	$(PY) bin/demo
 
+# Everything: the unit tier, then the real-path tiers (the real s5cmd against moto and SeaweedFS).
 test: venv
 	$(PY) -m pytest -q tests
+
+# The unit tier alone: no server, no subprocess; under a minute.
+test-fast: venv
+	$(PY) -m pytest -q tests/unit
 
 lint: venv
 	$(VENV)/bin/ruff check s5loader tests bench bin

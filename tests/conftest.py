@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import boto3
 import pytest
+from support.tiers import unit_tier_guard  # noqa: F401 (an autouse fixture for tests/unit)
 
 # Dummy credentials: both servers accept any. Set before anything reads the AWS chain.
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")

@@ -151,3 +151,17 @@ def test_the_architecture_doc_names_every_module() -> None:
         if rel not in doc and path.name != "__init__.py":
             missing.append(rel)
     assert missing == []
+
+
+def test_the_unit_tier_refuses_subprocesses_and_sockets() -> None:
+    import socket
+    import subprocess
+
+    from support.tiers import TierError
+
+    for attempt in (lambda: subprocess.run(["true"]), lambda: socket.create_connection(("127.0.0.1", 9))):
+        try:
+            attempt()
+        except TierError:
+            continue
+        raise AssertionError("the unit tier let a subprocess or a connection through")

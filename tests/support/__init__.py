@@ -1,0 +1,1 @@
+"""Helpers shared by the test tiers: servers, stores, fault proxies, the unit tier's guard."""

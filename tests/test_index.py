@@ -305,7 +305,7 @@ def test_local_ranks_share_one_index_through_a_file(tmp_path: Path, monkeypatch:
 
 
 def test_manifest_fast_lines_read_as_json_does(tmp_path: Path) -> None:
-    from s5loader._index.listing import index_manifest
+    from s5loader._index.manifest import index_manifest
 
     lines = [
         '{"uri": "s3://bk/p/1.jpg", "size": 3, "etag": "' + MD5 + '"}',  # the usual shape

@@ -78,9 +78,18 @@ class IndexBuilder:
     def __len__(self) -> int:
         return len(self._size)
 
-    def add(self, uri: str, key: str, size: int, etag: str, extra: dict[str, Any] | None = None, order: int = -1) -> None:
-        """Add one object; ``extra`` fields merge into its sample's (in ``order``, else in the
-        order objects were added)."""
+    def add(
+        self,
+        uri: str,
+        key: str,
+        size: int,
+        etag: str,
+        extra: dict[str, Any] | None = None,
+        order: int = -1,
+        extra_json: str | None = None,
+    ) -> None:
+        """Add one object; ``extra`` fields (or ``extra_json``, the text ``json.dumps(extra)``
+        gives) merge into its sample's (in ``order``, else in the order objects were added)."""
         if key.endswith("/") and size == 0:
             if self._unused is not None:
                 self._unused.append(key)  # a "directory marker", not data
@@ -143,6 +152,8 @@ class IndexBuilder:
             self._odd_keys[j] = skey
         if extra:
             self._extras[j] = (order if order >= 0 else j, json.dumps(extra))
+        elif extra_json:
+            self._extras[j] = (order if order >= 0 else j, extra_json)
 
     def _skip(self, uri: str, key: str) -> None:
         self._n_skipped += 1
@@ -268,6 +279,9 @@ def _merge_extras(extras: dict[int, tuple[int, str]], first: np.ndarray) -> dict
         return {}
     at = np.array(sorted(extras), dtype=np.int64)
     sample_of = np.searchsorted(first, at, side="right") - 1
+    if len(sample_of) < 2 or bool((np.diff(sample_of) > 0).all()):
+        # one object with extra fields per sample (a manifest's label): nothing to merge
+        return {s: extras[j][1] for j, s in zip(at.tolist(), sample_of.tolist(), strict=True)}
     per: dict[int, list[tuple[int, str]]] = {}
     for j, s in zip(at.tolist(), sample_of.tolist(), strict=True):
         per.setdefault(s, []).append(extras[j])

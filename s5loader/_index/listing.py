@@ -3,9 +3,7 @@ URIs, then grouping objects into samples (``stem``, ``folder`` or ``object``).""
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -18,7 +16,6 @@ from ..exceptions import (
     EmptySourceError,
     EndpointError,
     FetchError,
-    ManifestError,
     NoSuchBucketError,
     ObjectNotFoundError,
     S5LoaderError,
@@ -295,96 +292,3 @@ def boto3_error(exc: Exception, uri: str) -> S5LoaderError:
     if name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError"):
         return EndpointError(msg + endpoint_hint(getattr(exc, "kwargs", {}).get("endpoint_url")))
     return FetchError(msg)
-
-
-def index_manifest(path_or_uri: str, endpoint_url: Access | str | None, group_by: str) -> SampleIndex:
-    """Read a JSON Lines manifest from a local path or an s3 URI into an index, line by line.
-
-    Each line is either a JSON string (an object URI) or an object with ``"uri"`` and, where
-    known, ``"size"`` and ``"etag"``; any other keys are extra fields carried into the sample.
-    Blank lines are ignored. Objects without a size get one HEAD request each.
-
-    Raises:
-        ManifestError: a line is not valid (the message names the manifest and the line
-            number), or an object is listed twice.
-        EmptySourceError: the manifest lists no object.
-    """
-    from .builder import IndexBuilder, SameObjectTwice
-
-    builder = IndexBuilder(group_by, source=path_or_uri)
-    missing: list[tuple[int, str, dict[str, Any]]] = []
-    count = 0
-    fast = _FAST_LINE.match
-    for lineno, line in enumerate(_read_lines(path_or_uri, endpoint_url), 1):
-        m = fast(line)
-        if m is not None and not m[2].endswith("/"):
-            # the usual {"uri": ..., "size": ..., "etag": ...} without escapes: what json.loads
-            # and parse_s3_uri make of it, at a fraction of the cost
-            count += 1
-            builder.add(f"s3://{m[1]}/{m[2]}", m[2], int(m[3]), m[4] or "", None, order=count)
-            continue
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ManifestError(f"{path_or_uri} line {lineno}: not valid JSON ({exc.msg}): {line[:200]!r}") from exc
-        if isinstance(rec, str):
-            rec = {"uri": rec}
-        if not isinstance(rec, dict) or not isinstance(rec.get("uri"), str):
-            raise ManifestError(
-                f"{path_or_uri} line {lineno}: expected a URI string or an object with a "
-                f"'uri' field, got {line[:200]!r}"
-            )
-        uri = rec.pop("uri")
-        try:
-            u = parse_s3_uri(uri)
-        except S5LoaderError as exc:
-            raise ManifestError(f"{path_or_uri} line {lineno}: {exc}") from exc
-        if not u.key or u.key.endswith("/"):
-            raise ManifestError(f"{path_or_uri} line {lineno}: {uri!r} names no object")
-        size, etag = rec.pop("size", None), rec.pop("etag", "")
-        count += 1
-        if size is None:
-            missing.append((count, uri, rec))
-            continue
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise ManifestError(f"{path_or_uri} line {lineno}: size must be a non-negative int, got {size!r}")
-        builder.add(uri, u.key, size, str(etag).strip('"'), rec, order=count)
-    if not count:
-        raise EmptySourceError(f"the manifest {path_or_uri} lists no object")
-    if missing:
-        for (order, _, rec), obj in zip(missing, stat_objects([m[1] for m in missing], endpoint_url), strict=True):
-            builder.add(obj.uri, obj.key, obj.size, obj.etag, rec, order=order)
-    try:
-        return builder.build()
-    except SameObjectTwice as exc:
-        raise ManifestError(f"{path_or_uri}: {exc.uri} is listed twice") from exc
-
-
-# A manifest line in the usual shape, its JSON strings free of escapes and control characters,
-# its bucket name one that parse_s3_uri accepts; any other line takes the full path.
-_FAST_LINE = re.compile(
-    r'[ \t]*\{[ \t]*"uri"[ \t]*:[ \t]*"s3://([A-Za-z0-9][A-Za-z0-9._-]{1,254})/([^"\\\x00-\x1f]+)"'
-    r'[ \t]*,[ \t]*"size"[ \t]*:[ \t]*(0|[1-9][0-9]*)[ \t]*'
-    r'(?:,[ \t]*"etag"[ \t]*:[ \t]*"([^"\\\x00-\x1f]*)"[ \t]*)?\}[ \t]*\r?\n?$'
-)
-
-
-def _read_lines(path_or_uri: str, endpoint_url: Access | str | None) -> Iterator[str]:
-    if path_or_uri.startswith("s3://"):
-        u = parse_s3_uri(path_or_uri)
-        client = make_boto3_client(endpoint_url)
-        try:
-            body = client.get_object(Bucket=u.bucket, Key=u.key)["Body"]
-            for raw in body.iter_lines(chunk_size=1 << 20, keepends=True):
-                yield raw.decode("utf-8")
-        except Exception as exc:
-            raise boto3_error(exc, path_or_uri) from exc
-        return
-    try:
-        f = open(path_or_uri, encoding="utf-8")
-    except OSError as exc:
-        raise ManifestError(f"cannot read the manifest {path_or_uri!r}: {exc.strerror}") from exc
-    with f:
-        yield from f

@@ -17,11 +17,11 @@ from .labels import check_label, folder_labels, warn_grouping
 from .listing import (
     boto3_error,
     check_group_by,
-    index_manifest,
     index_objects,
     index_prefix,
     make_boto3_client,
 )
+from .manifest import index_manifest
 from .share import shared_index
 
 

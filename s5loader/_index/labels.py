@@ -112,6 +112,7 @@ def warn_grouping(index: SampleIndex, group_by: str, source: str) -> None:
         )
     if group_by != "stem":
         return
+    _warn_folder_samples(index, source)
     counts: dict[str, int] = {}
     for _, name in _field_names(index):
         counts[name] = counts.get(name, 0) + 1
@@ -121,4 +122,33 @@ def warn_grouping(index: SampleIndex, group_by: str, source: str) -> None:
             "sample has only the field of its own extension, so read e.g. sample.get('jpg') or "
             "sample.get('JPEG'), or use group_by='object' (field 'data')",
             source or "the source", ", ".join(f"{c!r} ({k})" for c, k in sorted(counts.items())),
+        )
+
+
+# group_by="stem" over folder-per-sample data (video/clip1/text.txt + video/clip1/video.mp4):
+# nearly every sample has one field, and the same few file names recur in folder after folder.
+_ONE_FIELD_SHARE = 0.9
+_KEYS_LOOKED_AT = 2000
+
+
+def _warn_folder_samples(index: SampleIndex, source: str) -> None:
+    n = len(index)
+    if n < 4 or float((index.field_counts() == 1).mean()) < _ONE_FIELD_SHARE:
+        return
+    step = max(1, n // _KEYS_LOOKED_AT)
+    folders: set[str] = set()
+    names: dict[str, int] = {}
+    for i in range(0, n, step):
+        folder, _, stem = index.key(i).rpartition("/")
+        folders.add(folder)
+        names[stem] = names.get(stem, 0) + 1
+    looked = len(range(0, n, step))
+    # the same stem in most folders, and folders of a few files each: one sample per folder
+    if len(folders) >= 2 and len(names) * 4 <= looked and max(names.values()) * 2 >= len(folders):
+        common = ", ".join(sorted(names, key=lambda k: -names[k])[:3])
+        log.warning(
+            "group_by='stem' made %d samples of one file each in %s, and the same file names (%s) "
+            "recur in folder after folder: if each folder is one sample (clip1/text.txt + "
+            "clip1/video.mp4), use group_by='folder' (s5loader prefetch: --group-by folder)",
+            n, source or "the source", common,
         )

@@ -40,6 +40,8 @@ from .state import (
 )
 
 log = logging.getLogger(__name__)
+# How long the delivery loop waits for the next sample before it looks at the consumer again.
+_WAIT = 0.25
 
 
 class Prefetcher:
@@ -246,8 +248,8 @@ class Prefetcher:
         while True:  # behind the consumer, or ahead of it on a full budget
             if self.stop.is_set():
                 return self._drain(pos)
-            ready = stager.poll(pos, 0.1)
-            if ready is not None or time.monotonic() - self._watch.last_check >= 0.1:
+            ready = stager.poll(pos, _WAIT)
+            if ready is not None or time.monotonic() - self._watch.last_check >= _WAIT:
                 assert self._state is not None and self._reporter is not None
                 self._watch.check(seq, self._state, self._consumed, self._reporter)
             self._tick()

@@ -16,6 +16,10 @@ from ..staging.layout import ReleaseEvents
 
 log = logging.getLogger(__name__)
 
+# Without release events: how soon a blocked budget looks for releases again, at first and at
+# most (the longest a consumer's release can wait to be seen after a long idle spell).
+_POLL_MIN, _POLL_MAX = 0.005, 0.25
+
 
 def check_sample_fits(sample: Sample, budget: int, fix: str = "raise the budget") -> None:
     """The one check that a sample fits the budget at all, for the sampler, the daemon and the
@@ -56,6 +60,9 @@ class Budget:
         self.blocked = False  # the next sample does not fit: staging waits for releases
         self.last_release = time.monotonic()
         self._last_poll = 0.0
+        # Without release events, a blocked budget looks for releases often at first, then
+        # less and less while none comes (a daemon's consumer may be away for hours).
+        self.idle_interval = _POLL_MIN
 
     def check_fits(self, sample: Sample) -> None:
         """Raise :class:`BudgetError` for a sample that can never fit."""
@@ -97,7 +104,7 @@ class Budget:
         if self.events is not None:
             if not self.blocked or now - self._last_poll < 1.0:
                 return
-        elif now - self._last_poll < (0.005 if self.blocked else 0.05):
+        elif now - self._last_poll < (self.idle_interval if self.blocked else 0.05):
             return
         self._last_poll = now
         with self.cond:
@@ -112,6 +119,9 @@ class Budget:
                     self.handed_out.pop(idx, None)
                     self.free(idx)
             self.last_release = time.monotonic()
+            self.idle_interval = _POLL_MIN
+        elif self.events is None and self.blocked:
+            self.idle_interval = min(self.idle_interval * 2, _POLL_MAX)
 
     def on_events(self) -> None:
         """Free the samples announced on the release FIFO."""

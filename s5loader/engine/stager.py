@@ -250,6 +250,8 @@ class Stager:
             # Releases, call output and close() wake the select; only retries due at a time
             # and side fetches need a short tick.
             timeout = 0.01 if (self.retries.due or self.side) else 0.2
+        elif self.budget.blocked and not (self.retries.due or self.side):
+            timeout = self.budget.idle_interval  # waiting for releases nothing announces
         else:
             timeout = 0.01 if (self._next < len(self.order) or self.retries.due or self.side) else 0.2
         if not self.calls and self.budget.events is None:

@@ -186,13 +186,13 @@ def test_self_signed_tls_store(moto: Store, self_signed: tuple[str, str], stagin
 
 
 def test_daemon_and_fetch_take_the_access_flags(private_store: Store, tmp_path: Path) -> None:
-    from s5loader.daemon import Prefetcher, build_parser, options_from_args
+    from s5loader.daemon import PrefetchDaemon, build_parser, options_from_args
     from s5loader.fetch import main as fetch_main
 
     data = _put(private_store, make_pairs(3))
     flags = ["--endpoint-url", private_store.endpoint, "--profile", "train", "--credentials-file", _credentials(tmp_path)]
     args = build_parser().parse_args([private_store.uri(), "--cache", str(tmp_path / "cache"), "--budget", "1MiB", *flags])
-    with Prefetcher(options_from_args(args)) as p:
+    with PrefetchDaemon(options_from_args(args)) as p:
         p.open()
         assert p.run().delivered == 3
     key = private_store.prefix + "0001.image"

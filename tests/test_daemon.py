@@ -20,7 +20,7 @@ from conftest import Peak, Store, make_pairs
 
 from s5loader._sampling.order import Order
 from s5loader.consume import END_MARKER, consume, ready_names
-from s5loader.daemon import STAGING_DIR, STATE_FILE, Prefetcher, PrefetchOptions, sample_folder_name
+from s5loader.daemon import STAGING_DIR, STATE_FILE, PrefetchDaemon, PrefetchOptions, sample_folder_name
 from s5loader.dataset import S5Dataset
 from s5loader.exceptions import StallError
 
@@ -281,7 +281,7 @@ def test_restart_completes_a_delivery_cut_by_a_crash(
     want = expected_names(seaweed)
     argv = daemon_argv(seaweed.uri(), cache, 2 * PAIR, "--endpoint-url", seaweed.endpoint)
     opts = PrefetchOptions(seaweed.uri(), str(cache), 2 * PAIR, endpoint_url=seaweed.endpoint)
-    with Prefetcher(opts) as p:  # lays the cache out and writes the state of this run
+    with PrefetchDaemon(opts) as p:  # lays the cache out and writes the state of this run
         p.open()
     name0, sample0 = want[0]
     dead = cache / STAGING_DIR / "s5loader-999999-deadbeef"  # a dead daemon's staging area

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import Store, make_pairs
 
-from s5loader.daemon import Prefetcher, PrefetchOptions, build_parser, options_from_args
+from s5loader.daemon import PrefetchDaemon, PrefetchOptions, build_parser, options_from_args
 from s5loader.exceptions import ConfigError
 
 
@@ -22,7 +22,7 @@ def test_staging_options_reach_the_engine(moto: Store, tmp_path: Path) -> None:
     ])
     opts = options_from_args(args)
     assert (opts.verify, opts.retries, opts.stall_timeout) == (True, 0, 7.5)
-    with Prefetcher(opts) as p:
+    with PrefetchDaemon(opts) as p:
         p.open()
         assert p._stager is not None
         engine = p._stager.opts
@@ -61,7 +61,7 @@ def test_block_shuffle_delivers_the_samplers_order(moto: Store, tmp_path: Path, 
         moto.uri(), "--cache", str(tmp_path / "cache"), "--budget", "1MiB", "--endpoint-url", moto.endpoint,
         "--shuffle", "block", "--block-size", "2", "--seed", "3", "--samples-per-call", "4",
     ])
-    with Prefetcher(options_from_args(args)) as p:
+    with PrefetchDaemon(options_from_args(args)) as p:
         p.open()
         assert p.run().delivered == 12
     delivered = sorted(n for n in os.listdir(tmp_path / "cache") if not n.startswith(".") and n != "END")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import Store, make_pairs
 
-from s5loader.daemon import STATE_FILE, Prefetcher, PrefetchOptions
+from s5loader.daemon import STATE_FILE, PrefetchDaemon, PrefetchOptions
 
 
 def test_state_file_written_once_per_delivery_and_synced(
@@ -33,7 +33,7 @@ def test_state_file_written_once_per_delivery_and_synced(
     monkeypatch.setattr(os, "replace", replace)
     monkeypatch.setattr(os, "fsync", fsync)
     opts = PrefetchOptions(moto.uri(), str(cache), 10**6, endpoint_url=moto.endpoint, samples_per_call=5)
-    with Prefetcher(opts) as p:
+    with PrefetchDaemon(opts) as p:
         p.open()
         before, synced_before = replaced.count(state_path), len(synced)
         summary = p.run()

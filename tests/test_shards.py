@@ -585,10 +585,10 @@ def test_the_daemon_delivers_shard_samples_as_folders_within_budget(seaweed: Sto
     assert peak.peak <= budget, (peak.peak, budget)
     assert ready_names(str(cache)) == [] and (cache / END_MARKER).exists()
     # a budget that cannot hold a shard and its unpacked samples is refused before any download
-    from s5loader.daemon import Prefetcher, PrefetchOptions
+    from s5loader.daemon import PrefetchDaemon, PrefetchOptions
 
     opts = PrefetchOptions(source, str(tmp_path / "c2"), big + 10, endpoint_url=seaweed.endpoint, shards=True)
-    with Prefetcher(opts) as p, pytest.raises(BudgetError, match=r"shard s3://.*shard-00\d.tar.*twice the largest shard"):
+    with PrefetchDaemon(opts) as p, pytest.raises(BudgetError, match=r"shard s3://.*shard-00\d.tar.*twice the largest shard"):
         p.open()
     assert not list((tmp_path / "c2" / ".staging").glob("*/tar"))
 
@@ -597,7 +597,7 @@ def test_a_shard_daemon_cut_mid_shard_continues_without_loss_or_repeat(moto: Sto
     import threading
 
     from s5loader.consume import consume
-    from s5loader.daemon import Prefetcher, PrefetchOptions, sample_folder_name
+    from s5loader.daemon import PrefetchDaemon, PrefetchOptions, sample_folder_name
 
     shards, expected = make_shards(3, 5, size=1000)
     source = put_indexed(moto, shards)
@@ -609,7 +609,7 @@ def test_a_shard_daemon_cut_mid_shard_continues_without_loss_or_repeat(moto: Sto
     class Cut(Exception):
         pass
 
-    class CutAtSeven(Prefetcher):
+    class CutAtSeven(PrefetchDaemon):
         def _deliver(self, seq: int) -> None:
             if seq == 7:  # the third sample of the second shard: the process dies here
                 raise Cut()
@@ -626,7 +626,7 @@ def test_a_shard_daemon_cut_mid_shard_continues_without_loss_or_repeat(moto: Sto
     with CutAtSeven(opts) as first, pytest.raises(Cut):
         first.open()
         first.run()
-    with Prefetcher(opts) as second:
+    with PrefetchDaemon(opts) as second:
         second.open()
         assert second.summary.resumed_from == 7
         assert second.run().delivered == 8
@@ -640,13 +640,13 @@ def test_a_shard_daemon_cut_mid_shard_continues_without_loss_or_repeat(moto: Sto
 def test_a_member_name_that_is_not_utf8_keeps_its_bytes_through_the_daemon(moto: Store, tmp_path) -> None:
     # an old tar's Latin-1 name: tarfile gives it as surrogates, which UTF-8 cannot encode
     from s5loader.consume import consume
-    from s5loader.daemon import Prefetcher, PrefetchOptions
+    from s5loader.daemon import PrefetchDaemon, PrefetchOptions
 
     name = b"caf\xe9".decode("utf-8", "surrogateescape")
     data = tar_of([(f"{name}.cls", b"1"), (f"{name}.txt", b"t"), ("plain.cls", b"2")])
     source = put_indexed(moto, {"shard-000.tar": data})
     opts = PrefetchOptions(source, str(tmp_path / "cache"), 4 * len(data), endpoint_url=moto.endpoint, shards=True)
-    with Prefetcher(opts) as daemon:
+    with PrefetchDaemon(opts) as daemon:
         daemon.open()
         assert daemon.run().delivered == 2
     got, raw = [], []

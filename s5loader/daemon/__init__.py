@@ -18,13 +18,27 @@ Layout of a cache directory::
     CACHE/.staging/                  samples being fetched (never visible to ``ls``)
 """
 
+import warnings
+
 from .cli import build_parser, main, options_from_args
 from .delivery import Summary
 from .options import PrefetchOptions
-from .prefetcher import Prefetcher
+from .prefetcher import PrefetchDaemon
 from .protocol import END_MARKER, LOCK_FILE, STAGING_DIR, STATE_FILE, sample_folder_name
 
 __all__ = [
-    "END_MARKER", "LOCK_FILE", "STAGING_DIR", "STATE_FILE", "PrefetchOptions", "Prefetcher", "Summary",
+    "END_MARKER", "LOCK_FILE", "STAGING_DIR", "STATE_FILE", "PrefetchOptions", "PrefetchDaemon", "Summary",
     "build_parser", "main", "options_from_args", "sample_folder_name",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # The daemon's engine was s5loader.daemon.Prefetcher, the name of the public
+    # s5loader.Prefetcher (which runs the daemon in a process of its own) too.
+    if name == "Prefetcher":
+        warnings.warn(
+            "s5loader.daemon.Prefetcher is now s5loader.daemon.PrefetchDaemon (s5loader.Prefetcher runs "
+            "the daemon in a background process)", DeprecationWarning, stacklevel=2,
+        )
+        return PrefetchDaemon
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

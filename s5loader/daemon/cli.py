@@ -14,7 +14,7 @@ from .._util.args import ArgumentParser, non_negative_int, positive_float, posit
 from ..cli import EXIT_OK
 from ..config import ON_ERROR, Access
 from .options import PrefetchOptions
-from .prefetcher import Prefetcher
+from .prefetcher import PrefetchDaemon
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     opts = options_from_args(args)
     with _Signals() as signals:
-        prefetcher = Prefetcher(opts, stop=signals.event)
+        prefetcher = PrefetchDaemon(opts, stop=signals.event)
         try:
             try:
                 prefetcher.open()

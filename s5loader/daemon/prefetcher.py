@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 _WAIT = 0.25
 
 
-class Prefetcher:
+class PrefetchDaemon:
     """The prefetch daemon's work: open the cache, deliver samples, stop cleanly.
 
     Use as a context manager; :meth:`run` returns when every sample is delivered or
@@ -74,7 +74,7 @@ class Prefetcher:
         self._watch = StarvationWatch(self._ledger, self.summary, options.samples_per_call)
 
     # -- opening ----------------------------------------------------------------------------
-    def open(self) -> Prefetcher:
+    def open(self) -> PrefetchDaemon:
         """Lock the cache, build the index, check the budget, recover the last run's state.
 
         Raises:
@@ -324,7 +324,7 @@ class Prefetcher:
             f.close()
         self._lock.release()
 
-    def __enter__(self) -> Prefetcher:
+    def __enter__(self) -> PrefetchDaemon:
         return self
 
     def __exit__(self, *exc: object) -> None:

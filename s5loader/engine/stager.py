@@ -7,6 +7,13 @@ their output to samples as it comes (:mod:`.calls`), so a sample is ready as soo
 file is staged. What fails goes to the retry policy (:mod:`.retry`); hung copies and stalled
 calls are found by the watchdog (:mod:`.watchdog`); keys no command file can carry are fetched
 aside (:mod:`.side`). Budget comes back when consumers release what they read.
+
+``windows`` (ascending positions, the first 0) cuts the order into windows that calls stage
+whole: a call that reaches past a window's start (by ``samples_per_call`` or by the budget)
+ends at the last such start, so it holds whole windows and fetches each of their blocks with
+one wildcard line. While anything is staged, a call the budget cuts inside a window waits for
+releases instead; only a window larger than the whole budget (or a call after a retry) is
+split.
 """
 
 from __future__ import annotations
@@ -40,14 +47,8 @@ log = logging.getLogger(__name__)
 
 
 class Stager:
-    """Stages ``order`` (indices into ``samples``) into ``area``; see the module docstring.
-
-    ``windows`` (ascending positions, the first 0) cuts the order into windows that calls
-    stage whole: a call that reaches past a window's start (by ``samples_per_call`` or by
-    the budget) ends at the last such start, so it holds whole windows and fetches each of
-    their blocks with one wildcard line. While anything is staged, a call the budget cuts
-    inside a window waits for releases instead; only a window larger than the whole budget
-    (or a call after a retry) is split.
+    """Stages ``order`` (indices into ``samples``) into ``area``; see the module docstring
+    (``windows``: calls stage whole windows, as it says).
 
     Consumers call :meth:`wait` for each position in order, read the sample and release it
     (:meth:`StagingLayout.release <s5loader.staging.layout.StagingLayout.release>`: delete its
@@ -246,12 +247,13 @@ class Stager:
         log.debug("call %d: %d samples, %d lines", self._seq, len(positions), len(plan.lines))
 
     def _pump(self) -> None:
+        # Releases, call output and close() wake the select; only retries due at a time and
+        # side fetches need a short tick. Releases nothing announces are looked for less and
+        # less often while none comes.
         if self.budget.events is not None:
-            # Releases, call output and close() wake the select; only retries due at a time
-            # and side fetches need a short tick.
             timeout = 0.01 if (self.retries.due or self.side) else 0.2
         elif self.budget.blocked and not (self.retries.due or self.side):
-            timeout = self.budget.idle_interval  # waiting for releases nothing announces
+            timeout = self.budget.idle_interval
         else:
             timeout = 0.01 if (self._next < len(self.order) or self.retries.due or self.side) else 0.2
         if not self.calls and self.budget.events is None:

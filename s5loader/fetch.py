@@ -30,6 +30,7 @@ from ._largeobj import transfer as _transfer
 from ._largeobj import verify as _verify
 from ._largeobj.sources import checker_for, is_dir_target, resolve
 from ._largeobj.volumes import FetchWork, Volumes, poll_progress
+from ._util.args import ArgumentParser, positive_int, size_arg
 from ._util.uri import format_size, parse_size
 from .checkpoint import DEFAULT_CONCURRENCY
 from .config import Access
@@ -195,8 +196,6 @@ def _fetch_extract(
 
 def main(argv: list[str]) -> int:
     """``s5loader fetch SOURCE [SOURCE ...] DEST [--verify] [--extract] [--budget SIZE]``."""
-    from ._util.args import ArgumentParser, positive_int, size_arg
-
     p = ArgumentParser(
         prog="s5loader fetch",
         description="Download objects (one, several, a prefix, the volumes of a split archive) with "

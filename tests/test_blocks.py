@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader
 
 from s5loader import S5Dataset, S5Sampler
 from s5loader._index.blocks import plan_blocks
-from s5loader._index.listing import Field, Sample
+from s5loader._index.sample import Field, Sample
 
 
 def samples_of(keys: list[str], fields=("image", "label")) -> list[Sample]:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from s5loader import Access, S5Dataset, S5Sampler, StagingOptions
-from s5loader._index.listing import Field, Sample, make_boto3_client
+from s5loader._index.sample import Field, Sample
+from s5loader._s3api.client import s3_client
 from s5loader.daemon import build_parser, options_from_args
 from s5loader.exceptions import ConfigError
 from s5loader.s5cmd import S5cmd
@@ -98,7 +99,7 @@ def test_access_maps_onto_s5cmd_flags(tmp_path: Path) -> None:
 def test_access_maps_onto_boto3() -> None:
     import botocore
 
-    c = make_boto3_client(Access("http://127.0.0.1:9", anonymous=True, region="eu-west-3", addressing_style="path"))
+    c = s3_client(Access("http://127.0.0.1:9", anonymous=True, region="eu-west-3", addressing_style="path"))
     assert c.meta.config.signature_version is botocore.UNSIGNED
     assert c.meta.config.s3["addressing_style"] == "path"
     assert c.meta.region_name == "eu-west-3"
@@ -138,7 +139,7 @@ def test_missing_profile_is_a_config_error(tmp_path: Path) -> None:
     creds = tmp_path / "credentials"
     creds.write_text("[other]\naws_access_key_id = A\naws_secret_access_key = B\n")
     with pytest.raises(ConfigError, match="profile 'nope'"):
-        make_boto3_client(Access("http://127.0.0.1:9", profile="nope", credentials_file=str(creds)))
+        s3_client(Access("http://127.0.0.1:9", profile="nope", credentials_file=str(creds)))
 
 
 def test_access_to_args_round_trips_and_reaches_the_prefetcher(tmp_path: Path) -> None:

@@ -20,7 +20,8 @@ from reference_index import group as reference_group
 
 from s5loader import FetchError, IndexFileError, ManifestError, S5Dataset
 from s5loader._index.compact import SampleIndex
-from s5loader._index.listing import GROUP_BY, Sample, group
+from s5loader._index.listing import group
+from s5loader._index.sample import GROUP_BY, Sample
 from s5loader._index.saved import MAGIC, dumps, loads
 from s5loader.exceptions import ConfigError
 from s5loader.s5cmd import ObjectInfo, find_s5cmd
@@ -82,7 +83,7 @@ def test_compact_index_matches_reference(case, group_by: str) -> None:
 
 
 def test_index_of_plain_samples_keeps_their_order_and_names() -> None:
-    from s5loader._index.listing import Field
+    from s5loader._index.sample import Field
 
     samples = [
         Sample("z", (Field("odd", "s3://b/k1", 5, MD5), Field("x", "s3://c/other", 1, "w-1"))),

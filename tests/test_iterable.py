@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from s5loader import BudgetError, ConfigError, S5Dataset, S5IterableDataset, StateError
-from s5loader._index.listing import Field, Sample
+from s5loader._index.sample import Field, Sample
 from s5loader._sampling.order import Order
 from s5loader.iterable import buffer_shuffle, check_state, worker_length, worker_order
 

@@ -14,7 +14,7 @@ from conftest import Store, make_pairs
 from torch.utils.data import DataLoader
 
 from s5loader import S5Dataset, S5Sampler
-from s5loader._index.listing import Field, Sample
+from s5loader._index.sample import Field, Sample
 from s5loader.dataset import StagedIndex
 from s5loader.engine.budget import Budget
 from s5loader.staging.layout import ReleaseEvents, StagingLayout

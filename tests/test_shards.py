@@ -18,6 +18,7 @@ from conftest import Store
 from torch.utils.data import DataLoader
 
 from s5loader import (
+    Access,
     BudgetError,
     ConfigError,
     DecodeError,
@@ -219,20 +220,14 @@ def test_decode_by_extension_never_unpickles() -> None:
 
 
 class _FakeShards:
-    """What ShardPass needs of a ShardDataset: shard sizes and sample -> (shard, j)."""
+    """What ShardPass needs of a dataset of shards: shard sizes and sample -> (shard, j)."""
 
     def __init__(self, counts: list[int], sizes: list[int]) -> None:
-        self.shards = [_shards.Shard(f"s3://b/{i}.tar", sizes[i], "", n) for i, n in enumerate(counts)]
-        self.first = [0]
-        for n in counts:
-            self.first.append(self.first[-1] + n)
+        from s5loader._shards.dataset import ShardSet
+
+        shards = [_shards.Shard(f"s3://b/{i}.tar", sizes[i], "", n) for i, n in enumerate(counts)]
+        self.shards = ShardSet(shards, Access(), "s3://b/")
         self.source = "s3://b/"
-
-    def locate(self, i: int) -> tuple[int, int]:
-        import bisect
-
-        s = bisect.bisect_right(self.first, i) - 1
-        return s, i - self.first[s]
 
 
 def test_a_pass_stages_each_shard_once_per_run_of_its_samples_and_knows_its_peak() -> None:

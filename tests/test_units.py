@@ -67,7 +67,7 @@ def test_copy_line_refuses_line_breaks() -> None:
 
 
 def test_field_names_never_leave_the_sample_folder() -> None:
-    from s5loader._index.listing import Field, Sample
+    from s5loader._index.sample import Field, Sample
 
     def names(*fields: str) -> list[str]:
         return field_names(Sample("k", tuple(Field(f, "s3://b/k", 1, "") for f in fields)))

@@ -5,3 +5,6 @@ manifests), :mod:`.builder` (grouping objects into samples as they stream in), :
 index behind each ``S5Dataset`` constructor), :mod:`.share` (one process of a job lists, the
 others receive), :mod:`.labels` (ImageFolder labels, grouping warnings) and :mod:`.blocks`
 (runs of samples one wildcard request fetches)."""
+
+# The saved form registers how an index pickles; loaded with the package, whichever module asks.
+from . import saved as _saved  # noqa: E402,F401

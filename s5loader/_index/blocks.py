@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .compact import SampleIndex
-from .listing import Sample
+from .sample import Sample
 
 # Relative paths that s5cmd writes under the block's scratch folder come from the keys, so a
 # block is only formed where every component is plainly safe.

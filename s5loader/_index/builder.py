@@ -19,7 +19,7 @@ import numpy as np
 
 from ..exceptions import ConfigError
 from .compact import _DATA, _ETAG_MD5, _ETAG_OTHER, ENC, SampleIndex, Sparse, Strings, etag_code
-from .listing import check_group_by
+from .sample import check_group_by
 
 log = logging.getLogger(__name__)
 

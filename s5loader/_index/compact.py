@@ -31,7 +31,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from .listing import Field, Sample
+from .sample import Field, Sample
 
 _ETAG_NONE, _ETAG_MD5, _ETAG_OTHER = 0, 1, 2
 _DATA, _IRREGULAR = -1, -2
@@ -353,19 +353,8 @@ class SampleIndex(Sequence[Sample]):
             meta=meta,
         )
 
-    # -- pickling: the saved form, compressed, made once -------------------------------------
-    def to_bytes(self) -> bytes:
-        """The index in the saved format (see :mod:`s5loader._index.saved`), made once."""
-        from .saved import dumps
-
-        if self._saved is None:
-            self._saved = dumps(self)
-        return self._saved
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        from .saved import loads
-
-        return (loads, (self.to_bytes(),))
+    # Pickling and saving: the saved form (s5loader._index.saved), made once per index, which
+    # that module registers with copyreg.
 
     def __repr__(self) -> str:
         return f"SampleIndex({len(self)} samples, {len(self.size)} objects)"

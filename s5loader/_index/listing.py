@@ -6,60 +6,23 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any
 
-from .._util.uri import endpoint_hint, parse_s3_uri
+from .._s3api.client import s3_client
+from .._s3api.errors import boto3_error
+from .._util.uri import parse_s3_uri
 from ..config import Access
 from ..exceptions import (
-    AccessDeniedError,
-    ConfigError,
     EmptySourceError,
-    EndpointError,
     FetchError,
-    NoSuchBucketError,
-    ObjectNotFoundError,
-    S5LoaderError,
 )
 from ..progress import Progress
-from ..s5cmd import TLS_HINT, ObjectInfo, S5cmd
+from ..s5cmd import ObjectInfo, S5cmd
 from ..s5cmd.process import _GlobInPrefix
-
-if TYPE_CHECKING:
-    from .compact import SampleIndex
+from .builder import IndexBuilder
+from .compact import SampleIndex
 
 log = logging.getLogger(__name__)
-
-GROUP_BY = ("stem", "folder", "object")
-# A grouping that puts more objects than this into a sample on average is probably a
-# folder-per-class layout grouped by folder (an ImageFolder read with group_by="folder").
-
-
-class Field(NamedTuple):
-    """One object of a sample: the field name, its URI, size and ETag."""
-
-    name: str
-    uri: str
-    size: int
-    etag: str
-
-
-class Sample(NamedTuple):
-    """One sample: its key, its objects and the extra fields a manifest carried."""
-
-    key: str
-    fields: tuple[Field, ...]
-    extra: dict[str, Any] | None = None
-
-    @property
-    def size(self) -> int:
-        return sum(f.size for f in self.fields)
-
-
-def check_group_by(group_by: str) -> str:
-    if group_by not in GROUP_BY:
-        raise ConfigError(f"group_by must be one of {', '.join(GROUP_BY)}; got {group_by!r}")
-    return group_by
-
 
 def group(
     objects: Iterable[ObjectInfo],
@@ -82,8 +45,6 @@ def group(
     Raises:
         ConfigError: a sample would have the same field twice.
     """
-    from .builder import IndexBuilder
-
     builder = IndexBuilder(group_by, base=base, source=source)
     for obj in objects:
         builder.add(obj.uri, obj.key, obj.size, obj.etag, extras.get(obj.uri) if extras else None)
@@ -105,8 +66,6 @@ def index_prefix(prefix: str, s5cmd: S5cmd, group_by: str) -> SampleIndex:
         S3URIError, NoSuchBucketError, AccessDeniedError, EndpointError, EmptySourceError
         FetchError: the listing kept failing; the message names the prefix and why.
     """
-    from .builder import IndexBuilder
-
     uri = parse_s3_uri(prefix)
     start = time.monotonic()
     # A large listing shows a counter on a terminal, a log line every few seconds elsewhere;
@@ -162,7 +121,7 @@ def _beside_hint(bucket: str, folder: str, access: Access | str | None) -> str:
     if not folder.endswith("/"):
         return ""
     try:
-        client = make_boto3_client(Access.coerce(access))
+        client = s3_client(Access.coerce(access))
         found = client.list_objects_v2(Bucket=bucket, Prefix=folder[:-1], MaxKeys=3).get("Contents", [])
     except Exception:  # noqa: BLE001 - only a hint for a message that is raised anyway
         return ""
@@ -199,7 +158,7 @@ def index_objects(uris: Sequence[str], endpoint_url: Access | str | None, group_
 def _list_boto3(bucket: str, prefix: str, access: Access | str | None) -> Iterator[ObjectInfo]:
     # s5cmd's ls reads '*', '?' and '[' in a prefix as wildcards; list such a prefix by API.
     a = Access.coerce(access)
-    client = make_boto3_client(a)
+    client = s3_client(a)
     api = "list_objects" if a.list_objects_v1 else "list_objects_v2"
     try:
         for page in client.get_paginator(api).paginate(Bucket=bucket, Prefix=prefix):
@@ -215,7 +174,7 @@ def stat_objects(uris: Sequence[str], endpoint_url: Access | str | None) -> list
     Raises:
         ObjectNotFoundError, AccessDeniedError, NoSuchBucketError, EndpointError
     """
-    client = make_boto3_client(endpoint_url)
+    client = s3_client(endpoint_url)
     out = []
     for uri in uris:
         u = parse_s3_uri(uri)
@@ -225,70 +184,3 @@ def stat_objects(uris: Sequence[str], endpoint_url: Access | str | None) -> list
             raise boto3_error(exc, uri) from exc
         out.append(ObjectInfo(uri, u.key, int(head["ContentLength"]), head.get("ETag", "").strip('"')))
     return out
-
-
-def make_boto3_client(access: Access | str | None) -> Any:
-    """A boto3 S3 client for ``access`` (an :class:`Access`, or just an endpoint URL): the
-    same store, credentials, TLS and request options as the s5cmd calls get.
-
-    Raises:
-        ConfigError: the profile does not exist.
-    """
-    import boto3
-    import botocore
-    import botocore.session
-    from botocore.config import Config
-
-    a = Access.coerce(access)
-    core = botocore.session.Session()
-    if a.credentials_file:
-        core.set_config_variable("credentials_file", a.credentials_file)
-    try:
-        session = boto3.session.Session(botocore_session=core, profile_name=a.profile)
-    except botocore.exceptions.ProfileNotFound as exc:
-        raise ConfigError(f"profile {a.profile!r} is not in the AWS config or credentials files: {exc}") from exc
-    extra: dict[str, Any] = {}
-    if a.anonymous:
-        extra["signature_version"] = botocore.UNSIGNED
-    if a.addressing_style != "auto":
-        extra["s3"] = {"addressing_style": a.addressing_style}
-    if not a.verify_ssl:
-        a.warn_insecure()
-    client = session.client(
-        "s3",
-        endpoint_url=a.endpoint(),
-        region_name=a.region_name(),
-        verify=False if not a.verify_ssl else None,
-        config=Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=64, **extra),
-    )
-    if a.requester_pays:
-        # On every request, those of download_file's transfer manager included.
-        client.meta.events.register("before-sign.s3", _request_payer)
-    return client
-
-
-def _request_payer(request: Any, **kwargs: Any) -> None:
-    request.headers["x-amz-request-payer"] = "requester"
-
-
-def boto3_error(exc: Exception, uri: str) -> S5LoaderError:
-    """Map a botocore exception about ``uri`` to one of ours."""
-    code = ""
-    resp = getattr(exc, "response", None)
-    if isinstance(resp, dict):
-        code = str(resp.get("Error", {}).get("Code", ""))
-    msg = f"{uri}: {code + ': ' if code else ''}{exc}"
-    if code == "NoSuchBucket":
-        return NoSuchBucketError(msg)
-    if code in ("NoSuchKey", "404", "NotFound"):
-        return ObjectNotFoundError(msg)
-    if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "Forbidden"):
-        return AccessDeniedError(msg)
-    name = type(exc).__name__
-    if name == "SSLError" or "CERTIFICATE_VERIFY_FAILED" in str(exc):
-        return EndpointError(msg + TLS_HINT)
-    if name == "NoCredentialsError":
-        return AccessDeniedError(msg)
-    if name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError"):
-        return EndpointError(msg + endpoint_hint(getattr(exc, "kwargs", {}).get("endpoint_url")))
-    return FetchError(msg)

@@ -11,12 +11,14 @@ import re
 from collections.abc import Iterator
 from typing import Any, Literal
 
+from .._s3api.client import s3_client
+from .._s3api.errors import boto3_error
 from .._util.uri import parse_s3_uri
 from ..config import Access
 from ..exceptions import EmptySourceError, ManifestError, S5LoaderError
 from .builder import IndexBuilder, SameObjectTwice
 from .compact import SampleIndex
-from .listing import boto3_error, make_boto3_client, stat_objects
+from .listing import stat_objects
 
 
 def index_manifest(path_or_uri: str, endpoint_url: Access | str | None, group_by: str) -> SampleIndex:
@@ -141,7 +143,7 @@ def _fast_extra(tail: str) -> str | None | Literal[False]:
 def _read_lines(path_or_uri: str, endpoint_url: Access | str | None) -> Iterator[str]:
     if path_or_uri.startswith("s3://"):
         u = parse_s3_uri(path_or_uri)
-        client = make_boto3_client(endpoint_url)
+        client = s3_client(endpoint_url)
         try:
             body = client.get_object(Bucket=u.bucket, Key=u.key)["Body"]
             for raw in body.iter_lines(chunk_size=1 << 20, keepends=True):

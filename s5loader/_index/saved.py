@@ -19,12 +19,14 @@ checksum that does not match means the file is damaged or truncated.
 
 from __future__ import annotations
 
+import copyreg
 import hashlib
 import json
 import os
 import struct
 import tempfile
 import zlib
+from collections.abc import Callable
 
 import numpy as np
 
@@ -159,9 +161,24 @@ def loads(data: bytes, where: str = "the index data") -> SampleIndex:
         raise IndexFileError(f"{where} is not a readable s5loader index ({exc})") from exc
 
 
+def index_bytes(index: SampleIndex) -> bytes:
+    """The index in the saved format, made once per index (pickling and saving reuse it)."""
+    if index._saved is None:
+        index._saved = dumps(index)
+    return index._saved
+
+
+def _reduce(index: SampleIndex) -> tuple[Callable[[bytes], SampleIndex], tuple[bytes]]:
+    return (loads, (index_bytes(index),))
+
+
+# A pickled index (to DataLoader workers, to other ranks) travels in the saved form: compressed.
+copyreg.pickle(SampleIndex, _reduce)
+
+
 def save(index: SampleIndex, path: str) -> None:
     """Write the index file atomically (a temporary file renamed into place)."""
-    data = index.to_bytes()
+    data = index_bytes(index)
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".s5loader-index-", dir=folder)
     try:

@@ -27,7 +27,7 @@ from typing import Any
 from .. import exceptions
 from ..exceptions import IndexShareError, S5LoaderError
 from .compact import SampleIndex
-from .saved import load, loads, save
+from .saved import index_bytes, load, loads, save
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def _broadcast(build: Callable[[], SampleIndex], what: list[str | None]) -> Samp
         except S5LoaderError as exc:
             td.broadcast_object_list([("error", exc, what)], src=0)
             raise
-        td.broadcast_object_list([("index", index.to_bytes(), what)], src=0)
+        td.broadcast_object_list([("index", index_bytes(index), what)], src=0)
         return index
     box: list[Any] = [None]
     td.broadcast_object_list(box, src=0)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 
+from .._s3api.client import s3_client
+from .._s3api.errors import boto3_error
 from .._util.uri import as_folder, parse_s3_uri
 from ..config import Access
 from ..exceptions import ConfigError, S3URIError
@@ -14,14 +16,9 @@ from ..s5cmd import S5cmd
 from . import saved as _indexfile
 from .compact import SampleIndex
 from .labels import check_label, folder_labels, warn_grouping
-from .listing import (
-    boto3_error,
-    check_group_by,
-    index_objects,
-    index_prefix,
-    make_boto3_client,
-)
+from .listing import index_objects, index_prefix
 from .manifest import index_manifest
+from .sample import check_group_by
 from .share import shared_index
 
 
@@ -101,12 +98,12 @@ def load_index(path_or_uri: str, store: Access) -> SampleIndex:
 
 def save_index(index: SampleIndex, path_or_uri: str, store: Access) -> None:
     """Write ``index`` to an index file (a local path or an s3 URI)."""
-    data = index.to_bytes()
+    data = _indexfile.index_bytes(index)
     if not path_or_uri.startswith("s3://"):
         _indexfile.save(index, path_or_uri)
         return
     u = parse_s3_uri(path_or_uri)
-    client = make_boto3_client(store)
+    client = s3_client(store)
     try:
         client.put_object(Bucket=u.bucket, Key=u.key, Body=data)
     except Exception as exc:
@@ -117,6 +114,6 @@ def read_object(uri: str, endpoint_url: Access | str | None) -> bytes:
     """The bytes of one object."""
     u = parse_s3_uri(uri)
     try:
-        return bytes(make_boto3_client(endpoint_url).get_object(Bucket=u.bucket, Key=u.key)["Body"].read())
+        return bytes(s3_client(endpoint_url).get_object(Bucket=u.bucket, Key=u.key)["Body"].read())
     except Exception as exc:
         raise boto3_error(exc, uri) from exc

@@ -10,7 +10,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from .._index.listing import boto3_error, list_prefix
+from .._index.listing import list_prefix
+from .._s3api.client import s3_client
+from .._s3api.errors import boto3_error
 from .._util.uri import parse_s3_uri
 from ..config import Access
 from ..exceptions import EmptySourceError, ObjectNotFoundError, UnsafeArchiveError
@@ -84,7 +86,7 @@ def checker_for(o: ObjectInfo, md5_files: dict[str, ObjectInfo], endpoint_url: A
     if o.uri + ".md5" in md5_files:
         u = parse_s3_uri(o.uri + ".md5")
         try:
-            body = _transfer.client(endpoint_url).get_object(Bucket=u.bucket, Key=u.key)["Body"].read()
+            body = s3_client(endpoint_url).get_object(Bucket=u.bucket, Key=u.key)["Body"].read()
         except Exception as exc:
             raise boto3_error(exc, str(u)) from exc
         md5 = _verify.parse_md5_file(body.decode("utf-8", "replace"), o.key.rsplit("/", 1)[-1])

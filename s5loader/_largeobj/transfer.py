@@ -14,7 +14,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from .._index.listing import boto3_error, make_boto3_client
+from .._s3api.client import s3_client
+from .._s3api.errors import boto3_error
 from .._util.uri import format_size, parse_s3_uri, parse_size
 from ..config import Access
 from ..exceptions import S3URIError, StagingSpaceError
@@ -31,19 +32,6 @@ MARGIN = 1024**2
 
 def margin(need: int) -> int:
     return MARGIN + need // 50
-
-
-_CLIENTS: dict[tuple[int, Access], Any] = {}
-
-
-def client(endpoint_url: Access | str | None) -> Any:
-    """A boto3 client per store access, made once per process (making one costs ~0.1 s, more
-    than a HEAD request); botocore clients are thread-safe."""
-    access = Access.coerce(endpoint_url)
-    key = (os.getpid(), access)
-    if key not in _CLIENTS:
-        _CLIENTS[key] = make_boto3_client(access)
-    return _CLIENTS[key]
 
 
 def object_uri(uri: str) -> tuple[str, str]:
@@ -139,7 +127,7 @@ class UploadGuard:
     def __init__(self, uri: str, endpoint_url: Access | str | None) -> None:
         self.uri = uri
         self.bucket, self.key = object_uri(uri)
-        self._client: Any = client(endpoint_url)
+        self._client: Any = s3_client(endpoint_url)
         self._before: set[str] = set()
         self._procs: list[subprocess.Popen[bytes]] = []
         self._active = False
@@ -203,7 +191,7 @@ def head_size(uri: str, endpoint_url: Access | str | None) -> tuple[int, str]:
     """Size and ETag of one object (a HEAD request)."""
     bucket, key = object_uri(uri)
     try:
-        head = client(endpoint_url).head_object(Bucket=bucket, Key=key)
+        head = s3_client(endpoint_url).head_object(Bucket=bucket, Key=key)
     except Exception as exc:
         raise boto3_error(exc, uri) from exc
     return int(head["ContentLength"]), str(head.get("ETag", "")).strip('"')

@@ -13,9 +13,10 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._index.blocks import BlockPlan
+from .._shards.passes import ShardPass
 from ..config import StagingOptions
 from ..dataset import S5Dataset, StagedIndex
 from ..engine import Stager, Stats
@@ -24,9 +25,6 @@ from ..engine.plan import write_plan_files
 from ..s5cmd import S5cmd
 from ..staging.area import PassArea, StagingArea
 from .resume import Position
-
-if TYPE_CHECKING:
-    from .._shards.passes import ShardPass
 
 
 class StagingPasses:
@@ -63,9 +61,7 @@ class StagingPasses:
         keep = self.keep
         shards: ShardPass | None = None
         if self.dataset.shards is not None:
-            from .._shards.passes import ShardPass
-
-            shards = ShardPass(self.dataset, order, where.path, keep, options.on_error)  # type: ignore[arg-type]
+            shards = ShardPass(self.dataset, order, where.path, keep, options.on_error)
             shards.check_budget(options.budget, shuffle)
         stager = Stager(
             self.dataset.samples,
@@ -179,8 +175,6 @@ def write_command_files(
     os.makedirs(directory, exist_ok=True)
     stage = os.path.abspath(directory)
     if dataset.shards is not None:  # over shards: one line per staging of a shard
-        from .._shards.passes import ShardPass
-
-        order = ShardPass(dataset, order, stage, False, "raise").engine_order  # type: ignore[arg-type]
+        order = ShardPass(dataset, order, stage, False, "raise").engine_order
         windows = None
     return write_plan_files(dataset.samples, order, windows, layout, options.samples_per_call, stage)

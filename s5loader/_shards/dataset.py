@@ -1,4 +1,4 @@
-"""The map-style dataset over tar shards that ``S5Dataset.from_shards`` returns.
+"""The tar shards behind a dataset that ``S5Dataset.from_shards`` makes: a :class:`ShardSet`.
 
 Sample ``i`` is sample ``j`` of shard ``s`` (shards in source order, samples in tar order).
 Staged by :class:`~s5loader.S5Sampler`, a shard lies whole in the pass folder and a worker
@@ -14,15 +14,17 @@ import bisect
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from .._index.listing import Field, Sample, boto3_error, make_boto3_client
+from .._index.sample import Field, Sample
+from .._s3api.client import s3_client
+from .._s3api.errors import boto3_error
 from .._util.uri import parse_s3_uri
 from ..config import Access
-from ..dataset import S5Dataset, StagedIndex, Transform
 from ..exceptions import EmptySourceError, ShardError
 from ..staging.layout import StagingLayout
+from ..staging.reader import StagedIndex
 from . import tar as _tar
 from .index import Shard
 
@@ -31,40 +33,50 @@ log = logging.getLogger(__name__)
 _TABLES = 16  # member tables a worker keeps (the shards it reads from at once)
 
 
-class ShardDataset(S5Dataset):
-    """Samples of WebDataset tar shards; build one with :meth:`S5Dataset.from_shards`.
+class ShardSet(Sequence[Shard]):
+    """The shards of a data set (in source order), each with its sample count, and how sample
+    ``i`` is found and read: sample ``j`` of shard ``s``. An :class:`~s5loader.S5Dataset` made
+    by :meth:`~s5loader.S5Dataset.from_shards` holds one as ``dataset.shards``; its
+    :attr:`units` (one per shard, field ``tar``) are what :class:`~s5loader.S5Sampler` stages
+    and budgets, and ``len(dataset)`` counts samples.
 
-    :attr:`samples` is the shard index (one entry per shard, field ``tar``), which is what
-    :class:`~s5loader.S5Sampler` stages and budgets; ``len(dataset)`` counts samples.
+    Raises:
+        EmptySourceError: the shards hold no sample.
     """
 
-    def __init__(
-        self,
-        shards: Sequence[Shard],
-        *,
-        endpoint_url: str | None = None,
-        transform: Transform | None = None,
-        decode: bool = False,
-        source: str = "",
-        index_uri: str = "",
-        access: Access | None = None,
-    ) -> None:
-        units = [Sample(s.uri[5:].partition("/")[2], (Field("tar", s.uri, s.size, s.etag),)) for s in shards]
-        super().__init__(
-            units, endpoint_url=endpoint_url, transform=transform, decode=decode, source=source, access=access
-        )
-        self.shards: Sequence[Shard] = list(shards)
+    def __init__(self, shards: Sequence[Shard], access: Access, source: str = "", index_uri: str = "") -> None:
+        self._shards: list[Shard] = list(shards)
+        self.access = access
+        self.source = source
         self.index_uri = index_uri
         first = [0]
-        for s in self.shards:
+        for s in self._shards:
             first.append(first[-1] + s.nsamples)
         if first[-1] == 0:
             raise EmptySourceError(f"the shards of {source} hold no sample (index {index_uri})")
         self._first = first
         self._tables: OrderedDict[tuple[str, int], list[_tar.TarSample]] = OrderedDict()
         self._cached: tuple[int, bytes, list[_tar.TarSample]] | None = None
+        self._warned_unstaged = False
 
+    # -- the shards ----------------------------------------------------------------------
     def __len__(self) -> int:
+        return len(self._shards)
+
+    def __getitem__(self, i: int) -> Shard:  # type: ignore[override]
+        return self._shards[i]
+
+    def __iter__(self) -> Iterator[Shard]:
+        return iter(self._shards)
+
+    @property
+    def units(self) -> list[Sample]:
+        """One staging unit per shard: the shard object as the field ``tar``."""
+        return [Sample(s.uri[5:].partition("/")[2], (Field("tar", s.uri, s.size, s.etag),)) for s in self._shards]
+
+    @property
+    def samples(self) -> int:
+        """Samples in all shards."""
         return self._first[-1]
 
     def locate(self, index: int) -> tuple[int, int]:
@@ -82,11 +94,11 @@ class ShardDataset(S5Dataset):
     @property
     def shard_units(self) -> list[list[int]]:
         """The samples of each shard, for ``shuffle="block"`` (a shard is a block)."""
-        return [list(self.shard_samples(s)) for s in range(len(self.shards))]
+        return [list(self.shard_samples(s)) for s in range(len(self._shards))]
 
     def check_members(self, shard: int, members: list[_tar.TarSample]) -> None:
         """Raise :class:`ShardError` when a shard disagrees with its index."""
-        sh = self.shards[shard]
+        sh = self._shards[shard]
         if len(members) != sh.nsamples:
             extra = f"; its last sample is {members[-1].key!r}" if members else ""
             raise ShardError(
@@ -94,20 +106,24 @@ class ShardDataset(S5Dataset):
                 f"{sh.nsamples}{extra}: rebuild the index with s5loader index-shards"
             )
 
-    def __getitem__(self, index: int) -> Any:
+    # -- reading a sample -----------------------------------------------------------------
+    def read(self, index: int, unit: Sample) -> tuple[dict[str, Any], str]:
+        """Sample ``index`` (``{"__key__": ..., FIELD: bytes}``) and its shard's URI: from the
+        staged shard when ``index`` is a :class:`StagedIndex` of a pass that staged it, else
+        from the shard fetched with one GET (kept in memory for the next samples)."""
         s, j = self.locate(index)
         out = None
         if isinstance(index, StagedIndex):
-            out = self._read_staged_member(StagingLayout(index.folder), s, j, index.keep)
+            out = self._read_staged_member(StagingLayout(index.folder), s, j, index.keep, unit)
             if out is None and not self._warned_unstaged and os.path.isdir(index.folder):
                 self._warned_unstaged = True
                 log.warning(
                     "shard %s was not staged in %s; fetching it directly (further cases are not logged)",
-                    self.shards[s].uri, index.folder,
+                    self._shards[s].uri, index.folder,
                 )
         if out is None:
             out = self._fetch_member(s, j)
-        return self._finish(out, self.shards[s].uri)
+        return out, self._shards[s].uri
 
     def _table(self, layout: StagingLayout, shard: int) -> list[_tar.TarSample] | None:
         key = (layout.folder, shard)
@@ -123,13 +139,15 @@ class ShardDataset(S5Dataset):
                 self._tables.popitem(last=False)
         return table
 
-    def _read_staged_member(self, layout: StagingLayout, s: int, j: int, keep: bool) -> dict[str, Any] | None:
+    def _read_staged_member(
+        self, layout: StagingLayout, s: int, j: int, keep: bool, unit: Sample
+    ) -> dict[str, Any] | None:
         table = self._table(layout, s)
         if table is None:
             return None
         sample = table[j]
         try:
-            fh = open(layout.path(s, self._samples[s], 0), "rb")
+            fh = open(layout.path(s, unit, 0), "rb")
         except FileNotFoundError:
             return None
         with fh:
@@ -141,13 +159,10 @@ class ShardDataset(S5Dataset):
 
     def _fetch_member(self, s: int, j: int) -> dict[str, Any]:
         if self._cached is None or self._cached[0] != s:
-            sh = self.shards[s]
-            if self._client is None or self._client_pid != os.getpid():
-                self._client = make_boto3_client(self.access)
-                self._client_pid = os.getpid()
+            sh = self._shards[s]
             u = parse_s3_uri(sh.uri)
             try:
-                data = self._client.get_object(Bucket=u.bucket, Key=u.key)["Body"].read()
+                data = s3_client(self.access).get_object(Bucket=u.bucket, Key=u.key)["Body"].read()
             except Exception as exc:
                 raise boto3_error(exc, sh.uri) from exc
             members = _tar.scan_bytes(data, sh.uri)
@@ -158,10 +173,5 @@ class ShardDataset(S5Dataset):
         return {"__key__": sample.key, **{m.field: data[m.offset : m.offset + m.size] for m in sample.members}}
 
     def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
-        state["_tables"] = OrderedDict()
-        state["_cached"] = None
-        return state
-
-    def __repr__(self) -> str:
-        return f"S5Dataset({self.source!r}, {len(self)} samples in {len(self.shards)} shards)"
+        # a worker keeps its own member tables and fetched shard
+        return {**self.__dict__, "_tables": OrderedDict(), "_cached": None}

@@ -20,7 +20,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
-from .._index.listing import boto3_error, list_prefix, make_boto3_client, stat_objects
+from .._index.listing import list_prefix, stat_objects
+from .._s3api.client import s3_client
+from .._s3api.errors import boto3_error
 from .._util.uri import COMPRESSED_TAR, as_folder, parse_s3_uri
 from ..config import Access
 from ..exceptions import ConfigError, EmptySourceError, ObjectNotFoundError, ShardError, ShardIndexError
@@ -218,7 +220,7 @@ def read_index(where: str, endpoint_url: Access | str | None) -> dict[str, int] 
             return None
     u = parse_s3_uri(where)
     try:
-        body = make_boto3_client(endpoint_url).get_object(Bucket=u.bucket, Key=u.key)["Body"].read()
+        body = s3_client(endpoint_url).get_object(Bucket=u.bucket, Key=u.key)["Body"].read()
     except Exception as exc:
         err = boto3_error(exc, where)
         if isinstance(err, ObjectNotFoundError):
@@ -234,7 +236,7 @@ def write_index(data: bytes, where: str, endpoint_url: Access | str | None) -> N
         return
     u = parse_s3_uri(where)
     try:
-        make_boto3_client(endpoint_url).put_object(Bucket=u.bucket, Key=u.key, Body=data)
+        s3_client(endpoint_url).put_object(Bucket=u.bucket, Key=u.key, Body=data)
     except Exception as exc:
         raise boto3_error(exc, where) from exc
 
@@ -288,7 +290,7 @@ def count_samples(obj: ObjectInfo, endpoint_url: Access | str | None, client: An
         ShardError, UnsafeArchiveError: the shard is not a readable tar (names it and the member).
     """
     u = parse_s3_uri(obj.uri)
-    client = client or make_boto3_client(endpoint_url)
+    client = client or s3_client(endpoint_url)
     try:
         body = client.get_object(Bucket=u.bucket, Key=u.key)["Body"]
     except Exception as exc:
@@ -318,7 +320,7 @@ def build_index(
     """
     objects, folder = resolve(source, endpoint_url)
     where = output or folder + DEFAULT_INDEX
-    client = make_boto3_client(endpoint_url)
+    client = s3_client(endpoint_url)
     done = nbytes = 0
     counts: list[int] = []
 

@@ -15,13 +15,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .._util.uri import format_size
+from ..dataset import S5Dataset
 from ..exceptions import BudgetError, S5LoaderError
 from ..staging.layout import StagingLayout
 from . import tar as _tar
 
 if TYPE_CHECKING:
     from ..engine import Stager
-    from .dataset import ShardDataset
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +31,10 @@ _UNOPENED, _OPEN, _SKIPPED = 0, 1, 2
 class ShardPass:
     """The visits of one pass, and the sampler's side of them (wait, check, claim)."""
 
-    def __init__(self, dataset: ShardDataset, order: Sequence[int], folder: str, keep: bool, on_error: str) -> None:
+    def __init__(self, dataset: S5Dataset, order: Sequence[int], folder: str, keep: bool, on_error: str) -> None:
+        assert dataset.shards is not None, "a shard pass needs a dataset of shards"
         self.dataset = dataset
+        self.shards = dataset.shards
         self.layout = StagingLayout(folder)
         self.keep = keep
         self.on_error = on_error
@@ -43,7 +45,7 @@ class ShardPass:
         current: dict[int, int] = {}
         seen: list[set[int]] = []
         for pos, idx in enumerate(order):
-            s, j = dataset.locate(idx)
+            s, j = self.shards.locate(idx)
             v = current.get(s, -1)
             if v < 0 or j in seen[v]:
                 v = len(self.shard_of_visit)
@@ -66,7 +68,7 @@ class ShardPass:
     def peak_bytes(self) -> tuple[int, int]:
         """The most bytes of shards that must be staged at once (a shard stays from its
         visit's first sample to its last), and the position where that peak is reached."""
-        sizes = [self.dataset.shards[s].size for s in self.shard_of_visit]
+        sizes = [self.shards[s].size for s in self.shard_of_visit]
         ends: dict[int, int] = {}
         for v, last in enumerate(self.last):
             ends[last] = ends.get(last, 0) + sizes[v]
@@ -121,10 +123,10 @@ class ShardPass:
                     return True  # checked in an earlier epoch
             except FileNotFoundError:
                 pass
-        uri = self.dataset.shards[s].uri
+        uri = self.shards[s].uri
         try:
             members = _tar.scan_file(layout.path(s, self.dataset.samples[s], 0), uri)
-            self.dataset.check_members(s, members)
+            self.shards.check_members(s, members)
             layout.open_shard(s, _tar.dumps(members), [] if self.keep else self.needed[v])
         except S5LoaderError as exc:
             if self.on_error != "skip":

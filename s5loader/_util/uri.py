@@ -18,6 +18,12 @@ _BUCKET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{1,254}$")
 ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "S3_ENDPOINT_URL")
 
 
+TLS_HINT = (
+    "; the endpoint's TLS certificate is not trusted: for a self-signed store pass "
+    "Access(verify_ssl=False) (--no-verify-ssl), or add its CA to the system's trust store"
+)
+
+
 def endpoint_hint(endpoint: str | None) -> str:
     """What to check when the store cannot be reached, for the end of an error message."""
     if endpoint is None:

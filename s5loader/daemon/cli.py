@@ -9,7 +9,7 @@ import threading
 from types import FrameType
 from typing import Any
 
-from .._index.listing import GROUP_BY
+from .._index.sample import GROUP_BY
 from .._util.args import ArgumentParser, non_negative_int, positive_float, positive_int, size_arg
 from ..cli import EXIT_OK
 from ..config import ON_ERROR, Access

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .._index.listing import Sample
+from .._index.sample import Sample
 from ..engine import Stager
 from ..staging.area import StagingArea
 from .progress import ProgressReporter

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Sequence
 from typing import overload
 
-from .._index.listing import Sample
+from .._index.sample import Sample
 from .._sampling.order import Order
 
 

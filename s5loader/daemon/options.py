@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._index.listing import GROUP_BY
+from .._index.sample import GROUP_BY
 from ..config import Access, StagingOptions
 from ..exceptions import ConfigError
 

@@ -13,10 +13,11 @@ from dataclasses import replace
 from typing import IO, Any
 
 from .._index.blocks import plan_blocks
-from .._index.listing import Sample
+from .._index.sample import Sample
 from .._sampling.order import Order, block_window
 from .._util.platform import require_linux
 from .._util.uri import format_size
+from ..dataset import S5Dataset
 from ..engine import Stager
 from ..exceptions import DaemonError
 from ..s5cmd import S5cmd
@@ -334,14 +335,10 @@ class PrefetchDaemon:
 def _index(opts: PrefetchOptions) -> tuple[Sequence[Sample], Sequence[str] | None, int, ShardDeliveries | None]:
     """The samples of ``opts.source``, the key listing they came from, their bytes, and (over
     tar shards) the deliveries of their shards."""
-    from ..dataset import S5Dataset
-
     src, store, gb = opts.source, opts.store, opts.group_by
     if opts.shards:
-        from .._shards.dataset import ShardDataset
-
         sds = S5Dataset.from_shards(src, index=opts.index, access=store)
-        assert isinstance(sds, ShardDataset)
+        assert sds.shards is not None
         order = Order(opts.shuffle, opts.seed, 1, 0, False)
         deliveries = ShardDeliveries(sds, order, opts.epochs)
         log.info("%s: %d samples in %d shards, %s", src, len(sds), len(sds.shards), format_size(sds.total_bytes))

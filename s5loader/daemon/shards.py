@@ -21,18 +21,16 @@ import logging
 import os
 import shutil
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, overload
+from typing import overload
 
-from .._index.listing import Field, Sample
+from .._index.sample import Field, Sample
 from .._sampling.order import Order
 from .._shards import tar as _tar
 from .._util.uri import format_size
+from ..dataset import S5Dataset
 from ..exceptions import BudgetError, S5LoaderError
 from ..staging.layout import field_names
 from .epochs import index_fingerprint
-
-if TYPE_CHECKING:
-    from .._shards.dataset import ShardDataset
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +41,15 @@ class ShardDeliveries(Sequence[Sample]):
     """All epochs' deliveries over shards: item ``seq`` is the shard that holds delivery ``seq``;
     :attr:`visits` is what the engine stages (item ``v``: the shard of visit ``v``)."""
 
-    def __init__(self, dataset: ShardDataset, order: Order, epochs: int) -> None:
+    def __init__(self, dataset: S5Dataset, order: Order, epochs: int) -> None:
+        assert dataset.shards is not None, "deliveries over shards need a dataset of shards"
         self.dataset = dataset
+        self.shards = dataset.shards
         self.visit_shard: list[int] = []
         self.first = [0]
         for epoch in range(epochs):
-            for s in order.indices(len(dataset.shards), epoch):
-                n = dataset.shards[s].nsamples
+            for s in order.indices(len(self.shards), epoch):
+                n = self.shards[s].nsamples
                 if n:
                     self.visit_shard.append(s)
                     self.first.append(self.first[-1] + n)
@@ -75,7 +75,7 @@ class ShardDeliveries(Sequence[Sample]):
         return bisect.bisect_right(self.first, seq) - 1
 
     def fingerprint(self) -> str:
-        counts = ",".join(str(s.nsamples) for s in self.dataset.shards)
+        counts = ",".join(str(s.nsamples) for s in self.shards)
         return hashlib.sha256(f"{index_fingerprint(self.dataset.samples)}\n{counts}".encode()).hexdigest()
 
     def check_budget(self, budget: int) -> int:
@@ -84,7 +84,7 @@ class ShardDeliveries(Sequence[Sample]):
         Raises:
             BudgetError: the budget does not hold two of the largest shard.
         """
-        big = max(self.dataset.shards, key=lambda s: s.size)
+        big = max(self.shards, key=lambda s: s.size)
         if 2 * big.size > budget:
             raise BudgetError(
                 f"--budget {format_size(budget)} is too small for the shard {big.uri} "
@@ -133,10 +133,10 @@ class Unpacker:
             return self._members is not None
         self.visit, self._members = v, None
         s = self.d.visit_shard[v]
-        uri = self.d.dataset.shards[s].uri
+        uri = self.d.shards[s].uri
         try:
             members = _tar.scan_file(self.shard_path(v), uri)
-            self.d.dataset.check_members(s, members)
+            self.d.shards.check_members(s, members)
         except S5LoaderError as exc:
             self.drop(v)
             if self.on_error != "skip":

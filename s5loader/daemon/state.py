@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .._index.listing import Sample
+from .._index.sample import Sample
 from .._util.uri import format_size
 from ..engine.budget import check_sample_fits
 from ..exceptions import DaemonError

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from .._index.listing import Sample
+from .._index.sample import Sample
 from .._util.uri import format_size
 from ..exceptions import BudgetError
 from ..staging.layout import ReleaseEvents

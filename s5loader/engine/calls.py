@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._index.listing import Field
+from .._index.sample import Field
 from ..s5cmd import S5cmd, classify, kill_group, parse_line, reported_destinations, write_command_file
 from .options import Stats
 from .plan import CallPlan

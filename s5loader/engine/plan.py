@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .._index.blocks import BlockPlan
-from .._index.listing import Sample
+from .._index.sample import Sample
 from ..s5cmd import can_write, copy_line, wildcard_line, write_command_file
 from ..staging.layout import field_names
 from .budget import Budget

@@ -8,7 +8,8 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from .._index.listing import boto3_error, make_boto3_client
+from .._s3api.client import s3_client
+from .._s3api.errors import boto3_error
 from .._util.uri import parse_s3_uri
 from ..config import Access
 from ..s5cmd import classify
@@ -72,7 +73,7 @@ def _download(uri: str, dest: str, endpoint_url: Access | str | None) -> None:
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     tmp = dest + ".part"
     try:
-        make_boto3_client(endpoint_url).download_file(u.bucket, u.key, tmp)
+        s3_client(endpoint_url).download_file(u.bucket, u.key, tmp)
     except Exception as exc:
         raise boto3_error(exc, uri) from exc
     os.rename(tmp, dest)

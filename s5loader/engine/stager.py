@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from .._index.blocks import BlockPlan
-from .._index.listing import Field, Sample
+from .._index.sample import Field, Sample
 from ..config import Access, StagingOptions
 from ..exceptions import S5LoaderError
 from ..s5cmd import S5cmd

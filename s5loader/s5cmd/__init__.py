@@ -8,7 +8,7 @@ their exception types) and :mod:`.process` (starting and killing runs, listing, 
 of one large object).
 """
 
-from .binary import ENV_BINARY, access_flags, environment, find_s5cmd
+from .binary import ENV_BINARY, environment, find_s5cmd
 from .commands import can_write, copy_line, wildcard_line, write_command_file
 from .output import (
     TLS_HINT,
@@ -42,7 +42,6 @@ __all__ = [
     "ObjectInfo",
     "Result",
     "S5cmd",
-    "access_flags",
     "can_write",
     "classify",
     "copy_line",

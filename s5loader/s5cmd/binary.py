@@ -55,31 +55,6 @@ def _is_python_script(path: str) -> bool:
     return head.startswith(b"#!") and b"python" in head.split(b"\n", 1)[0]
 
 
-def access_flags(access: Access) -> list[str]:
-    """s5cmd's global flags for ``access`` (names and paths only: no secret goes in argv)."""
-    flags: list[str] = []
-    endpoint = access.endpoint()
-    if endpoint:
-        flags += ["--endpoint-url", endpoint]
-    if access.anonymous:
-        flags.append("--no-sign-request")
-    if access.profile:
-        flags += ["--profile", access.profile]
-    if access.credentials_file:
-        flags += ["--credentials-file", access.credentials_file]
-    if access.requester_pays:
-        flags += ["--request-payer", "requester"]
-    if not access.verify_ssl:
-        access.warn_insecure()
-        flags.append("--no-verify-ssl")
-    if access.list_objects_v1:
-        flags.append("--use-list-objects-v1")
-    # addressing_style: s5cmd picks path style on a custom endpoint and virtual-host style on
-    # AWS by itself; Access refuses the combinations it cannot follow.
-    return flags
-
-
-
 def environment(access: Access) -> dict[str, str]:
     """The environment of an s5cmd run for ``access``: this process's, with the region and
     Go's collector settings s5cmd needs (the user's own settings win)."""

@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from .._util.uri import endpoint_hint
+from .._util.uri import TLS_HINT, endpoint_hint
 from ..exceptions import (
     AccessDeniedError,
     EndpointError,
@@ -15,12 +15,9 @@ from ..exceptions import (
     NoSuchBucketError,
     ObjectNotFoundError,
     S5LoaderError,
+    StagingSpaceError,
 )
 
-TLS_HINT = (
-    "; the endpoint's TLS certificate is not trusted: for a self-signed store pass "
-    "Access(verify_ssl=False) (--no-verify-ssl), or add its CA to the system's trust store"
-)
 
 class ObjectInfo(NamedTuple):
     """One object as listed: its URI, key, size in bytes and ETag (without quotes)."""
@@ -169,8 +166,6 @@ def error_from_exit(rc: int, stderr: bytes | str, what: str, endpoint: str | Non
     A full local disk is a ``StagingSpaceError``; everything else is sorted by
     :func:`classify`.
     """
-    from ..exceptions import StagingSpaceError
-
     text = stderr.decode("utf-8", "replace") if isinstance(stderr, bytes) else stderr
     msg = last_error(text) or f"exit code {rc}"
     kind = classify(msg)

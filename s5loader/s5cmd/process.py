@@ -15,7 +15,7 @@ from typing import IO
 from .._util.platform import die_with_parent
 from ..config import Access
 from ..exceptions import EmptySourceError, S5cmdNotFoundError
-from .binary import INSTALL_HINT, access_flags, environment, find_s5cmd
+from .binary import INSTALL_HINT, environment, find_s5cmd
 from .commands import can_write
 from .output import ObjectInfo, classify, error_for, last_error, looks_unreachable, ls_object
 
@@ -91,7 +91,7 @@ class S5cmd:
 
     def _argv(self, *args: str) -> list[str]:
         argv = [self.path(), "--json", "--retry-count", str(self.retry_count)]
-        return argv + access_flags(self.settings) + list(args)
+        return argv + self.settings.s5cmd_flags() + list(args)
 
     def env(self) -> dict[str, str]:
         return environment(self.settings)

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .._index.listing import Sample
+    from .._index.sample import Sample
 
 RELEASED = ".released"
 MEMBERS = ".members"

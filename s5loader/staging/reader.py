@@ -5,9 +5,33 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._index.listing import Sample, boto3_error
+from .._index.sample import Sample
+from .._s3api.errors import boto3_error
 from .._util.uri import parse_s3_uri
 from .layout import StagingLayout
+
+
+class StagedIndex(int):
+    """A sample index as :class:`~s5loader.S5Sampler` yields it: the int, plus the folder of
+    the staging pass that staged the sample and whether reading it keeps the files.
+
+    The index carries its folder through the DataLoader's index queue to the workers, so one
+    dataset can serve several samplers (a training and an evaluation loader), and a worker
+    that reads a sample of a pass that was replaced (``persistent_workers`` after a
+    ``break``) reads that pass's files, never the next pass's.
+    """
+
+    folder: str
+    keep: bool
+
+    def __new__(cls, value: int, folder: str, keep: bool = False) -> StagedIndex:
+        self = super().__new__(cls, value)
+        self.folder = folder
+        self.keep = keep
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (StagedIndex, (int(self), self.folder, self.keep))
 
 
 def read_staged(layout: StagingLayout, index: int, sample: Sample, keep: bool) -> list[bytes] | None:

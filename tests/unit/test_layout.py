@@ -118,14 +118,12 @@ def test_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
-@pytest.mark.xfail(strict=True, reason='the restructure is under way')
 def test_no_import_circle_in_the_package() -> None:
     graph, _ = _graph()
     # a package imports its own modules to export them; its modules must not import it back
     assert _cycles(graph) == []
 
 
-@pytest.mark.xfail(strict=True, reason='the restructure is under way')
 def test_imports_are_at_the_top_but_the_deliberate_lazy_ones() -> None:
     _, lazy = _graph()
     # the CLI imports each command's module when that command runs (s5loader.cli._load)

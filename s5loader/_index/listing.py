@@ -1,5 +1,6 @@
-"""Where the sample index comes from: listing a prefix, reading a manifest or taking a list of
-URIs, then grouping objects into samples (``stem``, ``folder`` or ``object``)."""
+"""Listing: the objects under a prefix (one streamed ``s5cmd ls``, listed again after a
+transient failure), or the sizes of given URIs (one HEAD each), grouped into samples (``stem``,
+``folder`` or ``object``)."""
 
 from __future__ import annotations
 

@@ -165,3 +165,25 @@ def test_the_unit_tier_refuses_subprocesses_and_sockets() -> None:
         except TierError:
             continue
         raise AssertionError("the unit tier let a subprocess or a connection through")
+
+
+def test_links_between_the_readme_and_the_docs_resolve() -> None:
+    import re
+
+    bad = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = doc.read_text()
+        for m in re.finditer(r"\]\(([^)#:]*)(#[^)]+)?\)", text):
+            target = (doc.parent / m.group(1)).resolve() if m.group(1) else doc
+            if not target.exists():
+                bad.append(f"{doc.name}: {m.group(0)}")
+            elif m.group(2) and target.suffix == ".md":
+                heads = re.findall(r"^#+ (.*)$", target.read_text(), re.M)
+                anchors = {re.sub(r"[^a-z0-9 _-]", "", h.lower()).replace(" ", "-") for h in heads}
+                if m.group(2)[1:] not in anchors:
+                    bad.append(f"{doc.name}: {m.group(0)}")
+    assert bad == []
+
+
+def test_the_readme_is_read_in_ten_minutes() -> None:
+    assert (ROOT / "README.md").read_text().count("\n") <= 400

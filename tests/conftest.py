@@ -1,23 +1,15 @@
-"""Shared fixtures: real S3 servers on loopback (moto's ThreadedMotoServer and SeaweedFS) and
-helpers to put a data set into them."""
+"""Shared fixtures: real S3 servers on loopback (moto's ThreadedMotoServer and SeaweedFS), a
+store per test on them, a staging root. The helpers the tests share are in ``tests/support``."""
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import os
-import re
-import socket
-import subprocess
 import tempfile
-import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 
-import boto3
 import pytest
+from support.stores import Store, free_port
 from support.tiers import unit_tier_guard  # noqa: F401 (an autouse fixture for tests/unit)
 
 # Dummy credentials: both servers accept any. Set before anything reads the AWS chain.
@@ -26,118 +18,6 @@ os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing-secret")
 os.environ.setdefault("AWS_REGION", "us-east-1")
 for _var in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "S3_ENDPOINT_URL", "AWS_PROFILE"):
     os.environ.pop(_var, None)
-
-
-@contextlib.contextmanager
-def mount_tmpfs(size: str, prefix: str = "s5loader-smallfs-") -> Iterator[str]:
-    """A tmpfs of ``size`` (``"256k"``, ``"4m"``) mounted for a test (as root), removed after;
-    the test is skipped where no tmpfs can be mounted."""
-    d = tempfile.mkdtemp(prefix=prefix)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", d], capture_output=True)
-    if r.returncode != 0:
-        os.rmdir(d)
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-    try:
-        yield d
-    finally:
-        subprocess.run(["umount", "-l", d])
-        os.rmdir(d)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def staged_bytes(path: str) -> int:
-    """Bytes of staged objects below ``path``, s5cmd's temporary files included; the small
-    control files (the lock, the command files of calls in flight) are not objects. A file
-    renamed while the walk runs (out of a block's scratch folder) is counted once, by inode."""
-    seen: dict[int, int] = {}
-    for root, dirs, files in os.walk(path):
-        dirs[:] = [d for d in dirs if d != ".calls"]
-        for f in files:
-            if f != ".lock":
-                try:
-                    st = os.lstat(os.path.join(root, f))
-                except FileNotFoundError:
-                    continue
-                seen[st.st_ino] = st.st_size
-    return sum(seen.values())
-
-
-def staged_samples(path: str) -> list[str]:
-    """The sample folders left in a sampler's staging directory, as ``PASS/INDEX`` (each
-    staging pass of a sampler has a folder of its own)."""
-    out = []
-    for p in sorted(os.listdir(path)):
-        if not p.startswith(".") and os.path.isdir(os.path.join(path, p)):
-            out += [f"{p}/{n}" for n in sorted(os.listdir(os.path.join(path, p))) if not n.startswith(".")]
-    return out
-
-
-def scratch_folders(path: str) -> list[str]:
-    """s5cmd scratch folders of wildcard lines (``.cN``) anywhere below ``path``."""
-    return [os.path.join(r, d) for r, dirs, _ in os.walk(path) for d in dirs if re.fullmatch(r"\.c\d+", d)]
-
-
-class Peak:
-    """Calls ``measure`` in a thread until the ``with`` block ends; :attr:`peak` is the most
-    it returned and :attr:`looks` how often it looked."""
-
-    def __init__(self, measure: Callable[[], int], interval: float = 0.001) -> None:
-        self.measure, self.interval = measure, interval
-        self.peak = self.looks = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.measure())
-            self.looks += 1
-            time.sleep(self.interval)
-
-    def __enter__(self) -> Peak:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-@dataclass
-class Store:
-    """A bucket on a real local S3 server, with a fresh prefix per test."""
-
-    name: str
-    endpoint: str
-    bucket: str
-    prefix: str
-
-    @property
-    def client(self):  # type: ignore[no-untyped-def]
-        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1")
-
-    def uri(self, key: str = "") -> str:
-        return f"s3://{self.bucket}/{self.prefix}{key}"
-
-    def put(self, objects: dict[str, bytes]) -> dict[str, bytes]:
-        """Upload ``{relative key: bytes}`` under the prefix; returns them by full key."""
-        c = self.client
-        for k, v in objects.items():
-            c.put_object(Bucket=self.bucket, Key=self.prefix + k, Body=v)
-        return {self.prefix + k: v for k, v in objects.items()}
-
-
-def make_pairs(n: int, size: int = 100) -> dict[str, bytes]:
-    """A toy data set like the field report's: ``NNNN.image`` + ``NNNN.label`` pairs."""
-    out = {}
-    for i in range(n):
-        out[f"{i:04d}.image"] = hashlib.sha256(str(i).encode()).digest() * (size // 32 + 1)
-        out[f"{i:04d}.label"] = str(i % 10).encode()
-    return out
 
 
 @pytest.fixture(scope="session")

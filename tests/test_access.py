@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Store, make_pairs
-from faults import FaultProxy
+from support.faults import FaultProxy
+from support.stores import Store, make_pairs
 
 from s5loader import Access, S5Dataset, S5Sampler
 from s5loader._index.listing import _list_boto3

@@ -577,7 +577,7 @@ def test_steps_bound_the_calls_of_s5cmd_run(data: dict[str, str], tmp_path) -> N
 
 
 def test_runtime_package_loads_no_benchmark_code(seaweed, staging_root: str) -> None:  # type: ignore[no-untyped-def]
-    from conftest import make_pairs
+    from support.stores import make_pairs
 
     seaweed.put(make_pairs(4, size=64))
     code = f"""

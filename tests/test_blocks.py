@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from conftest import Store, make_pairs, scratch_folders, staged_samples  # noqa: F401
+from support.stores import Store, make_pairs, scratch_folders, staged_samples  # noqa: F401
 from torch.utils.data import DataLoader
 
 from s5loader import S5Dataset, S5Sampler

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 import torch
-from conftest import Store, free_port, mount_tmpfs
+from support.stores import Store, free_port, mount_tmpfs
 
 from s5loader import ObjectNotFoundError, S3URIError, StagingSpaceError, checkpoint
 

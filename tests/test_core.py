@@ -6,7 +6,7 @@ import json
 import os
 
 import pytest
-from conftest import Store, make_pairs, staged_samples
+from support.stores import Store, make_pairs, staged_samples
 from torch.utils.data import DataLoader
 
 from s5loader import (

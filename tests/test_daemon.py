@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Peak, Store, make_pairs
+from support.stores import Peak, Store, make_pairs
 
 from s5loader._sampling.order import Order
 from s5loader.consume import END_MARKER, consume, ready_names

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import Store, make_pairs
+from support.stores import Store, make_pairs
 
 from s5loader.daemon import PrefetchDaemon, PrefetchOptions, build_parser, options_from_args
 from s5loader.exceptions import ConfigError

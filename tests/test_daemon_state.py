@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import Store, make_pairs
+from support.stores import Store, make_pairs
 
 from s5loader.daemon import STATE_FILE, PrefetchDaemon, PrefetchOptions
 

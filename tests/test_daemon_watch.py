@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import psutil
-from conftest import Store, make_pairs
+from support.stores import Store, make_pairs
 from test_daemon import (
     PAIR,
     cache_bytes,

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import Store, free_port, make_pairs
+from support.stores import Store, free_port, make_pairs
 
 from s5loader import S5Dataset, S5Sampler, StateError
 

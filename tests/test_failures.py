@@ -10,8 +10,8 @@ import threading
 import time
 
 import pytest
-from conftest import Store, make_pairs
-from faults import FaultProxy, Rule
+from support.faults import FaultProxy, Rule
+from support.stores import Store, make_pairs
 
 from s5loader import AccessDeniedError, FetchError, ObjectNotFoundError, S5Dataset, S5Sampler, StallError
 

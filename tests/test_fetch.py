@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import boto3.s3.transfer
 import psutil
 import pytest
-from conftest import Store, mount_tmpfs
-from faults import FaultProxy, Rule
+from support.faults import FaultProxy, Rule
+from support.stores import Store, mount_tmpfs
 
 from s5loader import ChecksumError, ConfigError, StagingSpaceError, UnsafeArchiveError
 from s5loader._largeobj.sources import natural_key

@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from conftest import Store, free_port, make_pairs
+from support.stores import Store, free_port, make_pairs
 from torch.utils.data import DataLoader
 
 from s5loader import BudgetError, EmptySourceError, S5Dataset, S5Sampler, ShardError

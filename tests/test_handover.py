@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Store, make_pairs
+from support.stores import Store, make_pairs
 
 from s5loader.consume import END_MARKER, consume, ready_names
 from s5loader.daemon import build_parser

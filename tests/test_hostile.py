@@ -11,8 +11,8 @@ import time
 
 import psutil
 import pytest
-from conftest import Store, make_pairs
-from faults import FaultProxy, Rule
+from support.faults import FaultProxy, Rule
+from support.stores import Store, make_pairs
 from torch.utils.data import DataLoader
 
 from s5loader import (

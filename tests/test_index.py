@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import Store, free_port, make_pairs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reference_index import group as reference_group
+from support.reference_index import group as reference_group
+from support.stores import Store, free_port, make_pairs
 
 from s5loader import FetchError, IndexFileError, ManifestError, S5Dataset
 from s5loader._index.compact import SampleIndex

@@ -8,7 +8,7 @@ import signal
 
 import numpy as np
 import pytest
-from conftest import Peak, Store, make_pairs, staged_bytes
+from support.stores import Peak, Store, make_pairs, staged_bytes
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 

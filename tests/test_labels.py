@@ -7,7 +7,7 @@ import json
 import logging
 
 import pytest
-from conftest import Store
+from support.stores import Store
 from torch.utils.data import DataLoader
 
 from s5loader import S5Dataset, S5Sampler

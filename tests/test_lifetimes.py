@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import Store, make_pairs, staged_samples
+from support.stores import Store, make_pairs, staged_samples
 from torch.utils.data import DataLoader, DistributedSampler
 
 from s5loader import S5Dataset, S5Sampler

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import free_port
+from support.stores import free_port
 
 from s5loader.s5cmd import find_s5cmd
 

@@ -7,8 +7,8 @@ import threading
 import time
 
 import pytest
-from conftest import Store
-from faults import FaultProxy, Rule
+from support.faults import FaultProxy, Rule
+from support.stores import Store
 
 from s5loader import S5Dataset, S5Sampler
 from s5loader.engine.metrics import RATE_WINDOW_S, Metrics, Throughput

@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Iterator
 
 import pytest
-from conftest import Store, mount_tmpfs
+from support.stores import Store, mount_tmpfs
 
 from s5loader import BudgetError
 from s5loader.staging.area import choose_root

@@ -6,7 +6,7 @@ import pickle
 import sys
 
 import pytest
-from conftest import Store, make_pairs
+from support.stores import Store, make_pairs
 
 from s5loader import PlatformError, S5Dataset, S5LoaderError, S5Sampler
 from s5loader.daemon import PrefetchDaemon, PrefetchOptions

@@ -9,8 +9,8 @@ import sys
 
 import psutil
 import pytest
-from conftest import Store
-from faults import FaultProxy, Rule
+from support.faults import FaultProxy, Rule
+from support.stores import Store
 
 from s5loader import DaemonError, Prefetcher, consume
 from s5loader.daemon import main

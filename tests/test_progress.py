@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 
-from conftest import Store
+from support.stores import Store
 
 from s5loader import fetch
 from s5loader.progress import Progress

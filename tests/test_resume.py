@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from conftest import Store, make_pairs
+from support.stores import Store, make_pairs
 from torch.utils.data import DistributedSampler
 
 from s5loader import S5Dataset, S5Sampler, StateError

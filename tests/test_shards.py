@@ -14,7 +14,7 @@ import tarfile
 from collections import Counter
 
 import pytest
-from conftest import Store
+from support.stores import Store
 from torch.utils.data import DataLoader
 
 from s5loader import (
@@ -381,7 +381,7 @@ def test_budget_and_shuffle_rules_over_shards(moto: Store, staging_root: str) ->
 
 
 def test_staged_shard_bytes_never_exceed_the_budget_and_shards_go_once_read(moto: Store, staging_root: str) -> None:
-    from conftest import Peak
+    from support.stores import Peak
 
     shards, expected = make_shards(6, 4, size=4000)
     shards["shard-005.tar"] = tar_of([("last.bin", b"x" * 100)])  # uneven sizes
@@ -531,7 +531,7 @@ with open(sys.argv[2], "a") as out:
 
 
 def test_the_daemon_delivers_shard_samples_as_folders_within_budget(seaweed: Store, tmp_path) -> None:
-    from conftest import Peak
+    from support.stores import Peak
 
     from s5loader._sampling.order import Order
     from s5loader.consume import END_MARKER, ready_names
@@ -654,7 +654,7 @@ def test_a_member_name_that_is_not_utf8_keeps_its_bytes_through_the_daemon(moto:
 
 
 def test_iterable_workers_split_shards_not_samples_so_each_shard_is_fetched_once(moto: Store, staging_root: str) -> None:
-    from faults import FaultProxy
+    from support.faults import FaultProxy
 
     from s5loader import S5IterableDataset
 

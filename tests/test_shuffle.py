@@ -4,9 +4,9 @@ completeness and resume, the quality figure, and the engine's calls of whole win
 from __future__ import annotations
 
 import pytest
-from conftest import Store, make_pairs, staged_samples
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.stores import Store, make_pairs, staged_samples
 from torch.utils.data import DataLoader
 
 import s5loader.engine.stager as stager_module

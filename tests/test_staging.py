@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
-from conftest import Peak, Store, make_pairs, mount_tmpfs, staged_bytes, staged_samples
+from support.stores import Peak, Store, make_pairs, mount_tmpfs, staged_bytes, staged_samples
 from torch.utils.data import DataLoader
 
 from s5loader import BudgetError, S5Dataset, S5Sampler, StagingSpaceError, StallError

@@ -9,9 +9,9 @@ import stat
 import sys
 
 import pytest
-from conftest import Peak, staged_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.stores import Peak, staged_bytes
 
 from s5loader import BudgetError, ConfigError, S3URIError, S5Dataset, S5Sampler, parse_size
 from s5loader._index.listing import group
@@ -114,7 +114,7 @@ def fake_s3(tmp_path, monkeypatch: pytest.MonkeyPatch):
     (root / "bkt").mkdir(parents=True)
     wrapper = tmp_path / "s5cmd"
     here = os.path.dirname(os.path.abspath(__file__))
-    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {here}/fake_s5cmd.py \"$@\"\n")
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {here}/support/fake_s5cmd.py \"$@\"\n")
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("S5LOADER_S5CMD", str(wrapper))
     monkeypatch.setenv("FAKE_S3_ROOT", str(root))

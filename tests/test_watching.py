@@ -8,7 +8,7 @@ import os
 import sys
 
 import pytest
-from conftest import Store
+from support.stores import Store
 
 from s5loader import S5Dataset, S5Sampler, log_metrics
 

@@ -133,3 +133,12 @@ def test_the_cli_does_not_log_the_aws_libraries_routine(moto: Store) -> None:
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("2 samples")
     assert "Found credentials" not in r.stderr
+
+
+def test_index_shards_on_an_object_says_it_is_an_object(seaweed: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    from s5loader.cli import main
+
+    seaweed.put({"data.zip": b"PK"})
+    assert main(["index-shards", seaweed.uri("data.zip"), "--endpoint-url", seaweed.endpoint]) == 1
+    err = capsys.readouterr().err
+    assert f"{seaweed.uri('data.zip')} is an object, not a tar shard" in err and "no *.tar shard under" not in err

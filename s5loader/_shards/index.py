@@ -25,7 +25,14 @@ from .._s3api.client import s3_client
 from .._s3api.errors import boto3_error
 from .._util.uri import COMPRESSED_TAR, as_folder, parse_s3_uri
 from ..config import Access
-from ..exceptions import ConfigError, EmptySourceError, ObjectNotFoundError, ShardError, ShardIndexError
+from ..exceptions import (
+    ConfigError,
+    EmptySourceError,
+    ObjectNotFoundError,
+    S5LoaderError,
+    ShardError,
+    ShardIndexError,
+)
 from ..s5cmd import ObjectInfo, S5cmd
 from . import tar as _tar
 
@@ -125,8 +132,16 @@ def resolve(source: str | Sequence[str], endpoint_url: Access | str | None) -> t
         return [found[u] for u in uris], _folder(literal)
     if source.endswith(".tar"):
         return stat_objects([source], endpoint_url), _folder(source)
-    source = as_folder(source)  # a prefix names a folder, never its siblings
-    listed = list_prefix(source, S5cmd(access=Access.coerce(endpoint_url)))
+    given, source = source, as_folder(source)  # a prefix names a folder, never its siblings
+    try:
+        listed = list_prefix(source, S5cmd(access=Access.coerce(endpoint_url)))
+    except EmptySourceError:
+        if given != source and _is_object(given, endpoint_url):
+            raise ShardError(
+                f"{given} is an object, not a tar shard (a .tar) nor a folder of them: name its "
+                "shards, a brace pattern of them, or their folder"
+            ) from None
+        raise
     objects = sorted((o for o in listed if o.key.endswith(".tar")), key=lambda o: o.key)
     if not objects:
         packed = [o.uri for o in listed if o.key.endswith(COMPRESSED_TAR)]
@@ -137,6 +152,14 @@ def resolve(source: str | Sequence[str], endpoint_url: Access | str | None) -> t
             )
         raise EmptySourceError(f"no *.tar shard under {source}")
     return objects, _folder(source)
+
+
+def _is_object(uri: str, endpoint_url: Access | str | None) -> bool:
+    try:
+        stat_objects([uri], endpoint_url)
+    except S5LoaderError:
+        return False
+    return True
 
 
 # -- the shard list ---------------------------------------------------------------------

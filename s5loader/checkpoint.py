@@ -150,11 +150,11 @@ class _PipeWriter(io.RawIOBase):
 
 
 def _save_streaming(
-    obj: Any, uri: str, s5: S5cmd, endpoint_url: Access | str | None, concurrency: int, part: int, need: int
+    obj: Any, uri: str, s5: S5cmd, access: Access | str | None, concurrency: int, part: int, need: int
 ) -> None:
     import torch
 
-    with _transfer.UploadGuard(uri, endpoint_url) as guard:
+    with _transfer.UploadGuard(uri, access) as guard:
         proc = start_pipe(s5, uri, concurrency=concurrency, part_size=part, size=need)
         guard.attach(proc)
         assert proc.stdin is not None

@@ -151,9 +151,9 @@ def list_prefix(prefix: str, s5cmd: S5cmd) -> list[ObjectInfo]:
     return objects
 
 
-def index_objects(uris: Sequence[str], endpoint_url: Access | str | None, group_by: str) -> SampleIndex:
+def index_objects(uris: Sequence[str], access: Access | str | None, group_by: str) -> SampleIndex:
     """The given objects (one HEAD each for sizes and ETags), grouped."""
-    return group(stat_objects(uris, endpoint_url), group_by, source="the object list")
+    return group(stat_objects(uris, access), group_by, source="the object list")
 
 
 def _list_boto3(bucket: str, prefix: str, access: Access | str | None) -> Iterator[ObjectInfo]:
@@ -169,13 +169,13 @@ def _list_boto3(bucket: str, prefix: str, access: Access | str | None) -> Iterat
         raise boto3_error(exc, f"s3://{bucket}/{prefix}") from exc
 
 
-def stat_objects(uris: Sequence[str], endpoint_url: Access | str | None) -> list[ObjectInfo]:
+def stat_objects(uris: Sequence[str], access: Access | str | None) -> list[ObjectInfo]:
     """Sizes and ETags of individual objects, one HEAD each (for manifests without sizes).
 
     Raises:
         ObjectNotFoundError, AccessDeniedError, NoSuchBucketError, EndpointError
     """
-    client = s3_client(endpoint_url)
+    client = s3_client(access)
     out = []
     for uri in uris:
         u = parse_s3_uri(uri)

@@ -21,7 +21,7 @@ from .compact import SampleIndex
 from .listing import stat_objects
 
 
-def index_manifest(path_or_uri: str, endpoint_url: Access | str | None, group_by: str) -> SampleIndex:
+def index_manifest(path_or_uri: str, access: Access | str | None, group_by: str) -> SampleIndex:
     """Read a JSON Lines manifest from a local path or an s3 URI into an index, line by line.
 
     Each line is either a JSON string (an object URI) or an object with ``"uri"`` and, where
@@ -38,7 +38,7 @@ def index_manifest(path_or_uri: str, endpoint_url: Access | str | None, group_by
     count = 0
     fast = _FAST_LINE.match
     tails: dict[str, str | None | Literal[False]] = {}
-    for lineno, line in enumerate(_read_lines(path_or_uri, endpoint_url), 1):
+    for lineno, line in enumerate(_read_lines(path_or_uri, access), 1):
         m = fast(line)
         if m is not None and not m[2].endswith("/"):
             # the usual {"uri": ..., "size": ..., "etag": ..., "label": ...} without escapes:
@@ -86,7 +86,7 @@ def index_manifest(path_or_uri: str, endpoint_url: Access | str | None, group_by
     if not count:
         raise EmptySourceError(f"the manifest {path_or_uri} lists no object")
     if missing:
-        for (order, _, rec), obj in zip(missing, stat_objects([m[1] for m in missing], endpoint_url), strict=True):
+        for (order, _, rec), obj in zip(missing, stat_objects([m[1] for m in missing], access), strict=True):
             builder.add(obj.uri, obj.key, obj.size, obj.etag, rec, order=order)
     try:
         return builder.build()
@@ -140,10 +140,10 @@ def _fast_extra(tail: str) -> str | None | Literal[False]:
     return "{" + ", ".join(out) + "}" if out else None
 
 
-def _read_lines(path_or_uri: str, endpoint_url: Access | str | None) -> Iterator[str]:
+def _read_lines(path_or_uri: str, access: Access | str | None) -> Iterator[str]:
     if path_or_uri.startswith("s3://"):
         u = parse_s3_uri(path_or_uri)
-        client = s3_client(endpoint_url)
+        client = s3_client(access)
         try:
             body = client.get_object(Bucket=u.bucket, Key=u.key)["Body"]
             for raw in body.iter_lines(chunk_size=1 << 20, keepends=True):

@@ -110,10 +110,10 @@ def save_index(index: SampleIndex, path_or_uri: str, store: Access) -> None:
         raise boto3_error(exc, path_or_uri) from exc
 
 
-def read_object(uri: str, endpoint_url: Access | str | None) -> bytes:
+def read_object(uri: str, access: Access | str | None) -> bytes:
     """The bytes of one object."""
     u = parse_s3_uri(uri)
     try:
-        return bytes(s3_client(endpoint_url).get_object(Bucket=u.bucket, Key=u.key)["Body"].read())
+        return bytes(s3_client(access).get_object(Bucket=u.bucket, Key=u.key)["Body"].read())
     except Exception as exc:
         raise boto3_error(exc, uri) from exc

@@ -36,7 +36,7 @@ def natural_key(key: str) -> list[Any]:
 
 
 def resolve(
-    uris: Sequence[str], s5: S5cmd, endpoint_url: Access | str | None, skip_md5: bool, verify: bool
+    uris: Sequence[str], s5: S5cmd, access: Access | str | None, skip_md5: bool, verify: bool
 ) -> tuple[list[ObjectInfo], dict[str, str], dict[str, ObjectInfo]]:
     """The objects to fetch, in order; the file name (relative to DEST) of each, by URI; the
     ``.md5`` objects seen beside them."""
@@ -45,14 +45,14 @@ def resolve(
         u = parse_s3_uri(uri)
         if u.key and not uri.endswith("/"):
             try:
-                size, etag = _transfer.head_size(uri, endpoint_url)
+                size, etag = _transfer.head_size(uri, access)
                 found.append((uri.rsplit("/", 1)[0] + "/", ObjectInfo(uri, u.key, size, etag)))
             except ObjectNotFoundError:
                 pass  # a key prefix, such as the common start of a split archive's volumes
             else:
                 if verify:  # its .md5 sibling, which no listing showed
                     try:
-                        size, etag = _transfer.head_size(uri + ".md5", endpoint_url)
+                        size, etag = _transfer.head_size(uri + ".md5", access)
                         found.append((uri.rsplit("/", 1)[0] + "/", ObjectInfo(uri + ".md5", u.key + ".md5", size, etag)))
                     except ObjectNotFoundError:
                         pass
@@ -81,12 +81,12 @@ def resolve(
     return objects, names, md5_files
 
 
-def checker_for(o: ObjectInfo, md5_files: dict[str, ObjectInfo], endpoint_url: Access | str | None) -> _verify.Checker:
+def checker_for(o: ObjectInfo, md5_files: dict[str, ObjectInfo], access: Access | str | None) -> _verify.Checker:
     md5 = None
     if o.uri + ".md5" in md5_files:
         u = parse_s3_uri(o.uri + ".md5")
         try:
-            body = s3_client(endpoint_url).get_object(Bucket=u.bucket, Key=u.key)["Body"].read()
+            body = s3_client(access).get_object(Bucket=u.bucket, Key=u.key)["Body"].read()
         except Exception as exc:
             raise boto3_error(exc, str(u)) from exc
         md5 = _verify.parse_md5_file(body.decode("utf-8", "replace"), o.key.rsplit("/", 1)[-1])

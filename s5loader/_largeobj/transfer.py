@@ -124,10 +124,10 @@ class UploadGuard:
     Use as a context manager around the transfer; :meth:`attach` the s5cmd process.
     """
 
-    def __init__(self, uri: str, endpoint_url: Access | str | None) -> None:
+    def __init__(self, uri: str, access: Access | str | None) -> None:
         self.uri = uri
         self.bucket, self.key = object_uri(uri)
-        self._client: Any = s3_client(endpoint_url)
+        self._client: Any = s3_client(access)
         self._before: set[str] = set()
         self._procs: list[subprocess.Popen[bytes]] = []
         self._active = False
@@ -187,11 +187,11 @@ class UploadGuard:
             )
 
 
-def head_size(uri: str, endpoint_url: Access | str | None) -> tuple[int, str]:
+def head_size(uri: str, access: Access | str | None) -> tuple[int, str]:
     """Size and ETag of one object (a HEAD request)."""
     bucket, key = object_uri(uri)
     try:
-        head = s3_client(endpoint_url).head_object(Bucket=bucket, Key=key)
+        head = s3_client(access).head_object(Bucket=bucket, Key=key)
     except Exception as exc:
         raise boto3_error(exc, uri) from exc
     return int(head["ContentLength"]), str(head.get("ETag", "")).strip('"')
@@ -224,11 +224,11 @@ def side_by_side(fn: Callable[[T], None], items: Sequence[T]) -> None:
 
 
 def upload_many(
-    s5: S5cmd, pairs: Sequence[tuple[str, str]], endpoint_url: Access | str | None, *, concurrency: int, part_size: int
+    s5: S5cmd, pairs: Sequence[tuple[str, str]], access: Access | str | None, *, concurrency: int, part_size: int
 ) -> None:
     """Upload local files to ``s3://`` URIs side by side, each in parallel parts, each
     guarded: on any failure or interruption every unfinished upload is aborted."""
-    guards = [UploadGuard(uri, endpoint_url) for _, uri in pairs]
+    guards = [UploadGuard(uri, access) for _, uri in pairs]
 
     def one(item: tuple[str, UploadGuard]) -> None:
         path, guard = item

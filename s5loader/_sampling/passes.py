@@ -70,7 +70,7 @@ class StagingPasses:
             self.s5cmd,
             options,
             kept=self.kept if keep else None,
-            endpoint_url=self.dataset.access,
+            access=self.dataset.access,
             layout=self.layout,
             windows=windows if shards is None else None,  # over shards the engine stages shard visits
         ).start()

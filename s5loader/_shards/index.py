@@ -91,7 +91,7 @@ def _folder(uri: str) -> str:
     return uri[: uri.rfind("/") + 1]
 
 
-def resolve(source: str | Sequence[str], endpoint_url: Access | str | None) -> tuple[list[ObjectInfo], str]:
+def resolve(source: str | Sequence[str], access: Access | str | None) -> tuple[list[ObjectInfo], str]:
     """The shards a source names, with sizes and ETags, and the folder for its default index.
 
     Args:
@@ -112,7 +112,7 @@ def resolve(source: str | Sequence[str], endpoint_url: Access | str | None) -> t
             _refuse_compressed(u)
         folders = {_folder(u) for u in uris}
         folder = folders.pop() if len(folders) == 1 else _folder(posixpath.commonprefix(uris))
-        return stat_objects(uris, endpoint_url), folder
+        return stat_objects(uris, access), folder
     parse_s3_uri(source)
     _refuse_compressed(source)
     if "{" in source:
@@ -121,7 +121,7 @@ def resolve(source: str | Sequence[str], endpoint_url: Access | str | None) -> t
             _refuse_compressed(u)
         literal = source[: source.index("{")]
         try:
-            found = {o.uri: o for o in list_prefix(literal, S5cmd(access=Access.coerce(endpoint_url)))}
+            found = {o.uri: o for o in list_prefix(literal, S5cmd(access=Access.coerce(access)))}
         except EmptySourceError:
             found = {}
         missing = [u for u in uris if u not in found]
@@ -131,12 +131,12 @@ def resolve(source: str | Sequence[str], endpoint_url: Access | str | None) -> t
             )
         return [found[u] for u in uris], _folder(literal)
     if source.endswith(".tar"):
-        return stat_objects([source], endpoint_url), _folder(source)
+        return stat_objects([source], access), _folder(source)
     given, source = source, as_folder(source)  # a prefix names a folder, never its siblings
     try:
-        listed = list_prefix(source, S5cmd(access=Access.coerce(endpoint_url)))
+        listed = list_prefix(source, S5cmd(access=Access.coerce(access)))
     except EmptySourceError:
-        if given != source and _is_object(given, endpoint_url):
+        if given != source and _is_object(given, access):
             raise ShardError(
                 f"{given} is an object, not a tar shard (a .tar) nor a folder of them: name its "
                 "shards, a brace pattern of them, or their folder"
@@ -154,9 +154,9 @@ def resolve(source: str | Sequence[str], endpoint_url: Access | str | None) -> t
     return objects, _folder(source)
 
 
-def _is_object(uri: str, endpoint_url: Access | str | None) -> bool:
+def _is_object(uri: str, access: Access | str | None) -> bool:
     try:
-        stat_objects([uri], endpoint_url)
+        stat_objects([uri], access)
     except S5LoaderError:
         return False
     return True
@@ -233,7 +233,7 @@ def format_index(shards: Sequence[Shard], index_uri: str, name: str = "") -> byt
     return (json.dumps(doc, indent=1) + "\n").encode()
 
 
-def read_index(where: str, endpoint_url: Access | str | None) -> dict[str, int] | None:
+def read_index(where: str, access: Access | str | None) -> dict[str, int] | None:
     """The shard list at an s3 URI or a local path; None when there is none."""
     if not where.startswith("s3://"):
         try:
@@ -243,7 +243,7 @@ def read_index(where: str, endpoint_url: Access | str | None) -> dict[str, int] 
             return None
     u = parse_s3_uri(where)
     try:
-        body = s3_client(endpoint_url).get_object(Bucket=u.bucket, Key=u.key)["Body"].read()
+        body = s3_client(access).get_object(Bucket=u.bucket, Key=u.key)["Body"].read()
     except Exception as exc:
         err = boto3_error(exc, where)
         if isinstance(err, ObjectNotFoundError):
@@ -252,20 +252,20 @@ def read_index(where: str, endpoint_url: Access | str | None) -> dict[str, int] 
     return parse_index(body, where)
 
 
-def write_index(data: bytes, where: str, endpoint_url: Access | str | None) -> None:
+def write_index(data: bytes, where: str, access: Access | str | None) -> None:
     if not where.startswith("s3://"):
         with open(where, "wb") as fh:
             fh.write(data)
         return
     u = parse_s3_uri(where)
     try:
-        s3_client(endpoint_url).put_object(Bucket=u.bucket, Key=u.key, Body=data)
+        s3_client(access).put_object(Bucket=u.bucket, Key=u.key, Body=data)
     except Exception as exc:
         raise boto3_error(exc, where) from exc
 
 
 def load_shards(
-    source: str | Sequence[str], index: str | None, endpoint_url: Access | str | None
+    source: str | Sequence[str], index: str | None, access: Access | str | None
 ) -> tuple[list[Shard], str]:
     """The shards of ``source`` with their sample counts from ``index`` (else the default
     index next to the shards), and the index's location.
@@ -274,9 +274,9 @@ def load_shards(
         ShardIndexError: no index, or one that lacks a shard; the message says to run
             ``s5loader index-shards SOURCE``.
     """
-    objects, folder = resolve(source, endpoint_url)
+    objects, folder = resolve(source, access)
     where = index or folder + DEFAULT_INDEX
-    counts = read_index(where, endpoint_url)
+    counts = read_index(where, access)
     hint = f"build one with: s5loader index-shards {_quote_source(source)}"
     if counts is None:
         raise ShardIndexError(f"no shard index at {where}: {hint}" + ("" if index else " (or pass index=...)"))
@@ -305,7 +305,7 @@ class _Body:
         return bytes(self._body.read(n if n is not None and n >= 0 else None))
 
 
-def count_samples(obj: ObjectInfo, endpoint_url: Access | str | None, client: Any = None) -> int:
+def count_samples(obj: ObjectInfo, access: Access | str | None, client: Any = None) -> int:
     """The number of samples in one shard, read with one streamed GET (headers are parsed,
     data is skipped as it streams by; memory stays small).
 
@@ -313,7 +313,7 @@ def count_samples(obj: ObjectInfo, endpoint_url: Access | str | None, client: An
         ShardError, UnsafeArchiveError: the shard is not a readable tar (names it and the member).
     """
     u = parse_s3_uri(obj.uri)
-    client = client or s3_client(endpoint_url)
+    client = client or s3_client(access)
     try:
         body = client.get_object(Bucket=u.bucket, Key=u.key)["Body"]
     except Exception as exc:
@@ -326,7 +326,7 @@ def count_samples(obj: ObjectInfo, endpoint_url: Access | str | None, client: An
 
 def build_index(
     source: str | Sequence[str],
-    endpoint_url: Access | str | None,
+    access: Access | str | None,
     output: str | None = None,
     progress: Callable[[int, int, int], None] | None = None,
     jobs: int = 8,
@@ -341,14 +341,14 @@ def build_index(
     Returns:
         Where the index went, and the shards with their counts.
     """
-    objects, folder = resolve(source, endpoint_url)
+    objects, folder = resolve(source, access)
     where = output or folder + DEFAULT_INDEX
-    client = s3_client(endpoint_url)
+    client = s3_client(access)
     done = nbytes = 0
     counts: list[int] = []
 
     def one(o: ObjectInfo) -> int:
-        return count_samples(o, endpoint_url, client)
+        return count_samples(o, access, client)
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         for o, n in zip(objects, pool.map(one, objects), strict=True):
@@ -359,6 +359,6 @@ def build_index(
                 progress(done, len(objects), nbytes)
     shards = [Shard(o.uri, o.size, o.etag, n) for o, n in zip(objects, counts, strict=True)]
     name = source if isinstance(source, str) else folder
-    write_index(format_index(shards, where, name), where, endpoint_url)
+    write_index(format_index(shards, where, name), where, access)
     log.info("indexed %d shards (%d samples) of %s into %s", len(shards), sum(counts), name, where)
     return where, shards

@@ -153,7 +153,7 @@ class PrefetchDaemon:
             order: Sequence[int] = range(self._state.delivered, len(self._view))
             self._stager = Stager(
                 self._view, order, self._area, s5, options,
-                is_released=self._ledger.is_released, endpoint_url=self.opts.store,
+                is_released=self._ledger.is_released, access=self.opts.store,
             )
             for seq, size in self._ledger.items():
                 self._stager.hold(seq, size)
@@ -166,7 +166,7 @@ class PrefetchDaemon:
             self._stager = Stager(
                 sh.visits, range(self._start, len(sh.visits)), area, s5, options,
                 is_released=lambda k: ledger.is_released(-k - 1) if k < 0 else not os.path.isdir(area.sample_dir(k)),
-                endpoint_url=self.opts.store,
+                access=self.opts.store,
             )
             self._unpacker = Unpacker(sh, area.path, self.opts.on_error)
             for seq, size in self._ledger.items():

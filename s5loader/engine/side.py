@@ -21,8 +21,8 @@ THREAD_PREFIX = "s5loader-aside"
 class SideFetches:
     """boto3 downloads running beside the s5cmd calls, on a small thread pool made on first use."""
 
-    def __init__(self, endpoint_url: Access | str | None) -> None:
-        self.endpoint_url = endpoint_url
+    def __init__(self, access: Access | str | None) -> None:
+        self.access = access
         self._executor: ThreadPoolExecutor | None = None
         self._running: list[tuple[Future[None], int, int, str]] = []
 
@@ -32,7 +32,7 @@ class SideFetches:
     def submit(self, pos: int, attempt: int, uri: str, dest: str) -> None:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(4, thread_name_prefix=THREAD_PREFIX)
-        fut = self._executor.submit(_download, uri, dest, self.endpoint_url)
+        fut = self._executor.submit(_download, uri, dest, self.access)
         self._running.append((fut, pos, attempt, uri))
 
     def check(
@@ -68,12 +68,12 @@ class SideFetches:
             self._executor = None
 
 
-def _download(uri: str, dest: str, endpoint_url: Access | str | None) -> None:
+def _download(uri: str, dest: str, access: Access | str | None) -> None:
     u = parse_s3_uri(uri)
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     tmp = dest + ".part"
     try:
-        s3_client(endpoint_url).download_file(u.bucket, u.key, tmp)
+        s3_client(access).download_file(u.bucket, u.key, tmp)
     except Exception as exc:
         raise boto3_error(exc, uri) from exc
     os.rename(tmp, dest)

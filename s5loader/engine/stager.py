@@ -67,7 +67,7 @@ class Stager:
         *,
         kept: set[int] | None = None,
         is_released: Callable[[int], bool] | None = None,
-        endpoint_url: Access | str | None = None,
+        access: Access | str | None = None,
         layout: BlockPlan | None = None,
         windows: Sequence[int] | None = None,
     ) -> None:
@@ -78,7 +78,7 @@ class Stager:
         self.opts = options
         self.kept = kept
         self.folders = StagingLayout(area.path)
-        self.endpoint_url = endpoint_url
+        self.access = access
         self.layout = layout
         self.windows = list(windows or ())
         self.stats = Stats(samples=len(order))
@@ -98,7 +98,7 @@ class Stager:
         self.budget = Budget(options.budget, self._cond, self.is_released, events)
         self.retries = Retries(options, self.stats, area.path, self.fields.forget, s5cmd.settings.endpoint())
         self.calls = Calls(s5cmd, self._field, area.path, options.verify, self.stats)
-        self.side = SideFetches(endpoint_url)
+        self.side = SideFetches(access)
         self.watchdog = Watchdog(
             options.stall_timeout, self.calls, lambda pos, j: self._field(pos, j).uri,
             lambda pos: self.samples[self.order[pos]].size, self._finish_exited, self._hold_given_up, self._failed,

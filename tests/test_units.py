@@ -193,4 +193,6 @@ def test_disk_footprint_counts_whole_blocks(tmp_path) -> None:  # type: ignore[n
     with pytest.raises(BudgetError, match="on disk in whole blocks"):
         choose_root(str(tmp_path), need, footprint=4.0)  # but not in whole blocks
     _, shrunk = choose_root(str(tmp_path), need, shrink=True, footprint=4.0)
-    assert shrunk * 4.0 <= free * 0.9
+    # other processes free and fill the disk meanwhile: compare with the most it had
+    most = max(free, os.statvfs(str(tmp_path)).f_bavail * os.statvfs(str(tmp_path)).f_frsize)
+    assert shrunk * 4.0 <= most * 0.9

@@ -98,9 +98,13 @@ def cache_bytes(cache: Path) -> int:
     """Sample bytes in the cache now: delivered folders and .staging (not lock/state files).
 
     ``.staging`` is looked at first and files are counted once per inode, so a sample renamed
-    into place during the look is not counted twice.
+    into place during the look is not counted twice. Only files still there once the look is
+    over count: a look is not instantaneous, and a sample the consumer deleted meanwhile must
+    not be added to the one the daemon fetched in its place (a look that stalled between
+    ``.staging`` and the folders counted both, over the budget the cache never exceeded). So
+    every file counted existed when the look ended: a lower bound of the bytes at that moment.
     """
-    seen: dict[tuple[int, int], int] = {}
+    seen: dict[tuple[int, int], tuple[str, int]] = {}
 
     def walk(top: str) -> None:
         for root, _, files in os.walk(top):
@@ -109,16 +113,25 @@ def cache_bytes(cache: Path) -> int:
             for fn in files:
                 if fn in (".lock", "__key__"):  # control files, not sample bytes
                     continue
+                path = os.path.join(root, fn)
                 try:
-                    st = os.lstat(os.path.join(root, fn))
+                    st = os.lstat(path)
                 except OSError:
                     continue
-                seen[(st.st_dev, st.st_ino)] = st.st_size
+                seen[(st.st_dev, st.st_ino)] = (path, st.st_size)
 
     walk(str(cache / STAGING_DIR))
     for name in ready_names(str(cache)):
         walk(str(cache / name))
-    return sum(seen.values())
+    total = 0
+    for (dev, ino), (path, size) in seen.items():
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == (dev, ino):
+            total += size
+    return total
 
 
 def wait_for(cond, timeout: float = 20.0, what: str = "condition") -> None:

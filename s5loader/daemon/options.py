@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._index.sample import GROUP_BY
+from .._sampling.order import check_shuffle
 from ..config import Access, StagingOptions
 from ..exceptions import ConfigError
 
@@ -50,8 +51,7 @@ class PrefetchOptions:
             raise ConfigError(f"group_by must be one of {', '.join(GROUP_BY)}; got {self.group_by!r}")
         if self.epochs < 1:
             raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
-        if self.shuffle not in (True, False, "block"):
-            raise ConfigError(f"shuffle must be True, False or 'block', got {self.shuffle!r}")
+        check_shuffle(self.shuffle)
         object.__setattr__(self, "access", Access.coerce(self.access, self.endpoint_url))
         self.stager_options()  # checks the staging options as the sampler's are checked
 

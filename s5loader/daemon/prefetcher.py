@@ -35,14 +35,18 @@ from .state import (
     adopt_delivered,
     check_cache_budget,
     check_unused,
+    clear_staging,
     recover_pending,
     remove_end,
     wipe,
 )
 
 log = logging.getLogger(__name__)
-# How long the delivery loop waits for the next sample before it looks at the consumer again.
+# How long the delivery loop waits for the next sample before it looks at the consumer again:
+# at first, and at most while nothing changes (a full cache whose consumer is away; a staged
+# sample ends the wait at once, a stop signal within this long).
 _WAIT = 0.25
+_WAIT_MAX = 1.0
 
 
 class PrefetchDaemon:
@@ -130,6 +134,7 @@ class PrefetchDaemon:
         else:
             self._view = EpochSamples(samples, order, self.opts.epochs, units, state.window or self.opts.samples_per_call)
         recover_pending(state, self._state_path)
+        clear_staging(self.cache)  # a stopped run's files, counted by no budget: gone before any fetch
         check_cache_budget(samples, self.opts.budget, self.opts.epochs, self.cache, adopt_delivered(self.cache, self._ledger))
         self._start = state.delivered
         self.summary.total = len(self._view)
@@ -246,16 +251,21 @@ class PrefetchDaemon:
         if ready is not None:
             self._tick()
             return ready
+        wait, seen = _WAIT, None
         while True:  # behind the consumer, or ahead of it on a full budget
             if self.stop.is_set():
                 return self._drain(pos)
-            ready = stager.poll(pos, _WAIT)
+            ready = stager.poll(pos, wait)
             if ready is not None or time.monotonic() - self._watch.last_check >= _WAIT:
                 assert self._state is not None and self._reporter is not None
                 self._watch.check(seq, self._state, self._consumed, self._reporter)
             self._tick()
             if ready is not None:
                 return ready
+            # Longer waits while neither the consumer nor the engine changes anything.
+            now = (self._ledger.count, stager.reserved)
+            wait = min(2 * wait, _WAIT_MAX) if now == seen else _WAIT
+            seen = now
 
     def _drain(self, pos: int) -> bool | None:
         """On stop: s5cmd is killed; what was completely staged in order is still delivered."""

@@ -4,6 +4,7 @@ that recover a cache a stopped daemon left."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -35,6 +36,11 @@ from .protocol import (
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
+# The ledger looks at the cache at most this often; it trusts an unchanged directory
+# timestamp only for a listing taken this long after it (ns), and lists again this often.
+_LOOK_S = 0.05
+_MTIME_MARGIN_NS = 1_000_000_000
+_RELIST_S = 5.0
 
 
 class CacheLock:
@@ -158,36 +164,63 @@ class DaemonState:
 class Ledger:
     """Delivered samples not yet consumed: a sample is consumed once its folder is gone.
 
-    Looks at the cache with one ``listdir`` at most every 50 ms, under a lock so a delivery
-    is never mistaken for a consumption.
+    Looks at the cache at most every 50 ms, under a lock so a delivery is never mistaken for
+    a consumption. A look costs one ``stat`` of the cache directory while nothing in it
+    changed (a folder deleted or renamed changes the directory's modification time), and a
+    ``listdir`` only when something did, so a daemon that waits on a full cache of many
+    samples (its engine asks about every one of them several times a second) spends next to
+    no CPU. The listing is trusted only once it was taken :data:`_MTIME_MARGIN_NS` after the
+    directory's last change (file system timestamps are coarse), and repeated every
+    :data:`_RELIST_S` whatever the timestamps say (a clock or file system that does not keep
+    them can delay a release by that much, never lose it).
     """
 
     def __init__(self, cache: str) -> None:
         self.cache = cache
         self._present: dict[int, tuple[str, int]] = {}
         self._lock = threading.Lock()
-        self._last = 0.0
+        self._last = 0.0  # when the cache was last looked at (monotonic)
+        self._listed = 0.0  # when it was last listed (monotonic)
+        self._listed_ns = 0  # ... by the wall clock, which file system timestamps follow
+        self._dir: tuple[int, int, int] | None = None  # the directory's (inode, mtime, ctime) then
+        self.listings = 0  # listdir calls so far (for tests and the curious)
 
     def add(self, seq: int, name: str, size: int) -> None:
         with self._lock:
             self._present[seq] = (name, size)
 
     def refresh(self, force: bool = False) -> None:
+        """Forget the samples whose folders are gone (``force``: even within 50 ms of the last
+        look)."""
         with self._lock:
             now = time.monotonic()
-            if not force and now - self._last < 0.05:
+            if not force and now - self._last < _LOOK_S:
                 return
             self._last = now
             if not self._present:
                 return
+            try:
+                st = os.stat(self.cache)
+            except OSError:
+                st = None
+            stamp = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns) if st is not None else None
+            if (
+                stamp is not None and stamp == self._dir and now - self._listed < _RELIST_S
+                and self._listed_ns - max(stamp[1], stamp[2]) > _MTIME_MARGIN_NS
+            ):
+                return  # unchanged since a listing that saw every change before it
+            self._dir, self._listed, self._listed_ns = stamp, now, time.time_ns()
             names = set(os.listdir(self.cache))
+            self.listings += 1
             for seq in [s for s, (n, _) in self._present.items() if n not in names]:
                 del self._present[seq]
 
     def is_released(self, seq: int) -> bool:
-        self.refresh()
-        with self._lock:
-            return seq not in self._present
+        # Asked for every delivered sample on each look of the engine: a dict lookup, and a
+        # look at the cache when the last one is older than 50 ms.
+        if time.monotonic() - self._last >= _LOOK_S:
+            self.refresh()
+        return seq not in self._present
 
     @property
     def count(self) -> int:
@@ -233,6 +266,36 @@ def recover_pending(st: DaemonState, state_path: str) -> None:
     st.delivered = max(st.delivered, int(p["seq"]) + 1)
     st.pending = None
     st.save(state_path)
+
+
+def clear_staging(cache: str) -> int:
+    """Remove whatever an earlier daemon left in ``CACHE/.staging``; returns the bytes freed.
+
+    Called under the cache's lock after :func:`recover_pending` and before anything is
+    fetched: no other process stages there, so everything in it is a stopped run's. Not only
+    staging areas whose lock is free (which :func:`~s5loader.staging.area.clean_stale` would
+    remove too), but also a half-made area and folders without a lock: s5cmd creates a missing
+    destination folder, so a copy that outlived its daemon recreates one after that daemon's
+    area was removed, and such a folder, left alone, would hold bytes no budget counts.
+    """
+    staging = os.path.join(cache, STAGING_DIR)
+    try:
+        names = os.listdir(staging)
+    except FileNotFoundError:
+        return 0
+    freed = 0
+    for name in names:
+        path = os.path.join(staging, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            freed += tree_bytes(path)
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                freed += os.lstat(path).st_size
+                os.unlink(path)
+    if names:
+        log.info("removed what an earlier daemon left in %s (%s)", staging, format_size(freed))
+    return freed
 
 
 def adopt_delivered(cache: str, ledger: Ledger) -> int:

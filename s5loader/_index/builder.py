@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import json
 import logging
+import operator
 import re
 from array import array
 from typing import Any
@@ -24,6 +25,7 @@ from .sample import check_group_by
 log = logging.getLogger(__name__)
 
 _LOWER_HEX = re.compile(r"[0-9a-f]{32}").fullmatch
+_ALL_LOWER_HEX = re.compile(r"[0-9a-f]*").fullmatch
 
 
 class SameObjectTwice(ConfigError):
@@ -64,7 +66,10 @@ class IndexBuilder:
         self._new = bytearray()  # 1 where an object starts a sample (while the input is in order)
         self._odd_keys: dict[int, str] = {}
         self._odd_etags: dict[int, str] = {}
-        self._extras: dict[int, tuple[int, str]] = {}  # object -> (input order, JSON)
+        # extra fields, by object: its number, its input order, its fields as JSON text
+        self._extra_at = array("q")
+        self._extra_order = array("q")
+        self._extra_json: list[str] = []
         self._buckets: dict[str, int] = {}
         self._unused: list[str] | None = [] if listing else None
         self._skipped: list[str] = []
@@ -139,21 +144,77 @@ class IndexBuilder:
             self._put_kind(_ETAG_MD5)
             self._etag += bytes.fromhex(etag)
         else:
-            kind, raw = etag_code(etag)
-            self._put_kind(kind)
-            self._etag += raw
-            if kind == _ETAG_OTHER:
-                self._odd_etags[j] = etag
+            self._put_etag(j, etag)
         self._put_name_at(at)
         if at == _DATA or key.startswith(skey):
             self._put_klen(len(skey))
         else:
             self._put_klen(-1)
             self._odd_keys[j] = skey
-        if extra:
-            self._extras[j] = (order if order >= 0 else j, json.dumps(extra))
-        elif extra_json:
-            self._extras[j] = (order if order >= 0 else j, extra_json)
+        if extra or extra_json:
+            self._extra_at.append(j)
+            self._extra_order.append(order if order >= 0 else j)
+            self._extra_json.append(json.dumps(extra) if extra else extra_json)  # type: ignore[arg-type]
+
+    def _put_etag(self, j: int, etag: str) -> None:
+        kind, raw = etag_code(etag)
+        self._put_kind(kind)
+        self._etag += raw
+        if kind == _ETAG_OTHER:
+            self._odd_etags[j] = etag
+
+    def add_many(
+        self, buckets: list[str], keys: list[str], sizes: list[int], etags: list[str], extras: list[str | None], order: int
+    ) -> None:
+        """Add objects as :meth:`add` would one by one (``extras`` as JSON text, the first object
+        at ``order``), a column at a time where that gives the same: one sample per object
+        (``group_by="object"``), one bucket, no folder keys."""
+        n = len(keys)
+        bucket = buckets[0] if n else ""
+        one_bucket = n and buckets.count(bucket) == n
+        if self.group_by != "object" or not one_bucket or "/\0" in "\0".join(keys) + "\0":
+            for i in range(n):
+                self.add(f"s3://{buckets[i]}/{keys[i]}", keys[i], sizes[i], etags[i], None, order + i, extras[i])
+            return
+        if self._in_order:
+            prev = self._prev
+            if (prev is not None and (bucket, keys[0], "data") <= prev) or not all(map(operator.lt, keys, keys[1:])):
+                self._in_order = False  # out of order, or a key twice: build() sorts and checks
+            else:
+                self._new += b"\x01" * n
+                self._prev = (bucket, keys[-1], "data")
+        if bucket != self._last_bucket:
+            self._last_id = self._buckets.setdefault(bucket, len(self._buckets))
+            self._last_bucket = bucket
+        j0 = len(self._size)
+        self._bucket.extend(array("H", [self._last_id]) * n)
+        chars = np.fromiter(map(len, keys), dtype=np.int64, count=n)
+        joined = "".join(keys)
+        encoded = joined.encode("utf-8", ENC)
+        lens = chars if len(encoded) == len(joined) else np.array([len(k.encode("utf-8", ENC)) for k in keys], dtype=np.int64)
+        text = self._text
+        self._off.frombytes((np.cumsum(lens) + len(text)).tobytes())
+        text += encoded
+        self._size.extend(array("q", sizes))
+        all_etags = "".join(etags)
+        if len(all_etags) == 32 * n and _ALL_LOWER_HEX(all_etags):
+            self._kind.extend(array("b", [_ETAG_MD5]) * n)
+            self._etag += bytes.fromhex(all_etags)
+        else:
+            for i, etag in enumerate(etags):
+                self._put_etag(j0 + i, etag)
+        self._name_at.extend(array("i", [_DATA]) * n)
+        self._klen.frombytes(chars.astype(np.int32).tobytes())
+        if None not in extras:
+            self._extra_at.extend(range(j0, j0 + n))
+            self._extra_order.extend(range(order, order + n))
+            self._extra_json += extras  # type: ignore[arg-type]
+        elif any(extras):
+            for i, extra in enumerate(extras):
+                if extra:
+                    self._extra_at.append(j0 + i)
+                    self._extra_order.append(order + i)
+                    self._extra_json.append(extra)
 
     def _skip(self, uri: str, key: str) -> None:
         self._n_skipped += 1
@@ -186,22 +247,17 @@ class IndexBuilder:
         klen = np.frombuffer(self._klen, dtype=np.int32).copy()
         new = np.frombuffer(bytes(self._new), dtype=np.uint8).astype(bool) if self._in_order else None
         bucket_names = sorted(self._buckets, key=self._buckets.__getitem__)
-        odd_keys, odd_etags, extras = self._odd_keys, self._odd_etags, self._extras
+        odd_keys, odd_etags = self._odd_keys, self._odd_etags
+        extra_at = np.frombuffer(self._extra_at, dtype=np.int64).copy()
         if not self._in_order:
-            perm, new = self._sort(text, bucket_names, bucket, klen, name_at)
+            perm, new, ordered = self._sort(text, bucket_names, bucket, klen, name_at)
             inv = np.empty(m, dtype=np.int64)
             inv[perm] = np.arange(m, dtype=np.int64)
-            blob, off = text.blob, text.off
-            parts = [blob[off[j] : off[j + 1]] for j in perm.tolist()]
-            lens = np.fromiter((len(p) for p in parts), dtype=np.int64, count=m)
-            new_off = np.zeros(m + 1, dtype=np.int64)
-            np.cumsum(lens, out=new_off[1:])
-            text = Strings(b"".join(parts), new_off)
-            del parts
+            text = Strings.of(ordered) if ordered is not None else text.take(perm)
             bucket, size, etag, kind, name_at, klen = (a[perm] for a in (bucket, size, etag, kind, name_at, klen))
             odd_keys = {int(inv[j]): v for j, v in odd_keys.items()}
             odd_etags = {int(inv[j]): v for j, v in odd_etags.items()}
-            extras = {int(inv[j]): v for j, v in extras.items()}
+            extra_at = inv[extra_at]
         assert new is not None
         first = np.concatenate([np.flatnonzero(new), [m]]).astype(np.int64) if m else np.zeros(1, dtype=np.int64)
         starts = first[:-1]
@@ -220,7 +276,7 @@ class IndexBuilder:
             irregular_keys=Sparse.of(sample_odd),
             irregular_names=Sparse.of({}),
             other_etags=Sparse.of(odd_etags),
-            extras=Sparse.of(_merge_extras(extras, first)),
+            extras=_merge_extras(extra_at, np.frombuffer(self._extra_order, dtype=np.int64), self._extra_json, first),
             unused=Strings.of(self._unused) if self._unused is not None else None,
             meta={"source": self.source, "group_by": self.group_by, **(meta or {})},
         )
@@ -229,8 +285,17 @@ class IndexBuilder:
 
     def _sort(
         self, text: Strings, buckets: list[str], bucket: np.ndarray, klen: np.ndarray, name_at: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """The order of (bucket, sample key, field name), and where samples start in it."""
+    ) -> tuple[np.ndarray, np.ndarray, list[str] | None]:
+        """The order of (bucket, sample key, field name), where samples start in it, and where
+        it is at hand, the keys in that order."""
+        if self.group_by == "object" and len(buckets) == 1:
+            # one object per sample and one bucket: the order of the keys, and each object
+            # starts a sample unless a key is there twice (the general path says which)
+            keys = list(text)
+            perm = sorted(range(len(keys)), key=keys.__getitem__)
+            ordered = list(map(keys.__getitem__, perm))
+            if not any(map(operator.eq, ordered, ordered[1:])):
+                return np.array(perm, dtype=np.int64), np.ones(len(perm), dtype=bool), ordered
         odd = self._odd_keys
         parts = zip(list(text), bucket.tolist(), klen.tolist(), name_at.tolist(), strict=True)
         # One string per object sorts like the (bucket, key, name) tuple as long as no part
@@ -261,7 +326,7 @@ class IndexBuilder:
             g = group_of(cur)
             new[n] = g != prev_group
             prev, prev_group = cur, g
-        return np.array(perm, dtype=np.int64), new
+        return np.array(perm, dtype=np.int64), new, None
 
 
 def _trim() -> None:
@@ -273,18 +338,21 @@ def _trim() -> None:
         pass
 
 
-def _merge_extras(extras: dict[int, tuple[int, str]], first: np.ndarray) -> dict[int, str]:
-    """One JSON object per sample: its objects' extra fields merged in input order."""
-    if not extras:
-        return {}
-    at = np.array(sorted(extras), dtype=np.int64)
+def _merge_extras(at: np.ndarray, order: np.ndarray, texts: list[str], first: np.ndarray) -> Sparse:
+    """One JSON object per sample (``at``: where each object with extra fields now is): its
+    objects' extra fields merged in input ``order``."""
+    if not len(at):
+        return Sparse.of({})
+    if len(at) > 1 and not bool((np.diff(at) > 0).all()):
+        o = np.argsort(at)
+        at, order, texts = at[o], order[o], [texts[j] for j in o.tolist()]
     sample_of = np.searchsorted(first, at, side="right") - 1
     if len(sample_of) < 2 or bool((np.diff(sample_of) > 0).all()):
         # one object with extra fields per sample (a manifest's label): nothing to merge
-        return {s: extras[j][1] for j, s in zip(at.tolist(), sample_of.tolist(), strict=True)}
+        return Sparse(sample_of.astype(np.int64), Strings.of(texts))
     per: dict[int, list[tuple[int, str]]] = {}
-    for j, s in zip(at.tolist(), sample_of.tolist(), strict=True):
-        per.setdefault(s, []).append(extras[j])
+    for s, n, text in zip(sample_of.tolist(), order.tolist(), texts, strict=True):
+        per.setdefault(s, []).append((n, text))
     out = {}
     for s, items in per.items():
         if len(items) == 1:
@@ -294,4 +362,4 @@ def _merge_extras(extras: dict[int, tuple[int, str]], first: np.ndarray) -> dict
             for _, text in sorted(items):
                 merged.update(json.loads(text))
             out[s] = json.dumps(merged)
-    return out
+    return Sparse.of(out)

@@ -48,6 +48,11 @@ class Strings(Sequence[str]):
 
     @classmethod
     def of(cls, items: Sequence[str]) -> Strings:
+        joined = "".join(items)
+        if joined.isascii():  # a byte per character
+            off = np.zeros(len(items) + 1, dtype=np.int64)
+            np.cumsum(np.fromiter(map(len, items), dtype=np.int64, count=len(items)), out=off[1:])
+            return cls(joined.encode("ascii"), off)
         parts = [s.encode("utf-8", ENC) for s in items]
         off = np.zeros(len(parts) + 1, dtype=np.int64)
         if parts:
@@ -56,6 +61,11 @@ class Strings(Sequence[str]):
 
     def __len__(self) -> int:
         return len(self.off) - 1
+
+    def take(self, order: np.ndarray) -> Strings:
+        """These strings in ``order``."""
+        items = list(self)
+        return Strings.of([items[j] for j in order.tolist()])
 
     @overload
     def __getitem__(self, i: int) -> str: ...
@@ -71,8 +81,10 @@ class Strings(Sequence[str]):
 
     def __iter__(self) -> Iterator[str]:
         blob, off = self.blob, self.off.tolist()
-        for a, b in zip(off, off[1:], strict=False):
-            yield blob[a:b].decode("utf-8", ENC)
+        if blob.isascii():  # a character per byte: decode once, then slice
+            text = blob.decode("ascii")
+            return map(text.__getitem__, map(slice, off, off[1:]))
+        return (blob[a:b].decode("utf-8", ENC) for a, b in zip(off, off[1:], strict=False))
 
 
 class Sparse:

@@ -1,9 +1,11 @@
-"""Manifest lines read by the fast path (a regex for the usual shape, extra fields of plain
-scalars such as a label) give exactly the index the full path (``json.loads``) gives: the same
-samples, the same extra values of the same types, the same saved bytes."""
+"""Manifest lines read by the fast paths (chunks of lines of the usual shape read a column at a
+time, or single lines read by a regex, extra fields of plain scalars such as a label) give
+exactly the index the full path (``json.loads``) gives: the same samples, the same extra values
+of the same types, the same saved bytes, the same errors."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -37,11 +39,18 @@ LINES = [
 ]
 
 
-def _index(path: Path, full_path_only: bool, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+MODES = ("chunks", "lines", "full")
+
+
+def _index(path: Path, mode: str | bool, monkeypatch: pytest.MonkeyPatch, group_by: str = "object"):  # type: ignore[no-untyped-def]
+    """The index by one path: ``chunks`` (all fast paths), ``lines`` (no chunk read a column at
+    a time) or ``full`` (json.loads on every line)."""
+    mode = {True: "full", False: "chunks"}.get(mode, mode)  # type: ignore[call-overload]
+    off = {"chunks": (), "lines": ("_CANON_LINES", "_LOOSE_LINES")}.get(mode, ("_FAST_LINE", "_CANON_LINES", "_LOOSE_LINES"))
     with monkeypatch.context() as m:
-        if full_path_only:
-            m.setattr(listing, "_FAST_LINE", re.compile(r"(?!)"))
-        return index_manifest(str(path), None, "object")
+        for name in off:
+            m.setattr(listing, name, re.compile(r"(?!)"))
+        return index_manifest(str(path), None, group_by)
 
 
 def _view(index) -> list:  # type: ignore[no-untyped-def]
@@ -94,3 +103,88 @@ def test_a_labelled_line_takes_the_fast_path(tmp_path: Path, monkeypatch: pytest
     index = index_manifest(str(path), None, "object")
     monkeypatch.undo()
     assert len(index) == 50 and index[7].extra == {"label": 3}
+
+
+def _outcome(path: Path, mode: str, monkeypatch: pytest.MonkeyPatch, group_by: str = "object") -> tuple:
+    try:
+        index = _index(path, mode, monkeypatch, group_by)
+    except Exception as exc:  # noqa: BLE001 - every path must fail alike
+        return ("error", type(exc).__name__, str(exc))
+    return ("ok", _view(index), index_bytes(index))
+
+
+@pytest.mark.parametrize("group_by", ["object", "stem", "folder"])
+@pytest.mark.parametrize("chunk", [64, 200, 1 << 20])
+def test_chunks_of_lines_read_the_same_on_every_path(
+    group_by: str, chunk: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # keys out of order, a key that is not ASCII, two buckets, ETags of every
+    # kind, lines of both layouts: chunks small enough that some are read a column at a time
+    # and some line by line
+    lines = []
+    for i in range(120):
+        j = (i * 37) % 120
+        sample, ext = j // 2, (".jpg", ".cls")[j % 2]
+        uri = f"s3://{'bucket' if j < 100 else 'other'}/train/{('a', 'é', 'b')[sample % 3]}/{sample:04d}{ext}"
+        etag = ("0123456789abcdef0123456789abcdef", "", "ABC", "0123456789abcdef0123456789abcdef-2")[i % 4]
+        rec = {"uri": uri, "size": i, "etag": etag, "label": i % 3}
+        if i % 5 == 0:
+            del rec["etag"]
+        if i % 11 == 0:
+            lines.append(f'{{ "uri" : "{rec["uri"]}", "size":{rec["size"]}, "label": {rec["label"]} }}')
+        else:
+            lines.append(json.dumps(rec, ensure_ascii=i % 2 == 0))
+    path = tmp_path / "m.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    monkeypatch.setattr(listing, "_CHUNK", chunk)
+    outcomes = [_outcome(path, mode, monkeypatch, group_by) for mode in MODES]
+    assert outcomes[0] == outcomes[1] == outcomes[2]
+    assert outcomes[0][0] == "ok"
+
+
+@pytest.mark.parametrize("sorted_keys", [True, False])
+def test_a_key_listed_twice_is_the_same_error_on_every_path(
+    sorted_keys: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys = [f"k/{i:03d}.jpg" for i in range(50)] + ["k/007.jpg"]
+    if not sorted_keys:
+        keys.reverse()
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"uri": f"s3://bkt/{k}", "size": 1, "label": 0}) + "\n" for k in keys))
+    outcomes = [_outcome(path, mode, monkeypatch) for mode in MODES]
+    assert outcomes[0] == outcomes[1] == outcomes[2]
+    assert outcomes[0][:2] == ("error", "ManifestError") and "s3://bkt/k/007.jpg is listed twice" in outcomes[0][2]
+
+
+def test_a_labelled_manifest_is_read_a_column_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # neither json.loads nor the builder's one-object add runs for the usual labelled manifest
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(
+        json.dumps({"uri": f"s3://bkt/train/{(i * 37) % 500:05d}.jpg", "size": i, "etag": f"{i:032x}", "label": i % 10}) + "\n"
+        for i in range(500)
+    ))
+
+    def refuse(*args: object, **kwargs: object) -> object:
+        raise AssertionError("a line was read one at a time")
+
+    monkeypatch.setattr(listing.json, "loads", refuse)
+    monkeypatch.setattr(listing.IndexBuilder, "add", refuse)
+    index = index_manifest(str(path), None, "object")
+    monkeypatch.undo()
+    assert len(index) == 500
+    assert [index[i].key for i in range(3)] == ["train/00000.jpg", "train/00001.jpg", "train/00002.jpg"]
+    assert index[1].extra == {"label": 3}  # train/00001.jpg is line 473 (473 * 37 % 500 == 1)
+
+
+@pytest.mark.parametrize("bad", ['"s3://bkt/train/"', '"s3://bkt/"', '"s3://-bk/k.jpg"', '"s3://bkt/a\\tb"'])
+def test_a_bad_uri_among_good_lines_is_the_same_on_every_path(
+    bad: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines = [json.dumps({"uri": f"s3://bkt/k/{i:03d}.jpg", "size": 1, "label": 0}) for i in range(40)]
+    lines[17] = f'{{"uri": {bad}, "size": 0, "label": 0}}'
+    path = tmp_path / "m.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    outcomes = [_outcome(path, mode, monkeypatch) for mode in MODES]
+    assert outcomes[0] == outcomes[1] == outcomes[2]
+    if outcomes[0][0] == "error":
+        assert "line 18" in outcomes[0][2]

@@ -5,6 +5,7 @@ workers, and ``from_prefix`` over real objects in the embedded SeaweedFS.
     .venv/bin/python bench/index.py manifest --objects 1000000
     .venv/bin/python bench/index.py prefix --objects 100000
     .venv/bin/python bench/index.py manifest --objects 1000000 --json out.json
+    .venv/bin/python bench/index.py manifest --labels --before ../old-tree
 
 ``manifest``: writes a synthetic JSON Lines manifest (ImageNet-like keys
 ``train/nXXXXXXXX/nXXXXXXXX_N.JPEG`` with sizes and MD5 ETags, so nothing is fetched), then,
@@ -56,14 +57,15 @@ def private_bytes() -> int:
     return total
 
 
-def write_manifest(path: str, n: int) -> None:
+def write_manifest(path: str, n: int, labels: bool = False) -> None:
     classes = 1000
     with open(path, "w") as f:
         for i in range(n):
             c = f"n{10000000 + i % classes:08d}"
             etag = hashlib.md5(i.to_bytes(8, "little")).hexdigest()
             size = 50_000 + (i * 7919) % 150_000
-            f.write(f'{{"uri": "s3://bench/train/{c}/{c}_{i // classes}.JPEG", "size": {size}, "etag": "{etag}"}}\n')
+            label = f', "label": {i % classes}' if labels else ""
+            f.write(f'{{"uri": "s3://bench/train/{c}/{c}_{i // classes}.JPEG", "size": {size}, "etag": "{etag}"{label}}}\n')
 
 
 # -- the measured process (a fresh interpreter, so RSS is its own) ---------------------------------
@@ -215,7 +217,8 @@ def main() -> None:
     p.add_argument("what", choices=["manifest", "prefix"])
     p.add_argument("--objects", type=int, default=1_000_000)
     p.add_argument("--json", help="also write the result here")
-    p.add_argument("--before", metavar="TREE", help="prefix: also measure the s5loader source tree TREE on the same objects")
+    p.add_argument("--labels", action="store_true", help="manifest: a label on every line, as most manifests carry")
+    p.add_argument("--before", metavar="TREE", help="also measure the s5loader source tree TREE on the same data")
     p.add_argument("--_child", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args._child:  # the measured process
@@ -228,12 +231,18 @@ def main() -> None:
         if args.what == "manifest":
             path = os.path.join(work, "manifest.jsonl")
             t0 = time.perf_counter()
-            write_manifest(path, args.objects)
+            write_manifest(path, args.objects, args.labels)
             print(f"wrote {args.objects} lines in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
             os.makedirs(os.path.join(work, "staging"))
             child = ["manifest", path, os.path.join(work, "staging")]
             result = json.loads(subprocess.run([sys.executable, __file__, "manifest", "--_child", *child],
                                                check=True, capture_output=True, text=True).stdout)
+            result["labels"] = args.labels
+            if args.before:
+                env = {**os.environ, "PYTHONPATH": args.before}
+                result["before"] = json.loads(subprocess.run(
+                    [sys.executable, __file__, "manifest", "--_child", *child],
+                    check=True, capture_output=True, text=True, env=env, cwd=args.before).stdout)
         else:
             from s5loader.testing import SeaweedFS
 

@@ -127,7 +127,8 @@ class S5IterableDataset(IterableDataset[Any]):
         self.shuffle_buffer = shuffle_buffer
         self.drop_last = drop_last
         self.budget = budget_bytes
-        # over tar shards a worker takes a contiguous run of the epoch, so that its shards are
+        # over tar shards a worker takes a contiguous run of the rank's shards (mixed across the
+        # shards its share holds open with shuffle=True), so that its shards are
         # staged by it alone (interleaved samples would have every worker fetch every shard)
         self._runs = dataset.shards is not None
         self._num_replicas = num_replicas
@@ -218,7 +219,7 @@ class S5IterableDataset(IterableDataset[Any]):
     def _start_pass(self) -> _Pass:
         rank, world, worker, nw = pytorch_worker_info(self._num_replicas, self._rank)
         loaded, self._loaded = self._loaded, None
-        order = Order(self.shuffle, self.seed, world, rank, self.drop_last)
+        order = Order(self.shuffle, self.seed, world, rank, self.drop_last, self._runs)
         return start_pass(
             loaded, order, self.shuffle_buffer, self.epoch, len(self.dataset), worker, nw, self._runs,
             self.dataset.source or "the data set",
@@ -271,7 +272,7 @@ class S5IterableDataset(IterableDataset[Any]):
         p = self._pass
         if p is None:
             rank, world, worker, nw = pytorch_worker_info(self._num_replicas, self._rank)
-            p = _Pass(self.epoch, Order(self.shuffle, self.seed, world, rank, self.drop_last),
+            p = _Pass(self.epoch, Order(self.shuffle, self.seed, world, rank, self.drop_last, self._runs),
                       self.shuffle_buffer, rank, world, worker, nw, 1, 0)
         return p.state(len(self.dataset))
 

@@ -44,7 +44,11 @@ class S5Sampler(Sampler[int]):
             samples within each window; a window holds as many samples as ``calls_in_flight + 1``
             windows fit in ``budget`` (at most 8192), so a batch draws from many blocks, and
             s5cmd fetches each block with one wildcard request (about 2.5x less s5cmd CPU
-            than one request per object); ``False``: key order.
+            than one request per object); ``False``: key order. Over tar shards
+            (:meth:`S5Dataset.from_shards`) each rank takes a contiguous run of the shards
+            (permuted with ``True`` and ``"block"``), so a shard is fetched by one rank; with
+            ``True`` samples are drawn at random from the :attr:`window` shards the budget
+            holds open (see :meth:`Order.shard_order <s5loader._sampling.order.Order.shard_order>`).
         seed: the permutation's seed; the same seed and epoch give the same order everywhere.
         samples_per_call: samples per s5cmd command file (with ``shuffle="block"``, at least
             one window, so that a call holds its windows' blocks whole).
@@ -185,9 +189,8 @@ class S5Sampler(Sampler[int]):
 
     def _epoch_plan(self, epoch: int, start: int = 0) -> tuple[list[int], list[int] | None]:
         """This rank's order from ``start`` on, and (``shuffle="block"``) where its windows begin."""
-        if self._order.shuffle == "block":
-            return self._order.block_order(len(self.dataset), epoch, start, self._units(), self._window)
-        return self._order.indices(len(self.dataset), epoch, start), None
+        units = self._units() if self._order.per_rank else []
+        return self._order.plan(len(self.dataset), epoch, start, units, self._window)
 
     def _units(self) -> list[list[int]]:
         """The blocks a ``shuffle="block"`` order permutes: tar shards, else key-prefix blocks."""
@@ -196,7 +199,8 @@ class S5Sampler(Sampler[int]):
 
     @property
     def window(self) -> int:
-        """The most samples of a ``shuffle="block"`` window (see ``shuffle``)."""
+        """The most samples of a ``shuffle="block"`` window (see ``shuffle``); over tar shards
+        with ``shuffle`` True or False, the shards open at once."""
         return self._window
 
     def shuffle_quality(self, epoch: int | None = None, span: int = 256) -> ShuffleQuality:

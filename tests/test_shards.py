@@ -243,7 +243,7 @@ def test_a_pass_stages_each_shard_once_per_run_of_its_samples_and_knows_its_peak
     p.check_budget(110, "block")
     with pytest.raises(BudgetError, match="lower samples_per_call"):
         p.check_budget(109, "block")
-    with pytest.raises(BudgetError, match="shuffle='block'"):
+    with pytest.raises(BudgetError, match="open as the budget held"):
         p.check_budget(109, True)
 
 
@@ -365,11 +365,11 @@ def test_budget_and_shuffle_rules_over_shards(moto: Store, staging_root: str) ->
     big = max(len(v) for v in shards.values())
     with pytest.raises(BudgetError, match=r"shard s3://.*shard-00\d\.tar.*staged whole"):
         S5Sampler(ds, budget=big - 1, shuffle="block", staging_dir=staging_root)
-    with pytest.raises(ConfigError, match="shuffle='block'"):
-        S5Sampler(ds, budget=2 * big, shuffle=True, staging_dir=staging_root)
-    # shuffle=True works when every shard fits; False reads in shard order
+    # shuffle=True over shards that do not all fit keeps as many open as fit beside one more
+    with S5Sampler(ds, budget=2 * big, shuffle=True, staging_dir=staging_root) as s:
+        assert s.window == 1 and sorted(x["__key__"] for x in load_all(ds, s, workers=0)) == [f"s{k:05d}" for k in range(12)]
     with S5Sampler(ds, budget=4 * big, shuffle=True, staging_dir=staging_root) as s:
-        assert len(load_all(ds, s, workers=0)) == 12
+        assert s.window == 3 and len(load_all(ds, s, workers=0)) == 12
     with S5Sampler(ds, budget=big, shuffle=False, staging_dir=staging_root, verify=True) as s:
         assert [x["__key__"] for x in load_all(ds, s, workers=0)] == [f"s{k:05d}" for k in range(12)]
     # keep_staged: the second epoch reads the shards the first one staged, fetching nothing
@@ -674,8 +674,10 @@ def test_iterable_workers_split_shards_not_samples_so_each_shard_is_fetched_once
     assert gets == Counter(list(shards)), gets
 
 
-def test_iterable_dataset_over_shards_resumes_mid_epoch_exactly(moto: Store, staging_root: str) -> None:
-    shuffle = False  # with the shuffle buffer; "block" resumes through the same path (test_iterable)
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_iterable_dataset_over_shards_resumes_mid_epoch_exactly(shuffle: bool, moto: Store, staging_root: str) -> None:
+    # with the shuffle buffer; "block" resumes through the same path (test_iterable); True is a
+    # shard order over shards that do not all fit (six shards' worth for two workers)
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     from s5loader import S5IterableDataset
@@ -685,8 +687,9 @@ def test_iterable_dataset_over_shards_resumes_mid_epoch_exactly(moto: Store, sta
     source = put_indexed(moto, shards)
 
     def run(state: dict | None, stop: int | None) -> tuple[list[str], dict]:
+        budget = 6 * max(map(len, shards.values())) if shuffle else 200_000  # a worker: two open, one staging
         with S5IterableDataset.from_shards(source, endpoint_url=moto.endpoint, shuffle=shuffle, seed=4,
-                                           shuffle_buffer=3, budget=200_000, staging_dir=staging_root) as it:
+                                           shuffle_buffer=3, budget=budget, staging_dir=staging_root) as it:
             it.set_epoch(1)
             ld = StatefulDataLoader(it, batch_size=2, num_workers=2, collate_fn=lambda b: b)
             if state is not None:
@@ -720,3 +723,109 @@ def test_iterable_dataset_over_shards_every_sample_once_per_rank_split(moto: Sto
             keys += [x["__key__"] for x in got]
             assert leftovers(it._area.path) == []
     assert len(keys) == 30 and set(keys) == set(expected)  # 30 samples over 2 ranks: each once
+
+
+def class_sorted_shards(store: Store, n_shards: int = 8, per_shard: int = 25) -> tuple[str, dict[str, bytes], int]:
+    """Shards of one class each (the class is the shard number); returns the source, the
+    shards, and the largest shard's size."""
+    shards = {
+        f"shard-{s:03d}.tar": tar_of([(f"c{s}-{j:03d}.{f}", data) for j in range(per_shard)
+                                       for f, data in (("bin", sample_bytes(s * 1000 + j, 2000)), ("cls", b"%d" % s))])
+        for s in range(n_shards)
+    }
+    return put_indexed(store, shards), shards, max(map(len, shards.values()))
+
+
+def shard_gets(requests: list) -> Counter:  # type: ignore[type-arg]
+    return Counter(path.split("?")[0].rsplit("/", 1)[-1] for method, path, _ in requests
+                   if method == "GET" and path.split("?")[0].endswith(".tar"))
+
+
+@pytest.mark.parametrize("shuffle", [True, False, "block"])
+def test_two_ranks_fetch_each_shard_once_per_epoch_and_class_sorted_shards_mix_from_the_first_batch(
+    shuffle: bool | str, seaweed: Store, staging_root: str
+) -> None:
+    from support.faults import FaultProxy
+
+    source, shards, big = class_sorted_shards(seaweed)
+    proxy = FaultProxy(seaweed.endpoint)
+    try:
+        ds = S5Dataset.from_shards(source, endpoint_url=proxy.endpoint)
+        keys: list[str] = []
+        firsts: list[list[int]] = []
+        for rank in range(2):
+            with S5Sampler(ds, shuffle=shuffle, seed=9, num_replicas=2, rank=rank, budget=4 * big,
+                           samples_per_call=8, staging_dir=staging_root) as sampler:
+                sampler.set_epoch(1)
+                got = load_all(ds, sampler)
+                assert all(x["bin"] == sample_bytes(int(x["cls"]) * 1000 + int(x["__key__"][-3:]), 2000) for x in got)
+                keys += [x["__key__"] for x in got]
+                firsts.append([int(x["cls"]) for x in got[:8]])
+                if shuffle is True:
+                    assert sampler.window == 3  # shards open at once: 3 beside the one being staged
+                    assert sampler.shuffle_quality(span=64).units_per_span >= 2.5
+                assert leftovers(sampler.staging_dir) == []
+        gets = shard_gets(proxy.requests)
+    finally:
+        proxy.close()
+    assert sorted(keys) == sorted(f"c{s}-{j:03d}" for s in range(8) for j in range(25))  # each sample once
+    assert gets == Counter(list(shards)), gets  # each shard fetched once over both ranks
+    if shuffle is True:
+        assert all(len(set(first)) >= 2 for first in firsts), firsts  # the first batch mixes classes
+    if shuffle is False:
+        assert all(len(set(first)) == 1 for first in firsts)  # shard order
+
+
+def test_iterable_shuffle_over_shards_that_do_not_fit_mixes_and_fetches_each_shard_once(
+    seaweed: Store, staging_root: str
+) -> None:
+    from support.faults import FaultProxy
+
+    from s5loader import S5IterableDataset
+
+    source, shards, big = class_sorted_shards(seaweed)
+    proxy = FaultProxy(seaweed.endpoint)
+    try:
+        # two workers share the budget: each keeps 2 shards open beside one being staged
+        with S5IterableDataset.from_shards(source, endpoint_url=proxy.endpoint, shuffle=True, seed=3,
+                                           budget=8 * big, staging_dir=staging_root) as it:
+            loader = DataLoader(it, batch_size=8, num_workers=2, collate_fn=lambda b: b)
+            batches = [[int(x["cls"]) for x in b] for b in loader]
+            assert leftovers(it._area.path) == []
+        gets = shard_gets(proxy.requests)
+    finally:
+        proxy.close()
+    assert sorted(c for b in batches for c in b) == sorted(s for s in range(8) for _ in range(25))
+    assert len(set(batches[0])) >= 2 and len(set(batches[1])) >= 2, batches[:2]  # each worker's first batch mixes
+    assert gets == Counter(list(shards)), gets
+
+
+def test_a_shard_order_resumes_mid_epoch_exactly_and_stages_nothing_twice(seaweed: Store, staging_root: str) -> None:
+    from support.faults import FaultProxy
+
+    source, shards, big = class_sorted_shards(seaweed, n_shards=6, per_shard=10)
+    proxy = FaultProxy(seaweed.endpoint)
+    try:
+        ds = S5Dataset.from_shards(source, endpoint_url=proxy.endpoint)
+        opts = {"shuffle": True, "seed": 5, "budget": 3 * big, "staging_dir": staging_root}
+        with S5Sampler(ds, **opts) as s:
+            s.set_epoch(2)
+            whole = [ds[i]["__key__"] for i in s]
+        before = sum(shard_gets(proxy.requests).values())
+        with S5Sampler(ds, **opts) as s:
+            s.set_epoch(2)
+            it = iter(s)
+            head = [ds[next(it)]["__key__"] for _ in range(23)]
+            state = s.state_dict()
+        with S5Sampler(ds, **{**opts, "budget": 5 * big}) as s:  # another budget: the saved order goes on
+            s.load_state_dict(state)
+            assert s.window == 2
+            rest = [x["__key__"] for x in load_all(ds, s)]
+            assert leftovers(s.staging_dir) == []
+    finally:
+        proxy.close()
+    assert head + rest == whole and len(set(whole)) == 60
+    # the resumed run stages the shards the rest needs, each once: the shards of the head that
+    # were drained are not fetched again
+    drained = {k.split("-")[0] for k in head} - {k.split("-")[0] for k in rest}
+    assert sum(shard_gets(proxy.requests).values()) - before <= 6 + 6 - len(drained)

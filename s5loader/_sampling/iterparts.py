@@ -17,7 +17,7 @@ from .._util.uri import format_size, parse_size
 from ..config import StagingOptions
 from ..dataset import S5Dataset, StagedIndex
 from ..exceptions import BudgetError, ConfigError, StateError
-from .order import Order, block_window, check_seed, check_shuffle
+from .order import Order, block_window, check_seed, check_shuffle, open_shards
 from .resume import check_fields
 from .run import StagingRun
 from .setup import fit_budget
@@ -136,7 +136,7 @@ def start_pass(
                 f"a state of {source} saved mid-epoch by {saved} "
                 f"cannot resume {where}: resume with the same number of ranks and DataLoader workers"
             )
-        order = Order(loaded["shuffle"], loaded["seed"], world, rank, loaded["drop_last"])
+        order = Order(loaded["shuffle"], loaded["seed"], world, rank, loaded["drop_last"], order.sharded)
         buffer, epoch, start = loaded["shuffle_buffer"], loaded["epoch"], loaded["yielded"]
     length = worker_length(order, n, worker, num_workers, runs)
     if loaded is not None and loaded["complete"]:
@@ -185,6 +185,9 @@ class WorkerStaging:
         self.window = block_window(
             options.budget, dataset.total_bytes / max(1, len(dataset)), options.calls_in_flight
         )
+        if runs and not block:  # a shard order: the shards the worker's share holds open at once
+            shards = dataset.samples
+            self.window = open_shards(options.budget, shards[shards.largest()].size, dataset.total_bytes, len(shards))
         if block:  # a call holds whole windows, so that each block is one request
             options = replace(options, samples_per_call=max(options.samples_per_call, self.window))
         self.staging = StagingRun(dataset, options, root)
@@ -194,7 +197,7 @@ class WorkerStaging:
         run = self.staging
         run.passes.close_active()
         run.position.restart(p.yielded)
-        units = self.units() if p.order.shuffle == "block" else None
+        units = self.units() if p.order.per_rank else None
         order = worker_order(
             p.order, len(self.dataset), p.epoch, p.worker, p.num_workers, p.shuffle_buffer,
             units=units, window=self.window, runs=self.runs,
@@ -237,6 +240,13 @@ def worker_order(
     runs (blocks and shards stay with one worker, which stages them alone). Then the shuffle
     buffer (see :class:`S5IterableDataset`) reorders it.
     """
+    if order.sharded and order.shuffle != "block":
+        # a contiguous run of the rank's shards, mixed across the shards the worker has open
+        mine = order.shard_order(n, epoch, 0, units or [], window, run=(worker, num_workers))
+        if shuffle_buffer > 1:
+            rng = np.random.default_rng([order.seed & (2**64 - 1), epoch, order.rank, worker])
+            mine = buffer_shuffle(mine, shuffle_buffer, rng)
+        return mine
     part = order.indices(n, epoch, 0, units=units, window=window)
     if order.shuffle == "block" or runs:
         lo, hi = len(part) * worker // num_workers, len(part) * (worker + 1) // num_workers

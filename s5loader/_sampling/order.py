@@ -50,6 +50,25 @@ class Order:
     num_replicas: int
     rank: int
     drop_last: bool
+    sharded: bool = False  # over tar shards: True and False give shard orders (shard_order)
+
+    @property
+    def per_rank(self) -> bool:
+        """Positions count samples of this rank's part (a block or shard order), not of one
+        global order."""
+        return self.shuffle == "block" or self.sharded
+
+    def plan(
+        self, n: int, epoch: int, start: int, units: list[list[int]], window: int
+    ) -> tuple[list[int], list[int] | None]:
+        """This rank's order from ``start`` on, and (``shuffle="block"``) where its windows
+        begin: :meth:`block_order`, :meth:`shard_order` (``window`` shards open) or
+        :meth:`indices`."""
+        if self.shuffle == "block":
+            return self.block_order(n, epoch, start, units, window)
+        if self.sharded:
+            return self.shard_order(n, epoch, start, units, window), None
+        return self.indices(n, epoch, start), None
 
     def indices(
         self, n: int, epoch: int, start: int = 0, units: list[list[int]] | None = None, window: int = 1000
@@ -147,10 +166,89 @@ class Order:
         out = mine[start:]
         return out, ([0] if out else []) + [s - start for s in starts if s > start]
 
+    def shard_order(
+        self, n: int, epoch: int, start: int, units: list[list[int]], open_units: int, run: tuple[int, int] = (0, 1)
+    ) -> list[int]:
+        """This rank's order over tar shards (``units``: each shard's sample indices) from
+        ``start`` on, for ``shuffle`` True or False.
+
+        The shards are laid end to end (permuted per ``(seed, epoch)`` when ``shuffle``), the
+        sequence is padded by repetition (or cut with ``drop_last``) to equal parts, and rank
+        ``r`` takes the ``r``-th contiguous part, so a shard is fetched by one rank only (one
+        cut by a part's edge, by the two ranks that share it). With ``shuffle`` the rank keeps
+        ``open_units`` shards open at once, each next sample drawn from one of them at random
+        (a shard's samples in a random order), and a drained shard is replaced by the rank's
+        next one: samples mix across shards from the first on, and a shard is staged once per
+        epoch. ``start`` counts samples of this rank's part.
+
+        ``run=(w, k)``: the ``w``-th of ``k`` contiguous runs of the rank's part (cut before
+        mixing: an iterable dataset's worker), ordered as above; ``start`` counts its samples.
+        """
+        g = torch.Generator()
+        g.manual_seed(self.seed + epoch)
+        pieces = self._rank_pieces(n, units, g if self.shuffle else None)
+        w, k = run
+        if k > 1:
+            pieces = _cut(pieces, w, k)
+        if not self.shuffle:
+            return [i for piece in pieces for i in piece][start:]
+        pieces = [[p[k] for k in torch.randperm(len(p), generator=g).tolist()] for p in pieces if p]
+        draws = torch.rand(sum(map(len, pieces)), generator=g).tolist()
+        pool: list[list[int]] = []  # open shards: [piece number, samples taken]
+        queued = 0
+        while len(pool) < max(1, open_units) and queued < len(pieces):
+            pool.append([queued, 0])
+            queued += 1
+        out: list[int] = []
+        for x in draws:
+            k = min(int(x * len(pool)), len(pool) - 1)
+            slot = pool[k]
+            piece = pieces[slot[0]]
+            out.append(piece[slot[1]])
+            slot[1] += 1
+            if slot[1] == len(piece):  # drained: the next shard takes its place
+                if queued < len(pieces):
+                    pool[k] = [queued, 0]
+                    queued += 1
+                else:
+                    pool[k] = pool[-1]
+                    pool.pop()
+        return out[start:]
+
+    def _rank_pieces(self, n: int, units: list[list[int]], g: torch.Generator | None) -> list[list[int]]:
+        """The units (permuted with ``g``) laid end to end, padded or cut to equal parts: this
+        rank's part, cut where units meet."""
+        seq: list[int] = []
+        edges: list[int] = []
+        for u in torch.randperm(len(units), generator=g).tolist() if g is not None else range(len(units)):
+            edges.append(len(seq))
+            seq += units[u]
+        w = self.num_replicas
+        per = part_len(n, w, self.drop_last)
+        if per * w > len(seq) and seq:
+            edges.append(len(seq))  # the repeated head is a unit of its own
+            seq += (seq * math.ceil((per * w - len(seq)) / len(seq)))[: per * w - len(seq)]
+        lo, hi = self.rank * per, (self.rank + 1) * per
+        bounds = [lo, *(e for e in edges if lo < e < hi), hi] if hi > lo else []
+        return [seq[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
     @staticmethod
     def _shuffle(seq: list[int], a: int, g: torch.Generator) -> None:
         chunk = seq[a:]
         seq[a:] = [chunk[k] for k in torch.randperm(len(chunk), generator=g).tolist()]
+
+
+def _cut(pieces: list[list[int]], w: int, k: int) -> list[list[int]]:
+    """The ``w``-th of ``k`` contiguous runs of the pieces laid end to end, cut where they meet."""
+    total = sum(map(len, pieces))
+    lo, hi = total * w // k, total * (w + 1) // k
+    out, at = [], 0
+    for p in pieces:
+        a, b = max(lo, at), min(hi, at + len(p))
+        if a < b:
+            out.append(p[a - at : b - at])
+        at += len(p)
+    return out
 
 
 @dataclass(frozen=True)
@@ -198,6 +296,14 @@ def part_len(n: int, num_replicas: int, drop_last: bool) -> int:
 
 # shuffle="block": the most samples a window holds (see block_window)
 WINDOW_CAP = 8192
+
+
+def open_shards(budget: int, largest: int, total: int, count: int) -> int:
+    """How many shards a shard order keeps open at once: all ``count`` when their ``total``
+    fits ``budget``, else as many of the ``largest`` as fit beside one more being staged."""
+    if total <= budget:
+        return max(1, count)
+    return max(1, budget // max(1, largest) - 1)
 
 
 def block_window(budget: int, mean_sample_size: float, calls_in_flight: int) -> int:

@@ -27,8 +27,9 @@ class SavedPosition(NamedTuple):
     num_replicas: int
     drop_last: bool
     epoch: int
-    consumed: int  # block order: a position in the rank's slice; otherwise in the global order
+    consumed: int  # block or shard order: a position in the rank's part; otherwise in the global order
     complete: bool
+    sharded: bool = False  # a shard order (Order.shard_order) over tar shards
 
 
 def check_fields(
@@ -86,7 +87,10 @@ def check_state(state: Any, dataset_len: int) -> SavedPosition:
     n = dataset_len
     if state["start"] > n:
         raise StateError(f"state['start']={state['start']} is past the data set's {n} samples")
-    block = state["shuffle"] == "block"
+    sharded = state.get("sharded", False)
+    if not isinstance(sharded, bool):
+        raise StateError(f"state['sharded'] must be a bool, got {sharded!r}")
+    block = state["shuffle"] == "block" or sharded
     w, drop_last = state["num_replicas"], bool(state["drop_last"])
     consumed = state["start"] + state["yielded"] * (1 if block else w)
     if block:
@@ -95,8 +99,8 @@ def check_state(state: Any, dataset_len: int) -> SavedPosition:
         end = n - n % w if drop_last else n
     # version 1 did not say whether the epoch was complete: all of it consumed means it was
     complete = state["complete"] if "complete" in state else consumed >= end
-    shuffle: bool | str = "block" if block else bool(state["shuffle"])
-    return SavedPosition(shuffle, state["seed"], w, drop_last, state["epoch"], consumed, complete)
+    shuffle: bool | str = "block" if state["shuffle"] == "block" else bool(state["shuffle"])
+    return SavedPosition(shuffle, state["seed"], w, drop_last, state["epoch"], consumed, complete, sharded)
 
 
 @dataclass
@@ -138,12 +142,13 @@ def make_state(order: Order, epoch: int, dataset_len: int, position: Position, w
         "start": position.start,
         "yielded": position.yielded,
         "complete": position.complete,
-        "window": window,  # shuffle="block": the order depends on it
+        "window": window,  # shuffle="block" and shard orders: the order depends on it
+        **({"sharded": True} if order.sharded else {}),
     }
 
 
 def check_window(state: dict[str, Any], default: int) -> int:
-    """The saved ``shuffle="block"`` window (``default`` for a state without one)."""
+    """The saved ``shuffle="block"`` window or open shards (``default`` for a state without one)."""
     window = state.get("window", default)
     if not isinstance(window, int) or isinstance(window, bool) or window < 1:
         raise StateError(f"state['window'] must be a positive int, got {window!r}")
@@ -153,10 +158,14 @@ def check_window(state: dict[str, Any], default: int) -> int:
 def resume_window(
     saved: SavedPosition, window: int, current: int, options: StagingOptions
 ) -> tuple[int, StagingOptions]:
-    """The ``shuffle="block"`` window a resumed epoch uses: the saved order's, whatever this
-    job's budget gives, with ``samples_per_call`` raised to hold it."""
-    if saved.shuffle != "block" or window == current:
+    """The ``shuffle="block"`` window (or a shard order's open shards) a resumed epoch uses:
+    the saved order's, whatever this job's budget gives, with a block order's
+    ``samples_per_call`` raised to hold it."""
+    if (saved.shuffle != "block" and not saved.sharded) or window == current:
         return current, options
+    if saved.sharded and saved.shuffle != "block":
+        log.info("resuming a shard order with the saved %d open shard(s) (this budget gives %d)", window, current)
+        return window, options
     log.info("shuffle='block': resuming with the saved window of %d samples (this budget gives %d)", window, current)
     if options.samples_per_call < window:
         options = replace(options, samples_per_call=window)
@@ -168,12 +177,19 @@ def resume(saved: SavedPosition, order: Order, epoch: int, position: Position, d
     setting ``position`` to where the next pass starts.
 
     Raises:
-        StateError: a ``shuffle="block"`` epoch saved mid-way with another number of ranks.
+        StateError: a ``shuffle="block"`` or shard-order epoch saved mid-way with another
+            number of ranks, or by a sampler over other data (tar shards or not).
     """
     w, n, here = saved.num_replicas, dataset_len, order.num_replicas
-    if saved.shuffle == "block" and w != here and not saved.complete:
+    what = "a shuffle='block'" if saved.shuffle == "block" else "a shard-order"
+    if saved.sharded != order.sharded and not saved.complete:
         raise StateError(
-            f"a shuffle='block' epoch resumes only with the same number of ranks: the state "
+            f"the state was saved by a sampler {'over' if saved.sharded else 'not over'} tar shards; "
+            f"this one is {'over' if order.sharded else 'not over'} tar shards"
+        )
+    if (saved.shuffle == "block" or saved.sharded) and w != here and not saved.complete:
+        raise StateError(
+            f"{what} epoch resumes only with the same number of ranks: the state "
             f"has {w}, this job {here}"
         )
     if w != here and not saved.complete:
@@ -182,7 +198,7 @@ def resume(saved: SavedPosition, order: Order, epoch: int, position: Position, d
             "order at position %d of %d",
             here, w, min(saved.consumed, n), n,
         )
-    resumed = Order(saved.shuffle, saved.seed, here, order.rank, saved.drop_last)
+    resumed = Order(saved.shuffle, saved.seed, here, order.rank, saved.drop_last, order.sharded)
     if saved.complete:
         position.restart(0)
         return resumed, epoch if position.epoch_set else saved.epoch + 1

@@ -20,7 +20,7 @@ from ..dataset import S5Dataset
 from ..engine.budget import check_sample_fits
 from ..exceptions import BudgetError, ConfigError
 from ..staging.area import choose_root, disk_footprint
-from .order import Order, block_window, check_seed, check_shuffle
+from .order import Order, block_window, check_seed, check_shuffle, open_shards
 
 
 def configure(
@@ -47,8 +47,8 @@ def configure(
     buffers: int | None,
     numworkers: int | None,
 ) -> tuple[Order, int, StagingOptions, str]:
-    """Check :class:`S5Sampler`'s options: its order, its ``shuffle="block"`` window, the
-    staging options with the budget the staging root has room for, and that root."""
+    """Check :class:`S5Sampler`'s options: its order, its ``shuffle="block"`` window (over tar
+    shards otherwise: the shards open at once), the staging options with the budget the staging root has room for, and that root."""
     shuffle = check_shuffle(shuffle)
     check_seed(seed)
     calls_in_flight = renamed("buffers", buffers, "calls_in_flight", calls_in_flight, 2)
@@ -56,10 +56,14 @@ def configure(
     if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1):
         raise ConfigError(f"batch_size must be a positive int or None, got {batch_size!r}")
     r, world = rank_info(num_replicas, rank)
-    order = Order(shuffle, seed, world, r, bool(drop_last))
+    sharded = dataset.shards is not None
+    order = Order(shuffle, seed, world, r, bool(drop_last), sharded)
     budget_bytes = parse_size(budget, "budget")
     # From the options, not the space found: every rank must cut the same windows.
     window = block_window(budget_bytes, dataset.total_bytes / max(1, len(dataset)), calls_in_flight)
+    if sharded and shuffle != "block":
+        shards = dataset.samples
+        window = open_shards(budget_bytes, shards[shards.largest()].size, dataset.total_bytes, len(shards))
     if shuffle == "block" and isinstance(samples_per_call, int) and not isinstance(samples_per_call, bool) \
             and samples_per_call > 0:  # an invalid value still fails in StagingOptions
         samples_per_call = max(samples_per_call, window)
@@ -101,13 +105,12 @@ def fit_budget(
         BudgetError: a sample (or shard) larger than the budget, a budget larger than the free
             space, ``keep_staged`` with a budget smaller than the data set, or a budget smaller
             than a batch.
-        ConfigError: ``shuffle=True`` over tar shards that do not all fit in the budget.
     """
     budget = options.budget
     largest = dataset.samples[dataset.samples.largest()]
     sharded = dataset.shards is not None
     if sharded:
-        _check_shards(dataset, shuffle, budget)
+        _check_shard_fits(dataset, budget)
     check_sample_fits(largest, budget)
     total = dataset.total_bytes
     if options.keep_staged and total > budget:
@@ -129,22 +132,15 @@ def fit_budget(
     return options, root
 
 
-def _check_shards(dataset: S5Dataset, shuffle: bool | str, budget: int) -> None:
+def _check_shard_fits(dataset: S5Dataset, budget: int) -> None:
     """Over tar shards the budget counts whole shards: one larger than the budget can never be
-    staged, and shuffle=True keeps every shard staged for the whole epoch."""
+    staged."""
     samples = dataset.samples
     big = samples[samples.largest()]
     if big.size > budget:
         raise BudgetError(
             f"the shard {big.fields[0].uri} is {format_size(big.size)}, larger than the budget of "
             f"{format_size(budget)}; a shard is staged whole: raise the budget or write smaller shards"
-        )
-    if shuffle is True and dataset.total_bytes > budget:
-        raise ConfigError(
-            f"shuffle=True over tar shards draws every sample from any shard, so all shards of "
-            f"{dataset.source} ({format_size(dataset.total_bytes)}) would have to be staged at once, "
-            f"more than the budget of {format_size(budget)}; use shuffle='block' (the shards in a "
-            "random order, samples shuffled within windows of whole shards)"
         )
 
 

@@ -90,11 +90,11 @@ class ShardPass:
         if peak <= budget:
             return
         how = (
-            "shuffle=True spreads every shard over the whole epoch, so all of them are staged at once; "
-            "use shuffle='block' (shards in a random order, samples shuffled within a window)"
-            if shuffle is True
-            else "lower samples_per_call (the window samples are shuffled in, which sets how many "
+            "lower samples_per_call (the window samples are shuffled in, which sets how many "
             "shards are open at once) or raise the budget"
+            if shuffle == "block"
+            else "the order keeps as many shards open as the budget held when it was made (a resumed "
+            "state keeps its own): raise the budget"
         )
         raise BudgetError(
             f"the shards of {self.dataset.source} that this order needs staged at once take "

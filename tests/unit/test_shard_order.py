@@ -1,0 +1,121 @@
+"""The order over tar shards (``Order.shard_order``): ranks take whole runs of shards, so a shard
+is fetched by one rank; with ``shuffle=True`` samples mix across the shards a rank has open
+from the first sample on, never more shards open than asked; the same seed gives the same
+order; every sample comes once per epoch over the ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+from s5loader._sampling.order import Order, open_shards, shuffle_quality
+from s5loader._sampling.resume import Position, check_state, make_state, resume
+from s5loader.exceptions import StateError
+
+
+def shards(counts: list[int]) -> tuple[list[list[int]], list[int]]:
+    """Units of consecutive sample indices, ``counts[s]`` in shard ``s``, and each sample's shard."""
+    units, unit_of, k = [], [], 0
+    for s, c in enumerate(counts):
+        units.append(list(range(k, k + c)))
+        unit_of += [s] * c
+        k += c
+    return units, unit_of
+
+
+def most_open(order: list[int], unit_of: list[int]) -> int:
+    """The most shards open at once: a shard is open from its first sample to its last."""
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for pos, i in enumerate(order):
+        first.setdefault(unit_of[i], pos)
+        last[unit_of[i]] = pos
+    events = sorted([(p, 1) for p in first.values()] + [(p + 0.5, -1) for p in last.values()])
+    held = peak = 0
+    for _, d in events:
+        held += d
+        peak = max(peak, held)
+    return peak
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 8])
+def test_class_sorted_shards_mix_from_the_first_sample_with_k_open(k: int) -> None:
+    units, unit_of = shards([100] * 8)  # one class per shard
+    order = Order(True, 7, 1, 0, False, sharded=True).shard_order(800, 0, 0, units, k)
+    assert sorted(order) == list(range(800))
+    assert most_open(order, unit_of) == k
+    assert len({unit_of[i] for i in order[:32]}) == k  # the first batch already draws from k shards
+    q = shuffle_quality(order, unit_of, 64)
+    assert q.units_per_span >= min(k, 8) - 0.5
+
+
+def test_without_shuffle_shards_come_in_order_each_whole() -> None:
+    units, _ = shards([5, 3, 4])
+    assert Order(False, 0, 1, 0, False, sharded=True).shard_order(12, 0, 0, units, 2) == list(range(12))
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("world", [2, 4])
+def test_ranks_take_disjoint_whole_shards_and_every_sample_once(shuffle: bool, world: int) -> None:
+    units, unit_of = shards([50] * 8)
+    parts = [Order(shuffle, 3, world, r, False, sharded=True).shard_order(400, 5, 0, units, 2) for r in range(world)]
+    assert sorted(i for p in parts for i in p) == list(range(400))
+    assert {len(p) for p in parts} == {400 // world}
+    owned = [{unit_of[i] for i in p} for p in parts]
+    assert sum(map(len, owned)) == 8  # no shard is read by two ranks
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_uneven_shards_give_equal_parts_and_share_only_the_shards_cut_by_a_part_edge(drop_last: bool) -> None:
+    counts = [1, 6, 2, 5, 3, 9, 4]  # 30 samples
+    units, unit_of = shards(counts)
+    world = 4
+    parts = [Order(True, 1, world, r, drop_last, sharded=True).shard_order(30, 2, 0, units, 2) for r in range(world)]
+    assert {len(p) for p in parts} == {7 if drop_last else 8}
+    seen = [i for p in parts for i in p]
+    if drop_last:
+        assert len(set(seen)) == 28
+    else:
+        assert set(seen) == set(range(30)) and len(seen) == 32  # padded by repetition
+    owned = [{unit_of[i] for i in p} for p in parts]
+    assert sum(map(len, owned)) - len(set().union(*owned)) <= world  # the shards a part edge cuts (and the pad)
+
+
+def test_the_same_seed_and_epoch_give_the_same_order_and_start_continues_it() -> None:
+    units, _ = shards([30] * 6)
+    o = Order(True, 11, 2, 1, False, sharded=True)
+    a = o.shard_order(180, 4, 0, units, 2)
+    assert a == o.shard_order(180, 4, 0, units, 2)
+    assert a != o.shard_order(180, 5, 0, units, 2)
+    assert o.shard_order(180, 4, 37, units, 2) == a[37:]
+
+
+def test_workers_take_contiguous_runs_of_the_rank_part_each_mixed() -> None:
+    units, unit_of = shards([40] * 8)
+    o = Order(True, 2, 1, 0, False, sharded=True)
+    runs = [o.shard_order(320, 0, 0, units, 2, run=(w, 4)) for w in range(4)]
+    assert sorted(i for r in runs for i in r) == list(range(320))
+    owned = [{unit_of[i] for i in r} for r in runs]
+    assert sum(map(len, owned)) == 8  # 8 shards over 4 workers: two each, none shared
+    assert all(most_open(r, unit_of) <= 2 for r in runs)
+
+
+def test_open_shards_follows_the_budget() -> None:
+    assert open_shards(budget=10_000, largest=1_000, total=50_000, count=50) == 9  # one more being staged
+    assert open_shards(budget=1_500, largest=1_000, total=50_000, count=50) == 1
+    assert open_shards(budget=60_000, largest=1_000, total=50_000, count=50) == 50  # all fit
+
+
+def test_a_shard_order_state_resumes_in_the_rank_part_and_only_with_the_same_ranks() -> None:
+    o = Order(True, 0, 2, 1, False, sharded=True)
+    pos = Position(start=0, yielded=13)
+    state = make_state(o, 3, 100, pos, 4)
+    assert state["sharded"] is True and state["window"] == 4
+    saved = check_state(state, 100)
+    assert saved.consumed == 13 and saved.sharded  # a position in the rank's part, not x ranks
+    here = Position()
+    resumed, epoch = resume(saved, o, 0, here, 100)
+    assert (resumed.sharded, epoch, here.start) == (True, 3, 13)
+    with pytest.raises(StateError, match="same number of ranks"):
+        resume(saved, Order(True, 0, 4, 1, False, sharded=True), 0, Position(), 100)
+    with pytest.raises(StateError, match="tar shards"):
+        resume(saved, Order(True, 0, 2, 1, False), 0, Position(), 100)

@@ -130,16 +130,8 @@ class Order:
         g = torch.Generator()
         g.manual_seed(self.seed + epoch)
         window = max(1, window)
-        seq: list[int] = []
-        edges: list[int] = []  # where each unit begins in seq
-        for u in torch.randperm(len(units), generator=g).tolist():
-            edges.append(len(seq))
-            seq += units[u]
         w = self.num_replicas
-        per = part_len(n, w, self.drop_last)
-        if per * w > len(seq) and seq:
-            edges.append(len(seq))  # the repeated tail is a unit of its own
-            seq += (seq * math.ceil((per * w - len(seq)) / len(seq)))[: per * w - len(seq)]
+        seq, edges, per = _end_to_end(units, torch.randperm(len(units), generator=g).tolist(), n, w, self.drop_last)
         mine: list[int] = []
         starts: list[int] = []
         # Each rank shuffles the parts before its own too, so that the random stream that
@@ -218,16 +210,8 @@ class Order:
     def _rank_pieces(self, n: int, units: list[list[int]], g: torch.Generator | None) -> list[list[int]]:
         """The units (permuted with ``g``) laid end to end, padded or cut to equal parts: this
         rank's part, cut where units meet."""
-        seq: list[int] = []
-        edges: list[int] = []
-        for u in torch.randperm(len(units), generator=g).tolist() if g is not None else range(len(units)):
-            edges.append(len(seq))
-            seq += units[u]
-        w = self.num_replicas
-        per = part_len(n, w, self.drop_last)
-        if per * w > len(seq) and seq:
-            edges.append(len(seq))  # the repeated head is a unit of its own
-            seq += (seq * math.ceil((per * w - len(seq)) / len(seq)))[: per * w - len(seq)]
+        picks = torch.randperm(len(units), generator=g).tolist() if g is not None else range(len(units))
+        seq, edges, per = _end_to_end(units, picks, n, self.num_replicas, self.drop_last)
         lo, hi = self.rank * per, (self.rank + 1) * per
         bounds = [lo, *(e for e in edges if lo < e < hi), hi] if hi > lo else []
         return [seq[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
@@ -236,6 +220,24 @@ class Order:
     def _shuffle(seq: list[int], a: int, g: torch.Generator) -> None:
         chunk = seq[a:]
         seq[a:] = [chunk[k] for k in torch.randperm(len(chunk), generator=g).tolist()]
+
+
+def _end_to_end(
+    units: list[list[int]], picks: Sequence[int], n: int, w: int, drop_last: bool
+) -> tuple[list[int], list[int], int]:
+    """The units in ``picks`` order laid end to end and padded by repetition (or cut with
+    ``drop_last``) to ``w`` equal parts of ``n`` samples: the sequence, where each unit begins
+    in it (the repeated head is a unit of its own), and the part length."""
+    seq: list[int] = []
+    edges: list[int] = []
+    for u in picks:
+        edges.append(len(seq))
+        seq += units[u]
+    per = part_len(n, w, drop_last)
+    if per * w > len(seq) and seq:
+        edges.append(len(seq))
+        seq += (seq * math.ceil((per * w - len(seq)) / len(seq)))[: per * w - len(seq)]
+    return seq, edges, per
 
 
 def _cut(pieces: list[list[int]], w: int, k: int) -> list[list[int]]:

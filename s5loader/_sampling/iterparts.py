@@ -63,7 +63,7 @@ def check_options(
     options = StagingOptions(
         budget=parse_size(budget, "budget"), staging_dir=staging_dir, shrink_budget=shrink_budget, **engine_options
     )
-    options, root = fit_budget(dataset, options, shuffle, None)
+    options, root = fit_budget(dataset, options, None)
     return options.budget, root
 
 

@@ -81,7 +81,7 @@ def configure(
         shrink_budget=bool(shrink_budget),
         staging_dir=staging_dir,
     )
-    options, root = fit_budget(dataset, options, shuffle, batch_size)
+    options, root = fit_budget(dataset, options, batch_size)
     return order, window, options, root
 
 
@@ -97,7 +97,7 @@ def renamed(old: str, old_value: int | None, new: str, new_value: int, default: 
 
 
 def fit_budget(
-    dataset: S5Dataset, options: StagingOptions, shuffle: bool | str, batch_size: int | None
+    dataset: S5Dataset, options: StagingOptions, batch_size: int | None
 ) -> tuple[StagingOptions, str]:
     """The options with the budget the staging root has room for, and that root.
 

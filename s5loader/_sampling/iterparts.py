@@ -237,22 +237,20 @@ def worker_order(
     The rank's part is :meth:`Order.indices` (every rank the same count). Worker ``w`` of
     ``num_workers`` takes every ``num_workers``-th sample from the ``w``-th on, or, with
     ``shuffle="block"`` or ``runs`` (tar shards), the ``w``-th of ``num_workers`` contiguous
-    runs (blocks and shards stay with one worker, which stages them alone). Then the shuffle
-    buffer (see :class:`S5IterableDataset`) reorders it.
+    runs (blocks and shards stay with one worker, which stages them alone); over tar shards
+    with ``shuffle`` True or False that run is cut from :meth:`Order.shard_order`'s rank part
+    and mixed across ``window`` open shards. Then the shuffle buffer (see
+    :class:`S5IterableDataset`) reorders it.
     """
     if order.sharded and order.shuffle != "block":
         # a contiguous run of the rank's shards, mixed across the shards the worker has open
         mine = order.shard_order(n, epoch, 0, units or [], window, run=(worker, num_workers))
-        if shuffle_buffer > 1:
-            rng = np.random.default_rng([order.seed & (2**64 - 1), epoch, order.rank, worker])
-            mine = buffer_shuffle(mine, shuffle_buffer, rng)
-        return mine
-    part = order.indices(n, epoch, 0, units=units, window=window)
-    if order.shuffle == "block" or runs:
-        lo, hi = len(part) * worker // num_workers, len(part) * (worker + 1) // num_workers
-        mine = part[lo:hi]
     else:
-        mine = part[worker::num_workers]
+        part = order.indices(n, epoch, 0, units=units, window=window)
+        if order.shuffle == "block" or runs:
+            mine = part[len(part) * worker // num_workers : len(part) * (worker + 1) // num_workers]
+        else:
+            mine = part[worker::num_workers]
     if shuffle_buffer > 1:
         rng = np.random.default_rng([order.seed & (2**64 - 1), epoch, order.rank, worker])
         mine = buffer_shuffle(mine, shuffle_buffer, rng)

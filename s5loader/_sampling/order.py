@@ -179,12 +179,11 @@ class Order:
         g = torch.Generator()
         g.manual_seed(self.seed + epoch)
         pieces = self._rank_pieces(n, units, g if self.shuffle else None)
-        w, k = run
-        if k > 1:
-            pieces = _cut(pieces, w, k)
+        if run[1] > 1:
+            pieces = _cut(pieces, *run)
         if not self.shuffle:
             return [i for piece in pieces for i in piece][start:]
-        pieces = [[p[k] for k in torch.randperm(len(p), generator=g).tolist()] for p in pieces if p]
+        pieces = [[p[j] for j in torch.randperm(len(p), generator=g).tolist()] for p in pieces if p]
         draws = torch.rand(sum(map(len, pieces)), generator=g).tolist()
         pool: list[list[int]] = []  # open shards: [piece number, samples taken]
         queued = 0
@@ -193,17 +192,17 @@ class Order:
             queued += 1
         out: list[int] = []
         for x in draws:
-            k = min(int(x * len(pool)), len(pool) - 1)
-            slot = pool[k]
+            at = min(int(x * len(pool)), len(pool) - 1)
+            slot = pool[at]
             piece = pieces[slot[0]]
             out.append(piece[slot[1]])
             slot[1] += 1
             if slot[1] == len(piece):  # drained: the next shard takes its place
                 if queued < len(pieces):
-                    pool[k] = [queued, 0]
+                    pool[at] = [queued, 0]
                     queued += 1
                 else:
-                    pool[k] = pool[-1]
+                    pool[at] = pool[-1]
                     pool.pop()
         return out[start:]
 

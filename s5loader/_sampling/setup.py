@@ -48,7 +48,8 @@ def configure(
     numworkers: int | None,
 ) -> tuple[Order, int, StagingOptions, str]:
     """Check :class:`S5Sampler`'s options: its order, its ``shuffle="block"`` window (over tar
-    shards otherwise: the shards open at once), the staging options with the budget the staging root has room for, and that root."""
+    shards with ``shuffle`` True or False: the shards open at once), the staging options with
+    the budget the staging root has room for, and that root."""
     shuffle = check_shuffle(shuffle)
     check_seed(seed)
     calls_in_flight = renamed("buffers", buffers, "calls_in_flight", calls_in_flight, 2)

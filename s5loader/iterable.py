@@ -19,7 +19,15 @@ from typing import Any
 from torch.utils.data import IterableDataset
 
 from ._sampling.iterparts import STATE_VERSION as STATE_VERSION
-from ._sampling.iterparts import WorkerStaging, _Pass, check_options, check_share, check_state, start_pass
+from ._sampling.iterparts import (
+    WorkerStaging,
+    _Pass,
+    check_options,
+    check_state,
+    check_workers,
+    start_pass,
+    worker_share,
+)
 from ._sampling.iterparts import buffer_shuffle as buffer_shuffle
 from ._sampling.iterparts import worker_length as worker_length
 from ._sampling.iterparts import worker_order as worker_order
@@ -44,9 +52,8 @@ class S5IterableDataset(IterableDataset[Any]):
     with ``drop_last``, as ``DistributedSampler``), and this rank's part is split between its
     DataLoader workers (every ``num_workers``-th sample; contiguous runs with
     ``shuffle="block"`` and over tar shards, so that blocks stay whole and a shard is staged
-    by one worker). So every rank yields the same count, and
-    with the same ``batch_size`` and ``num_workers`` the same number of batches: no rank waits
-    for another in a collective at the end of an epoch.
+    by one worker). So every rank yields the same count, and with the same ``batch_size`` and
+    ``num_workers`` the same number of batches: no rank waits for another at the epoch's end.
 
     Each worker (the main process with ``num_workers=0``) runs a staging engine of its own:
     background ``s5cmd run`` calls stage its part, in the order it yields it, into a folder of
@@ -71,7 +78,12 @@ class S5IterableDataset(IterableDataset[Any]):
             ``samples_per_call`` window).
         budget: most bytes staged and not yet read by this rank at any instant (``"2GiB"``,
             ``"500MB"`` or an int), shared equally by its DataLoader workers; each share must
-            hold the largest sample.
+            hold the largest sample (over tar shards: the largest shard).
+        num_workers: the ``num_workers`` of the DataLoader that will read this dataset. Given,
+            the budget's split between the workers is checked here, in the main process, before
+            any worker starts (a DataLoader with another count is then a ``ConfigError``).
+            ``None`` (default): the split is checked by each worker when it starts, and a share
+            too small is a ``BudgetError`` raised through the DataLoader.
         staging_dir: the staging root; ``None`` picks ``/dev/shm`` when it has room for the
             budget, else the system temp directory. This dataset stages into a directory of its
             own below it, one folder per worker, removed by :meth:`close`, garbage collection
@@ -110,6 +122,7 @@ class S5IterableDataset(IterableDataset[Any]):
         on_error: str = "raise",
         verify: bool = False,
         s5cmd_workers: int = 256,
+        num_workers: int | None = None,
     ) -> None:
         require_linux("S5IterableDataset")
         engine_options: dict[str, Any] = {
@@ -121,6 +134,7 @@ class S5IterableDataset(IterableDataset[Any]):
             dataset, shuffle, seed, shuffle_buffer, drop_last, num_replicas, rank, budget, staging_dir,
             shrink_budget, engine_options,
         )
+        self._num_workers = check_workers(dataset, budget_bytes, num_workers)
         self.dataset = dataset
         self.shuffle: bool | str = shuffle if shuffle == "block" else bool(shuffle)
         self.seed = seed
@@ -250,7 +264,7 @@ class S5IterableDataset(IterableDataset[Any]):
             return self._engine
         if self._engine is not None and self._engine_key is not None and self._engine_key[0] == os.getpid():
             self._engine.close()
-        share = check_share(self.dataset, self.budget, p.num_workers)
+        share = worker_share(self.dataset, self.budget, self._num_workers, p.num_workers)
         options = StagingOptions(budget=share, staging_dir=self._area.path, **self._engine_options)
         engine = WorkerStaging(self.dataset, options, self._area.path, self._runs, self.shuffle == "block")
         self._engine, self._engine_key = engine, key

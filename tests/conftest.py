@@ -4,9 +4,11 @@ store per test on them, a staging root. The helpers the tests share are in ``tes
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from support.stores import Store, free_port
@@ -59,6 +61,17 @@ def seaweed(seaweed_server: str) -> Store:
 def store(request: pytest.FixtureRequest) -> Store:
     """Each test that takes ``store`` runs against both servers."""
     return request.getfixturevalue("moto" if request.param == "moto" else "seaweed")
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """An empty folder with a short path, for a child's TMPDIR: torch's DataLoader workers hand
+    batches over AF_UNIX sockets made in TMPDIR, whose path may not exceed 107 bytes, and
+    pytest's ``tmp_path`` (deeper still under pytest-xdist) can; a longer one drops the batch
+    and the loader waits for it forever."""
+    path = Path(tempfile.mkdtemp(prefix="s5t-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -33,9 +33,8 @@ def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[st
 
 
 @pytest.fixture
-def local(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
-    tmpdir = tmp_path / "tmp"
-    tmpdir.mkdir()
+def local(tmp_path: Path, short_tmp: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+    tmpdir = short_tmp
     server_dir = tmp_path / "s3"
     env = _clean_env(tmpdir)
     yield server_dir, env

@@ -34,9 +34,8 @@ def test_short_run_is_not_starvation(moto: Store, staging_root: str, caplog: pyt
 
 
 @pytest.mark.slow
-def test_demo_does_not_warn_and_leaves_no_temp_files(tmp_path: Path) -> None:
-    tmpdir = tmp_path / "tmp"
-    tmpdir.mkdir()
+def test_demo_does_not_warn_and_leaves_no_temp_files(short_tmp: Path) -> None:
+    tmpdir = short_tmp
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "S3_"))}
     env.update(TMPDIR=str(tmpdir), PYTHONPATH=str(ROOT))
     r = subprocess.run([sys.executable, str(ROOT / "bin" / "demo"), "--samples", "256"], capture_output=True, text=True, env=env, timeout=300)

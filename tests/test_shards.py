@@ -8,11 +8,14 @@ import hashlib
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import tarfile
+import time
 from collections import Counter
 
+import psutil
 import pytest
 from support.stores import Store
 from torch.utils.data import DataLoader
@@ -829,3 +832,101 @@ def test_a_shard_order_resumes_mid_epoch_exactly_and_stages_nothing_twice(seawee
     # were drained are not fetched again
     drained = {k.split("-")[0] for k in head} - {k.split("-")[0] for k in rest}
     assert sum(shard_gets(proxy.requests).values()) - before <= 6 + 6 - len(drained)
+
+
+def test_the_iterable_checks_its_budget_split_in_the_main_process_when_told_the_worker_count(
+    seaweed: Store, staging_root: str
+) -> None:
+    from s5loader import S5IterableDataset
+
+    source, _, big = class_sorted_shards(seaweed, n_shards=4, per_shard=5)
+    # told: the split is an error now, before any worker starts, naming budget, shard and fix
+    with pytest.raises(BudgetError) as e:
+        S5IterableDataset.from_shards(source, endpoint_url=seaweed.endpoint, budget=3 * big // 2,
+                                      staging_dir=staging_root, num_workers=2)
+    msg = str(e.value)
+    assert "split between 2 DataLoader workers" in msg and "largest tar shard" in msg and source in msg, msg
+    assert f"at least {_size(2 * big)}" in msg and "fewer workers" in msg, msg
+    assert os.listdir(staging_root) == []  # nothing was made
+    # told one count, run with another: a ConfigError through the loader, naming both
+    with S5IterableDataset.from_shards(source, endpoint_url=seaweed.endpoint, budget=4 * big,
+                                       staging_dir=staging_root, num_workers=2) as it:
+        with pytest.raises(ConfigError, match="num_workers=2, but its DataLoader runs 1 worker"):
+            next(iter(DataLoader(it, batch_size=2, num_workers=1)))
+        got = [x for b in DataLoader(it, batch_size=2, num_workers=2, collate_fn=lambda b: b) for x in b]
+        assert len(got) == 20
+    with pytest.raises(ConfigError, match="num_workers must be None"):
+        S5IterableDataset.from_shards(source, endpoint_url=seaweed.endpoint, num_workers=-1)
+
+
+def _size(n: int) -> str:
+    from s5loader._util.uri import format_size
+
+    return format_size(n)
+
+
+ITERABLE_SCRIPT = """
+import os, signal, sys, time
+from torch.utils.data import DataLoader
+from s5loader import S5IterableDataset
+
+def transform(sample):
+    if {bad_key!r} and sample["__key__"] == {bad_key!r}:
+        raise ValueError("a bad sample")
+    return sample
+
+it = S5IterableDataset.from_shards({source!r}, endpoint_url={endpoint!r}, budget={budget}, shuffle=True,
+                                   staging_dir={root!r}, transform=transform, samples_per_call=2)
+print(it._area.path, flush=True)
+for i, b in enumerate(DataLoader(it, batch_size=2, num_workers=2, collate_fn=lambda b: b)):
+    if i == 3:
+        {action}
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("how", ["worker-error", "small-share", "keyboardinterrupt", "sigkill"])
+def test_the_iterable_leaves_no_staging_folder_after_an_error_and_the_next_start_removes_a_killed_ones(
+    how: str, seaweed: Store, staging_root: str, tmp_path
+) -> None:
+
+    from s5loader import S5IterableDataset
+
+    source, _, big = class_sorted_shards(seaweed, n_shards=4, per_shard=10)
+    script = tmp_path / "train.py"
+    script.write_text(ITERABLE_SCRIPT.format(
+        source=source, endpoint=seaweed.endpoint, root=staging_root,
+        budget=3 * big // 2 if how == "small-share" else 4 * big,
+        bad_key="c2-004" if how == "worker-error" else "",
+        action={"keyboardinterrupt": "raise KeyboardInterrupt", "sigkill": "time.sleep(60)"}.get(how, "pass"),
+    ))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    staging = proc.stdout.readline().strip()
+    assert staging.startswith(staging_root), staging
+    if how == "sigkill":
+        deadline = time.monotonic() + 30
+        while not leftovers(staging) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert leftovers(staging)  # staged shards, read by nobody
+        proc.kill()
+    _, err = proc.communicate(timeout=120)
+    if how == "worker-error":
+        assert proc.returncode == 1 and "ValueError: a bad sample" in err, err[-2000:]
+    elif how == "small-share":
+        assert proc.returncode == 1 and "BudgetError" in err and "split between 2 DataLoader workers" in err, err[-2000:]
+        assert "pass num_workers= to S5IterableDataset" in err
+    elif how == "keyboardinterrupt":
+        assert proc.returncode == -signal.SIGINT and "KeyboardInterrupt" in err, err[-2000:]
+    if how != "sigkill":
+        assert not os.path.exists(staging), leftovers(staging)
+        return
+    deadline = time.monotonic() + 15  # the killed run's workers notice their parent is gone
+    while os.path.isdir(staging) and time.monotonic() < deadline and any(
+        str(script) in " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])
+    ):
+        time.sleep(0.2)
+    assert os.path.isdir(staging)  # SIGKILL leaves it behind; the next start removes it
+    with S5IterableDataset.from_shards(source, endpoint_url=seaweed.endpoint, staging_dir=staging_root):
+        assert not os.path.exists(staging)
+    assert os.listdir(staging_root) == []

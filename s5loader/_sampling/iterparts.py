@@ -146,20 +146,63 @@ def start_pass(
     return _Pass(epoch, order, buffer, rank, world, worker, num_workers, length, min(start, length))
 
 
-def check_share(dataset: S5Dataset, budget: int, num_workers: int) -> int:
-    """Each worker's share of ``budget``.
+def check_workers(dataset: S5Dataset, budget: int, num_workers: int | None) -> int | None:
+    """Check ``S5IterableDataset(num_workers=)`` (None, or the DataLoader's int >= 0) and,
+    when given, the budget's split between that many workers, in the process that asks.
 
     Raises:
-        BudgetError: the largest sample does not fit in a share.
+        ConfigError: not such a count. BudgetError: as :func:`check_share`.
+    """
+    if num_workers is None:
+        return None
+    if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
+        raise ConfigError(f"num_workers must be None or the DataLoader's num_workers (an int >= 0), got {num_workers!r}")
+    check_share(dataset, budget, max(1, num_workers))
+    return num_workers
+
+
+def worker_share(dataset: S5Dataset, budget: int, told: int | None, num_workers: int) -> int:
+    """A worker's share of ``budget`` among the ``num_workers`` its DataLoader runs, the
+    count ``told`` to the dataset (if any) being that one.
+
+    Raises:
+        ConfigError: the DataLoader runs another count than ``told``. BudgetError: as
+            :func:`check_share`.
+    """
+    if told is not None and max(1, told) != num_workers:
+        raise ConfigError(
+            f"S5IterableDataset over {dataset.source or 'the data set'} was made with "
+            f"num_workers={told}, but its DataLoader runs {num_workers} worker(s) (num_workers=0 "
+            "runs one, in the main process): give both the same count"
+        )
+    return check_share(dataset, budget, num_workers, told is not None)
+
+
+def check_share(dataset: S5Dataset, budget: int, num_workers: int, told: bool = True) -> int:
+    """Each worker's share of ``budget``: ``budget // num_workers``.
+
+    Args:
+        told: the worker count was given to the dataset (``num_workers=``), so this check runs
+            before any worker starts; else the message says how to make it so.
+
+    Raises:
+        BudgetError: the largest sample (or tar shard) does not fit in a share; the message
+            names the budget, the share, the sample and the budget that would do.
     """
     share = budget // num_workers
     largest = dataset.samples[dataset.samples.largest()]
     if largest.size > share:
+        what = "tar shard" if dataset.shards is not None else "sample"
+        where = ", ".join(f.uri for f in largest.fields[:3])
+        early = "" if told else (
+            "; pass num_workers= to S5IterableDataset to have this checked before the workers start"
+        )
         raise BudgetError(
             f"the budget of {format_size(budget)} split between {num_workers} DataLoader "
-            f"workers leaves {format_size(share)} each, less than sample {largest.key!r} "
-            f"({', '.join(f.uri for f in largest.fields[:3])}, {format_size(largest.size)}); "
-            "raise the budget or use fewer workers"
+            f"workers leaves {format_size(share)} each, less than the largest {what} "
+            f"({where}, {format_size(largest.size)}): every worker stages whole {what}s of its "
+            f"own, so raise the budget to at least {format_size(largest.size * num_workers)} "
+            f"or use fewer workers{early}"
         )
     return share
 

@@ -51,7 +51,7 @@ def _index_shards(argv: list[str]) -> int:
     )
     p.add_argument(
         "source", nargs="+",
-        help="s3://bucket/prefix/ (every *.tar below it), a brace pattern "
+        help="s3://bucket/prefix/ (every *.tar, *.tar.gz and *.tgz below it), a brace pattern "
         "('s3://b/train/shard-{000000..000999}.tar', quoted) or shard URIs",
     )
     p.add_argument("--output", help="where to write the index (s3 URI or local path)")

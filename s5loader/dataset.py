@@ -12,7 +12,7 @@ from torch.utils.data import Dataset
 
 from ._index import sources as _sources
 from ._index.compact import SampleIndex
-from ._index.sample import Sample
+from ._index.sample import DISK, Sample
 from ._s3api.client import s3_client
 from ._shards.dataset import ShardSet
 from ._shards.index import load_shards
@@ -63,6 +63,9 @@ class S5Dataset(Dataset[Any]):
             raise EmptySourceError(f"no sample in {source or 'the given objects'}")
         self.shards = shards
         self._samples = SampleIndex.from_samples(samples, {"source": source})
+        disk = shards.disk if shards is not None else None
+        if disk is not None:  # compressed shards: staged, they take more than their objects
+            self._samples.set_column(DISK, disk)
         #: How the store is reached, by the sampler's s5cmd calls and the direct GETs alike.
         self.access = Access.coerce(access, endpoint_url)
         self.transform = transform

@@ -3,7 +3,7 @@ to do. Each test runs the path a user runs (real s5cmd, a real local server, the
 
 from __future__ import annotations
 
-import gzip
+import lzma
 import os
 import re
 import subprocess
@@ -79,11 +79,11 @@ def test_an_empty_folder_names_the_keys_beside_it(seaweed: Store) -> None:
 def test_a_compressed_shard_is_named_as_such_first(seaweed: Store, capsys: pytest.CaptureFixture[str]) -> None:
     from s5loader.cli import main
 
-    gz = seaweed.uri("shard-000000.tgz")
-    seaweed.put({"shard-000000.tgz": gzip.compress(b"\0" * 1024)})
-    for source in (gz, [gz], seaweed.uri("shard-{000000..000000}.tgz")):
+    gz = seaweed.uri("shard-000000.tar.xz")  # gzip shards are read; others are named first
+    seaweed.put({"shard-000000.tar.xz": lzma.compress(b"\0" * 1024)})
+    for source in (gz, [gz], seaweed.uri("shard-{000000..000000}.tar.xz")):
         named = source if isinstance(source, str) else gz
-        with pytest.raises(ShardError, match=rf"^{re.escape(named)} is a compressed tar shard; .*decompress"):
+        with pytest.raises(ShardError, match=rf"^{re.escape(named)} is a compressed tar shard .*decompress"):
             S5Dataset.from_shards(source, endpoint_url=seaweed.endpoint)
     # index-shards on it says the same, not "no *.tar shard under" it as if it were a folder
     assert main(["index-shards", gz, "--endpoint-url", seaweed.endpoint]) == 1

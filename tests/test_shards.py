@@ -3,6 +3,7 @@ S5Sampler and a DataLoader, rank splits, resume, hostile shards and decoding."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import io
@@ -462,10 +463,10 @@ def test_an_index_that_widsindex_writes_loads(moto: Store) -> None:
     moto.put({"meta/train.json": json.dumps(doc).encode()})
     ds = S5Dataset.from_shards(source, index=moto.uri("meta/train.json"), endpoint_url=moto.endpoint)
     assert len(ds) == 6 and ds[4]["bin"] == expected["s00004"]["bin"]
-    # compressed shards are not read, and a prefix of only those says so
-    moto.put({"gz/shard-000.tar.gz": gzip.compress(shards["shard-000.tar"])})
-    with pytest.raises(EmptySourceError, match=r"only compressed ones such as s3://.*/gz/shard-000.tar.gz"):
-        S5Dataset.from_shards(moto.uri("gz/"), endpoint_url=moto.endpoint)
+    # shards compressed other than with gzip are not read, and a prefix of only those says so
+    moto.put({"zst/shard-000.tar.zst": b"(\xb5/\xfd" + bytes(20)})
+    with pytest.raises(EmptySourceError, match=r"only other compressed ones such as s3://.*/zst/shard-000.tar.zst"):
+        S5Dataset.from_shards(moto.uri("zst/"), endpoint_url=moto.endpoint)
 
 
 def test_wids_reads_the_index_that_index_shards_writes(moto: Store, tmp_path) -> None:
@@ -930,3 +931,118 @@ def test_the_iterable_leaves_no_staging_folder_after_an_error_and_the_next_start
     with S5IterableDataset.from_shards(source, endpoint_url=seaweed.endpoint, staging_dir=staging_root):
         assert not os.path.exists(staging)
     assert os.listdir(staging_root) == []
+
+
+def staged_bytes(path: str) -> int:
+    """Bytes of the staged files below ``path`` (not the control files), as they are now."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            if not f.startswith("."):
+                with contextlib.suppress(FileNotFoundError):
+                    total += os.path.getsize(os.path.join(root, f))
+    return total
+
+
+def gzip_shards(store: Store, n_shards: int = 6, per_shard: int = 10) -> tuple[str, dict[str, bytes], dict[str, dict[str, bytes]]]:
+    """Class-sorted shards, gzip-compressed, named .tar.gz and .tgz by turns, and indexed."""
+    shards: dict[str, bytes] = {}
+    expected: dict[str, dict[str, bytes]] = {}
+    for s in range(n_shards):
+        members = []
+        for j in range(per_shard):
+            key = f"c{s}-{j:03d}"
+            fields = {"bin": sample_bytes(s * 1000 + j, 3000), "cls": b"%d" % s}
+            expected[key] = fields
+            members += [(f"{key}.{f}", v) for f, v in fields.items()]
+        shards[f"shard-{s:03d}.{'tgz' if s % 2 else 'tar.gz'}"] = gzip.compress(tar_of(members), mtime=0)
+    return put_indexed(store, shards), shards, expected
+
+
+def test_gzip_shards_load_byte_exact_within_a_budget_that_counts_their_tar(seaweed: Store, staging_root: str) -> None:
+    from s5loader import S5IterableDataset
+
+    source, shards, expected = gzip_shards(seaweed)
+    index = json.loads(seaweed.client.get_object(Bucket=seaweed.bucket, Key=seaweed.prefix + "wids.json")["Body"].read())
+    tarsize = {e["url"]: e["tarsize"] for e in index["shardlist"]}
+    assert set(tarsize) == set(shards) and all(tarsize[n] == len(gzip.decompress(d)) for n, d in shards.items())
+    disk = max(len(d) + tarsize[n] for n, d in shards.items())
+    ds = S5Dataset.from_shards(source, endpoint_url=seaweed.endpoint)
+    assert len(ds) == 60 and ds[13] == {"__key__": "c1-003", **expected["c1-003"]}  # the direct read decompresses
+    # a budget of 3 staged shards, counted with their tar: the sampler keeps 2 open
+    with S5Sampler(ds, shuffle=True, seed=1, budget=3 * disk, staging_dir=staging_root) as sampler:
+        assert sampler.window == 2
+        peak = [0]
+
+        def watch(x: dict) -> dict:
+            peak[0] = max(peak[0], staged_bytes(sampler.staging_dir))
+            return x
+
+        got = [watch(x) for b in DataLoader(ds, sampler=sampler, batch_size=4, num_workers=2, collate_fn=lambda b: b)
+               for x in b]
+        assert leftovers(sampler.staging_dir) == []
+    assert sorted(x["__key__"] for x in got) == sorted(expected)
+    assert all(x["bin"] == expected[x["__key__"]]["bin"] and x["cls"] == expected[x["__key__"]]["cls"] for x in got)
+    assert len({x["cls"] for x in got[:8]}) >= 2  # mixed across the open shards from the first batches
+    assert 0 < peak[0] <= 3 * disk
+    # the iterable: 2 workers, each stages whole shards of its own
+    with S5IterableDataset.from_shards(source, endpoint_url=seaweed.endpoint, shuffle=True, budget=4 * disk,
+                                       staging_dir=staging_root, num_workers=2) as it:
+        keys = [x["__key__"] for b in DataLoader(it, batch_size=4, num_workers=2, collate_fn=lambda b: b) for x in b]
+    assert sorted(keys) == sorted(expected)
+    # a budget that holds the compressed shard but not its tar beside it says so at once
+    with pytest.raises(BudgetError, match="larger than the budget"):
+        S5Sampler(ds, budget=max(map(len, shards.values())) + 10, staging_dir=staging_root)
+
+
+def test_gzip_shard_errors_say_what_is_wrong_and_what_to_run(seaweed: Store, staging_root: str) -> None:
+    source, shards, _ = gzip_shards(seaweed, n_shards=2, per_shard=3)
+    # an index without the tar sizes (as other tools write it) names the shard and the command
+    listed = [{"url": n, "nsamples": 3, "filesize": len(d)} for n, d in shards.items()]
+    seaweed.put({"wids.json": json.dumps({"shardlist": listed}).encode()})
+    with pytest.raises(ShardIndexError, match=r"shard-000.tar.gz is a gzip-compressed shard.*'tarsize'.*s5loader index-shards"):
+        S5Dataset.from_shards(source, endpoint_url=seaweed.endpoint)
+    # a damaged one: index-shards names it, and so does staging it
+    seaweed.put({"shard-001.tgz": shards["shard-001.tgz"][:-40]})
+    with pytest.raises(ShardError, match=r"shard-001.tgz is a gzip-compressed shard that does not decompress"):
+        _shards.build_index(source, seaweed.endpoint)
+    seaweed.put({"wids.json": json.dumps({"shardlist": [{**e, "tarsize": 10240} for e in listed]}).encode()})
+    ds = S5Dataset.from_shards(source, endpoint_url=seaweed.endpoint)
+    with S5Sampler(ds, shuffle=False, staging_dir=staging_root) as sampler:
+        with pytest.raises(ShardError, match=r"shard-001.tgz is a gzip-compressed shard that does not decompress"):
+            load_all(ds, sampler)
+    # other compressions are named first, as before
+    with pytest.raises(ShardError, match=r"shard-000.tar.xz is a compressed tar shard that s5loader cannot read"):
+        S5Dataset.from_shards(seaweed.uri("shard-000.tar.xz"), endpoint_url=seaweed.endpoint)
+
+
+def test_the_daemon_unpacks_gzip_shards_within_a_budget_that_counts_their_tar(seaweed: Store, tmp_path) -> None:
+    from support.stores import Peak
+
+    source, shards, expected = gzip_shards(seaweed, n_shards=4, per_shard=5)
+    tars = {n: len(gzip.decompress(d)) for n, d in shards.items()}
+    # a staged shard, its tar beside it, and the samples unpacked from the tar
+    budget = max(len(d) + 2 * tars[n] for n, d in shards.items())
+    cache, out = tmp_path / "cache", tmp_path / "got.jsonl"
+    consumer = subprocess.Popen([sys.executable, "-c", CONSUMER, str(cache), str(out)])
+    with Peak(lambda: staged_bytes(str(cache)), interval=0.002) as peak:
+        r = subprocess.run(
+            [sys.executable, "-m", "s5loader", "prefetch", "--shards", source, "--cache", str(cache),
+             "--budget", str(budget), "--endpoint-url", seaweed.endpoint, "--shuffle", "--seed", "3"],
+            capture_output=True, text=True, timeout=120,
+        )
+        assert r.returncode == 0, r.stderr
+        assert consumer.wait(60) == 0
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(g["name"].split("-", 1)[1] for g in got) == sorted(expected)
+    for g in got:
+        fields = expected[g["name"].split("-", 1)[1]]
+        assert {k.rsplit(".", 1)[-1]: v for k, v in g["files"].items()} == {
+            f: hashlib.sha256(v).hexdigest() for f, v in fields.items()}
+    assert 0 < peak.peak <= budget, (peak.peak, budget)
+    r = subprocess.run(
+        [sys.executable, "-m", "s5loader", "prefetch", "--shards", source, "--cache", str(tmp_path / "c2"),
+         "--budget", str(budget - 1), "--endpoint-url", seaweed.endpoint],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode != 0 and "decompressed" in r.stderr and "raise --budget" in r.stderr, r.stderr[-2000:]

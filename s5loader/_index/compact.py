@@ -31,7 +31,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from .sample import Field, Sample
+from .sample import DISK, Field, Sample
 
 _ETAG_NONE, _ETAG_MD5, _ETAG_OTHER = 0, 1, 2
 _DATA, _IRREGULAR = -1, -2
@@ -278,6 +278,7 @@ class SampleIndex(Sequence[Sample]):
             raise ValueError(f"column {name!r} has {len(values)} values for {len(self)} samples")
         self.columns[name] = values
         self._saved = None
+        self._sizes = None  # a DISK column changes them
 
     # -- vectorised helpers ----------------------------------------------------------------
     def sizes(self) -> np.ndarray:
@@ -288,12 +289,16 @@ class SampleIndex(Sequence[Sample]):
             has = counts > 0
             if len(self.size) and has.any():
                 sizes[has] = np.add.reduceat(self.size, self.first[:-1][has])
+            disk = self.columns.get(DISK)
+            if disk is not None:  # units that take more disk than their objects (see DISK)
+                sizes = np.maximum(sizes, disk.astype(np.int64))
             self._sizes = sizes
         return self._sizes
 
     @property
     def total_bytes(self) -> int:
-        return int(self.size.sum())
+        """Bytes of all samples staged (:meth:`sizes` summed)."""
+        return int(self.sizes().sum())
 
     def largest(self) -> int:
         """The number of the largest sample."""

@@ -21,6 +21,11 @@ class Field(NamedTuple):
     etag: str
 
 
+#: The extra of a staging unit that takes more disk than its objects: a compressed tar shard,
+#: which is decompressed beside itself once staged. The budget counts this size.
+DISK = "__disk__"
+
+
 class Sample(NamedTuple):
     """One sample: its key, its objects and the extra fields a manifest carried."""
 
@@ -30,6 +35,9 @@ class Sample(NamedTuple):
 
     @property
     def size(self) -> int:
+        """The bytes the sample takes staged: its objects' sizes (or its :data:`DISK` extra)."""
+        if self.extra and DISK in self.extra:
+            return int(self.extra[DISK])
         return sum(f.size for f in self.fields)
 
 

@@ -11,11 +11,15 @@ kept in memory (one per process) for the next samples.
 from __future__ import annotations
 
 import bisect
+import gzip
 import logging
 import os
+import zlib
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any
+
+import numpy as np
 
 from .._index.sample import Field, Sample
 from .._s3api.client import s3_client
@@ -73,6 +77,16 @@ class ShardSet(Sequence[Shard]):
     def units(self) -> list[Sample]:
         """One staging unit per shard: the shard object as the field ``tar``."""
         return [Sample(s.uri[5:].partition("/")[2], (Field("tar", s.uri, s.size, s.etag),)) for s in self._shards]
+
+    @property
+    def disk(self) -> np.ndarray | None:
+        """Per shard, what staging it takes on disk (:attr:`Shard.disk
+        <s5loader._shards.index.Shard.disk>`) when a shard is compressed, else ``None``: the
+        dataset gives it to its units as their :data:`~s5loader._index.sample.DISK` column,
+        which the budget counts."""
+        if not any(s.tarsize for s in self._shards):
+            return None
+        return np.array([s.disk for s in self._shards], dtype=np.int64)
 
     @property
     def samples(self) -> int:
@@ -165,6 +179,11 @@ class ShardSet(Sequence[Shard]):
                 data = s3_client(self.access).get_object(Bucket=u.bucket, Key=u.key)["Body"].read()
             except Exception as exc:
                 raise boto3_error(exc, sh.uri) from exc
+            if _tar.is_gzip(sh.uri):
+                try:
+                    data = gzip.decompress(data)
+                except (OSError, EOFError, zlib.error) as exc:
+                    raise _tar.ShardError(f"{sh.uri} is a gzip-compressed shard that does not decompress ({exc})") from exc
             members = _tar.scan_bytes(data, sh.uri)
             self.check_members(s, members)
             self._cached = (s, data, members)

@@ -1,5 +1,5 @@
-"""Where the shards and their sample counts come from: a source (an s3 prefix of ``*.tar``, a
-list of URIs, or a WebDataset brace pattern) and a wids-style JSON shard list, which
+"""Where the shards and their sample counts come from: a source (an s3 prefix of ``*.tar`` and
+gzip-compressed ``*.tar.gz``/``*.tgz``, a list of URIs, or a WebDataset brace pattern) and a wids-style JSON shard list, which
 ``s5loader index-shards`` builds by reading each shard's tar headers.
 
 The shard list is webdataset's indexed format (``wids``)::
@@ -7,7 +7,9 @@ The shard list is webdataset's indexed format (``wids``)::
     {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": ...,
      "shardlist": [{"url": "shard-000000.tar", "nsamples": 1000, "filesize": 10485760}, ...]}
 
-A ``url`` is an s3 URI or a path relative to the folder that holds the index.
+A ``url`` is an s3 URI or a path relative to the folder that holds the index. A compressed
+shard's entry also gives ``"tarsize"``, the size of its tar (s5loader's own key: staging the
+shard takes both).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any, NamedTuple
 from .._index.listing import list_prefix, stat_objects
 from .._s3api.client import s3_client
 from .._s3api.errors import boto3_error
-from .._util.uri import COMPRESSED_TAR, as_folder, parse_s3_uri
+from .._util.uri import COMPRESSED_TAR, GZIP_TAR, SHARD_SUFFIXES, as_folder, parse_s3_uri
 from ..config import Access
 from ..exceptions import (
     ConfigError,
@@ -46,12 +48,20 @@ _RANGE = re.compile(r"(-?\d+)\.\.(-?\d+)")
 
 
 class Shard(NamedTuple):
-    """One shard: its URI, size, ETag and number of samples."""
+    """One shard: its URI, size, ETag and number of samples; for a gzip-compressed shard
+    (``.tar.gz``, ``.tgz``) also the size of its tar (``tarsize``, 0 for a plain tar)."""
 
     uri: str
     size: int
     etag: str
     nsamples: int
+    tarsize: int = 0
+
+    @property
+    def disk(self) -> int:
+        """The most bytes the shard takes when staged: a compressed shard and its tar lie
+        side by side while it is decompressed."""
+        return self.size + self.tarsize
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -78,12 +88,13 @@ def expand_braces(pattern: str) -> list[str]:
 
 
 def _refuse_compressed(uri: str) -> None:
-    """A compressed shard is named as such before anything else is said about it (its index,
-    its listing): no later step could read it."""
-    if uri.endswith(COMPRESSED_TAR):
+    """A shard compressed other than with gzip is named as such before anything else is said
+    about it (its index, its listing): no later step could read it."""
+    if uri.endswith(COMPRESSED_TAR) and not uri.endswith(GZIP_TAR):
         raise ShardError(
-            f"{uri} is a compressed tar shard; s5loader reads uncompressed .tar shards only: "
-            f"decompress it (gunzip, zstd -d, ...) into a .tar, then run s5loader index-shards on those"
+            f"{uri} is a compressed tar shard that s5loader cannot read; it reads .tar and "
+            f"gzip-compressed .tar.gz/.tgz shards: decompress it (zstd -d, xz -d, ...) into a "
+            f".tar or recompress it with gzip, then run s5loader index-shards on those"
         )
 
 
@@ -95,7 +106,7 @@ def resolve(source: str | Sequence[str], access: Access | str | None) -> tuple[l
     """The shards a source names, with sizes and ETags, and the folder for its default index.
 
     Args:
-        source: ``s3://b/train/`` (every ``*.tar`` below it, in key order), a brace pattern
+        source: ``s3://b/train/`` (every ``*.tar``, ``*.tar.gz`` and ``*.tgz`` below it, in key order), a brace pattern
             (``s3://b/train/shard-{000000..000999}.tar``, in pattern order), one shard URI,
             or a list of shard URIs (in list order).
 
@@ -130,7 +141,7 @@ def resolve(source: str | Sequence[str], access: Access | str | None) -> tuple[l
                 f"{missing[0]}: no such shard ({len(missing)} of the {len(uris)} shards {source} names are missing)"
             )
         return [found[u] for u in uris], _folder(literal)
-    if source.endswith(".tar"):
+    if source.endswith(SHARD_SUFFIXES):
         return stat_objects([source], access), _folder(source)
     given, source = source, as_folder(source)  # a prefix names a folder, never its siblings
     try:
@@ -142,15 +153,15 @@ def resolve(source: str | Sequence[str], access: Access | str | None) -> tuple[l
                 "shards, a brace pattern of them, or their folder"
             ) from None
         raise
-    objects = sorted((o for o in listed if o.key.endswith(".tar")), key=lambda o: o.key)
+    objects = sorted((o for o in listed if o.key.endswith(SHARD_SUFFIXES)), key=lambda o: o.key)
     if not objects:
         packed = [o.uri for o in listed if o.key.endswith(COMPRESSED_TAR)]
         if packed:
             raise EmptySourceError(
-                f"no *.tar shard under {source}, only compressed ones such as {packed[0]}; "
-                f"s5loader reads uncompressed tar shards"
+                f"no *.tar or *.tar.gz shard under {source}, only other compressed ones such as "
+                f"{packed[0]}; s5loader reads .tar and gzip-compressed .tar.gz/.tgz shards"
             )
-        raise EmptySourceError(f"no *.tar shard under {source}")
+        raise EmptySourceError(f"no *.tar or *.tar.gz shard under {source}")
     return objects, _folder(source)
 
 
@@ -170,6 +181,13 @@ def parse_index(data: bytes, where: str) -> dict[str, int]:
     Raises:
         ShardIndexError: not JSON, no ``shardlist``, or a bad entry (named by position).
     """
+    return {uri: n for uri, (n, _) in parse_entries(data, where).items()}
+
+
+def parse_entries(data: bytes, where: str) -> dict[str, tuple[int, int]]:
+    """``{shard URI: (nsamples, tarsize)}`` from a wids JSON shard list, as :func:`parse_index`;
+    ``tarsize`` (s5loader's own key: the decompressed size of a compressed shard) is 0 where
+    an entry has none."""
     try:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -185,7 +203,7 @@ def parse_index(data: bytes, where: str) -> dict[str, int]:
         # widsindex's "base": the folder relative URLs are below (an s3 URL, or relative to
         # the index); a base of another scheme names where someone else keeps a copy
         base = _join(base, extra.rstrip("/") + "/", where, "base")
-    out: dict[str, int] = {}
+    out: dict[str, tuple[int, int]] = {}
     for i, entry in enumerate(doc["shardlist"]):
         url = entry.get("url") if isinstance(entry, dict) else None
         n = entry.get("nsamples") if isinstance(entry, dict) else None
@@ -193,7 +211,10 @@ def parse_index(data: bytes, where: str) -> dict[str, int]:
             raise ShardIndexError(
                 f"the shard index {where}: entry {i} needs a 'url' string and an int 'nsamples' >= 0, got {entry!r}"
             )
-        out[_join(base, url, where, f"entry {i}")] = n
+        t = entry.get("tarsize", 0)
+        if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+            raise ShardIndexError(f"the shard index {where}: entry {i} has a 'tarsize' that is not an int >= 0: {t!r}")
+        out[_join(base, url, where, f"entry {i}")] = (n, t)
     return out
 
 
@@ -228,17 +249,21 @@ def format_index(shards: Sequence[Shard], index_uri: str, name: str = "") -> byt
     entries = []
     for s in shards:
         url = s.uri[len(base) :] if base and s.uri.startswith(base) else s.uri
-        entries.append({"url": url, "nsamples": s.nsamples, "filesize": s.size})
+        entry: dict[str, Any] = {"url": url, "nsamples": s.nsamples, "filesize": s.size}
+        if s.tarsize:
+            entry["tarsize"] = s.tarsize  # a compressed shard's tar: what staging it takes beside it
+        entries.append(entry)
     doc = {"__kind__": WIDS_KIND, "wids_version": 1, "name": name, "shardlist": entries}
     return (json.dumps(doc, indent=1) + "\n").encode()
 
 
-def read_index(where: str, access: Access | str | None) -> dict[str, int] | None:
-    """The shard list at an s3 URI or a local path; None when there is none."""
+def read_index(where: str, access: Access | str | None) -> dict[str, tuple[int, int]] | None:
+    """The shard list at an s3 URI or a local path (as :func:`parse_entries`); None when
+    there is none."""
     if not where.startswith("s3://"):
         try:
             with open(where, "rb") as fh:
-                return parse_index(fh.read(), where)
+                return parse_entries(fh.read(), where)
         except FileNotFoundError:
             return None
     u = parse_s3_uri(where)
@@ -249,7 +274,7 @@ def read_index(where: str, access: Access | str | None) -> dict[str, int] | None
         if isinstance(err, ObjectNotFoundError):
             return None
         raise err from exc
-    return parse_index(body, where)
+    return parse_entries(body, where)
 
 
 def write_index(data: bytes, where: str, access: Access | str | None) -> None:
@@ -284,7 +309,13 @@ def load_shards(
     for o in objects:
         if o.uri not in counts:
             raise ShardIndexError(f"the shard index {where} does not list {o.uri}: {hint}")
-        shards.append(Shard(o.uri, o.size, o.etag, counts[o.uri]))
+        n, tarsize = counts[o.uri]
+        if o.uri.endswith(GZIP_TAR) and not tarsize and n:
+            raise ShardIndexError(
+                f"{o.uri} is a gzip-compressed shard, and the shard index {where} does not give "
+                f"the size of its tar (the 'tarsize' that staging it needs): {hint}"
+            )
+        shards.append(Shard(o.uri, o.size, o.etag, n, tarsize))
     return shards, where
 
 
@@ -305,9 +336,10 @@ class _Body:
         return bytes(self._body.read(n if n is not None and n >= 0 else None))
 
 
-def count_samples(obj: ObjectInfo, access: Access | str | None, client: Any = None) -> int:
+def count_samples(obj: ObjectInfo, access: Access | str | None, client: Any = None) -> tuple[int, int]:
     """The number of samples in one shard, read with one streamed GET (headers are parsed,
-    data is skipped as it streams by; memory stays small).
+    data is skipped as it streams by; memory stays small), and for a gzip-compressed shard
+    the size of its tar (else 0).
 
     Raises:
         ShardError, UnsafeArchiveError: the shard is not a readable tar (names it and the member).
@@ -319,7 +351,10 @@ def count_samples(obj: ObjectInfo, access: Access | str | None, client: Any = No
     except Exception as exc:
         raise boto3_error(exc, obj.uri) from exc
     try:
-        return len(_tar.scan(_Body(body), obj.size, obj.uri, stream=True))
+        if _tar.is_gzip(obj.uri):
+            samples, tarsize = _tar.scan_gzip(_Body(body), obj.uri)
+            return len(samples), tarsize
+        return len(_tar.scan(_Body(body), obj.size, obj.uri, stream=True)), 0
     finally:
         body.close()
 
@@ -345,9 +380,9 @@ def build_index(
     where = output or folder + DEFAULT_INDEX
     client = s3_client(access)
     done = nbytes = 0
-    counts: list[int] = []
+    counts: list[tuple[int, int]] = []
 
-    def one(o: ObjectInfo) -> int:
+    def one(o: ObjectInfo) -> tuple[int, int]:
         return count_samples(o, access, client)
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -357,8 +392,8 @@ def build_index(
             nbytes += o.size
             if progress is not None:
                 progress(done, len(objects), nbytes)
-    shards = [Shard(o.uri, o.size, o.etag, n) for o, n in zip(objects, counts, strict=True)]
+    shards = [Shard(o.uri, o.size, o.etag, n, t) for o, (n, t) in zip(objects, counts, strict=True)]
     name = source if isinstance(source, str) else folder
     write_index(format_index(shards, where, name), where, access)
-    log.info("indexed %d shards (%d samples) of %s into %s", len(shards), sum(counts), name, where)
+    log.info("indexed %d shards (%d samples) of %s into %s", len(shards), sum(s.nsamples for s in shards), name, where)
     return where, shards

@@ -68,7 +68,7 @@ class ShardPass:
     def peak_bytes(self) -> tuple[int, int]:
         """The most bytes of shards that must be staged at once (a shard stays from its
         visit's first sample to its last), and the position where that peak is reached."""
-        sizes = [self.shards[s].size for s in self.shard_of_visit]
+        sizes = [self.shards[s].disk for s in self.shard_of_visit]  # compressed: with its tar
         ends: dict[int, int] = {}
         for v, last in enumerate(self.last):
             ends[last] = ends.get(last, 0) + sizes[v]
@@ -125,7 +125,10 @@ class ShardPass:
                 pass
         uri = self.shards[s].uri
         try:
-            members = _tar.scan_file(layout.path(s, self.dataset.samples[s], 0), uri)
+            path = layout.path(s, self.dataset.samples[s], 0)
+            if _tar.is_gzip(uri):
+                _tar.gunzip_file(path, uri)  # read by offset: the tar replaces it, within its DISK
+            members = _tar.scan_file(path, uri)
             self.shards.check_members(s, members)
             layout.open_shard(s, _tar.dumps(members), [] if self.keep else self.needed[v])
         except S5LoaderError as exc:

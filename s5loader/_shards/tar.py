@@ -11,13 +11,18 @@ are read by offset, and a name with a ``..`` component or an absolute path is re
 
 from __future__ import annotations
 
+import contextlib
+import gzip
 import io
 import json
 import os
+import shutil
 import tarfile
+import zlib
 from collections.abc import Sequence
 from typing import IO, Any, NamedTuple
 
+from .._util.uri import GZIP_TAR
 from ..exceptions import ShardError, UnsafeArchiveError
 
 
@@ -51,13 +56,14 @@ def _check_name(name: str, uri: str) -> None:
         raise UnsafeArchiveError(f"{uri}: member {name!r} has an absolute path or a '..' component; refused")
 
 
-def scan(fileobj: Any, size: int, uri: str, stream: bool = False) -> list[TarSample]:
+def scan(fileobj: Any, size: int | None, uri: str, stream: bool = False) -> list[TarSample]:
     """Read the member headers of a tar and group its members into samples.
 
     Args:
         fileobj: the tar, seekable (data is skipped, never read), or with ``stream`` any
             file object with ``read`` (data is read and dropped as it streams by).
-        size: its size in bytes, to tell a truncated tar.
+        size: its size in bytes, to tell a truncated tar; ``None`` with ``stream`` when
+            unknown (a decompressed stream: its end is where the stream ends).
         uri: the shard's s3 URI, for messages.
 
     Raises:
@@ -80,9 +86,10 @@ def scan(fileobj: Any, size: int, uri: str, stream: bool = False) -> list[TarSam
     except tarfile.TarError as exc:
         kind = _compression(head)
         if kind:
+            fix = "name it .tar.gz or .tgz, which s5loader decompresses" if kind == "gzip" else "decompress it"
             raise ShardError(
-                f"{uri} is {kind} compressed; s5loader reads uncompressed tar shards (write them "
-                f"without compression, or decompress them)"
+                f"{uri} is {kind} compressed, but named as an uncompressed tar: {fix} (s5loader reads "
+                f".tar and gzip-compressed .tar.gz/.tgz shards)"
             ) from exc
         raise ShardError(f"{uri} is not a tar file ({exc})") from exc
     try:
@@ -97,7 +104,7 @@ def scan(fileobj: Any, size: int, uri: str, stream: bool = False) -> list[TarSam
             _check_name(info.name, uri)
             if info.issparse():  # its data is not stored in one piece: offsets would lie
                 raise ShardError(f"{uri}: member {info.name!r} is a GNU sparse file; write shards without --sparse")
-            if info.offset_data + info.size > size:
+            if size is not None and info.offset_data + info.size > size:
                 raise ShardError(
                     f"{uri}: member {info.name!r} is truncated ({info.size} bytes at offset "
                     f"{info.offset_data}, the shard has {size})"
@@ -159,7 +166,7 @@ class Tail:
         return data
 
 
-def _check_end(fileobj: Any, end: int, size: int, stream: bool, last: str, uri: str) -> None:
+def _check_end(fileobj: Any, end: int, size: int | None, stream: bool, last: str, uri: str) -> None:
     # What follows the last member must be the end-of-archive blocks (zeros): anything else
     # is a tar cut short in a header, or garbage that tarfile took for the end.
     if stream:
@@ -180,7 +187,7 @@ def _check_end(fileobj: Any, end: int, size: int, stream: bool, last: str, uri: 
         fileobj.seek(end)
         rest = fileobj.read()
         total = end + len(rest)
-    if total != size:
+    if size is not None and total != size:
         raise ShardError(f"{uri}: {total} bytes read, {size} expected")
     if len(rest) < 512 or rest.count(0) != len(rest):
         raise ShardError(
@@ -193,6 +200,68 @@ def scan_file(path: str, uri: str) -> list[TarSample]:
     """:func:`scan` of a staged shard."""
     with open(path, "rb") as fh:
         return scan(fh, os.fstat(fh.fileno()).st_size, uri)
+
+
+def is_gzip(uri: str) -> bool:
+    """Whether a shard is named as a gzip-compressed tar (``.tar.gz``, ``.tgz``)."""
+    return uri.endswith(GZIP_TAR)
+
+
+class _Counted:
+    """A file object that counts the bytes read through it."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self.raw = raw
+        self.n = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        self.n += len(data)
+        return data
+
+
+def _bad_gzip(uri: str, exc: BaseException) -> ShardError:
+    return ShardError(f"{uri} is a gzip-compressed shard that does not decompress: not gzip, damaged or cut short ({exc})")
+
+
+def scan_gzip(fileobj: Any, uri: str) -> tuple[list[TarSample], int]:
+    """:func:`scan` of a gzip-compressed tar read as a stream: its samples (offsets in the
+    decompressed tar) and the decompressed size.
+
+    Raises:
+        ShardError: not gzip, damaged or cut short, or as :func:`scan`.
+    """
+    counted = _Counted(gzip.GzipFile(fileobj=fileobj, mode="rb"))  # type: ignore[arg-type]
+    try:
+        samples = scan(counted, None, uri, stream=True)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise _bad_gzip(uri, exc) from exc
+    except ShardError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, (OSError, EOFError, zlib.error)):  # the gzip stream, not the tar in it
+            raise _bad_gzip(uri, cause) from exc
+        raise
+    return samples, counted.n
+
+
+def gunzip_file(path: str, uri: str) -> None:
+    """Replace a staged gzip-compressed shard by its tar (written beside it, then renamed over
+    it), so that its samples can be read by offset.
+
+    Raises:
+        ShardError: not gzip, damaged or cut short (the partial tar is removed).
+    """
+    part = path + ".tar.part"
+    try:
+        with gzip.open(path, "rb") as src, open(part, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+    except (OSError, EOFError, zlib.error) as exc:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(part)
+        if isinstance(exc, OSError) and exc.errno is not None:
+            raise  # the disk, not the shard: ENOSPC and the like
+        raise _bad_gzip(uri, exc) from exc
+    os.replace(part, path)
 
 
 def scan_bytes(data: bytes, uri: str) -> list[TarSample]:

@@ -74,6 +74,10 @@ def as_folder(uri: str) -> str:
 
 
 COMPRESSED_TAR = (".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst")
+#: The compressed shards s5loader reads (gzip); the rest of COMPRESSED_TAR it names and refuses.
+GZIP_TAR = (".tar.gz", ".tgz")
+#: The names of the tar shards s5loader reads.
+SHARD_SUFFIXES = (".tar", *GZIP_TAR)
 
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?i?B?)\s*$", re.IGNORECASE)

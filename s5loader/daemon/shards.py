@@ -84,14 +84,18 @@ class ShardDeliveries(Sequence[Sample]):
         Raises:
             BudgetError: the budget does not hold two of the largest shard.
         """
-        big = max(self.shards, key=lambda s: s.size)
-        if 2 * big.size > budget:
+        # a shard staged (its tar beside it, when compressed) and the samples unpacked from it
+        big = max(self.shards, key=lambda s: s.disk + (s.tarsize or s.size))
+        unpacked = big.tarsize or big.size
+        if big.disk + unpacked > budget:
             raise BudgetError(
                 f"--budget {format_size(budget)} is too small for the shard {big.uri} "
-                f"({format_size(big.size)}): a shard and its unpacked samples are in the cache at "
-                f"once, so the budget must hold twice the largest shard; raise --budget"
+                f"({format_size(big.size)}{', ' + format_size(big.tarsize) + ' decompressed' if big.tarsize else ''}): "
+                f"a shard and its unpacked samples are in the cache at once, so the budget must "
+                f"hold {format_size(big.disk + unpacked)} (twice the largest shard"
+                f"{', its tar counted twice' if big.tarsize else ''}); raise --budget"
             )
-        return budget - big.size
+        return budget - unpacked
 
 
 class _Visits(Sequence[Sample]):
@@ -135,6 +139,8 @@ class Unpacker:
         s = self.d.visit_shard[v]
         uri = self.d.shards[s].uri
         try:
+            if _tar.is_gzip(uri):
+                _tar.gunzip_file(self.shard_path(v), uri)
             members = _tar.scan_file(self.shard_path(v), uri)
             self.d.shards.check_members(s, members)
         except S5LoaderError as exc:

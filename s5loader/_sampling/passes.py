@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 from .._index.blocks import BlockPlan
@@ -68,11 +69,12 @@ class StagingPasses:
             order if shards is None else shards.engine_order,
             where,
             self.s5cmd,
-            options,
+            options if shards is None else replace(options, samples_per_call=shards.calls(options.samples_per_call)),
             kept=self.kept if keep else None,
             access=self.dataset.access,
             layout=self.layout,
             windows=windows if shards is None else None,  # over shards the engine stages shard visits
+            first_call=32 if shards is None else 1,
         ).start()
         self.active = stager
         position.yielded = 0

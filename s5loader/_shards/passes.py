@@ -101,6 +101,13 @@ class ShardPass:
             f"{format_size(peak)}, more than the budget of {format_size(budget)}: {how}"
         )
 
+    def calls(self, samples_per_call: int) -> int:
+        """The shards a full call stages: about ``samples_per_call`` samples' worth, at least
+        one. The engine's first call takes one shard and the next ones twice as many, so the
+        first batch waits for one shard, not for a call of them sharing the link."""
+        per_shard = max(1.0, len(self.visit_of) / max(1, len(self.shard_of_visit)))
+        return max(1, round(samples_per_call / per_shard))
+
     def take(self, pos: int, stager: Stager) -> bool:
         """Whether the sample at ``pos`` can be yielded: waits for its shard to be staged and
         opens it on first use. False for a sample of a shard that was skipped."""

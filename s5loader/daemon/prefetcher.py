@@ -165,13 +165,16 @@ class PrefetchDaemon:
         else:
             # The engine stages visits of shards (indices >= 0); a delivered sample is held
             # under -(seq + 1) until the consumer deletes its folder.
-            options = replace(options, budget=sh.check_budget(self.opts.budget))
+            # samples_per_call in shards, the first call one shard (see ShardPass.calls)
+            per_shard = max(1.0, len(sh) / max(1, len(sh.visits)))
+            options = replace(options, budget=sh.check_budget(self.opts.budget),
+                              samples_per_call=max(1, round(options.samples_per_call / per_shard)))
             area, ledger = self._area, self._ledger
             self._start = sh.visit_of(self._state.delivered) if self._state.delivered < len(sh) else len(sh.visits)
             self._stager = Stager(
                 sh.visits, range(self._start, len(sh.visits)), area, s5, options,
                 is_released=lambda k: ledger.is_released(-k - 1) if k < 0 else not os.path.isdir(area.sample_dir(k)),
-                access=self.opts.store,
+                access=self.opts.store, first_call=1,
             )
             self._unpacker = Unpacker(sh, area.path, self.opts.on_error)
             for seq, size in self._ledger.items():

@@ -54,7 +54,8 @@ class Stager:
     (:meth:`StagingLayout.release <s5loader.staging.layout.StagingLayout.release>`: delete its
     folder, then announce the index on the pass's FIFO); :meth:`yielded` tells the engine which
     samples a consumer holds. With ``is_released`` (the prefetch daemon's ledger) the engine
-    asks that instead, and polls.
+    asks that instead, and polls. The first call takes ``first_call`` units of the order, each
+    next one twice as many, up to ``samples_per_call`` (over shards a unit is a shard: 1).
     """
 
     def __init__(
@@ -70,6 +71,7 @@ class Stager:
         access: Access | str | None = None,
         layout: BlockPlan | None = None,
         windows: Sequence[int] | None = None,
+        first_call: int = 32,
     ) -> None:
         self.samples = samples
         self.order = order
@@ -81,6 +83,7 @@ class Stager:
         self.access = access
         self.layout = layout
         self.windows = list(windows or ())
+        self.first_call = max(1, first_call)
         self.stats = Stats(samples=len(order))
         self.ready = Readiness(len(order), self.stats)
         self._cond = self.ready.cond  # the engine's one lock
@@ -199,9 +202,9 @@ class Stager:
 
     def _schedule(self) -> None:
         order, samples, budget = self.order, self.samples, self.budget
-        # The first calls are small (32, 64, 128, ... samples) so the first batch does not
-        # wait for a whole call of samples_per_call to come in.
-        spc = min(self.opts.samples_per_call, 32 << min(self.stats.calls, 20))
+        # The first calls are small (first_call, then twice, four times as many units...) so
+        # the first batch does not wait for a whole call of samples_per_call to come in.
+        spc = min(self.opts.samples_per_call, self.first_call << min(self.stats.calls, 20))
         while len(self.calls) < self.opts.calls_in_flight:
             retried = self.retries.take_due(time.monotonic(), spc)
             pick = pick_call(order, samples, budget, self._next, spc, retried, self.windows, self.kept, self.ready.mark)

@@ -1046,3 +1046,64 @@ def test_the_daemon_unpacks_gzip_shards_within_a_budget_that_counts_their_tar(se
         capture_output=True, text=True, timeout=120,
     )
     assert r.returncode != 0 and "decompressed" in r.stderr and "raise --budget" in r.stderr, r.stderr[-2000:]
+
+
+def test_the_first_shard_of_a_pass_is_read_while_it_downloads(seaweed: Store, staging_root: str) -> None:
+    import threading
+
+    from support.faults import FaultProxy, Rule
+
+    shards, expected = make_shards(3, 60, size=4000)
+    source = put_indexed(seaweed, shards)
+    # The first shard's body stops half way until released: its first samples must come anyway
+    # (the loader asks for 16 indices ahead, in the first half).
+    proxy = FaultProxy(seaweed.endpoint, rules=[Rule("shard-000.tar", "half")])
+    guard = threading.Timer(30, proxy.release.set)  # never hang: a shard read whole waits for this
+    guard.start()
+    try:
+        ds = S5Dataset.from_shards(source, endpoint_url=proxy.endpoint)
+        with S5Sampler(ds, shuffle=False, budget=4 * max(map(len, shards.values())), staging_dir=staging_root) as sampler:
+            got, first_while_held = [], None
+            for batch in DataLoader(ds, sampler=sampler, batch_size=4, num_workers=2, collate_fn=lambda b: b):
+                if first_while_held is None:
+                    first_while_held = not proxy.release.is_set()
+                    proxy.release.set()
+                got += batch
+            assert leftovers(sampler.staging_dir) == []
+            assert sampler.stats is not None and sampler.stats.staged_samples == 3
+        gets = [(m, p, h) for m, p, h in proxy.requests if "shard-000.tar" in p]
+    finally:
+        guard.cancel()
+        proxy.close()
+    assert first_while_held is True  # the first batch came while half the shard was still held
+    assert [x["__key__"] for x in got] == sorted(expected)  # each sample once, in order
+    assert all({k: v for k, v in x.items() if k != "__key__"} == expected[x["__key__"]] for x in got)
+    assert [m for m, _, _ in gets] == ["GET"]  # one streamed GET, no HEAD, no second copy
+
+
+def test_a_streamed_first_shard_resumes_a_broken_download_and_checks_what_it_reads(moto: Store, staging_root: str) -> None:
+    from support.faults import FaultProxy, Rule
+
+    shards, expected = make_shards(2, 10, size=3000)
+    source = put_indexed(moto, shards)
+    proxy = FaultProxy(moto.endpoint, rules=[Rule("shard-000.tar", "truncate", times=1)])
+    try:
+        ds = S5Dataset.from_shards(source, endpoint_url=proxy.endpoint)
+        with S5Sampler(ds, shuffle=False, budget=1 << 20, staging_dir=staging_root, verify=True) as sampler:
+            got = load_all(ds, sampler)
+        ranged = [h.get("range") for m, p, h in proxy.requests if "shard-000.tar" in p and m == "GET"]
+    finally:
+        proxy.close()
+    assert sorted(x["__key__"] for x in got) == sorted(expected)
+    assert all({k: v for k, v in x.items() if k != "__key__"} == expected[x["__key__"]] for x in got)
+    assert len(ranged) == 2 and ranged[0] is None and ranged[1] is not None and ranged[1].startswith("bytes=")
+    # a first shard that is not what its index says: an error naming it, as for a staged shard
+    proxy = FaultProxy(moto.endpoint, rules=[Rule("shard-000.tar", "corrupt")])
+    try:
+        ds = S5Dataset.from_shards(source, endpoint_url=proxy.endpoint)
+        with S5Sampler(ds, shuffle=False, budget=1 << 20, staging_dir=staging_root, verify=True) as sampler:
+            with pytest.raises(ShardError, match=r"s3://.*shard-000\.tar"):
+                load_all(ds, sampler, workers=0)
+            assert leftovers(sampler.staging_dir) == []
+    finally:
+        proxy.close()

@@ -70,12 +70,15 @@ class StagingPasses:
             where,
             self.s5cmd,
             options if shards is None else replace(options, samples_per_call=shards.calls(options.samples_per_call)),
-            kept=self.kept if keep else None,
+            kept=self.kept if keep else (shards.kept if shards is not None else None),
             access=self.dataset.access,
             layout=self.layout,
             windows=windows if shards is None else None,  # over shards the engine stages shard visits
             first_call=32 if shards is None else 1,
-        ).start()
+        )
+        if shards is not None:
+            shards.start(stager, options.verify, options.retries)
+        stager.start()
         self.active = stager
         position.yielded = 0
         position.pass_len = len(order)
@@ -96,8 +99,12 @@ class StagingPasses:
                     yield StagedIndex(idx, where.path, keep)
                 else:
                     position.yielded += 1  # a skipped sample still counts as consumed
+            if shards is not None:
+                shards.finish(stager)
             finished = True
         finally:
+            if shards is not None:
+                shards.close()
             superseded = self.active is not stager  # a newer pass owns the sampler now
             stager.close()
             if not superseded:

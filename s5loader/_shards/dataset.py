@@ -157,7 +157,10 @@ class ShardSet(Sequence[Shard]):
         self, layout: StagingLayout, s: int, j: int, keep: bool, unit: Sample
     ) -> dict[str, Any] | None:
         table = self._table(layout, s)
-        if table is None:
+        if table is not None and j >= len(table):  # a shard read while it downloads: look again
+            self._tables.pop((layout.folder, s), None)
+            table = self._table(layout, s)
+        if table is None or j >= len(table):
             return None
         sample = table[j]
         try:

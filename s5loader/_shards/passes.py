@@ -19,6 +19,7 @@ from ..dataset import S5Dataset
 from ..exceptions import BudgetError, S5LoaderError
 from ..staging.layout import StagingLayout
 from . import tar as _tar
+from .stream import ShardStream
 
 if TYPE_CHECKING:
     from ..engine import Stager
@@ -59,6 +60,62 @@ class ShardPass:
             self.last[v] = pos
             self.visit_of.append(v)
         self.state = bytearray(len(self.shard_of_visit))
+        self.order = order
+        self.stream: ShardStream | None = None
+        # The first shard of the pass is read while it downloads (see _shards/stream.py) when
+        # it is a plain tar that the pass visits once and does not keep.
+        first = self.shard_of_visit[0] if self.shard_of_visit else -1
+        self.streamed = (
+            0 if first >= 0 and not keep and self.shard_of_visit.count(first) == 1 and not _tar.is_gzip(self.shards[first].uri)
+            else None
+        )
+
+    @property
+    def kept(self) -> set[int]:
+        """The shards the engine must not stage: the one read while it downloads."""
+        return {self.shard_of_visit[0]} if self.streamed is not None else set()
+
+    def start(self, stager: Stager, verify: bool, retries: int) -> None:
+        """Start reading the first shard while it downloads (if it is), its bytes held in the
+        budget of ``stager`` from now until the pass releases it."""
+        if self.streamed is None:
+            return
+        s = self.shard_of_visit[self.streamed]
+        stager.hold(s, self.shards[s].disk)
+        path = self.layout.path(s, self.dataset.samples[s], 0)
+        self.stream = ShardStream(
+            self.layout, self.shards, s, path, self.needed[self.streamed], self.dataset.access,
+            verify=verify, retries=retries,
+        ).start()
+
+    def finish(self, stager: Stager) -> None:
+        """The pass read its last sample: an error the streamed shard found at its end (after
+        its samples) is raised now, or under ``on_error="skip"`` logged and counted."""
+        stream = self.stream
+        if stream is None:
+            return
+        stream.join()
+        if stream.error is not None:
+            self._stream_failed(stream, stream.error, stager)
+        else:
+            with stager.ready.cond:  # staged like any other shard, by another way
+                stager.stats.staged_samples += 1
+                stager.stats.staged_bytes += stream.shard.size
+
+    def close(self) -> None:
+        """Stop a download still running. Safe to call twice."""
+        if self.stream is not None:
+            self.stream.close()
+
+    def _stream_failed(self, stream: ShardStream, exc: S5LoaderError, stager: Stager) -> None:
+        if self.on_error != "skip":
+            self.layout.drop_shard(stream.index)
+            raise exc
+        if stream.shard.uri not in stager.stats.skip_errors:
+            log.warning("skipping the unread samples of %s: %s", stream.shard.uri, exc)
+            stager.stats.skipped.append(stream.shard.uri)
+            stager.stats.skip_errors[stream.shard.uri] = exc
+            self.layout.drop_shard(stream.index)
 
     @property
     def engine_order(self) -> list[int]:
@@ -112,6 +169,16 @@ class ShardPass:
         """Whether the sample at ``pos`` can be yielded: waits for its shard to be staged and
         opens it on first use. False for a sample of a shard that was skipped."""
         v = self.visit_of[pos]
+        if v == self.streamed and self.stream is not None:
+            if self.state[v] == _UNOPENED:
+                self.state[v] = _OPEN
+            if self.state[v] == _OPEN:
+                try:
+                    self.stream.wait(self.shards.locate(self.order[pos])[1])
+                except S5LoaderError as exc:
+                    self.state[v] = _SKIPPED
+                    self._stream_failed(self.stream, exc, stager)
+            return self.state[v] == _OPEN
         if self.state[v] == _UNOPENED:
             ok = stager.wait(v)
             if ok:

@@ -19,7 +19,7 @@ import os
 import shutil
 import tarfile
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import IO, Any, NamedTuple
 
 from .._util.uri import GZIP_TAR
@@ -57,7 +57,14 @@ def _check_name(name: str, uri: str) -> None:
 
 
 def scan(fileobj: Any, size: int | None, uri: str, stream: bool = False) -> list[TarSample]:
-    """Read the member headers of a tar and group its members into samples.
+    """Read the member headers of a tar and group its members into samples (the samples of
+    :func:`iter_scan`, once the whole tar was checked)."""
+    return list(iter_scan(fileobj, size, uri, stream))
+
+
+def iter_scan(fileobj: Any, size: int | None, uri: str, stream: bool = False) -> Iterator[TarSample]:
+    """Read the member headers of a tar and group its members into samples, giving each
+    sample once the header that follows it was read (so, streamed, its bytes went by).
 
     Args:
         fileobj: the tar, seekable (data is skipped, never read), or with ``stream`` any
@@ -71,7 +78,6 @@ def scan(fileobj: Any, size: int | None, uri: str, stream: bool = False) -> list
             sample (the message names the shard and the member).
         UnsafeArchiveError: a member name with ``..`` or an absolute path.
     """
-    samples: list[TarSample] = []
     key: str | None = None
     members: list[Member] = []
     last = ""
@@ -117,7 +123,7 @@ def scan(fileobj: Any, size: int | None, uri: str, stream: bool = False) -> list
             k, f = parts
             if k != key:
                 if key is not None:
-                    samples.append(TarSample(key, tuple(members)))
+                    yield TarSample(key, tuple(members))
                 key, members = k, []
             if any(m.field == f for m in members):
                 raise ShardError(f"{uri}: member {info.name!r}: field {f!r} twice in sample {k!r}")
@@ -127,8 +133,7 @@ def scan(fileobj: Any, size: int | None, uri: str, stream: bool = False) -> list
         tar.close()
     _check_end(fileobj, end, size, stream, last, uri)
     if key is not None:
-        samples.append(TarSample(key, tuple(members)))
-    return samples
+        yield TarSample(key, tuple(members))
 
 
 _MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ": "xz", b"\x28\xb5\x2f\xfd": "zstd"}

@@ -126,13 +126,22 @@ class StagingLayout:
     def open_shard(self, shard: int, table: bytes, needed: Sequence[int]) -> None:
         """Write a staged shard's member table and one claim per sample of it the pass needs
         (``needed``: positions in the shard); with no claims the shard is kept."""
-        folder = self.sample_dir(shard)
-        tmp = f"{folder}/{MEMBERS}.tmp"
+        self.write_shard_table(shard, table)
+        self.claim_shard(shard, needed)
+
+    def write_shard_table(self, shard: int, table: bytes) -> None:
+        """Write (or replace, whole) a shard's member table. A shard read while it downloads
+        gets a longer table as its samples come in; readers look again for a sample past the
+        end of the table they have."""
+        tmp = f"{self.sample_dir(shard)}/{MEMBERS}.tmp"
         with open(tmp, "wb") as fh:
             fh.write(table)
         os.replace(tmp, self.shard_table(shard))
+
+    def claim_shard(self, shard: int, needed: Sequence[int]) -> None:
+        """One claim per sample of ``shard`` the pass needs; with none the shard is kept."""
         if needed:
-            need = f"{folder}/{NEED}"
+            need = f"{self.sample_dir(shard)}/{NEED}"
             os.mkdir(need)
             for j in needed:
                 os.close(os.open(f"{need}/{int(j)}", os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600))

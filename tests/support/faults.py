@@ -25,7 +25,7 @@ class Rule:
     """Apply ``action`` to the next ``times`` requests whose path contains ``match``."""
 
     match: str
-    action: str  # 503 | 500 | 403 | badkey | truncate | corrupt | drop | hold | trickle
+    action: str  # 503 | 500 | 403 | badkey | truncate | corrupt | drop | hold | trickle | half
     times: int = 1_000_000
     method: str = "GET"
     hits: int = 0
@@ -35,7 +35,8 @@ class Rule:
 class FaultProxy:
     """``hold`` answers nothing until :attr:`release` is set, then passes the request on;
     :attr:`held` records (method, path) of each request it held. ``trickle`` sends a body one
-    byte every 50 ms until :attr:`release` is set, then the rest at once."""
+    byte every 50 ms until :attr:`release` is set, then the rest at once; ``half`` sends the first
+    half of a body, then the rest once :attr:`release` is set."""
 
     upstream: str
     rules: list[Rule] = field(default_factory=list)
@@ -105,6 +106,11 @@ class FaultProxy:
                     return
                 if action == "corrupt" and data:
                     data = bytes([data[0] ^ 0xFF]) + data[1:]
+                if action == "half":  # the first half of the body, the rest once released
+                    self.wfile.write(data[: len(data) // 2])
+                    self.wfile.flush()
+                    proxy.release.wait()
+                    data = data[len(data) // 2 :]
                 if action == "trickle":
                     sent = 0
                     while sent < len(data) - 1 and not proxy.release.wait(0.05):

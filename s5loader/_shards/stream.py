@@ -45,28 +45,33 @@ class _Released(Exception):
     """The readers dropped the shard's last claim: the rest of it is not needed."""
 
 
-class _Body:
-    """The shard's bytes as one file object for tarfile's stream mode: each chunk is on disk
-    (and hashed) before tarfile sees it; a dropped connection resumes with a ranged GET."""
+class _Growing:
+    """The shard's file as it grows, for tarfile's seeking mode: reads and seeks see the file on
+    disk and wait (downloading the next chunks in this thread) for bytes not yet there, so
+    tarfile reads the headers alone and skips the data, which Python never touches. A dropped
+    connection resumes with a ranged GET from the bytes on disk."""
 
-    def __init__(self, stream: ShardStream, out: Any) -> None:
+    def __init__(self, stream: ShardStream, out: Any, rd: Any) -> None:
         self.s = stream
         self.out = out
-        self.pos = 0
+        self.rd = rd
+        self.size = stream.shard.size
+        self.written = 0  # bytes on disk
+        self.pos = 0  # the reader's position
         self.md5 = hashlib.md5(usedforsecurity=False) if stream.verify else None
         self.body: Any = None
-        self.buf = memoryview(b"")
         self.failures = 0
 
     def _open(self) -> None:
         u = parse_s3_uri(self.s.shard.uri)
-        extra = {"Range": f"bytes={self.pos}-"} if self.pos else {}
+        extra = {"Range": f"bytes={self.written}-"} if self.written else {}
         try:
             self.body = s3_client(self.s.access).get_object(Bucket=u.bucket, Key=u.key, **extra)["Body"]
         except Exception as exc:
             raise boto3_error(exc, self.s.shard.uri) from exc
 
     def _fill(self) -> None:
+        """Write the next bytes that arrive to disk."""
         self.s.flush()  # before waiting for the network: every sample on disk is in the table
         if not os.path.isdir(self.s.folder):
             raise _Released  # the pass read every sample it needs of the shard and freed it
@@ -80,32 +85,40 @@ class _Body:
                 # are here (botocore's read(n) waits for n bytes; urllib3 2's read1 does not)
                 raw: Any = getattr(self.body, "_raw_stream", None)
                 chunk = raw.read1(_CHUNK) if hasattr(raw, "read1") else self.body.read(_CHUNK)
-                if not chunk and self.pos < self.s.shard.size:
-                    raise FetchError(f"{self.s.shard.uri}: the body ended at byte {self.pos} of {self.s.shard.size}")
+                if not chunk:
+                    raise FetchError(f"{self.s.shard.uri}: the body ended at byte {self.written} of {self.size}")
                 break
-            except Exception as exc:  # noqa: BLE001 - a transient failure resumes from self.pos
+            except Exception as exc:  # noqa: BLE001 - a transient failure resumes from self.written
                 self.body = None
                 self.failures += 1
                 if self.failures > self.s.retries or (isinstance(exc, S5LoaderError) and not isinstance(exc, FetchError)):
                     if isinstance(exc, S5LoaderError):
                         raise
-                    raise FetchError(f"{self.s.shard.uri}: the download broke off at byte {self.pos} ({exc})") from exc
-                log.info("%s: resuming at byte %d after %s", self.s.shard.uri, self.pos, exc)
+                    raise FetchError(f"{self.s.shard.uri}: the download broke off at byte {self.written} ({exc})") from exc
+                log.info("%s: resuming at byte %d after %s", self.s.shard.uri, self.written, exc)
                 time.sleep(min(2.0, 0.1 * 2**self.failures))
+        chunk = chunk[: self.size - self.written]
         self.out.write(chunk)
         self.out.flush()
         if self.md5 is not None:
             self.md5.update(chunk)
-        self.pos += len(chunk)
-        self.buf = memoryview(chunk)
+        self.written += len(chunk)
 
     def read(self, n: int = -1) -> bytes:
-        if not self.buf:
+        want = self.size if n is None or n < 0 else min(self.size, self.pos + n)
+        while self.written < want:
             self._fill()
-        if n is None or n < 0:
-            n = len(self.buf)
-        data, self.buf = bytes(self.buf[:n]), self.buf[n:]
+        self.rd.seek(self.pos)
+        data: bytes = self.rd.read(want - self.pos) if want > self.pos else b""
+        self.pos += len(data)
         return data
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = offset if whence == 0 else self.pos + offset if whence == 1 else self.size + offset
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
 
 
 class ShardStream:
@@ -131,6 +144,7 @@ class ShardStream:
         self.table: list[_tar.TarSample] = []  # the samples whose bytes are on disk
         self.published = 0  # of which named in the table on disk
         self._last = 0.0
+        self._entries: list[str] = []  # the table's entries, each encoded once
         self.done = False
         self.error: S5LoaderError | None = None
         self._thread: threading.Thread | None = None
@@ -176,8 +190,10 @@ class ShardStream:
         table = self.table
         if len(table) == self.published:
             return
+        entries = self._entries
+        entries += map(_tar.dump_sample, table[len(entries) :])
         try:
-            self.layout.write_shard_table(self.index, _tar.dumps(table))
+            self.layout.write_shard_table(self.index, _tar.join_table(entries))
         except FileNotFoundError:
             return  # every sample the pass needs was read and the shard deleted
         self._last = time.monotonic()
@@ -189,9 +205,9 @@ class ShardStream:
         uri = self.shard.uri
         table = self.table
         try:
-            with open(self.path, "wb") as out:
-                body = _Body(self, out)
-                for sample in _tar.iter_scan(body, self.shard.size, uri, stream=True):
+            with open(self.path, "wb") as out, open(self.path, "rb") as rd:
+                body = _Growing(self, out, rd)
+                for sample in _tar.iter_scan(body, self.shard.size, uri):
                     table.append(sample)
                     if time.monotonic() - self._last >= _PUBLISH_S:
                         self.flush()

@@ -285,7 +285,17 @@ def read_sample(fileobj: IO[bytes], sample: TarSample) -> dict[str, bytes]:
 
 def dumps(samples: Sequence[TarSample]) -> bytes:
     """The member table of a shard, for the readers of a staging pass."""
-    return json.dumps([[s.key, [list(m) for m in s.members]] for s in samples], separators=(",", ":")).encode()
+    return join_table([dump_sample(s) for s in samples])
+
+
+def dump_sample(sample: TarSample) -> str:
+    """One sample's entry of a member table (a table grown sample by sample encodes each once)."""
+    return json.dumps([sample.key, [list(m) for m in sample.members]], separators=(",", ":"))
+
+
+def join_table(entries: Sequence[str]) -> bytes:
+    """The member table of the samples whose entries (:func:`dump_sample`) are given."""
+    return ("[" + ",".join(entries) + "]").encode()
 
 
 def loads(data: bytes) -> list[TarSample]:

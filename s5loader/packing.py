@@ -25,9 +25,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ._index.blocks import BlockPlan, plan_blocks
 from ._pack import plan as _plan
 from ._pack.archive import pack_archive, volumes_of
-from ._pack.pipeline import Gate, Packer, run_shards
+from ._pack.pipeline import Gate, Job, Packer, run_shards
 from ._pack.plan import PackOptions
 from ._pack.state import DestState
 from ._pack.workdir import open_work
@@ -44,7 +45,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["pack", "PackResult"]
 
-PARALLEL_SHARDS = 4  # shards under way at once (the budget may allow fewer)
+PARALLEL_SHARDS = 2  # shards under way at once (the budget may allow fewer): one downloads while one uploads
+BLOCK_SIZE = 64  # most samples one wildcard line fetches, as the sampler's default
 
 
 @dataclass
@@ -167,7 +169,7 @@ def pack(
                 min(16, options.workers))
         result.shards = nshards
     else:
-        planned, base = _samples(source, dest, options, store)
+        planned, base, blocks = _samples(source, dest, options, store)
         order = _plan.order(len(planned), shuffle, seed)
         sizes = [planned[i].tar_bytes for i in order]
         cuts = _plan.cut(sizes, int(options.shard_size))
@@ -175,18 +177,19 @@ def pack(
                "source": source, "options": options.content(), "shards": len(cuts)}
         state.claim(doc, r, index_timeout)
         done = state.done()
-        jobs = []
+        jobs: list[Job] = []
         for i in _plan.rank_shards(len(cuts), r, world):
             if i not in done:
-                samples = [planned[order[k]] for k in range(*cuts[i])]
-                jobs.append((i, samples, _plan.shard_bytes(samples)))
-        total = sum(len(s) for _, s, _ in jobs)
+                numbers = [int(order[k]) for k in range(*cuts[i])]
+                samples = [planned[n] for n in numbers]
+                jobs.append((i, numbers, samples, _plan.shard_bytes(samples)))
+        total = sum(len(s) for _, _, s, _ in jobs)
         log.info("packing %s into %s: %d samples, %d shards (%d done before; this rank packs %d)",
                  source, dest, len(planned), len(cuts), len(done), len(jobs))
         gate = Gate(int(options.budget))
-        need = min(int(options.budget), sum(n for _, _, n in jobs)) + max((n for _, _, n in jobs), default=0)
+        need = min(int(options.budget), sum(j[3] for j in jobs)) + max((j[3] for j in jobs), default=0)
         with open_work(root, need if jobs else 0) as work:
-            packer = Packer(s5, store, state, work, missing, max(4, options.workers // parallel), shard_done)
+            packer = Packer(s5, store, state, work, missing, max(4, options.workers // parallel), shard_done, blocks)
             entries = run_shards(packer, jobs, gate, parallel)
         result.peak_staged = gate.peak
         result.skipped = [k for e in entries for k in e.get("skipped", [])]
@@ -202,8 +205,11 @@ def pack(
     return result
 
 
-def _samples(source: str, dest: str, options: PackOptions, store: Access) -> tuple[list[_plan.PlannedSample], str]:
-    """The samples of a prefix (grouped as ``from_prefix`` groups them) or a manifest, planned."""
+def _samples(
+    source: str, dest: str, options: PackOptions, store: Access
+) -> tuple[list[_plan.PlannedSample], str, BlockPlan]:
+    """The samples of a prefix (grouped as ``from_prefix`` groups them) or a manifest, planned,
+    and their blocks (runs that one wildcard line fetches; none for a manifest)."""
     if source.endswith((".jsonl", ".json")) or not source.startswith("s3://"):
         ds = S5Dataset.from_manifest(source, access=store, group_by=options.group_by)
         base = ""
@@ -214,7 +220,8 @@ def _samples(source: str, dest: str, options: PackOptions, store: Access) -> tup
         _plan.check_places(source, dest)
         ds = S5Dataset.from_prefix(source, access=store, group_by=options.group_by, label=options.label)
         base = parse_s3_uri(source).key
-    return _plan.plan_samples(ds.samples, base), base
+    blocks = plan_blocks(ds.samples, BLOCK_SIZE, ds.samples.listing)
+    return _plan.plan_samples(ds.samples, base), base, blocks
 
 
 def _archive_fingerprint(source: str, s5: S5cmd, options: PackOptions, verify: bool) -> str:

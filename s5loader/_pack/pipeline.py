@@ -12,15 +12,17 @@ import logging
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from .._index.blocks import BlockPlan
 from .._largeobj import transfer as _transfer
 from .._largeobj.volumes import FetchWork
 from ..config import Access
-from ..exceptions import FetchError, ObjectNotFoundError
+from ..exceptions import ObjectNotFoundError
 from ..s5cmd import (
     MIN_PART_SIZE,
     S5cmd,
@@ -30,6 +32,7 @@ from ..s5cmd import (
     error_from_exit,
     finish_batch,
     start_batch,
+    wildcard_line,
 )
 from ..s5cmd import start_copy as _start_copy
 from .plan import SHARD_NAME, PlannedSample
@@ -67,7 +70,9 @@ class Gate:
 
 @dataclass
 class Packer:
-    """What every shard of one pack shares."""
+    """What every shard of one pack shares. ``blocks``: runs of samples (by their number in
+    key order) whose objects are exactly those under one key prefix; a shard that holds a
+    whole block fetches it with one wildcard line (no HEAD per object, one LIST)."""
 
     s5: S5cmd
     access: Access
@@ -76,76 +81,113 @@ class Packer:
     missing: str
     numworkers: int
     on_shard: Callable[[int, int], None]  # (samples written, bytes) of a finished shard
+    blocks: BlockPlan | None = None
 
     def shard_uri(self, i: int) -> str:
         return self.state.dest + SHARD_NAME.format(i)
 
-    def pack(self, i: int, samples: Sequence[PlannedSample]) -> dict[str, Any]:
-        """Download, write, upload and mark shard ``i``; returns its index entry."""
+    def pack(self, i: int, numbers: Sequence[int], samples: Sequence[PlannedSample]) -> dict[str, Any]:
+        """Download, write, upload and mark shard ``i`` (``samples``, numbered ``numbers`` in
+        key order); returns its index entry."""
         folder = os.path.join(self.work.path, f"{i:06d}")
         os.makedirs(folder)
+        t0 = time.monotonic()
         try:
-            skipped = self._download(i, samples, folder)
+            paths, skipped = self._download(i, numbers, samples, folder)
+            t1 = time.monotonic()
             tar_path = folder + ".tar"
             with ShardWriter(tar_path) as w:
                 for j, s in enumerate(samples):
+                    if j in skipped:
+                        continue
                     for k, m in enumerate(s.members):
-                        path = os.path.join(folder, f"{j}.{k}")
-                        if j in skipped:
-                            _unlink(path)
-                        elif m.data is not None:
+                        if m.data is not None:
                             w.add(m.name, s.key, m.size, io.BytesIO(m.data))
                         else:
-                            try:
-                                w.add_file(m.name, s.key, path)
-                            except FileNotFoundError as exc:
-                                raise FetchError(f"{m.uri}: s5cmd reported no error, but did not download it") from exc
+                            w.add_file(m.name, s.key, paths[j, k])
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         uri = self.shard_uri(i)
+        t2 = time.monotonic()
         try:
             self._upload(tar_path, uri, w.size)
         finally:
             _unlink(tar_path)
+        log.debug("%s: %d samples downloaded in %.2fs, written in %.2fs, uploaded in %.2fs", uri, len(samples),
+                  t1 - t0, t2 - t1, time.monotonic() - t2)
         entry = {"url": SHARD_NAME.format(i), "nsamples": w.nsamples, "filesize": w.size, "md5sum": w.md5,
                  "skipped": sorted(samples[j].key for j in skipped)}
         self.state.mark_done(i, entry)
         self.on_shard(w.nsamples, w.size)
         return entry
 
-    def _download(self, i: int, samples: Sequence[PlannedSample], folder: str) -> set[int]:
-        """Stage the shard's objects as ``folder/J.K`` (sample J, member K: no key ever names a
-        path); returns the samples left out (objects gone, with ``missing="skip"``)."""
-        lines, where = [], {}
-        for j, s in enumerate(samples):
+    def _lines(
+        self, numbers: Sequence[int], samples: Sequence[PlannedSample], folder: str
+    ) -> tuple[list[str], dict[str, str], dict[tuple[int, int], tuple[str, str]]]:
+        """The command lines, their destinations (for failures: path -> URI), and where each
+        object lands: ``(sample, member) -> (path, URI)``. Paths are ``folder/J.K`` (sample J,
+        member K), or for a whole block ``folder/bN/`` and the key below the block's folder
+        (keys :mod:`~s5loader._index.blocks` checked to be plain names)."""
+        plan = self.blocks
+        held: dict[int, int] = {}
+        if plan is not None and plan.blocks:
+            for n in numbers:
+                if plan.block_of[n] >= 0:
+                    held[plan.block_of[n]] = held.get(plan.block_of[n], 0) + 1
+        whole = {b for b, count in held.items() if plan is not None and count == len(plan.blocks[b])}
+        lines: list[str] = []
+        dests: dict[str, str] = {}
+        where: dict[tuple[int, int], tuple[str, str]] = {}
+        for j, (n, s) in enumerate(zip(numbers, samples, strict=True)):
+            b = plan.block_of[n] if plan is not None and plan.blocks else -1
+            if b in whole and plan is not None:
+                block = plan.blocks[b]
+                scratch = os.path.join(folder, f"b{b}")
+                if scratch + "/" not in dests:
+                    lines.append(wildcard_line(block.wildcard, scratch + "/"))
+                    dests[scratch + "/"] = block.wildcard
+                for k, rel in enumerate(block.rels[n - block.start]):
+                    where[j, k] = (os.path.join(scratch, rel), s.members[k].uri)
+                continue
             for k, m in enumerate(s.members):
                 if m.data is None:
                     path = os.path.join(folder, f"{j}.{k}")
                     lines.append(copy_line(m.uri, path))
-                    where[path] = (j, m.uri)
-        if not lines:
-            return set()
-        cmds = os.path.join(folder, ".commands")
-        proc = self.work.start(lambda: start_batch(self.s5, lines, cmds))
-        out = finish_batch(proc, list(where))
+                    dests[path] = m.uri
+                    where[j, k] = (path, m.uri)
+        return lines, dests, where
+
+    def _download(
+        self, i: int, numbers: Sequence[int], samples: Sequence[PlannedSample], folder: str
+    ) -> tuple[dict[tuple[int, int], str], set[int]]:
+        """Stage the shard's objects with one ``s5cmd run``; returns where each landed and the
+        samples left out (objects gone, with ``missing="skip"``)."""
+        lines, dests, where = self._lines(numbers, samples, folder)
+        if lines:
+            cmds = os.path.join(folder, ".commands")
+            proc = self.work.start(lambda: start_batch(self.s5, lines, cmds))
+            out = finish_batch(proc, list(dests))
+            for dest, error in [*out.failed.items(), *(("", e) for e in out.unplaced)]:
+                kind = classify(error)
+                if kind != "not_found":  # a missing object is found below, by its file
+                    what = dests.get(dest) or f"the objects of {self.shard_uri(i)}"
+                    raise error_for(kind, f"{what}: {error}", self.access.endpoint())
+            if out.returncode != 0 and not out.failed and not out.unplaced:
+                raise error_from_exit(out.returncode, out.stderr, f"the objects of {self.shard_uri(i)}",
+                                      self.access.endpoint())
         skipped: set[int] = set()
-        for path, error in sorted(out.failed.items()):
-            j, uri = where[path]
-            kind = classify(error)
-            if kind == "not_found" and self.missing == "skip":
-                log.warning("%s: gone since it was listed; its sample %r is left out of %s", uri, samples[j].key,
-                            self.shard_uri(i))
-                skipped.add(j)
-            elif kind == "not_found":
+        for (j, _), (path, uri) in sorted(where.items()):
+            if j in skipped or os.path.exists(path):
+                continue
+            if self.missing != "skip":
                 raise ObjectNotFoundError(
-                    f"{uri}: listed, but gone before it was downloaded ({error}); run the pack again to pack "
-                    "what is there now, or skip such samples (missing='skip', --skip-missing)"
+                    f"{uri}: listed, but gone before it was downloaded; run the pack again to pack what is "
+                    "there now, or skip such samples (missing='skip', --skip-missing)"
                 )
-            else:
-                raise error_for(kind, f"{uri}: {error}", self.access.endpoint())
-        if out.unplaced or (out.returncode != 0 and not out.failed):
-            raise error_from_exit(out.returncode, out.stderr, f"the objects of {self.shard_uri(i)}", self.access.endpoint())
-        return skipped
+            log.warning("%s: gone since it was listed; its sample %r is left out of %s", uri, samples[j].key,
+                        self.shard_uri(i))
+            skipped.add(j)
+        return {jk: path for jk, (path, _) in where.items()}, skipped
 
     def _upload(self, path: str, uri: str, size: int) -> None:
         def start() -> Any:
@@ -171,10 +213,11 @@ def _unlink(path: str) -> None:
         pass
 
 
-def run_shards(
-    packer: Packer, jobs: Sequence[tuple[int, Sequence[PlannedSample], int]], gate: Gate, parallel: int
-) -> list[dict[str, Any]]:
-    """Pack ``jobs`` (shard number, its samples, the disk it takes), ``parallel`` at once within
+Job = tuple[int, Sequence[int], Sequence[PlannedSample], int]  # shard, sample numbers, samples, disk
+
+
+def run_shards(packer: Packer, jobs: Sequence[Job], gate: Gate, parallel: int) -> list[dict[str, Any]]:
+    """Pack ``jobs`` (shard number, its samples' numbers and plans, the disk it takes), ``parallel`` at once within
     the gate's budget, in order; the first error stops the rest and is raised here."""
     errors: list[BaseException] = []
     futures: list[Future[dict[str, Any]]] = []
@@ -187,10 +230,10 @@ def run_shards(
 
     pool = ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="s5loader-pack")
     try:
-        for i, samples, need in jobs:
+        for i, numbers, samples, need in jobs:
             if errors or not gate.acquire(need, errors.__len__):
                 break
-            f = pool.submit(packer.pack, i, samples)
+            f = pool.submit(packer.pack, i, numbers, samples)
             f.add_done_callback(functools.partial(_ended_cb, ended, need))
             futures.append(f)
         for f in futures:

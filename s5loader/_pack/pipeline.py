@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._index.blocks import BlockPlan
 from .._largeobj import transfer as _transfer
@@ -86,9 +86,9 @@ class Packer:
     def shard_uri(self, i: int) -> str:
         return self.state.dest + SHARD_NAME.format(i)
 
-    def pack(self, i: int, numbers: Sequence[int], samples: Sequence[PlannedSample]) -> dict[str, Any]:
-        """Download, write, upload and mark shard ``i`` (``samples``, numbered ``numbers`` in
-        key order); returns its index entry."""
+    def build(self, i: int, numbers: Sequence[int], samples: Sequence[PlannedSample]) -> Built:
+        """Download shard ``i``'s objects (``samples``, numbered ``numbers`` in key order) and
+        write its tar; its staged files are gone when this returns."""
         folder = os.path.join(self.work.path, f"{i:06d}")
         os.makedirs(folder)
         t0 = time.monotonic()
@@ -107,17 +107,21 @@ class Packer:
                             w.add_file(m.name, s.key, paths[j, k])
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-        uri = self.shard_uri(i)
-        t2 = time.monotonic()
+        log.debug("%s: %d samples downloaded in %.2fs, written in %.2fs", self.shard_uri(i), len(samples),
+                  t1 - t0, time.monotonic() - t1)
+        return Built(i, tar_path, w, sorted(samples[j].key for j in skipped))
+
+    def ship(self, built: Built) -> dict[str, Any]:
+        """Upload a built shard under its final name, delete it, mark it done; its index entry."""
+        uri, w, t0 = self.shard_uri(built.shard), built.writer, time.monotonic()
         try:
-            self._upload(tar_path, uri, w.size)
+            self._upload(built.path, uri, w.size)
         finally:
-            _unlink(tar_path)
-        log.debug("%s: %d samples downloaded in %.2fs, written in %.2fs, uploaded in %.2fs", uri, len(samples),
-                  t1 - t0, t2 - t1, time.monotonic() - t2)
-        entry = {"url": SHARD_NAME.format(i), "nsamples": w.nsamples, "filesize": w.size, "md5sum": w.md5,
-                 "skipped": sorted(samples[j].key for j in skipped)}
-        self.state.mark_done(i, entry)
+            _unlink(built.path)
+        log.debug("%s: uploaded in %.2fs", uri, time.monotonic() - t0)
+        entry = {"url": SHARD_NAME.format(built.shard), "nsamples": w.nsamples, "filesize": w.size,
+                 "md5sum": w.md5, "skipped": built.skipped}
+        self.state.mark_done(built.shard, entry)
         self.on_shard(w.nsamples, w.size)
         return entry
 
@@ -202,10 +206,6 @@ class Packer:
             _transfer.run(proc, uri)
 
 
-def _ended_cb(fn: Callable[[Future[dict[str, Any]], int], None], need: int, f: Future[dict[str, Any]]) -> None:
-    fn(f, need)
-
-
 def _unlink(path: str) -> None:
     try:
         os.unlink(path)
@@ -213,40 +213,70 @@ def _unlink(path: str) -> None:
         pass
 
 
+class Built(NamedTuple):
+    """A shard written and waiting for its upload."""
+
+    shard: int
+    path: str
+    writer: ShardWriter
+    skipped: list[str]
+
+
 Job = tuple[int, Sequence[int], Sequence[PlannedSample], int]  # shard, sample numbers, samples, disk
 
 
 def run_shards(packer: Packer, jobs: Sequence[Job], gate: Gate, parallel: int) -> list[dict[str, Any]]:
-    """Pack ``jobs`` (shard number, its samples' numbers and plans, the disk it takes), ``parallel`` at once within
-    the gate's budget, in order; the first error stops the rest and is raised here."""
+    """Pack ``jobs`` (shard number, its samples' numbers and plans, the disk it takes) in order,
+    within the gate's budget: ``parallel`` shards download and are written at once, and as
+    many upload behind them; a shard's disk is released once it is uploaded. The first error
+    stops the rest and is raised here."""
     errors: list[BaseException] = []
-    futures: list[Future[dict[str, Any]]] = []
+    builds: list[Future[Built]] = []
+    uploads: list[Future[dict[str, Any]]] = []
+    lock = threading.Lock()
 
-    def ended(f: Future[dict[str, Any]], n: int) -> None:
-        gate.release(n)
+    def failed(f: Future[Any]) -> bool:
         exc = f.exception()
         if exc is not None:
-            errors.append(exc)
+            with lock:
+                errors.append(exc)
+        return exc is not None
 
-    pool = ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="s5loader-pack")
+    def uploaded(need: int, f: Future[dict[str, Any]]) -> None:
+        gate.release(need)
+        failed(f)
+
+    def built(need: int, f: Future[Built]) -> None:
+        if failed(f):
+            gate.release(need)
+            return
+        up = up_pool.submit(packer.ship, f.result())
+        with lock:
+            uploads.append(up)
+        up.add_done_callback(functools.partial(uploaded, need))
+
+    down_pool = ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="s5loader-pack-down")
+    up_pool = ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="s5loader-pack-up")
     try:
         for i, numbers, samples, need in jobs:
             if errors or not gate.acquire(need, errors.__len__):
                 break
-            f = pool.submit(packer.pack, i, numbers, samples)
-            f.add_done_callback(functools.partial(_ended_cb, ended, need))
-            futures.append(f)
-        for f in futures:
-            if errors:
-                break
+            f = down_pool.submit(packer.build, i, numbers, samples)
+            f.add_done_callback(functools.partial(built, need))
+            builds.append(f)
+        for f in builds:
             f.exception()
+        down_pool.shutdown(wait=True)  # every upload is submitted
+        for u in list(uploads):
+            u.exception()
     except BaseException:
         packer.work.kill()  # the transfers under way end with an error, not later
         raise
     finally:
         if errors:
             packer.work.kill()
-        pool.shutdown(wait=True, cancel_futures=True)
+        down_pool.shutdown(wait=True, cancel_futures=True)
+        up_pool.shutdown(wait=True, cancel_futures=True)
     if errors:
         raise errors[0]
-    return [f.result() for f in futures]
+    return sorted((u.result() for u in uploads), key=lambda e: str(e["url"]))

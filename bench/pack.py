@@ -16,12 +16,15 @@ local SeaweedFS, from the same source prefix to shards in the same bucket.
      ``fn`` reading a sample with boto3, ``num_workers`` = the CPU count (its chunk format,
      not tar: the figure is the conversion's cost);
 
+   and the CPU seconds of the method (this process and its children: s5cmd, litdata's
+   workers) and of the store (SeaweedFS) while it runs;
+
 3. checks each result (the shards' sample count), prints a table, writes
    ``bench/results/pack.json``; stops the server.
 
 Each method runs ``--repeat`` times (default 2), the methods in a rotated order each round
 (the first run after the source is written is slower, whoever runs it); the table gives each
-method's best time and its peak disk over all runs, the JSON every run.
+method's best time, its least CPU and its peak disk over all runs; the JSON every run's time.
 
     .venv/bin/python bench/pack.py [--samples 2000] [--size 20KB] [--shard-size 4MB] [--budget 16MB] [--repeat 2]
 """
@@ -32,6 +35,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import sys
 import tarfile
 import tempfile
@@ -207,18 +211,40 @@ def run_litdata(src: str, dest: str, work: str, shard_size: int) -> Check:
     return count
 
 
-def measure(name: str, fn: Callable[[str, str, str], Check], src: str, n: int, root: str) -> tuple[float, int]:
+def cpu_seconds() -> tuple[float, float]:
+    """CPU of this process and its reaped children (s5cmd, litdata's workers), and of the
+    store (the SeaweedFS processes below this one)."""
+    import psutil
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    server = 0.0
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if "weed" in proc.name():
+                t = proc.cpu_times()
+                server += t.user + t.system
+        except psutil.Error:
+            pass
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime, server
+
+
+def measure(name: str, fn: Callable[[str, str, str], Check], src: str, n: int, root: str) -> tuple[float, int, float, float]:
     work = tempfile.mkdtemp(prefix=f"{name.split('+')[0]}-", dir=root)
     dest = f"out-{name.replace('+', '-').replace(' ', '')}-{os.path.basename(work)}/"
     with PeakDisk(work) as peak:
+        cpu0, server0 = cpu_seconds()
         t0 = time.perf_counter()
         check = fn(src, dest, work)
         seconds = time.perf_counter() - t0
+        cpu1, server1 = cpu_seconds()
     got = check()
     if got != n:
         raise SystemExit(f"{name}: {got} samples in the result, {n} expected")
-    print(f"  {name:<22} {seconds:7.2f} s  peak local disk {peak.peak / 1e6:7.2f} MB", flush=True)
-    return seconds, peak.peak
+    cpu, server = cpu1 - cpu0, server1 - server0
+    print(f"  {name:<22} {seconds:7.2f} s  peak local disk {peak.peak / 1e6:7.2f} MB  CPU {cpu:5.2f} s "
+          f"(+ store {server:5.2f} s)", flush=True)
+    return seconds, peak.peak, cpu, server
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,18 +278,20 @@ def main(argv: list[str] | None = None) -> int:
             write_source(args.samples, size, src)
             print(f"{args.samples} samples x {args.size} (+ a label) written in {time.perf_counter() - t0:.1f} s; "
                   f"shards of {args.shard_size}, s5loader budget {args.budget}", flush=True)
-            runs: dict[str, list[tuple[float, int]]] = {m: [] for m in chosen}
+            runs: dict[str, list[tuple[float, int, float, float]]] = {m: [] for m in chosen}
             for k in range(args.repeat):
                 print(f"round {k + 1}", flush=True)
                 for m in chosen[k % len(chosen):] + chosen[: k % len(chosen)]:
                     runs[m].append(measure(m, methods[m], src, args.samples, root))
-    results = [{"method": m, "seconds": round(min(t for t, _ in r), 3), "peak_disk_bytes": max(p for _, p in r),
-                "runs_seconds": [round(t, 3) for t, _ in r]} for m, r in runs.items()]
+    results = [{"method": m, "seconds": round(min(x[0] for x in r), 3), "peak_disk_bytes": max(x[1] for x in r),
+                "cpu_seconds": round(min(x[2] for x in r), 2), "store_cpu_seconds": round(min(x[3] for x in r), 2),
+                "runs_seconds": [round(x[0], 3) for x in r]} for m, r in runs.items()]
     base = next((r for r in results if r["method"] == "s5loader"), None)
-    print(f"{'method':<22} {'best s':>8} {'x s5loader':>10} {'peak disk MB':>12}")
+    print(f"{'method':<22} {'best s':>8} {'x s5loader':>10} {'peak disk MB':>12} {'CPU s':>6} {'store CPU s':>11}")
     for r in results:
         r["time_vs_s5loader"] = round(r["seconds"] / base["seconds"], 2) if base else None
-        print(f"{r['method']:<22} {r['seconds']:8.2f} {r['time_vs_s5loader'] or 0:10.2f} {r['peak_disk_bytes'] / 1e6:12.2f}")
+        print(f"{r['method']:<22} {r['seconds']:8.2f} {r['time_vs_s5loader'] or 0:10.2f} "
+              f"{r['peak_disk_bytes'] / 1e6:12.2f} {r['cpu_seconds']:6.2f} {r['store_cpu_seconds']:11.2f}")
     doc = {"samples": args.samples, "size": size, "shard_size": shard, "budget": budget, "repeat": args.repeat,
            "cpus": os.cpu_count(), "server": "SeaweedFS on loopback", "results": results}
     os.makedirs(os.path.dirname(args.output), exist_ok=True)

@@ -36,6 +36,7 @@ import json
 import os
 import random
 import resource
+import signal
 import sys
 import tarfile
 import tempfile
@@ -258,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=2, help="runs of each method (default 2)")
     p.add_argument("--output", default=os.path.join(HERE, "results", "pack.json"))
     args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the server stops with the `with` below
     size, shard, budget = parse_size(args.size), parse_size(args.shard_size), parse_size(args.budget)
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench-secret")

@@ -139,7 +139,8 @@ def pack(
     parse_s3_uri(dest)
     r, world = rank_info(world_size, rank)
     state = DestState(dest, store)
-    s5 = S5cmd(access=store)
+    parallel = max(1, min(PARALLEL_SHARDS, options.workers))
+    s5 = S5cmd(access=store, numworkers=max(4, options.workers // parallel))  # per shard's run
     result = PackResult(budget=int(options.budget))
     root = os.path.abspath(staging_dir) if staging_dir else tempfile.gettempdir()
 
@@ -148,9 +149,8 @@ def pack(
         result.samples += n
         result.bytes += size
         if progress is not None:
-            progress(result.samples, total)
+            progress(result.samples, total or result.samples)  # an archive's total is unknown
 
-    parallel = max(1, min(PARALLEL_SHARDS, options.workers))
     if from_archive:
         if shuffle or label or group_by != "stem" or world > 1:
             raise ConfigError(
@@ -158,7 +158,7 @@ def pack(
                 "(consecutive members sharing a key): drop shuffle, label, group_by and the other ranks"
             )
         _plan.check_places(source, dest)
-        doc = {"version": _plan.VERSION, "fingerprint": _archive_fingerprint(source, s5, options, verify),
+        doc = {"version": _plan.VERSION, "fingerprint": _archive_fingerprint(source, s5, options),
                "source": source, "options": options.content(), "shards": None}
         state.claim(doc, r, index_timeout)
         total = 0
@@ -224,7 +224,7 @@ def _samples(
     return _plan.plan_samples(ds.samples, base), base, blocks
 
 
-def _archive_fingerprint(source: str, s5: S5cmd, options: PackOptions, verify: bool) -> str:
+def _archive_fingerprint(source: str, s5: S5cmd, options: PackOptions) -> str:
     """An archive pack's identity: its volumes (URIs, sizes, ETags) and the options."""
     objects, _ = volumes_of([source], s5, False)
     text = json.dumps([_plan.VERSION, options.content(), [(o.uri, o.size, o.etag) for o in objects]])

@@ -99,12 +99,12 @@ def test_packed_prefix_reads_back_byte_exact_with_index_md5(seaweed: Store, tmp_
 
 
 def test_sigkill_midway_then_rerun_completes_without_redoing(seaweed: Store, tmp_path) -> None:
-    seaweed.put(dataset(60, size=1 * KiB))
+    seaweed.put(dataset(48, size=1 * KiB))
     src, dest = seaweed.uri(), seaweed.uri().replace("/train/", "/packed/")
     dest_prefix = seaweed.prefix.replace("/train/", "/packed/")
-    args = [src, dest, "--shard-size", "6KB", "--budget", "8KB", "--shuffle", "--seed", "5",
+    args = [src, dest, "--shard-size", "12KB", "--budget", "16KB", "--shuffle", "--seed", "5",
             "--endpoint-url", seaweed.endpoint, "--staging-dir", str(tmp_path)]
-    # one shard at a time, so that it is still at work when killed
+    # the command line, one shard at a time, so that it is still at work when killed
     proc = subprocess.Popen([sys.executable, "-m", "s5loader", "pack", *args, "--workers", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     c = seaweed.client
@@ -121,16 +121,18 @@ def test_sigkill_midway_then_rerun_completes_without_redoing(seaweed: Store, tmp
     for name, body in at_kill.items():  # every shard a reader can see is whole
         if name.endswith(".tar"):
             _tar.scan_bytes(body, name)
-    r = run_cli(*args)  # the same arguments (the parallelism may differ)
-    assert r.returncode == 0, r.stderr
+    # the same arguments (the parallelism may differ), here through the API
+    kw = {"shard_size": "12KB", "budget": "16KB", "shuffle": True, "seed": 5, "endpoint_url": seaweed.endpoint,
+          "staging_dir": str(tmp_path)}
+    r = s5loader.pack(src, dest, **kw)
     plan = json.loads(at_kill[".s5pack/plan.json"])
-    packed = int(r.stdout.split("packed ")[1].split(" ")[0])
-    assert packed <= plan["shards"] - len(done)  # finished shards were not packed again
+    assert r.shards == plan["shards"] and r.packed <= plan["shards"] - len(done)  # finished shards not packed again
     got = as_dict(read_back(dest, seaweed.endpoint))
     assert got == expected_samples(listed(seaweed, seaweed.prefix))
-    # same arguments once more: nothing to do, the same index
-    again = run_cli(*args)
-    assert again.returncode == 0 and "packed 0 of" in again.stdout, again.stdout + again.stderr
+    # once more: nothing to do, the same index
+    index = listed(seaweed, dest_prefix)["wids.json"]
+    again = s5loader.pack(src, dest, **kw)
+    assert again.packed == 0 and listed(seaweed, dest_prefix)["wids.json"] == index
 
 
 def put_volumes(store: Store, name: str, blob: bytes, volume: int) -> str:
@@ -156,22 +158,22 @@ def test_split_tar_gz_with_md5_files_packs_into_shards(seaweed: Store, tmp_path)
             tar.addfile(info, io.BytesIO(data))
     source = put_volumes(seaweed, "set.tar.gz", buf.getvalue(), volume=20 * KiB)
     dest = seaweed.uri().replace("/train/", "/fromtar/")
-    r = run_cli(source, dest, "--from-archive", "--shard-size", "50KB", "--budget", "120KB",
-                "--endpoint-url", seaweed.endpoint, "--staging-dir", str(tmp_path))
-    assert r.returncode == 0, r.stderr
-    assert "80 samples indexed" in r.stdout
+    r = s5loader.pack(source, dest, from_archive=True, shard_size="50KB", budget="120KB",
+                      endpoint_url=seaweed.endpoint, staging_dir=str(tmp_path))
+    assert r.samples == 80 and r.shards == r.packed > 3
+    assert 0 < r.peak_staged <= 120_000 + 50_000 + 10 * KiB  # the budget + one shard
     assert as_dict(read_back(dest, seaweed.endpoint)) == expected_samples(files)
     # a damaged volume is named and nothing is indexed
-    c = seaweed.client
     bad = f"{seaweed.prefix}set.tar.gz.part01"
-    c.put_object(Bucket=seaweed.bucket, Key=bad, Body=b"x" * 100)
-    r = run_cli(source, seaweed.uri().replace("/train/", "/bad/"), "--from-archive",
-                "--endpoint-url", seaweed.endpoint, "--staging-dir", str(tmp_path))
-    assert r.returncode == 1 and bad in r.stderr and "wids.json" not in r.stdout
+    seaweed.client.put_object(Bucket=seaweed.bucket, Key=bad, Body=b"x" * 100)
+    with pytest.raises(s5loader.ChecksumError, match=bad):
+        s5loader.pack(source, seaweed.uri().replace("/train/", "/bad/"), from_archive=True,
+                      endpoint_url=seaweed.endpoint, staging_dir=str(tmp_path))
+    assert "wids.json" not in listed(seaweed, seaweed.prefix.replace("/train/", "/bad/"))
 
 
 def test_two_ranks_pack_disjoint_halves_with_one_index(seaweed: Store, tmp_path) -> None:
-    seaweed.put(dataset(90))
+    seaweed.put(dataset(40))
     src, dest = seaweed.uri(), seaweed.uri().replace("/train/", "/ranks/")
     args = [src, dest, "--shard-size", "20KB", "--endpoint-url", seaweed.endpoint, "--staging-dir", str(tmp_path)]
     env = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999", "S5LOADER_SHARE_INDEX": "0"}
@@ -185,7 +187,7 @@ def test_two_ranks_pack_disjoint_halves_with_one_index(seaweed: Store, tmp_path)
     p0, p1 = (int(o.split("packed ")[1].split(" ")[0]) for o in (out0, out1))
     assert p0 + p1 == shards and p0 > 0 and p1 > 0  # each rank packed its half
     assert "indexed" in out0 and "indexed" not in out1  # rank 0 wrote the one index
-    assert len(as_dict(read_back(dest, seaweed.endpoint))) == 90
+    assert len(as_dict(read_back(dest, seaweed.endpoint))) == 40
 
 
 # -- bad input --------------------------------------------------------------------------------
@@ -236,6 +238,8 @@ def test_dest_inside_source_or_holding_other_shards_is_refused(moto: Store, tmp_
     moto.put(dataset(4))
     with pytest.raises(ConfigError, match="overlap"):
         s5loader.pack(moto.uri(), moto.uri("shards/"), endpoint_url=moto.endpoint)
+    r = run_cli(moto.uri(), moto.uri("shards/"), "--endpoint-url", moto.endpoint)
+    assert r.returncode == 1 and "s5loader pack: error:" in r.stderr and "overlap" in r.stderr
     moto.client.put_object(Bucket=moto.bucket, Key="busy/other-000.tar", Body=b"x")
     with pytest.raises(ConfigError, match="already holds s3://data/busy/other-000.tar"):
         s5loader.pack(moto.uri(), "s3://data/busy/", endpoint_url=moto.endpoint, staging_dir=str(tmp_path))
@@ -243,3 +247,16 @@ def test_dest_inside_source_or_holding_other_shards_is_refused(moto: Store, tmp_
     s5loader.pack(moto.uri(), "s3://data/ok/", endpoint_url=moto.endpoint, staging_dir=str(tmp_path))
     with pytest.raises(ConfigError, match="other samples or options"):
         s5loader.pack(moto.uri(), "s3://data/ok/", shuffle=True, endpoint_url=moto.endpoint, staging_dir=str(tmp_path))
+
+
+def test_rank_0_names_the_missing_ranks_then_a_rerun_finishes(moto: Store, tmp_path) -> None:
+    moto.put(dataset(30))
+    kw = {"shard_size": "12KB", "endpoint_url": moto.endpoint, "staging_dir": str(tmp_path), "world_size": 3}
+    with pytest.raises(s5loader.ShardIndexError, match=r"rank\(s\) 1, 2") as err:
+        s5loader.pack(moto.uri(), "s3://data/r/", rank=0, index_timeout=0.5, **kw)
+    assert "run the pack again" in str(err.value) and "wids.json" not in listed(moto, "r/")
+    for r in (1, 2):
+        assert s5loader.pack(moto.uri(), "s3://data/r/", rank=r, **kw).index is None  # only rank 0 indexes
+    done = s5loader.pack(moto.uri(), "s3://data/r/", rank=0, **kw)
+    assert done.packed == 0 and done.samples == 30
+    assert len(as_dict(read_back("s3://data/r/", moto.endpoint))) == 30

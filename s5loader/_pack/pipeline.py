@@ -240,6 +240,7 @@ def run_shards(packer: Packer, jobs: Sequence[Job], gate: Gate, parallel: int) -
         if exc is not None:
             with lock:
                 errors.append(exc)
+            packer.work.kill()  # the other shards' transfers stop now; the first error is raised
         return exc is not None
 
     def uploaded(need: int, f: Future[dict[str, Any]]) -> None:
@@ -273,8 +274,6 @@ def run_shards(packer: Packer, jobs: Sequence[Job], gate: Gate, parallel: int) -
         packer.work.kill()  # the transfers under way end with an error, not later
         raise
     finally:
-        if errors:
-            packer.work.kill()
         down_pool.shutdown(wait=True, cancel_futures=True)
         up_pool.shutdown(wait=True, cancel_futures=True)
     if errors:

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 STATE = ".s5pack/"
 PLAN = STATE + "plan.json"
 DONE = STATE + "done/"
-_POLL = 0.5
+_POLL, _POLL_MAX = 0.1, 5.0  # the pause between LISTs while waiting for another rank: grows to 5 s
 _SHARD = re.compile(r"shard-(\d{6,})\.tar")
 
 
@@ -120,11 +120,12 @@ class DestState:
             )
 
     def _wait_plan(self, doc: dict[str, Any], timeout: float) -> None:
-        deadline = time.monotonic() + timeout
+        deadline, pause = time.monotonic() + timeout, _POLL
         while (theirs := self._plan()) is None:
             if time.monotonic() > deadline:
                 raise ShardIndexError(f"waited {timeout:g}s for rank 0 to write the plan {self.dest}{PLAN}")
-            time.sleep(_POLL)
+            time.sleep(pause)
+            pause = min(_POLL_MAX, pause * 1.5)
         self._same(theirs, doc)
 
     # -- finished shards ---------------------------------------------------------------
@@ -149,7 +150,7 @@ class DestState:
         Raises:
             ShardIndexError: ``timeout`` passed; names the ranks whose shards are missing.
         """
-        deadline = time.monotonic() + timeout
+        deadline, pause = time.monotonic() + timeout, _POLL
         while True:
             missing = set(range(nshards)) - self.done()
             if not missing:
@@ -162,7 +163,8 @@ class DestState:
                     "run the pack again with the same arguments to finish them"
                 )
             stop()
-            time.sleep(_POLL)
+            time.sleep(pause)
+            pause = min(_POLL_MAX, pause * 1.5)
 
     def entries(self, nshards: int) -> list[dict[str, Any]]:
         """The markers of shards ``0 .. nshards-1``, in order (read side by side)."""

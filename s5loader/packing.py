@@ -211,10 +211,8 @@ def _samples(
     """The samples of a prefix (grouped as ``from_prefix`` groups them) or a manifest, planned,
     and their blocks (runs that one wildcard line fetches; none for a manifest)."""
     if source.endswith((".jsonl", ".json")) or not source.startswith("s3://"):
-        ds = S5Dataset.from_manifest(source, access=store, group_by=options.group_by)
+        ds = S5Dataset.from_manifest(source, access=store, group_by=options.group_by, label=options.label)
         base = ""
-        if options.label is not None:
-            raise ConfigError(f"label='folder' needs a prefix to find class folders in; {source} is a manifest")
     else:
         source = as_folder(source)
         _plan.check_places(source, dest)

@@ -260,3 +260,18 @@ def test_rank_0_names_the_missing_ranks_then_a_rerun_finishes(moto: Store, tmp_p
     done = s5loader.pack(moto.uri(), "s3://data/r/", rank=0, **kw)
     assert done.packed == 0 and done.samples == 30
     assert len(as_dict(read_back("s3://data/r/", moto.endpoint))) == 30
+
+
+def test_labels_and_manifests_become_members(moto: Store, tmp_path) -> None:
+    moto.put({"cat/1.jpg": b"c1", "cat/2.jpg": b"c2", "dog/3.jpg": b"d3"})
+    s5loader.pack(moto.uri(), "s3://data/lab/", label="folder", endpoint_url=moto.endpoint, staging_dir=str(tmp_path))
+    got = as_dict(read_back("s3://data/lab/", moto.endpoint))
+    assert got == {"cat/1": {"jpg": b"c1", "cls": b"0"}, "cat/2": {"jpg": b"c2", "cls": b"0"},
+                   "dog/3": {"jpg": b"d3", "cls": b"1"}}
+    manifest = tmp_path / "m.jsonl"
+    lines = [{"uri": moto.uri("cat/1.jpg"), "caption": "a cat"}, {"uri": moto.uri("dog/3.jpg"), "caption": "a dog"}]
+    manifest.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    s5loader.pack(str(manifest), "s3://data/man/", endpoint_url=moto.endpoint, staging_dir=str(tmp_path))
+    got = as_dict(read_back("s3://data/man/", moto.endpoint))
+    assert got == {f"{moto.prefix}cat/1": {"jpg": b"c1", "json": b'{"caption": "a cat"}'},
+                   f"{moto.prefix}dog/3": {"jpg": b"d3", "json": b'{"caption": "a dog"}'}}

@@ -218,8 +218,11 @@ def _samples(
         _plan.check_places(source, dest)
         ds = S5Dataset.from_prefix(source, access=store, group_by=options.group_by, label=options.label)
         base = parse_s3_uri(source).key
-    blocks = plan_blocks(ds.samples, BLOCK_SIZE, ds.samples.listing)
-    return _plan.plan_samples(ds.samples, base), base, blocks
+    planned = _plan.plan_samples(ds.samples, base)
+    # blocks of at most a quarter of a shard's samples, so that most lie whole in one shard
+    per_shard = int(options.shard_size) * len(planned) // max(1, sum(p.tar_bytes for p in planned))
+    blocks = plan_blocks(ds.samples, max(2, min(BLOCK_SIZE, per_shard // 4)), ds.samples.listing)
+    return planned, base, blocks
 
 
 def _archive_fingerprint(source: str, s5: S5cmd, options: PackOptions) -> str:

@@ -130,8 +130,9 @@ class Packer:
     ) -> tuple[list[str], dict[str, str], dict[tuple[int, int], tuple[str, str]]]:
         """The command lines, their destinations (for failures: path -> URI), and where each
         object lands: ``(sample, member) -> (path, URI)``. Paths are ``folder/J.K`` (sample J,
-        member K), or for a whole block ``folder/bN/`` and the key below the block's folder
-        (keys :mod:`~s5loader._index.blocks` checked to be plain names)."""
+        member K), or for a whole block ``folder/bN/`` (for a sample of several objects that are
+        exactly those under its own key prefix, ``folder/sJ/``) and the key below the block's
+        folder (keys :mod:`~s5loader._index.blocks` checked to be plain names)."""
         plan = self.blocks
         held: dict[int, int] = {}
         if plan is not None and plan.blocks:
@@ -144,9 +145,12 @@ class Packer:
         where: dict[tuple[int, int], tuple[str, str]] = {}
         for j, (n, s) in enumerate(zip(numbers, samples, strict=True)):
             b = plan.block_of[n] if plan is not None and plan.blocks else -1
+            block, scratch = None, ""
             if b in whole and plan is not None:
-                block = plan.blocks[b]
-                scratch = os.path.join(folder, f"b{b}")
+                block, scratch = plan.blocks[b], os.path.join(folder, f"b{b}")
+            elif plan is not None and plan.single is not None and plan.single[n] is not None:
+                block, scratch = plan.single[n], os.path.join(folder, f"s{j}")  # its objects, one line
+            if block is not None:
                 if scratch + "/" not in dests:
                     lines.append(wildcard_line(block.wildcard, scratch + "/"))
                     dests[scratch + "/"] = block.wildcard

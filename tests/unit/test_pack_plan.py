@@ -158,3 +158,24 @@ def test_gate_holds_shards_within_the_budget_one_alone_beyond_it() -> None:
     assert got == [True] and gate.peak == 250
     assert gate.acquire(90, lambda: False)
     assert not gate.acquire(50, lambda: True)  # told to give up
+
+
+def test_whole_blocks_and_lone_samples_come_with_wildcard_lines() -> None:
+    from s5loader._index.blocks import plan_blocks
+    from s5loader._pack.pipeline import Packer
+
+    samples = [sample(f"t/{i:03d}", ("image", 10), ("label", 1)) for i in range(20)]
+    listing = [f.uri[len("s3://b/"):] for s in samples for f in s.fields]
+    blocks = plan_blocks(samples, 10, listing)
+    planned = _plan.plan_samples(samples, "t/")
+    packer = Packer(None, None, None, None, "raise", 4, lambda n, b: None, blocks)  # type: ignore[arg-type]
+    numbers = list(range(15))  # the whole block t/00*, half of t/01*
+    lines, dests, where = packer._lines(numbers, [planned[n] for n in numbers], "/w/000000")
+    assert lines[0] == "cp --exclude '*..*' 's3://b/t/00*' /w/000000/b0/\n"
+    assert len(lines) == 6 and all(line.startswith("cp --exclude") for line in lines)  # no HEAD per object
+    assert where[0, 0] == ("/w/000000/b0/000.image", "s3://b/t/000.image")
+    assert where[12, 1] == ("/w/000000/s12/012.label", "s3://b/t/012.label")
+    # no listing (a manifest): one cp --raw line per object, named by position
+    plain = Packer(None, None, None, None, "raise", 4, lambda n, b: None, None)  # type: ignore[arg-type]
+    lines, _, where = plain._lines([0, 1], planned[:2], "/w/x")
+    assert len(lines) == 4 and where[1, 0] == ("/w/x/1.0", "s3://b/t/001.image")

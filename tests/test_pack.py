@@ -277,3 +277,14 @@ def test_labels_and_manifests_become_members(moto: Store, tmp_path) -> None:
     got = as_dict(read_back("s3://data/man/", moto.endpoint))
     assert got == {f"{moto.prefix}cat/1": {"jpg": b"c1", "json": b'{"caption": "a cat"}'},
                    f"{moto.prefix}dog/3": {"jpg": b"d3", "json": b'{"caption": "a dog"}'}}
+
+
+def test_the_command_is_listed_and_names_a_mistyped_option(capsys: pytest.CaptureFixture[str]) -> None:
+    from s5loader.cli import main
+
+    assert main(["--help"]) == 0
+    assert "  pack " in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        main(["pack", "s3://b/raw/", "s3://b/shards/", "--shard-sise", "1MB"])
+    assert exit_.value.code == 2
+    assert "unrecognized option: --shard-sise (did you mean --shard-size?)" in capsys.readouterr().err

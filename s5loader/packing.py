@@ -16,8 +16,6 @@ index once every shard is there.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import tempfile
@@ -27,6 +25,7 @@ from dataclasses import dataclass, field
 
 from ._index.blocks import BlockPlan, plan_blocks
 from ._pack import plan as _plan
+from ._pack.archive import fingerprint as archive_fingerprint
 from ._pack.archive import pack_archive, volumes_of
 from ._pack.pipeline import Gate, Job, Packer, run_shards
 from ._pack.plan import PackOptions
@@ -62,7 +61,8 @@ class PackResult:
         index: the ``wids.json`` URI (rank 0), else None.
         peak_staged: the most bytes of local disk reserved at once.
         budget: the budget.
-        skipped: sample keys left out (objects gone, with ``missing="skip"``).
+        skipped: sample keys left out (objects gone, with ``missing="skip"``): on rank 0 of
+            the whole pack, else of the shards this process wrote.
     """
 
     shards: int = 0
@@ -158,14 +158,15 @@ def pack(
                 "(consecutive members sharing a key): drop shuffle, label, group_by and the other ranks"
             )
         _plan.check_places(source, dest)
-        doc = {"version": _plan.VERSION, "fingerprint": _archive_fingerprint(source, s5, options),
+        volumes, checkers = volumes_of([source], s5, verify)
+        doc = {"version": _plan.VERSION, "fingerprint": archive_fingerprint(volumes, checkers, options.content()),
                "source": source, "options": options.content(), "shards": None}
         state.claim(doc, r, index_timeout)
         total = 0
         with open_work(root) as work:
             packer = Packer(s5, store, state, work, missing, options.workers, shard_done)
             nshards, result.peak_staged = pack_archive(
-                [source], packer, int(options.shard_size), int(options.budget), state.done(), verify,
+                volumes, checkers, packer, int(options.shard_size), int(options.budget), state.done(),
                 min(16, options.workers))
         result.shards = nshards
     else:
@@ -197,10 +198,14 @@ def pack(
     if r == 0:
         state.wait_all(nshards, world, index_timeout, lambda: None)
         entries = state.entries(nshards)
-        result.index = state.write_index(entries, source)
         result.samples = sum(int(e["nsamples"]) for e in entries)
-        if not from_archive and result.samples + sum(len(e.get("skipped", [])) for e in entries) != len(planned):
-            raise ShardIndexError(f"{result.index}: the shards hold {result.samples} samples, the plan {len(planned)}")
+        result.skipped = [k for e in entries for k in e.get("skipped", [])]
+        if not from_archive and result.samples + len(result.skipped) != len(planned):  # checked before it is indexed
+            raise ShardIndexError(
+                f"{dest}: the shards' markers count {result.samples} samples and {len(result.skipped)} left out; "
+                f"the plan has {len(planned)}; no index written"
+            )
+        result.index = state.write_index(entries, source)
     result.seconds = time.monotonic() - t0
     return result
 
@@ -223,13 +228,6 @@ def _samples(
     per_shard = int(options.shard_size) * len(planned) // max(1, sum(p.tar_bytes for p in planned))
     blocks = plan_blocks(ds.samples, max(2, min(BLOCK_SIZE, per_shard // 4)), ds.samples.listing)
     return planned, base, blocks
-
-
-def _archive_fingerprint(source: str, s5: S5cmd, options: PackOptions) -> str:
-    """An archive pack's identity: its volumes (URIs, sizes, ETags) and the options."""
-    objects, _ = volumes_of([source], s5, False)
-    text = json.dumps([_plan.VERSION, options.content(), [(o.uri, o.size, o.etag) for o in objects]])
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def main(argv: list[str]) -> int:

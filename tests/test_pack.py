@@ -288,3 +288,30 @@ def test_the_command_is_listed_and_names_a_mistyped_option(capsys: pytest.Captur
         main(["pack", "s3://b/raw/", "s3://b/shards/", "--shard-sise", "1MB"])
     assert exit_.value.code == 2
     assert "unrecognized option: --shard-sise (did you mean --shard-size?)" in capsys.readouterr().err
+
+
+def test_no_shard_of_a_volume_that_fails_its_check_is_marked_done(moto: Store, tmp_path) -> None:
+    files = dataset(30, size=3 * KiB)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:  # plain tar: a flipped byte still reads
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    source = put_volumes(moto, "set.tar", buf.getvalue(), volume=40 * KiB)
+    key = f"{moto.prefix}set.tar.part01"
+    good = moto.client.get_object(Bucket=moto.bucket, Key=key)["Body"].read()
+    bad = bytearray(good)
+    bad[20 * KiB] ^= 0xFF  # inside a member's data
+    moto.client.put_object(Bucket=moto.bucket, Key=key, Body=bytes(bad))
+    kw = {"from_archive": True, "shard_size": "10KB", "budget": "100KB", "endpoint_url": moto.endpoint,
+          "staging_dir": str(tmp_path)}
+    with pytest.raises(s5loader.ChecksumError, match=key):
+        s5loader.pack(source, "s3://data/v/", **kw)
+    kept = [k for k in listed(moto, "v/") if k.startswith(".s5pack/done/")]
+    assert "wids.json" not in listed(moto, "v/")
+    # the volume again as its .md5 file says: the same pack, finished by a rerun
+    moto.client.put_object(Bucket=moto.bucket, Key=key, Body=good)
+    r = s5loader.pack(source, "s3://data/v/", **kw)
+    assert len(kept) < r.shards and r.packed == r.shards - len(kept)  # only shards marked done were kept
+    assert as_dict(read_back("s3://data/v/", moto.endpoint)) == expected_samples(files)

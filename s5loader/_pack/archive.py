@@ -12,9 +12,12 @@ are measured, not written, so each shard is cut at the same member)."""
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import logging
 import os
 import tarfile
+import threading
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -27,7 +30,7 @@ from .._shards.tar import split_name
 from ..exceptions import ConfigError, FetchError
 from ..s5cmd import S5cmd
 from .pipeline import Gate, Packer
-from .plan import SHARD_NAME, check_member
+from .plan import SHARD_NAME, VERSION, check_member
 from .shard import ShardWriter
 
 log = logging.getLogger(__name__)
@@ -41,6 +44,18 @@ def volumes_of(uris: list[str], s5: S5cmd, verify: bool) -> tuple[list[Any], dic
     return objects, checkers
 
 
+def fingerprint(objects: list[Any], checkers: dict[str, _verify.Checker | None], content: dict[str, Any]) -> str:
+    """An archive pack's identity: its volumes (URI, size, and the MD5 their ``.md5`` files
+    give, else the ETag) and the options. A volume replaced by one that matches its ``.md5``
+    file leaves the pack the same, so a rerun finishes it."""
+    ids = []
+    for o in objects:
+        c = checkers.get(o.uri)
+        ids.append((o.uri, o.size, c.expected if c is not None and c.source.endswith(".md5") else o.etag))
+    text = json.dumps([VERSION, content, ids])
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 class ArchivePacker:
     """Streams the members of one archive into shards ``0, 1, ...``; ``done`` are skipped."""
 
@@ -52,12 +67,17 @@ class ArchivePacker:
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="s5loader-pack-upload")
         self._uploads: list[Future[None]] = []
         self._errors: list[BaseException] = []
+        # uploaded shards waiting for the volumes they came from to be checked: (volume, shard, entry)
+        self._unmarked: list[tuple[int, int, dict[str, Any]]] = []
+        self._lock = threading.Lock()
+        self._stream: Any = None
 
     def run(self, stream: Any) -> int:
         """Read the archive from ``stream``; returns the number of shards."""
         mode = "r|*"
         if is_zstd(self.archive):
             raise ConfigError(f"{self.archive}: a zstandard archive; pack reads .tar, .tar.gz, .tar.bz2 and .tar.xz")
+        self._stream = stream
         shard = 0
         writer = self._open(shard)
         key: str | None = None
@@ -80,6 +100,7 @@ class ArchivePacker:
                         writer = self._open(shard)
                     key = k
                     writer.add(member.name, k, member.size, src.extractfile(member))
+                    self.mark(final=False)
         except (tarfile.TarError, EOFError, zlib.error) as exc:
             writer.abandon()
             raise FetchError(f"{self.archive}: not a readable tar archive ({type(exc).__name__}: {exc})") from exc
@@ -109,7 +130,8 @@ class ArchivePacker:
         if writer.size < self.shard_size:  # the disk it holds now
             self.gate.release(self.shard_size - writer.size)
         path = writer.path
-        f = self._pool.submit(self._upload, shard, path, writer)
+        volume = int(getattr(self._stream, "index", 0))  # its last bytes came from this volume, or earlier
+        f = self._pool.submit(self._upload, shard, path, writer, volume)
         f.add_done_callback(functools.partial(self._ended, min(writer.size, self.shard_size)))
         self._uploads.append(f)
 
@@ -119,10 +141,10 @@ class ArchivePacker:
         if exc is not None:
             self._errors.append(exc)
 
-    def _upload(self, shard: int, path: str, writer: ShardWriter) -> None:
+    def _upload(self, shard: int, path: str, writer: ShardWriter, volume: int) -> None:
         uri = self.packer.shard_uri(shard)
         try:
-            self.packer._upload(path, uri, writer.size)
+            self.packer.upload(path, uri, writer.size)
         finally:
             try:
                 os.unlink(path)
@@ -130,8 +152,20 @@ class ArchivePacker:
                 pass
         entry = {"url": SHARD_NAME.format(shard), "nsamples": writer.nsamples, "filesize": writer.size,
                  "md5sum": writer.md5, "skipped": []}
-        self.packer.state.mark_done(shard, entry)
-        self.packer.on_shard(writer.nsamples, writer.size)
+        with self._lock:
+            self._unmarked.append((volume, shard, entry))
+
+    def mark(self, final: bool) -> None:
+        """Mark done the uploaded shards whose volumes are all checked (``final``: every volume
+        is). A shard is uploaded as soon as it is written, but marked done only then: a volume
+        that fails its check leaves no shard of its bytes marked, so a rerun makes them again."""
+        checked = int(getattr(self._stream, "index", 0))  # volumes before this one are checked
+        with self._lock:
+            ready = [u for u in self._unmarked if final or u[0] < checked]
+            self._unmarked = [u for u in self._unmarked if u not in ready]
+        for _, shard, entry in ready:
+            self.packer.state.mark_done(shard, entry)
+            self.packer.on_shard(int(entry["nsamples"]), int(entry["filesize"]))
 
     def close(self, wait: bool = True) -> None:
         """Wait for the uploads under way (raise the first error), or drop them."""
@@ -146,11 +180,11 @@ class ArchivePacker:
 
 
 def pack_archive(
-    uris: list[str], packer: Packer, shard_size: int, budget: int, done: set[int], verify: bool,
-    concurrency: int,
+    objects: list[Any], checkers: dict[str, _verify.Checker | None], packer: Packer, shard_size: int, budget: int,
+    done: set[int], concurrency: int,
 ) -> tuple[int, int]:
-    """Pack the split archive ``uris`` names into shards; returns how many shards it makes,
-    and the most bytes of local disk it held at once.
+    """Pack the split archive whose volumes (:func:`volumes_of`) are ``objects`` into shards;
+    returns how many shards it makes, and the most bytes of local disk it held at once.
 
     Half the budget holds volumes ahead of the reader, half the shards behind it (one shard
     more when a shard is larger).
@@ -161,7 +195,6 @@ def pack_archive(
             would not split back into its key and field.
         FetchError: not a readable tar archive.
     """
-    objects, checkers = volumes_of(uris, packer.s5, verify)
     work: FetchWork = packer.work
     volumes = Volumes(objects, checkers, packer.s5, work, max(1, budget // 2), concurrency, 0)
     archive = ArchivePacker(packer, shard_size, Gate(max(1, budget - budget // 2)), done, objects[0].uri)
@@ -176,6 +209,7 @@ def pack_archive(
         volumes.close()
         volumes.thread.join()
     archive.close(wait=True)
+    archive.mark(final=True)  # every volume was read to its end and checked
     if archive.skipped:
         log.warning("%s: %d member(s) left out, such as %r", objects[0].uri, len(archive.skipped), archive.skipped[0])
     return nshards, volumes.peak + archive.gate.peak

@@ -115,7 +115,7 @@ class Packer:
         """Upload a built shard under its final name, delete it, mark it done; its index entry."""
         uri, w, t0 = self.shard_uri(built.shard), built.writer, time.monotonic()
         try:
-            self._upload(built.path, uri, w.size)
+            self.upload(built.path, uri, w.size)
         finally:
             _unlink(built.path)
         log.debug("%s: uploaded in %.2fs", uri, time.monotonic() - t0)
@@ -197,7 +197,9 @@ class Packer:
             skipped.add(j)
         return {jk: path for jk, (path, _) in where.items()}, skipped
 
-    def _upload(self, path: str, uri: str, size: int) -> None:
+    def upload(self, path: str, uri: str, size: int) -> None:
+        """Upload the shard at ``path`` to ``uri`` (a multipart upload for a large one, aborted if
+        it does not finish)."""
         def start() -> Any:
             return _start_copy(self.s5, path, uri, concurrency=min(16, self.numworkers), part_size=0, size=size)
 

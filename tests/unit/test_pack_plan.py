@@ -179,3 +179,26 @@ def test_whole_blocks_and_lone_samples_come_with_wildcard_lines() -> None:
     plain = Packer(None, None, None, None, "raise", 4, lambda n, b: None, None)  # type: ignore[arg-type]
     lines, _, where = plain._lines([0, 1], planned[:2], "/w/x")
     assert len(lines) == 4 and where[1, 0] == ("/w/x/1.0", "s3://b/t/001.image")
+
+
+def test_an_archive_shard_is_marked_done_only_once_its_volumes_are_checked() -> None:
+    from types import SimpleNamespace
+
+    from s5loader._pack.archive import ArchivePacker
+
+    marked: list[int] = []
+    state = SimpleNamespace(mark_done=lambda shard, entry: marked.append(shard))
+    packer = SimpleNamespace(state=state, on_shard=lambda n, size: None)
+    archive = ArchivePacker(packer, 1000, Gate(10_000), set(), "s3://bk/a.tar.")  # type: ignore[arg-type]
+    stream = SimpleNamespace(index=1)  # reading volume 1: volume 0 is checked
+    archive._stream = stream
+    entry = {"nsamples": 1, "filesize": 10}
+    archive._unmarked = [(0, 0, entry), (1, 1, entry), (1, 2, entry), (2, 3, entry)]
+    archive.mark(final=False)
+    assert marked == [0]  # shards whose bytes came from volume 1 wait for its check
+    stream.index = 2
+    archive.mark(final=False)
+    assert marked == [0, 1, 2]
+    archive.mark(final=True)  # the end: every volume read and checked
+    assert marked == [0, 1, 2, 3]
+    archive.close()

@@ -31,10 +31,11 @@ lint: venv
 	$(VENV)/bin/ruff check s5loader tests bench bin
 	$(VENV)/bin/mypy s5loader bench/s5loader_bench bench/run.py
 
-# The bench extra (matplotlib, s3torchconnector) on top of the test one; a peer that cannot be
-# installed here is skipped in the tables, with the reason.
+# The bench extra (matplotlib, s3torchconnector, litdata) on top of the test one, PyTorch held at
+# the CPU build (litdata would otherwise pull a CUDA build); a peer that cannot be installed here
+# is skipped in the tables, with the reason.
 bench: venv
-	$(PIP) install -q -e '.[bench]' || true
+	$(PIP) install -q -e '.[bench]' torch==2.13.0 || true
 	$(PY) bench/run.py
 
 clean:

@@ -40,6 +40,7 @@ from .exceptions import (
 )
 from .iterable import S5IterableDataset
 from .metrics import Metrics, log_metrics
+from .packing import PackResult, pack
 from .prefetch import Prefetcher
 from .progress import Progress
 from .s5cmd import find_s5cmd
@@ -56,6 +57,8 @@ __all__ = [
     "checkpoint",
     "dcp",
     "fetch",
+    "pack",
+    "PackResult",
     "consume",
     "Metrics",
     "log_metrics",

@@ -1,5 +1,5 @@
 """The ``s5loader`` command: ``ls`` (show the sample index), ``index-shards`` (count the
-samples of tar shards), ``prefetch`` (the daemon) and
+samples of tar shards), ``pack`` (objects into tar shards), ``prefetch`` (the daemon) and
 ``bench`` (the benchmark, the separate ``s5loader_bench`` package, imported only when that
 command runs). The CLI owns the terminal; the library only logs."""
 
@@ -74,6 +74,7 @@ COMMANDS = {
     "prefetch": ("keep a bounded local cache filled for any consumer", "s5loader.daemon.cli:main"),
     "bench": ("measure loading methods on your bucket", "s5loader_bench.cli:main"),
     "fetch": ("download big objects or a split archive through a small disk", "s5loader.fetch:main"),
+    "pack": ("pack objects or a split archive into WebDataset tar shards with an index", "s5loader.packing:main"),
 }
 BENCH_INSTALL = "pip install 's5loader[bench]'"
 

@@ -5,9 +5,10 @@ as a user would).
 Read in this order: :mod:`.binary` (finding it; the flags and environment of a run),
 :mod:`.commands` (command-file lines and quoting), :mod:`.output` (JSON lines, errors and
 their exception types) and :mod:`.process` (starting and killing runs, listing, transfers
-of one large object).
+of one large object); :mod:`.batch` runs one command file to its end.
 """
 
+from .batch import BatchOutcome, finish_batch, start_batch
 from .binary import ENV_BINARY, environment, find_s5cmd
 from .commands import can_write, copy_line, wildcard_line, write_command_file
 from .output import (
@@ -35,6 +36,7 @@ from .process import (
 )
 
 __all__ = [
+    "BatchOutcome",
     "ENV_BINARY",
     "MAX_PARTS",
     "MIN_PART_SIZE",
@@ -49,6 +51,7 @@ __all__ = [
     "error_for",
     "error_from_exit",
     "find_s5cmd",
+    "finish_batch",
     "kill",
     "kill_group",
     "last_error",
@@ -56,6 +59,7 @@ __all__ = [
     "part_size_mib",
     "partial_of",
     "reported_destinations",
+    "start_batch",
     "start_cat",
     "start_copy",
     "start_pipe",

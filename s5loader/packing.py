@@ -1,0 +1,274 @@
+"""``s5loader pack``: raw objects, a manifest, or a split archive into WebDataset tar shards
+under an s3 prefix, with the ``wids.json`` index that :meth:`S5Dataset.from_shards
+<s5loader.S5Dataset.from_shards>` reads, through a small local disk.
+
+``pack("s3://b/raw/", "s3://b/shards/", shard_size="100MB", shuffle=True, seed=1)`` lists the
+source and groups it into samples as :meth:`S5Dataset.from_prefix` does, orders them (key order
+or a seeded permutation), cuts them into shards, and packs the shards: each shard's objects are
+downloaded with parallel s5cmd GETs, written into ``shard-NNNNNN.tar`` (members ``KEY.FIELD``,
+samples consecutive), uploaded under its final name when complete, and marked done. At most
+``budget`` bytes of local disk are used at once (one shard more when a shard is larger). The
+index is written last. Killed at any point, the same call finishes the job without packing
+finished shards again (see :mod:`s5loader._pack.state`). Under ``torchrun`` or SLURM
+(``RANK``, ``WORLD_SIZE``) each rank packs every ``WORLD_SIZE``-th shard and rank 0 writes the
+index once every shard is there.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ._index.blocks import BlockPlan, plan_blocks
+from ._pack import plan as _plan
+from ._pack.archive import fingerprint as archive_fingerprint
+from ._pack.archive import pack_archive, volumes_of
+from ._pack.pipeline import Gate, Job, Packer, run_shards
+from ._pack.plan import PackOptions
+from ._pack.state import DestState
+from ._pack.workdir import open_work
+from ._util.args import ArgumentParser, positive_int, size_arg
+from ._util.dist import rank_info
+from ._util.uri import as_folder, format_size, parse_s3_uri
+from .config import Access
+from .dataset import S5Dataset
+from .exceptions import ConfigError, ShardIndexError
+from .progress import Progress
+from .s5cmd import S5cmd
+
+log = logging.getLogger(__name__)
+
+__all__ = ["pack", "PackResult"]
+
+PARALLEL_SHARDS = 2  # shards under way at once (the budget may allow fewer): one downloads while one uploads
+BLOCK_SIZE = 64  # most samples one wildcard line fetches, as the sampler's default
+
+
+@dataclass
+class PackResult:
+    """What :func:`pack` did.
+
+    Attributes:
+        shards: shards in the whole pack (every rank's).
+        packed: shards this process wrote (the others were done before, or are other ranks').
+        samples: samples in the index (rank 0), else in the shards this process wrote.
+        bytes: bytes of the shards this process wrote.
+        seconds: wall time.
+        index: the ``wids.json`` URI (rank 0), else None.
+        peak_staged: the most bytes of local disk reserved at once.
+        budget: the budget.
+        skipped: sample keys left out (objects gone, with ``missing="skip"``): on rank 0 of
+            the whole pack, else of the shards this process wrote.
+    """
+
+    shards: int = 0
+    packed: int = 0
+    samples: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    index: str | None = None
+    peak_staged: int = 0
+    budget: int = 0
+    skipped: list[str] = field(default_factory=list)
+
+
+def pack(
+    source: str,
+    dest: str,
+    *,
+    shard_size: int | str = "100MB",
+    group_by: str = "stem",
+    label: str | None = None,
+    shuffle: bool = False,
+    seed: int = 0,
+    budget: int | str = "1GiB",
+    workers: int = 64,
+    from_archive: bool = False,
+    verify: bool = True,
+    missing: str = "raise",
+    staging_dir: str | None = None,
+    index_timeout: float = 3600.0,
+    access: Access | None = None,
+    endpoint_url: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+) -> PackResult:
+    """Pack ``source`` into WebDataset tar shards under ``dest``, with a ``wids.json`` index.
+
+    Args:
+        source: ``s3://bucket/prefix/`` of raw objects, a manifest (``.jsonl``/``.json``, a
+            path or s3 URI), or with ``from_archive`` the volumes of a split archive
+            (``s3://b/data.tar.gz.`` for ``data.tar.gz.000``, ``.001``, ...) or one archive.
+        dest: ``s3://bucket/prefix/``, empty or holding an unfinished run of this same pack.
+        shard_size: where shards are cut (``"100MB"``); a sample is never split.
+        group_by, label: how objects make samples, as :meth:`S5Dataset.from_prefix`; with
+            ``label="folder"`` each sample gets a ``cls`` member (its class index).
+        shuffle, seed: shuffle the samples across and within shards, seeded.
+        budget: the most bytes of local disk at once (one shard more when a shard is larger).
+        workers: parallel requests for downloads and uploads.
+        from_archive: ``source`` is an archive (streamed member by member; key order only).
+        verify: with ``from_archive``, check each volume against its ``.md5`` file or ETag.
+        missing: an object gone between listing and download: ``"raise"`` or ``"skip"``.
+        staging_dir: where the local files go (default: the temporary directory).
+        index_timeout: seconds rank 0 waits for the other ranks' shards.
+        access, endpoint_url: how to reach the store (:class:`~s5loader.Access`).
+        progress: called with (samples packed, samples in all) as shards finish.
+        rank, world_size: this process's part (default: torch.distributed, else ``RANK`` and
+            ``WORLD_SIZE``, else one process).
+
+    Returns:
+        a :class:`PackResult`.
+
+    Raises:
+        ConfigError: bad options, DEST overlaps SOURCE, or DEST holds other shards.
+        UnsafeArchiveError: a key no tar member name can carry (names the object).
+        ObjectNotFoundError: an object gone since it was listed (``missing="raise"``).
+        ChecksumError: an archive volume does not match its ``.md5`` file.
+        ShardIndexError: rank 0 waited ``index_timeout`` for other ranks; names them.
+        StagingSpaceError: the local disk filled up.
+    """
+    t0 = time.monotonic()
+    options = PackOptions(shard_size, group_by, label, shuffle, seed, budget, workers, missing, index_timeout)
+    store = Access.coerce(access, endpoint_url)
+    dest = as_folder(dest)
+    parse_s3_uri(dest)
+    r, world = rank_info(world_size, rank)
+    state = DestState(dest, store)
+    parallel = max(1, min(PARALLEL_SHARDS, options.workers))
+    s5 = S5cmd(access=store, numworkers=max(4, options.workers // parallel))  # per shard's run
+    result = PackResult(budget=int(options.budget))
+    root = os.path.abspath(staging_dir) if staging_dir else tempfile.gettempdir()
+
+    def shard_done(n: int, size: int) -> None:
+        result.packed += 1
+        result.samples += n
+        result.bytes += size
+        if progress is not None:
+            progress(result.samples, total or result.samples)  # an archive's total is unknown
+
+    if from_archive:
+        if shuffle or label or group_by != "stem" or world > 1:
+            raise ConfigError(
+                f"{source}: an archive is packed in its own order, by one process, grouped by stem "
+                "(consecutive members sharing a key): drop shuffle, label, group_by and the other ranks"
+            )
+        _plan.check_places(source, dest)
+        volumes, checkers = volumes_of([source], s5, verify)
+        doc = {"version": _plan.VERSION, "fingerprint": archive_fingerprint(volumes, checkers, options.content()),
+               "source": source, "options": options.content(), "shards": None}
+        state.claim(doc, r, index_timeout)
+        total = 0
+        with open_work(root) as work:
+            packer = Packer(s5, store, state, work, missing, options.workers, shard_done)
+            nshards, result.peak_staged = pack_archive(
+                volumes, checkers, packer, int(options.shard_size), int(options.budget), state.done(),
+                min(16, options.workers))
+        result.shards = nshards
+    else:
+        planned, base, blocks = _samples(source, dest, options, store)
+        order = _plan.order(len(planned), shuffle, seed)
+        sizes = [planned[i].tar_bytes for i in order]
+        cuts = _plan.cut(sizes, int(options.shard_size))
+        doc = {"version": _plan.VERSION, "fingerprint": _plan.fingerprint([planned[i] for i in order], options),
+               "source": source, "options": options.content(), "shards": len(cuts)}
+        state.claim(doc, r, index_timeout)
+        done = state.done()
+        jobs: list[Job] = []
+        for i in _plan.rank_shards(len(cuts), r, world):
+            if i not in done:
+                numbers = [int(order[k]) for k in range(*cuts[i])]
+                samples = [planned[n] for n in numbers]
+                jobs.append((i, numbers, samples, _plan.shard_bytes(samples)))
+        total = sum(len(s) for _, _, s, _ in jobs)
+        log.info("packing %s into %s: %d samples, %d shards (%d done before; this rank packs %d)",
+                 source, dest, len(planned), len(cuts), len(done), len(jobs))
+        gate = Gate(int(options.budget))
+        need = min(int(options.budget), sum(j[3] for j in jobs)) + max((j[3] for j in jobs), default=0)
+        with open_work(root, need if jobs else 0) as work:
+            packer = Packer(s5, store, state, work, missing, max(4, options.workers // parallel), shard_done, blocks)
+            entries = run_shards(packer, jobs, gate, parallel)
+        result.peak_staged = gate.peak
+        result.skipped = [k for e in entries for k in e.get("skipped", [])]
+        result.shards = nshards = len(cuts)
+    if r == 0:
+        state.wait_all(nshards, world, index_timeout, lambda: None)
+        entries = state.entries(nshards)
+        result.samples = sum(int(e["nsamples"]) for e in entries)
+        result.skipped = [k for e in entries for k in e.get("skipped", [])]
+        if not from_archive and result.samples + len(result.skipped) != len(planned):  # checked before it is indexed
+            raise ShardIndexError(
+                f"{dest}: the shards' markers count {result.samples} samples and {len(result.skipped)} left out; "
+                f"the plan has {len(planned)}; no index written"
+            )
+        result.index = state.write_index(entries, source)
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+def _samples(
+    source: str, dest: str, options: PackOptions, store: Access
+) -> tuple[list[_plan.PlannedSample], str, BlockPlan]:
+    """The samples of a prefix (grouped as ``from_prefix`` groups them) or a manifest, planned,
+    and their blocks (runs that one wildcard line fetches; none for a manifest)."""
+    if source.endswith((".jsonl", ".json")) or not source.startswith("s3://"):
+        ds = S5Dataset.from_manifest(source, access=store, group_by=options.group_by, label=options.label)
+        base = ""
+    else:
+        source = as_folder(source)
+        _plan.check_places(source, dest)
+        ds = S5Dataset.from_prefix(source, access=store, group_by=options.group_by, label=options.label)
+        base = parse_s3_uri(source).key
+    planned = _plan.plan_samples(ds.samples, base)
+    # blocks of at most a quarter of a shard's samples, so that most lie whole in one shard
+    per_shard = int(options.shard_size) * len(planned) // max(1, sum(p.tar_bytes for p in planned))
+    blocks = plan_blocks(ds.samples, max(2, min(BLOCK_SIZE, per_shard // 4)), ds.samples.listing)
+    return planned, base, blocks
+
+
+def main(argv: list[str]) -> int:
+    """``s5loader pack SOURCE DEST [--shard-size SIZE] [--group-by ...] [--shuffle --seed N] ...``."""
+    p = ArgumentParser(
+        prog="s5loader pack",
+        description="Pack raw objects, a manifest or a split archive into WebDataset tar shards under an "
+        "s3 prefix, with the wids.json index that S5Dataset.from_shards reads. Run it again with the same "
+        "arguments to finish an interrupted pack.",
+    )
+    p.add_argument("source", help="s3://bucket/prefix/, a manifest (.jsonl), or with --from-archive an archive's volumes")
+    p.add_argument("dest", help="s3://bucket/prefix/ for the shards (empty, or an unfinished pack of the same source)")
+    p.add_argument("--shard-size", type=size_arg, default="100MB", help="cut shards at this size (default 100MB)")
+    p.add_argument("--group-by", default="stem", choices=["stem", "folder", "object"])
+    p.add_argument("--label", choices=["folder"], help="folder: a 'cls' member with each sample's class index")
+    p.add_argument("--shuffle", action="store_true", help="shuffle samples across and within shards")
+    p.add_argument("--seed", type=int, default=0, help="the shuffle's seed (default 0)")
+    p.add_argument("--budget", type=size_arg, default="1GiB", help="most local disk at once (default 1GiB)")
+    p.add_argument("--workers", type=positive_int, default=64, help="parallel requests (default 64)")
+    p.add_argument("--from-archive", action="store_true", help="SOURCE is a (split) tar archive, streamed")
+    p.add_argument("--no-verify", action="store_true", help="with --from-archive: do not check volumes")
+    p.add_argument("--skip-missing", action="store_true", help="leave out samples whose objects vanished")
+    p.add_argument("--staging-dir", help="where local files go (default: the temporary directory)")
+    p.add_argument("--index-timeout", type=float, default=3600.0, help="seconds rank 0 waits for other ranks")
+    Access.add_arguments(p)
+    args = p.parse_args(argv)
+    bar = Progress(f"packing into {args.dest}", unit="samples", final_line=False)
+    result = pack(
+        args.source, args.dest, shard_size=args.shard_size, group_by=args.group_by, label=args.label,
+        shuffle=args.shuffle, seed=args.seed, budget=args.budget, workers=args.workers,
+        from_archive=args.from_archive, verify=not args.no_verify,
+        missing="skip" if args.skip_missing else "raise", staging_dir=args.staging_dir,
+        index_timeout=args.index_timeout, access=Access.from_args(args), progress=bar,
+    )
+    bar.close()
+    line = (f"packed {result.packed} of {result.shards} shards ({format_size(result.bytes)}) in "
+            f"{result.seconds:.1f} s; peak local disk {format_size(result.peak_staged)} of a "
+            f"{format_size(result.budget)} budget")
+    if result.index:
+        line += f"; {result.samples} samples indexed in {result.index}"
+    if result.skipped:
+        line += f"; {len(result.skipped)} sample(s) left out (objects gone), such as {result.skipped[0]!r}"
+    print(line)
+    return 0

@@ -1,0 +1,204 @@
+"""The plan of ``s5loader pack``, pure logic: options, member names, order, the cut into shards,
+the fingerprint, the rank split; the shard writer's bytes; the disk gate."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+
+import pytest
+
+from s5loader import ConfigError, UnsafeArchiveError
+from s5loader._index.sample import Field, Sample
+from s5loader._pack import plan as _plan
+from s5loader._pack.pipeline import Gate
+from s5loader._pack.shard import ShardWriter
+from s5loader._shards import tar as _tar
+
+
+def sample(key: str, *fields: tuple[str, int], extra: dict | None = None) -> Sample:
+    return Sample(key, tuple(Field(f, f"s3://b/{key}.{f}", n, "e" * 32) for f, n in fields), extra)
+
+
+def test_options_are_checked_and_sizes_parsed() -> None:
+    o = _plan.PackOptions(shard_size="4MB", budget="1GiB")
+    assert (o.shard_size, o.budget) == (4_000_000, 1024**3)
+    for bad in ({"shard_size": 10}, {"group_by": "x"}, {"label": "y"}, {"workers": 0}, {"missing": "ignore"},
+                {"seed": 1.5}, {"index_timeout": 0}):
+        with pytest.raises(ConfigError):
+            _plan.PackOptions(**bad)  # type: ignore[arg-type]
+    # the speed options do not change what the shards hold
+    assert _plan.PackOptions(workers=1).content() == _plan.PackOptions(workers=99, budget="1MB").content()
+    assert _plan.PackOptions(seed=1).content() == _plan.PackOptions(seed=2).content()  # no shuffle: no seed
+    assert _plan.PackOptions(shuffle=True, seed=1).content() != _plan.PackOptions(shuffle=True, seed=2).content()
+
+
+@pytest.mark.parametrize(
+    "key, field",
+    [("0001", "jpg"), ("dir/0001", "seg.jpg"), ("d" * 300, "cls"), ("ünï/k", "json"), ("a/b/c", "JPG")],
+)
+def test_member_names_split_back_into_key_and_field(key: str, field: str) -> None:
+    name = _plan.check_member(key, field, "s3://b/x")
+    assert _tar.split_name(name) == (key, field.lower())
+
+
+@pytest.mark.parametrize(
+    "key, field, why",
+    [
+        ("a.b/0001.jpg", "data", "read back"),  # group_by="object": the key keeps its dot
+        ("folder.1", "txt", "read back"),
+        ("f", "sub/x.mp4", "read back"),  # a '/' in the field (group_by="folder" with sub-folders)
+        ("../x", "jpg", "'..'"),
+        ("/abs", "jpg", "absolute"),
+        ("a//b", "jpg", "empty"),
+        ("a\udcff", "jpg", "not UTF-8"),
+        ("a\nb", "jpg", "line break"),
+    ],
+)
+def test_unsafe_member_names_are_refused_naming_the_object(key: str, field: str, why: str) -> None:
+    with pytest.raises(UnsafeArchiveError, match=why) as err:
+        _plan.check_member(key, field, "s3://b/the-object")
+    assert "s3://b/the-object" in str(err.value)
+
+
+def test_plan_samples_relative_keys_labels_extras_and_collisions() -> None:
+    planned = _plan.plan_samples(
+        [sample("p/0001", ("jpg", 10), extra={"label": 3, "caption": "x"}), sample("p/0002", ("jpg", 5))], "p/"
+    )
+    assert [s.key for s in planned] == ["0001", "0002"]
+    names = [m.name for m in planned[0].members]
+    assert names == ["0001.jpg", "0001.cls", "0001.json"]
+    assert planned[0].members[1].data == b"3" and planned[0].members[2].data == b'{"caption": "x"}'
+    with pytest.raises(ConfigError, match="read back the same"):
+        _plan.plan_samples([sample("k", ("jpg", 1), ("JPG", 1))], "")
+    with pytest.raises(ConfigError, match="also the key"):
+        _plan.plan_samples([sample("k", ("jpg", 1)), sample("k", ("png", 1))], "")
+
+
+def test_order_is_seeded_and_a_permutation() -> None:
+    assert list(_plan.order(5, False, 9)) == [0, 1, 2, 3, 4]
+    a, b = _plan.order(1000, True, 1), _plan.order(1000, True, 1)
+    assert list(a) == list(b) and sorted(a) == list(range(1000)) and list(a) != list(range(1000))
+    assert list(_plan.order(1000, True, 2)) != list(a)
+
+
+def test_cut_keeps_samples_whole_and_shards_within_size() -> None:
+    sizes = [1000, 3000, 500, 500, 9000, 100, 100]
+    cuts = _plan.cut(sizes, 5100)  # members + the tar's two end blocks
+    assert cuts == [(0, 2), (2, 4), (4, 5), (5, 7)]  # the 9000 sample is a shard of its own
+    assert [i for a, b in cuts for i in range(a, b)] == list(range(len(sizes)))  # each sample once, in order
+    assert _plan.cut([], 100) == []
+
+
+def test_member_bytes_match_what_the_writer_writes(tmp_path) -> None:
+    members = [("0001.jpg", 700), ("d" * 150 + ".cls", 3), ("ünï.txt", 512)]
+    path = str(tmp_path / "s.tar")
+    with ShardWriter(path) as w:
+        for name, n in members:
+            w.add(name, name.split(".")[0], n, io.BytesIO(b"x" * n))
+        body_end = w.offset
+    assert body_end == sum(_plan.member_bytes(name, n) for name, n in members)
+    planned = [_plan.PlannedSample("k", tuple(_plan.Member(n, "", s, "") for n, s in members))]
+    assert w.size <= _plan.shard_bytes(planned)
+
+
+def test_the_same_samples_make_the_same_bytes(tmp_path) -> None:
+    def write(path: str | None) -> ShardWriter:
+        with ShardWriter(path) as w:
+            for i in range(5):
+                w.add(f"{i:04d}.bin", f"{i:04d}", 100 + i, io.BytesIO(bytes([i]) * (100 + i)))
+        return w
+
+    a, b, measured = write(str(tmp_path / "a.tar")), write(str(tmp_path / "b.tar")), write(None)
+    assert (tmp_path / "a.tar").read_bytes() == (tmp_path / "b.tar").read_bytes()
+    assert a.md5 == b.md5 and a.size == b.size == measured.size and a.nsamples == 5
+    samples = _tar.scan_bytes((tmp_path / "a.tar").read_bytes(), "a.tar")
+    assert [s.key for s in samples] == [f"{i:04d}" for i in range(5)]
+
+
+def test_fingerprint_changes_with_samples_and_options() -> None:
+    planned = _plan.plan_samples([sample("a", ("jpg", 1)), sample("b", ("jpg", 2))], "")
+    o = _plan.PackOptions()
+    fp = _plan.fingerprint(planned, o)
+    assert fp == _plan.fingerprint(list(planned), _plan.PackOptions(workers=3))
+    assert fp != _plan.fingerprint(planned[::-1], o)
+    assert fp != _plan.fingerprint(planned, _plan.PackOptions(shard_size="1MB"))
+    other = _plan.plan_samples([sample("a", ("jpg", 1)), sample("b", ("jpg", 3))], "")
+    assert fp != _plan.fingerprint(other, o)
+
+
+def test_ranks_pack_disjoint_shards_that_cover_all() -> None:
+    for world in (1, 2, 3, 8):
+        parts = [_plan.rank_shards(10, r, world) for r in range(world)]
+        flat = sorted(s for p in parts for s in p)
+        assert flat == list(range(10))
+    assert _plan.ranks_of([1, 3, 4], 2) == [0, 1]
+
+
+def test_overlapping_source_and_dest_are_refused() -> None:
+    with pytest.raises(ConfigError, match="overlap"):
+        _plan.check_places("s3://bk/raw/", "s3://bk/raw/shards/")
+    with pytest.raises(ConfigError, match="overlap"):
+        _plan.check_places("s3://bk/raw/x/", "s3://bk/raw/")
+    _plan.check_places("s3://bk/raw/", "s3://bk/raw-shards/")
+    _plan.check_places("s3://bk/raw/", "s3://ck/raw/")
+
+
+def test_gate_holds_shards_within_the_budget_one_alone_beyond_it() -> None:
+    gate = Gate(100)
+    assert gate.acquire(250, lambda: False)  # alone: it goes
+    got: list[bool] = []
+    t = threading.Thread(target=lambda: got.append(gate.acquire(10, lambda: False)))
+    t.start()
+    time.sleep(0.05)
+    assert not got  # waits while the big one holds the disk
+    gate.release(250)
+    t.join(5)
+    assert got == [True] and gate.peak == 250
+    assert gate.acquire(90, lambda: False)
+    assert not gate.acquire(50, lambda: True)  # told to give up
+
+
+def test_whole_blocks_and_lone_samples_come_with_wildcard_lines() -> None:
+    from s5loader._index.blocks import plan_blocks
+    from s5loader._pack.pipeline import Packer
+
+    samples = [sample(f"t/{i:03d}", ("image", 10), ("label", 1)) for i in range(20)]
+    listing = [f.uri[len("s3://b/"):] for s in samples for f in s.fields]
+    blocks = plan_blocks(samples, 10, listing)
+    planned = _plan.plan_samples(samples, "t/")
+    packer = Packer(None, None, None, None, "raise", 4, lambda n, b: None, blocks)  # type: ignore[arg-type]
+    numbers = list(range(15))  # the whole block t/00*, half of t/01*
+    lines, dests, where = packer._lines(numbers, [planned[n] for n in numbers], "/w/000000")
+    assert lines[0] == "cp --exclude '*..*' 's3://b/t/00*' /w/000000/b0/\n"
+    assert len(lines) == 6 and all(line.startswith("cp --exclude") for line in lines)  # no HEAD per object
+    assert where[0, 0] == ("/w/000000/b0/000.image", "s3://b/t/000.image")
+    assert where[12, 1] == ("/w/000000/s12/012.label", "s3://b/t/012.label")
+    # no listing (a manifest): one cp --raw line per object, named by position
+    plain = Packer(None, None, None, None, "raise", 4, lambda n, b: None, None)  # type: ignore[arg-type]
+    lines, _, where = plain._lines([0, 1], planned[:2], "/w/x")
+    assert len(lines) == 4 and where[1, 0] == ("/w/x/1.0", "s3://b/t/001.image")
+
+
+def test_an_archive_shard_is_marked_done_only_once_its_volumes_are_checked() -> None:
+    from types import SimpleNamespace
+
+    from s5loader._pack.archive import ArchivePacker
+
+    marked: list[int] = []
+    state = SimpleNamespace(mark_done=lambda shard, entry: marked.append(shard))
+    packer = SimpleNamespace(state=state, on_shard=lambda n, size: None)
+    archive = ArchivePacker(packer, 1000, Gate(10_000), set(), "s3://bk/a.tar.")  # type: ignore[arg-type]
+    stream = SimpleNamespace(index=1)  # reading volume 1: volume 0 is checked
+    archive._stream = stream
+    entry = {"nsamples": 1, "filesize": 10}
+    archive._unmarked = [(0, 0, entry), (1, 1, entry), (1, 2, entry), (2, 3, entry)]
+    archive.mark(final=False)
+    assert marked == [0]  # shards whose bytes came from volume 1 wait for its check
+    stream.index = 2
+    archive.mark(final=False)
+    assert marked == [0, 1, 2]
+    archive.mark(final=True)  # the end: every volume read and checked
+    assert marked == [0, 1, 2, 3]
+    archive.close()

@@ -8,19 +8,21 @@ the builder checks it as objects arrive and sorts only when it is not.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import logging
 import operator
 import re
 from array import array
-from itertools import repeat
+from collections.abc import Iterable, Iterator
+from itertools import pairwise, repeat, starmap
 from typing import Any
 
 import numpy as np
 
 from ..exceptions import ConfigError
-from .compact import _DATA, _ETAG_MD5, _ETAG_OTHER, ENC, SampleIndex, Sparse, Strings, etag_code
+from .compact import _DATA, _ETAG_MD5, _ETAG_OTHER, ENC, SampleIndex, Sparse, Strings, _view, etag_code
 from .sample import check_group_by
 
 log = logging.getLogger(__name__)
@@ -169,8 +171,7 @@ class IndexBuilder:
         ids = self._buckets
         for b in dict.fromkeys(buckets):
             ids.setdefault(b, len(ids))
-        self._last_bucket = buckets[-1]
-        self._last_id = ids[self._last_bucket]
+        self._last_bucket, self._last_id = buckets[-1], ids[buckets[-1]]
         self._bucket.extend(array("H", [self._last_id]) * n if one_bucket else array("H", map(ids.__getitem__, buckets)))
         j0 = len(self._size)
         chars = np.fromiter(map(len, keys), dtype=np.int64, count=n)
@@ -256,9 +257,9 @@ class IndexBuilder:
         extra_at = np.frombuffer(self._extra_at, dtype=np.int64).copy()
         if not self._in_order:
             perm, new, ordered = _sort(self.group_by, odd_keys, text, bucket_names, bucket, klen, name_at)
+            text = Strings.of(ordered)  # here, not in _sort: the sort's garbage is gone (a lower peak)
             inv = np.empty(m, dtype=np.int64)
             inv[perm] = np.arange(m, dtype=np.int64)
-            text = Strings.of(ordered)
             bucket, size, etag, kind, name_at, klen = (a[perm] for a in (bucket, size, etag, kind, name_at, klen))
             odd_keys = {int(inv[j]): v for j, v in odd_keys.items()}
             odd_etags = {int(inv[j]): v for j, v in odd_etags.items()}
@@ -283,10 +284,8 @@ class IndexBuilder:
 def _trim() -> None:
     # The build's buffers grew by realloc on the C heap; hand what they left free back to the
     # system so that the index's own size is what stays resident (glibc only).
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not glibc
         ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # pragma: no cover - not glibc
-        pass
 
 
 def _sort(
@@ -308,34 +307,37 @@ def _sort(
         ordered = list(map(keys.__getitem__, perm))
         if not any(map(operator.eq, ordered, ordered[1:])):
             return np.array(perm, dtype=np.int64), np.ones(n, dtype=bool), ordered
-    ats, bl = name_at.tolist(), bucket.tolist()
-    skeys = list(map(operator.getitem, keys, map(slice, klen.tolist())))
-    for j, skey in odd.items():
-        skeys[j] = skey
-    names = list(map(operator.getitem, keys, map(slice, ats, repeat(None))))
-    if n and min(ats) < 0:
-        names = [name if at >= 0 else "data" for name, at in zip(names, ats, strict=True)]
+    skeys: Iterable[str] = map(operator.getitem, keys, map(slice, _view(klen)))  # memoryviews: no list of ints
+    if odd:
+        skeys = [odd.get(j, skey) for j, skey in enumerate(skeys)]
     # One string per object sorts like the (bucket, key, name) tuple as long as no part
     # holds a NUL character (which sorts below every other), and sorts faster.
     joined = b"\0" not in text.blob and not any("\0" in b for b in buckets)
-    groups: list[Any] = skeys
-    if len(buckets) > 1:
-        pairs = zip(map(buckets.__getitem__, bl), skeys, strict=True)
-        groups = [f"{b}\0{skey}" for b, skey in pairs] if joined else list(pairs)
-    sort_keys: list[Any] = [f"{g}\0{name}" for g, name in zip(groups, names, strict=True)] if joined else list(zip(groups, names, strict=True))
+    parts = zip(map(buckets.__getitem__, _view(bucket)), skeys, keys, _view(name_at), strict=True)
+    sort_keys: list[Any] = ([f"{b}\0{s}\0{k[at:] if at >= 0 else 'data'}" for b, s, k, at in parts] if joined else
+                            [((b, s), k[at:] if at >= 0 else "data") for b, s, k, at in parts])
     perm = sorted(range(n), key=sort_keys.__getitem__)
     ordered = list(map(sort_keys.__getitem__, perm))
     if any(map(operator.eq, ordered, ordered[1:])):
-        j = perm[next(p for p in range(n - 1) if ordered[p] == ordered[p + 1])]
-        dup = sorted(f"s3://{buckets[bl[i]]}/{keys[i]}" for i in range(n) if sort_keys[i] == sort_keys[j])
-        message = f"sample {skeys[j]!r} has the field {names[j]!r} twice ({', '.join(dup)}); use another group_by"
+        cur = next(a for a, b in pairwise(ordered) if a == b)
+        b_, skey, name = cur.split("\0") if joined else (*cur[0], cur[1])
+        dup = sorted(f"s3://{b_}/{keys[j]}" for j in perm if sort_keys[j] == cur)
+        message = f"sample {skey!r} has the field {name!r} twice ({', '.join(dup)}); use another group_by"
         raise SameObjectTwice(message, dup[0]) if len(set(dup)) == 1 else ConfigError(message)
-    # a sample starts where (bucket, sample key) changes
-    starts = list(map(groups.__getitem__, perm))
+    order = np.array(perm, dtype=np.int64)
+    del perm, sort_keys
+    # a sample starts where (bucket, sample key), the sort key up to its last part, changes
+    if joined:
+        head = np.array([len(b) + 1 for b in buckets], dtype=np.int64)[bucket] + klen
+        for j, skey in odd.items():
+            head[j] = len(buckets[int(bucket[j])]) + 1 + len(skey)
+        groups: Iterator[Any] = map(operator.getitem, ordered, map(slice, _view(head[order])))
+    else:
+        groups = map(operator.itemgetter(0), ordered)
     new = np.ones(n, dtype=bool)
-    if n > 1:
-        new[1:] = np.fromiter(map(operator.ne, starts[1:], starts), dtype=bool, count=n - 1)
-    return np.array(perm, dtype=np.int64), new, list(map(keys.__getitem__, perm))
+    new[1:] = np.fromiter(starmap(operator.ne, pairwise(groups)), dtype=bool, count=max(n - 1, 0))
+    del ordered
+    return order, new, list(map(keys.__getitem__, _view(order)))
 
 
 def _group_keys(group_by: str, keys: list[str]) -> tuple[list[str], list[int] | None] | None:

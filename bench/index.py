@@ -7,6 +7,7 @@ workers, and ``from_prefix`` over real objects in the embedded SeaweedFS.
     .venv/bin/python bench/index.py manifest --objects 1000000 --json out.json
     .venv/bin/python bench/index.py manifest --labels --before ../old-tree
     .venv/bin/python bench/index.py manifest --labels --group-by stem --repeat 3 --before ../old-tree
+    .venv/bin/python bench/index.py manifest --labels text --repeat 3 --before ../old-tree
 
 ``manifest``: writes a synthetic JSON Lines manifest (ImageNet-like keys
 ``train/nXXXXXXXX/nXXXXXXXX_N.JPEG`` with sizes and MD5 ETags, so nothing is fetched), then,
@@ -60,14 +61,16 @@ def private_bytes() -> int:
     return total
 
 
-def write_manifest(path: str, n: int, labels: bool = False) -> None:
+def write_manifest(path: str, n: int, labels: str | None = None) -> None:
+    """``labels``: ``int`` (a class number) or ``text`` (a class name beyond ASCII, escaped as
+    ``json.dumps`` writes it) on every line, or none."""
     classes = 1000
     with open(path, "w") as f:
         for i in range(n):
             c = f"n{10000000 + i % classes:08d}"
             etag = hashlib.md5(i.to_bytes(8, "little")).hexdigest()
             size = 50_000 + (i * 7919) % 150_000
-            label = f', "label": {i % classes}' if labels else ""
+            label = {None: "", "int": f', "label": {i % classes}', "text": f', "label": {json.dumps(f"类别{i % classes}")}'}[labels]
             f.write(f'{{"uri": "s3://bench/train/{c}/{c}_{i // classes}.JPEG", "size": {size}, "etag": "{etag}"{label}}}\n')
 
 
@@ -248,7 +251,8 @@ def main() -> None:
     p.add_argument("what", choices=["manifest", "prefix"])
     p.add_argument("--objects", type=int, default=1_000_000)
     p.add_argument("--json", help="also write the result here")
-    p.add_argument("--labels", action="store_true", help="manifest: a label on every line, as most manifests carry")
+    p.add_argument("--labels", nargs="?", const="int", choices=["int", "text"],
+                   help="manifest: a label on every line, as most manifests carry: a number (int) or a name beyond ASCII (text)")
     p.add_argument("--before", metavar="TREE", help="also measure the s5loader source tree TREE on the same data")
     p.add_argument("--group-by", default="object", choices=["object", "stem", "folder"], help="manifest: the grouping")
     p.add_argument("--repeat", type=int, default=1, help="manifest: build the index this many times (least CPU kept)")

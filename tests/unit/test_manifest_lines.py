@@ -333,7 +333,8 @@ def test_an_object_listed_twice_under_any_grouping_is_the_same_error(
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     keys=st.lists(st.text("ab./é", min_size=1, max_size=7), min_size=1, max_size=40, unique=True),
-    labels=st.lists(st.one_of(st.integers(-3, 3), st.sampled_from(["x", "", None, True, 0.5])), min_size=1),
+    labels=st.lists(st.one_of(st.integers(-3, 3), st.sampled_from(["x", "", None, True, 0.5]), st.text(max_size=3),
+                              st.lists(st.integers(0, 2), max_size=2)), min_size=1),
     group_by=st.sampled_from(["object", "stem", "folder"]),
     chunk=st.sampled_from([40, 1 << 20]),
 )
@@ -359,3 +360,47 @@ def test_etags_of_other_lengths_are_kept_as_given(tmp_path: Path, monkeypatch: p
     outcomes = [_outcome(path, mode, monkeypatch) for mode in MODES]
     assert outcomes[0] == outcomes[1] == outcomes[2]
     assert [f[3] for _, fs, _, _ in outcomes[0][1] for f in fs] == etags
+
+
+@pytest.mark.parametrize("group_by", ["object", "stem"])
+def test_extras_beyond_plain_ascii_scalars_are_read_a_column_at_a_time(
+    group_by: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # labels as json.dumps writes text beyond ASCII (escapes), the text itself, nested values,
+    # a field twice, NaN: no line is read alone, and the index is the full path's
+    extras = [{"label": "类别3"}, {"label": "café", "w": [1, 2]}, {"meta": {"a": None, "b": "x"}}, {"v": float("nan")}]
+    lines = []
+    for i in range(80):
+        j = (i * 31) % 80
+        rec = {"uri": f"s3://bkt/train/{j // 2:03d}.{('jpg', 'cls')[j % 2]}", "size": j, "etag": f"{j:032x}", **extras[j % 4]}
+        lines.append(json.dumps(rec, ensure_ascii=i % 2 == 0))
+    lines[5] = lines[5][:-1] + ', "label": "again"}'  # a field twice: the last one wins
+    path = tmp_path / "m.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    full = _outcome(path, "full", monkeypatch, group_by)
+
+    def refuse(*args: object, **kwargs: object) -> object:
+        raise AssertionError("a line was read one at a time")
+
+    with monkeypatch.context() as m:
+        m.setattr(listing._ManifestReader, "add_line", refuse)
+        m.setattr(listing.IndexBuilder, "add", refuse)
+        index = index_manifest(str(path), None, group_by)
+    assert full[0] == "ok" and (_view(index), index_bytes(index)) == (full[1], full[2])
+    got = [s.extra for s in index]
+    assert {"label": "类别3"} in got if group_by == "object" else any(e and {"meta", "v"} <= set(e) for e in got)
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [', "size": 5}', ', "uri": "s3://bkt/x.jpg"}', ', "\\u0075ri": "s3://bkt/x.jpg"}', ", }", ",}", ', "a": [1}',
+     ', "a": 1}}', ', "a": 1} x', '} , "a": 1', ', "a": "\\ud800"}', ', "a": 1, "a": {"b": 2}}'],
+)
+def test_a_tail_read_by_json_loads_is_what_the_full_path_reads(tail: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # known fields again, empty members, broken JSON, a lone surrogate: the same index or error
+    lines = [json.dumps({"uri": f"s3://bkt/k/{i:02d}.jpg", "size": 1, "label": "é"}) for i in range(20)]
+    lines[9] = f'{{"uri": "s3://bkt/k/09.jpg", "size": 1{tail}'
+    path = tmp_path / "m.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    outcomes = [_outcome(path, mode, monkeypatch) for mode in MODES]
+    assert outcomes[0] == outcomes[1] == outcomes[2]

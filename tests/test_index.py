@@ -3,6 +3,7 @@ listed with retries, and listed once per torchrun job."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -17,8 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.reference_index import group as reference_group
 from support.stores import Store, free_port, make_pairs
+from torch.utils.data import DataLoader
 
-from s5loader import FetchError, IndexFileError, ManifestError, S5Dataset
+from s5loader import FetchError, IndexFileError, ManifestError, S5Dataset, S5Sampler
 from s5loader._index.compact import SampleIndex
 from s5loader._index.listing import group
 from s5loader._index.sample import GROUP_BY, Sample
@@ -130,6 +132,41 @@ def test_from_manifest_with_extras_matches_reference(moto: Store, tmp_path: Path
     extras = {uris[0]: {"label": 1, "w": 0.5}, uris[1]: {}, uris[2]: {"label": 2}}
     assert list(ds.samples) == normal(reference_group(objs, "folder", extras=extras))
     assert ds[0]["label"] == 1 and ds[0]["1.cls"] == b"7"
+
+
+def _as_list(batch: list) -> list:  # keep samples as dicts
+    return batch
+
+
+@pytest.mark.parametrize("group_by", ["stem", "object"])
+def test_labelled_manifest_in_the_bucket_stages_every_sample(
+    store: Store, staging_root: str, group_by: str
+) -> None:
+    # the usual labelled manifest (lines as json.dumps writes them, with size, ETag and a label,
+    # not in key order) read from the bucket, so by the fast path a chunk at a time: the index
+    # is the reference's, and staging every sample gives its bytes and its label, JSON type kept
+    labels: list[object] = [3, "cat", 0.5, True, None, -2]
+    data = store.put({f"{i:04d}.{ext}": f"{i}-{ext}".encode() * (i + 1) for i in range(12) for ext in ("jpg", "cls")})
+    keys = sorted(data, reverse=True)
+    label_of = {k: labels[int(k.rsplit("/", 1)[1][:4]) % len(labels)] for k in keys}
+    objs = [ObjectInfo(f"s3://{store.bucket}/{k}", k, len(data[k]), hashlib.md5(data[k]).hexdigest()) for k in keys]
+    lines = [json.dumps({"uri": o.uri, "size": o.size, "etag": o.etag, "label": label_of[o.key]}) for o in objs]
+    store.client.put_object(Bucket=store.bucket, Key=store.prefix + "labels.jsonl", Body=("\n".join(lines) + "\n").encode())
+    ds = S5Dataset.from_manifest(store.uri("labels.jsonl"), endpoint_url=store.endpoint, group_by=group_by)
+    extras = {o.uri: {"label": label_of[o.key]} for o in objs}
+    assert list(ds.samples) == reference_group(objs, group_by, extras=extras)
+    with S5Sampler(ds, staging_dir=staging_root) as sampler:
+        loader = DataLoader(ds, sampler=sampler, batch_size=4, num_workers=2, collate_fn=_as_list)
+        got = [s for batch in loader for s in batch]
+    assert len(got) == len(ds) == (12 if group_by == "stem" else 24)
+    for s in got:
+        key = s["__key__"]
+        first = key + ".jpg" if group_by == "stem" else key
+        if group_by == "stem":
+            assert s["jpg"] == data[key + ".jpg"] and s["cls"] == data[key + ".cls"]
+        else:
+            assert s["data"] == data[key]
+        assert s["label"] == label_of[first] and type(s["label"]) is type(label_of[first])
 
 
 # -- saving and loading ---------------------------------------------------------------------------

@@ -1,31 +1,33 @@
 """Grouping objects into a compact :class:`~s5loader._index.compact.SampleIndex` as they stream in.
 
-Objects are added one at a time (from ``s5cmd ls`` output or manifest lines) into flat
-buffers, never kept as Python objects. Listings come sorted by key, and for most data sets
-that order is already the order of samples and fields; the builder checks it as objects
-arrive and sorts only when it is not.
+Objects are added one at a time (``s5cmd ls`` output, manifest lines) or a column at a time
+(chunks of manifest lines) into flat buffers, never kept as Python objects. Listings come
+sorted by key, and for most data sets that order is already the order of samples and fields;
+the builder checks it as objects arrive and sorts only when it is not.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import logging
 import operator
 import re
 from array import array
+from collections.abc import Iterable, Iterator
+from itertools import pairwise, repeat, starmap
 from typing import Any
 
 import numpy as np
 
 from ..exceptions import ConfigError
-from .compact import _DATA, _ETAG_MD5, _ETAG_OTHER, ENC, SampleIndex, Sparse, Strings, etag_code
+from .compact import _DATA, _ETAG_MD5, _ETAG_OTHER, ENC, SampleIndex, Sparse, Strings, _view, etag_code
 from .sample import check_group_by
 
 log = logging.getLogger(__name__)
 
 _LOWER_HEX = re.compile(r"[0-9a-f]{32}").fullmatch
-_ALL_LOWER_HEX = re.compile(r"[0-9a-f]*").fullmatch
 
 
 class SameObjectTwice(ConfigError):
@@ -55,21 +57,13 @@ class IndexBuilder:
         self.group_by = check_group_by(group_by)
         self.base = base
         self.source = source
-        self._text = bytearray()
-        self._off = array("q", [0])
-        self._bucket = array("H")
-        self._size = array("q")
-        self._etag = bytearray()
-        self._kind = array("b")
-        self._name_at = array("i")
-        self._klen = array("i")
+        self._text, self._off, self._bucket, self._size = bytearray(), array("q", [0]), array("H"), array("q")
+        self._etag, self._kind, self._name_at, self._klen = bytearray(), array("b"), array("i"), array("i")
         self._new = bytearray()  # 1 where an object starts a sample (while the input is in order)
         self._odd_keys: dict[int, str] = {}
         self._odd_etags: dict[int, str] = {}
         # extra fields, by object: its number, its input order, its fields as JSON text
-        self._extra_at = array("q")
-        self._extra_order = array("q")
-        self._extra_json: list[str] = []
+        self._extra_at, self._extra_order, self._extra_json = array("q"), array("q"), list[str]()
         self._buckets: dict[str, int] = {}
         self._unused: list[str] | None = [] if listing else None
         self._skipped: list[str] = []
@@ -83,16 +77,8 @@ class IndexBuilder:
     def __len__(self) -> int:
         return len(self._size)
 
-    def add(
-        self,
-        uri: str,
-        key: str,
-        size: int,
-        etag: str,
-        extra: dict[str, Any] | None = None,
-        order: int = -1,
-        extra_json: str | None = None,
-    ) -> None:
+    def add(self, uri: str, key: str, size: int, etag: str, extra: dict[str, Any] | None = None,
+            order: int = -1, extra_json: str | None = None) -> None:
         """Add one object; ``extra`` fields (or ``extra_json``, the text ``json.dumps(extra)``
         gives) merge into its sample's (in ``order``, else in the order objects were added)."""
         if key.endswith("/") and size == 0:
@@ -167,27 +153,27 @@ class IndexBuilder:
         self, buckets: list[str], keys: list[str], sizes: list[int], etags: list[str], extras: list[str | None], order: int
     ) -> None:
         """Add objects as :meth:`add` would one by one (``extras`` as JSON text, the first object
-        at ``order``), a column at a time where that gives the same: one sample per object
-        (``group_by="object"``), one bucket, no folder keys."""
+        at ``order``), a column at a time: the grouping, the order check, the arrays."""
         n = len(keys)
-        bucket = buckets[0] if n else ""
-        one_bucket = n and buckets.count(bucket) == n
-        if self.group_by != "object" or not one_bucket or "/\0" in "\0".join(keys) + "\0":
+        wrapped = "\0" + "\0".join(keys) + "\0"
+        simple = n and not self.base and "/\0" not in wrapped and not (self.group_by == "stem" and "\0/" in wrapped)
+        grouped = _group_keys(self.group_by, keys) if simple else None
+        if grouped is None:
+            # a base prefix, a folder key, a key "/NAME.EXT" (whose stem is no prefix of it) or
+            # one the grouping leaves out: one at a time
             for i in range(n):
                 self.add(f"s3://{buckets[i]}/{keys[i]}", keys[i], sizes[i], etags[i], None, order + i, extras[i])
             return
+        skeys, ats = grouped
+        one_bucket = buckets.count(buckets[0]) == n
         if self._in_order:
-            prev = self._prev
-            if (prev is not None and (bucket, keys[0], "data") <= prev) or not all(map(operator.lt, keys, keys[1:])):
-                self._in_order = False  # out of order, or a key twice: build() sorts and checks
-            else:
-                self._new += b"\x01" * n
-                self._prev = (bucket, keys[-1], "data")
-        if bucket != self._last_bucket:
-            self._last_id = self._buckets.setdefault(bucket, len(self._buckets))
-            self._last_bucket = bucket
+            self._check_order(None if one_bucket else buckets, buckets[0], keys, skeys, ats)
+        ids = self._buckets
+        for b in dict.fromkeys(buckets):
+            ids.setdefault(b, len(ids))
+        self._last_bucket, self._last_id = buckets[-1], ids[buckets[-1]]
+        self._bucket.extend(array("H", [self._last_id]) * n if one_bucket else array("H", map(ids.__getitem__, buckets)))
         j0 = len(self._size)
-        self._bucket.extend(array("H", [self._last_id]) * n)
         chars = np.fromiter(map(len, keys), dtype=np.int64, count=n)
         joined = "".join(keys)
         encoded = joined.encode("utf-8", ENC)
@@ -196,15 +182,19 @@ class IndexBuilder:
         self._off.frombytes((np.cumsum(lens) + len(text)).tobytes())
         text += encoded
         self._size.extend(array("q", sizes))
-        all_etags = "".join(etags)
-        if len(all_etags) == 32 * n and _ALL_LOWER_HEX(all_etags):
+        raw = _md5_digests(etags)
+        if raw is not None:
             self._kind.extend(array("b", [_ETAG_MD5]) * n)
-            self._etag += bytes.fromhex(all_etags)
+            self._etag += raw
         else:
             for i, etag in enumerate(etags):
                 self._put_etag(j0 + i, etag)
-        self._name_at.extend(array("i", [_DATA]) * n)
-        self._klen.frombytes(chars.astype(np.int32).tobytes())
+        if ats is None:  # one object per sample: the field is "data", the sample key the key
+            self._name_at.extend(array("i", [_DATA]) * n)
+            self._klen.frombytes(chars.astype(np.int32).tobytes())
+        else:  # the sample key ends one character (the dot or the slash) before the field name
+            self._name_at.extend(array("i", ats))
+            self._klen.frombytes((np.array(ats, dtype=np.int32) - 1).tobytes())
         if None not in extras:
             self._extra_at.extend(range(j0, j0 + n))
             self._extra_order.extend(range(order, order + n))
@@ -215,6 +205,25 @@ class IndexBuilder:
                     self._extra_at.append(j0 + i)
                     self._extra_order.append(order + i)
                     self._extra_json.append(extra)
+
+    def _check_order(self, buckets: list[str] | None, bucket: str, keys: list[str], skeys: list[str],
+                     ats: list[int] | None) -> None:
+        """:meth:`add`'s order check over a column of objects (``buckets`` ``None``: all in
+        ``bucket``): while (bucket, sample key, field name) rises, mark where samples start."""
+        n = len(keys)
+        names: list[Any] = ["data"] * n if ats is None else list(map(operator.getitem, keys, map(slice, ats, repeat(None))))
+        cur: list[Any] = keys if buckets is None and ats is None else list(zip(buckets or [bucket] * n, skeys, names, strict=True))
+        prev, first = self._prev, ((buckets or [bucket])[0], skeys[0], names[0])
+        if (prev is not None and first <= prev) or not all(map(operator.lt, cur, cur[1:])):
+            self._in_order = False  # out of order, or an object twice: build() sorts and checks
+            return
+        self._new.append(prev is None or first[:2] != prev[:2])
+        if ats is None:  # rising keys: every object is a sample
+            self._new += b"\x01" * (n - 1)
+        else:
+            samples: list[Any] = skeys if buckets is None else list(zip(buckets, skeys, strict=True))
+            self._new += bytes(map(operator.ne, samples[1:], samples))
+        self._prev = ((buckets or [bucket])[-1], skeys[-1], names[-1])
 
     def _skip(self, uri: str, key: str) -> None:
         self._n_skipped += 1
@@ -231,11 +240,8 @@ class IndexBuilder:
         """
         if self._n_skipped:
             why = {"stem": "no extension to name a field (expected NAME.FIELD)", "folder": "not inside a sub-folder"}
-            log.warning(
-                "group_by=%r left out %d object(s) of %s with %s, e.g. %s",
-                self.group_by, self._n_skipped, self.source or "the source",
-                why[self.group_by], ", ".join(self._skipped),
-            )
+            log.warning("group_by=%r left out %d object(s) of %s with %s, e.g. %s", self.group_by, self._n_skipped,
+                        self.source or "the source", why[self.group_by], ", ".join(self._skipped))
         m = len(self._size)
         text = Strings(bytes(self._text), np.frombuffer(self._off, dtype=np.int64).copy())
         self._text = bytearray()
@@ -250,10 +256,10 @@ class IndexBuilder:
         odd_keys, odd_etags = self._odd_keys, self._odd_etags
         extra_at = np.frombuffer(self._extra_at, dtype=np.int64).copy()
         if not self._in_order:
-            perm, new, ordered = self._sort(text, bucket_names, bucket, klen, name_at)
+            perm, new, ordered = _sort(self.group_by, odd_keys, text, bucket_names, bucket, klen, name_at)
+            text = Strings.of(ordered)  # here, not in _sort: the sort's garbage is gone (a lower peak)
             inv = np.empty(m, dtype=np.int64)
             inv[perm] = np.arange(m, dtype=np.int64)
-            text = Strings.of(ordered) if ordered is not None else text.take(perm)
             bucket, size, etag, kind, name_at, klen = (a[perm] for a in (bucket, size, etag, kind, name_at, klen))
             odd_keys = {int(inv[j]): v for j, v in odd_keys.items()}
             odd_etags = {int(inv[j]): v for j, v in odd_etags.items()}
@@ -263,19 +269,10 @@ class IndexBuilder:
         starts = first[:-1]
         sample_odd = {i: odd_keys[int(j)] for i, j in enumerate(starts.tolist()) if klen[j] < 0} if odd_keys else {}
         index = SampleIndex(
-            text=text,
-            buckets=bucket_names,
-            bucket=bucket,
-            size=size,
-            etag=np.ascontiguousarray(etag),
-            etag_kind=kind,
-            name_at=name_at,
-            first=first,
-            key_len=klen[starts].copy(),
-            bucket_in_key=len(bucket_names) > 1,
-            irregular_keys=Sparse.of(sample_odd),
-            irregular_names=Sparse.of({}),
-            other_etags=Sparse.of(odd_etags),
+            text=text, buckets=bucket_names, bucket=bucket, size=size, etag=np.ascontiguousarray(etag),
+            etag_kind=kind, name_at=name_at, first=first, key_len=klen[starts].copy(),
+            bucket_in_key=len(bucket_names) > 1, irregular_keys=Sparse.of(sample_odd),
+            irregular_names=Sparse.of({}), other_etags=Sparse.of(odd_etags),
             extras=_merge_extras(extra_at, np.frombuffer(self._extra_order, dtype=np.int64), self._extra_json, first),
             unused=Strings.of(self._unused) if self._unused is not None else None,
             meta={"source": self.source, "group_by": self.group_by, **(meta or {})},
@@ -283,83 +280,121 @@ class IndexBuilder:
         _trim()
         return index
 
-    def _sort(
-        self, text: Strings, buckets: list[str], bucket: np.ndarray, klen: np.ndarray, name_at: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, list[str] | None]:
-        """The order of (bucket, sample key, field name), where samples start in it, and where
-        it is at hand, the keys in that order."""
-        if self.group_by == "object" and len(buckets) == 1:
-            # one object per sample and one bucket: the order of the keys, and each object
-            # starts a sample unless a key is there twice (the general path says which)
-            keys = list(text)
-            perm = sorted(range(len(keys)), key=keys.__getitem__)
-            ordered = list(map(keys.__getitem__, perm))
-            if not any(map(operator.eq, ordered, ordered[1:])):
-                return np.array(perm, dtype=np.int64), np.ones(len(perm), dtype=bool), ordered
-        odd = self._odd_keys
-        parts = zip(list(text), bucket.tolist(), klen.tolist(), name_at.tolist(), strict=True)
-        # One string per object sorts like the (bucket, key, name) tuple as long as no part
-        # holds a NUL character (which sorts below every other), and sorts faster.
-        joined = b"\0" not in text.blob and not any("\0" in b for b in buckets)
-        sort_keys: list[Any] = [
-            (f"{buckets[b]}\0{okey[:k] if k >= 0 else odd[j]}\0{okey[at:] if at >= 0 else 'data'}" if joined else
-             (buckets[b], okey[:k] if k >= 0 else odd[j], okey[at:] if at >= 0 else "data"))
-            for j, (okey, b, k, at) in enumerate(parts)
-        ]
-        perm = sorted(range(len(sort_keys)), key=sort_keys.__getitem__)
-        def parts_of(k: Any) -> tuple[str, str, str]:
-            return tuple(k.split("\0")) if joined else k  # type: ignore[no-any-return]
-
-        def group_of(k: Any) -> Any:
-            return k.rpartition("\0")[0] if joined else k[:2]
-
-        new = np.ones(len(perm), dtype=bool)
-        prev = sort_keys[perm[0]] if perm else None
-        prev_group = group_of(prev) if perm else None
-        for n in range(1, len(perm)):
-            cur = sort_keys[perm[n]]
-            if cur == prev:
-                b_, skey, name = parts_of(cur)
-                dup = sorted(f"s3://{b_}/{text[j]}" for j in perm if sort_keys[j] == cur)
-                message = f"sample {skey!r} has the field {name!r} twice ({', '.join(dup)}); use another group_by"
-                raise SameObjectTwice(message, dup[0]) if len(set(dup)) == 1 else ConfigError(message)
-            g = group_of(cur)
-            new[n] = g != prev_group
-            prev, prev_group = cur, g
-        return np.array(perm, dtype=np.int64), new, None
-
 
 def _trim() -> None:
     # The build's buffers grew by realloc on the C heap; hand what they left free back to the
     # system so that the index's own size is what stays resident (glibc only).
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not glibc
         ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # pragma: no cover - not glibc
-        pass
+
+
+def _sort(
+    group_by: str, odd: dict[int, str], text: Strings, buckets: list[str], bucket: np.ndarray, klen: np.ndarray, name_at: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """The order of (bucket, sample key, field name), where samples start in it, and the keys
+    in that order.
+
+    Raises:
+        SameObjectTwice: an object is there twice.
+        ConfigError: a sample would have the same field twice.
+    """
+    keys = list(text)
+    n = len(keys)
+    if group_by == "object" and len(buckets) == 1:
+        # one object per sample and one bucket: the order of the keys, and each object
+        # starts a sample unless a key is there twice (the general path says which)
+        perm = sorted(range(n), key=keys.__getitem__)
+        ordered = list(map(keys.__getitem__, perm))
+        if not any(map(operator.eq, ordered, ordered[1:])):
+            return np.array(perm, dtype=np.int64), np.ones(n, dtype=bool), ordered
+    skeys: Iterable[str] = map(operator.getitem, keys, map(slice, _view(klen)))  # memoryviews: no list of ints
+    if odd:
+        skeys = [odd.get(j, skey) for j, skey in enumerate(skeys)]
+    # One string per object sorts like the (bucket, key, name) tuple as long as no part
+    # holds a NUL character (which sorts below every other), and sorts faster.
+    joined = b"\0" not in text.blob and not any("\0" in b for b in buckets)
+    parts = zip(map(buckets.__getitem__, _view(bucket)), skeys, keys, _view(name_at), strict=True)
+    sort_keys: list[Any] = ([f"{b}\0{s}\0{k[at:] if at >= 0 else 'data'}" for b, s, k, at in parts] if joined else
+                            [((b, s), k[at:] if at >= 0 else "data") for b, s, k, at in parts])
+    perm = sorted(range(n), key=sort_keys.__getitem__)
+    ordered = list(map(sort_keys.__getitem__, perm))
+    if any(map(operator.eq, ordered, ordered[1:])):
+        cur = next(a for a, b in pairwise(ordered) if a == b)
+        b_, skey, name = cur.split("\0") if joined else (*cur[0], cur[1])
+        dup = sorted(f"s3://{b_}/{keys[j]}" for j in perm if sort_keys[j] == cur)
+        message = f"sample {skey!r} has the field {name!r} twice ({', '.join(dup)}); use another group_by"
+        raise SameObjectTwice(message, dup[0]) if len(set(dup)) == 1 else ConfigError(message)
+    order = np.array(perm, dtype=np.int64)
+    del perm, sort_keys
+    # a sample starts where (bucket, sample key), the sort key up to its last part, changes
+    if joined:
+        head = np.array([len(b) + 1 for b in buckets], dtype=np.int64)[bucket] + klen
+        for j, skey in odd.items():
+            head[j] = len(buckets[int(bucket[j])]) + 1 + len(skey)
+        groups: Iterator[Any] = map(operator.getitem, ordered, map(slice, _view(head[order])))
+    else:
+        groups = map(operator.itemgetter(0), ordered)
+    new = np.ones(n, dtype=bool)
+    new[1:] = np.fromiter(starmap(operator.ne, pairwise(groups)), dtype=bool, count=max(n - 1, 0))
+    del ordered
+    return order, new, list(map(keys.__getitem__, _view(order)))
+
+
+def _group_keys(group_by: str, keys: list[str]) -> tuple[list[str], list[int] | None] | None:
+    """Each key's sample key and where its field name starts (``None``: one object per sample,
+    the field ``data``), as :meth:`IndexBuilder.add` groups keys with no base prefix, none ending
+    in a slash and (for stems) none of the form ``/NAME.EXT``; ``None`` if it leaves one out."""
+    if group_by == "object":
+        return keys, None
+    if group_by == "stem":  # NAME.FIELD: the field name starts after the base name's first dot
+        starts = [k.rfind("/") + 1 for k in keys]
+        ends = list(map(str.find, keys, repeat("."), starts))
+        ats = [e + 1 for e in ends]
+        if not all(map(operator.gt, ends, starts)) or not all(map(operator.lt, ats, map(len, keys))):
+            return None
+    else:  # FOLDER/NAME: the field name starts after the last slash
+        ends = list(map(str.rfind, keys, repeat("/")))
+        if min(ends) < 0:
+            return None
+        ats = [e + 1 for e in ends]
+    return list(map(operator.getitem, keys, map(slice, ends))), ats
+
+
+def _md5_digests(etags: list[str]) -> bytes | None:
+    """The 16-byte digests of ``etags`` where every one is a plain lowercase MD5 hex digest."""
+    joined = "".join(etags)
+    # 32 characters each on average and none shorter: 32 each
+    if not etags or len(joined) != 32 * len(etags) or min(map(len, etags)) != 32:
+        return None
+    try:
+        raw = bytes.fromhex(joined)
+    except ValueError:
+        return None
+    return raw if raw.hex() == joined else None
 
 
 def _merge_extras(at: np.ndarray, order: np.ndarray, texts: list[str], first: np.ndarray) -> Sparse:
     """One JSON object per sample (``at``: where each object with extra fields now is): its
-    objects' extra fields merged in input ``order``."""
+    objects' extra fields merged in input ``order``. The texts are what ``json.dumps`` writes,
+    so a sample whose objects all carry the same text (a label on each line) keeps it."""
     if not len(at):
         return Sparse.of({})
     if len(at) > 1 and not bool((np.diff(at) > 0).all()):
         o = np.argsort(at)
         at, order, texts = at[o], order[o], [texts[j] for j in o.tolist()]
     sample_of = np.searchsorted(first, at, side="right") - 1
-    if len(sample_of) < 2 or bool((np.diff(sample_of) > 0).all()):
-        # one object with extra fields per sample (a manifest's label): nothing to merge
+    step = np.diff(sample_of) > 0
+    if bool(step.all()):  # one object with extra fields per sample: nothing to merge
         return Sparse(sample_of.astype(np.int64), Strings.of(texts))
-    per: dict[int, list[tuple[int, str]]] = {}
-    for s, n, text in zip(sample_of.tolist(), order.tolist(), texts, strict=True):
-        per.setdefault(s, []).append((n, text))
-    out = {}
-    for s, items in per.items():
-        if len(items) == 1:
-            out[s] = items[0][1]
-        else:
-            merged: dict[str, Any] = {}
-            for _, text in sorted(items):
-                merged.update(json.loads(text))
-            out[s] = json.dumps(merged)
-    return Sparse.of(out)
+    starts = np.flatnonzero(np.concatenate([[True], step]))
+    ends = np.append(starts[1:], len(texts)).tolist()
+    out = list(map(texts.__getitem__, starts.tolist()))
+    same = np.fromiter(map(operator.eq, texts[1:], texts), dtype=bool, count=len(texts) - 1)
+    mixed = np.searchsorted(starts, np.flatnonzero(~same & ~step) + 1, side="right") - 1
+    for r in np.unique(mixed).tolist():
+        merged: dict[str, Any] = {}
+        a, b = int(starts[r]), ends[r]
+        for _, text in sorted(zip(order[a:b].tolist(), texts[a:b], strict=True)):
+            merged.update(json.loads(text))
+        out[r] = json.dumps(merged)
+    return Sparse(sample_of[starts].astype(np.int64), Strings.of(out))

@@ -62,11 +62,6 @@ class Strings(Sequence[str]):
     def __len__(self) -> int:
         return len(self.off) - 1
 
-    def take(self, order: np.ndarray) -> Strings:
-        """These strings in ``order``."""
-        items = list(self)
-        return Strings.of([items[j] for j in order.tolist()])
-
     @overload
     def __getitem__(self, i: int) -> str: ...
 

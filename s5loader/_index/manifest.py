@@ -1,10 +1,12 @@
 """JSON Lines manifests: one object per line (its URI, and where known its size, ETag and extra
 fields such as a label), read into a sample index.
 
-Lines of the usual shape take a fast path that gives exactly what the full path
-(``json.loads`` per line) gives: a chunk of lines that all have that shape is read by one
-regular-expression pass and handed to the builder column by column; any other chunk is read
-line by line, each line by the per-line pattern or else in full."""
+Lines of the usual shape (``uri``, ``size``, maybe ``etag``, then any extra fields) take a
+fast path that gives exactly what the full path (``json.loads`` per line) gives: a chunk of
+lines that all have that shape is read by one regular-expression pass and handed to the
+builder column by column; any other chunk is read line by line, each line by the per-line
+pattern or else in full. Extra fields of plain scalars are read by a pattern, others by
+``json.loads`` once per distinct text (labels repeat)."""
 
 from __future__ import annotations
 
@@ -177,9 +179,22 @@ _CHUNK = 1 << 22  # characters read at a time (whole lines)
 
 
 def _tail_json(tail: str) -> str | None | Literal[False]:
-    """What follows the known fields of a fast line, read by :func:`_fields_json`."""
+    """What follows the known fields of a fast line: its extra fields as :func:`_fields_json`
+    gives them, else (escapes, text beyond ASCII, nested values, a field twice) as the full
+    path reads them, by ``json.loads`` (once per distinct tail: labels repeat); ``False`` where
+    the full path must decide (a known field again, no extra field after a comma, not JSON)."""
     m = _FAST_TAIL.fullmatch(tail)
-    return _fields_json(m[1]) if m is not None else False
+    fields = _fields_json(m[1]) if m is not None else False
+    if fields is not False:
+        return fields
+    rest = tail.lstrip(" \t")
+    if not rest.startswith(","):
+        return False
+    try:  # the line is '{' + known fields + rest: rest's members make the same object
+        extra = json.loads("{" + rest[1:])
+    except ValueError:
+        return False
+    return json.dumps(extra) if isinstance(extra, dict) and extra and not _RESERVED.intersection(extra) else False
 
 
 def _fields_json(fields: str) -> str | None | Literal[False]:

@@ -73,7 +73,8 @@ class S5Sampler(Sampler[int]):
         num_replicas, rank: the distributed split; defaults from torch.distributed, else
             ``WORLD_SIZE`` / ``RANK``, else one process.
         drop_last: drop the tail so ranks get equal parts, instead of padding by repetition.
-        s5cmd_workers: s5cmd's ``--numworkers`` (parallel requests per call).
+        s5cmd_workers: s5cmd's ``--numworkers`` (parallel requests per call; over tar
+            shards at most 4, so a call's shards land one after another).
         batch_size: the DataLoader's ``batch_size``, if you pass it here too (a sampler does not
             see its DataLoader): a budget that cannot hold one batch of the largest samples is
             then a :class:`BudgetError` at once instead of after ``stall_timeout``.

@@ -15,6 +15,7 @@ from typing import IO, Any
 from .._index.blocks import plan_blocks
 from .._index.sample import Sample
 from .._sampling.order import Order, block_window
+from .._sampling.run import SHARD_WORKERS
 from .._util.platform import require_linux
 from .._util.uri import format_size
 from ..dataset import S5Dataset
@@ -152,7 +153,7 @@ class PrefetchDaemon:
         self._area = StagingArea(staging)
         self._area.create()
         options = self.opts.stager_options()
-        s5 = S5cmd(access=self.opts.store, numworkers=options.s5cmd_workers)
+        s5 = S5cmd(access=self.opts.store, numworkers=min(options.s5cmd_workers, SHARD_WORKERS) if self._shards is not None else options.s5cmd_workers)
         sh = self._shards
         if sh is None:
             order: Sequence[int] = range(self._state.delivered, len(self._view))

@@ -36,7 +36,7 @@ from .checkpoint import DEFAULT_CONCURRENCY
 from .config import Access
 from .exceptions import ConfigError, S5LoaderError, StagingSpaceError
 from .progress import Progress
-from .s5cmd import ObjectInfo, S5cmd, start_copy
+from .s5cmd import ObjectInfo, S5cmd
 from .staging.area import free_bytes, tree_bytes
 
 log = logging.getLogger(__name__)
@@ -156,8 +156,8 @@ def _fetch_plain(
         for o in objects:
             path = os.path.join(files, names[o.uri])
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            proc = work.start(lambda o=o, path=path: start_copy(  # type: ignore[misc]
-                s5, o.uri, path, concurrency=concurrency, part_size=part, size=o.size))
+            proc = work.start(lambda o=o, path=path: _transfer.s5cmd_copy(  # type: ignore[misc]
+                s5, o.uri, path, size=o.size, concurrency=concurrency, part_size=part))
             _transfer.run(proc, o.uri)
             checker = checkers[o.uri]
             if checker is not None:

@@ -306,6 +306,37 @@ def test_distributed_checkpoint_two_gloo_ranks(seaweed: Store, tmp_path) -> None
     assert os.listdir(stage) == []  # every rank's staged files removed
 
 
+def test_distributed_writer_streams_and_a_failed_part_leaves_no_checkpoint(moto: Store) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    from s5loader._largeobj.multipart import transfer_client
+    from s5loader.dcp import S5StorageReader, S5StorageWriter
+
+    sd = {"w": torch.randn(3 * 1024 * 1024, generator=torch.Generator().manual_seed(2)), "step": 3}  # 12 MiB
+    dcp.save(sd, storage_writer=S5StorageWriter(moto.uri("ok/"), endpoint_url=moto.endpoint, part_size="5MiB"))
+    head = moto.client.head_object(Bucket=moto.bucket, Key=moto.prefix + "ok/__0_0.distcp")
+    assert head["ETag"].strip('"').endswith("-3")  # streamed in three parts
+    out = {"w": torch.zeros_like(sd["w"]), "step": 0}
+    dcp.load(out, storage_reader=S5StorageReader(moto.uri("ok/"), endpoint_url=moto.endpoint))
+    assert torch.equal(out["w"], sd["w"]) and out["step"] == 3
+
+    events = transfer_client(moto.endpoint).meta.events
+
+    def fail_second_part(request: object, **kwargs: object) -> None:
+        if getattr(request, "url", "").endswith("partNumber=2"):
+            raise ConnectionAbortedError("the second part broke off")
+
+    events.register("before-send.s3.UploadPart", fail_second_part)
+    try:
+        with pytest.raises(BaseException, match="the second part broke off"):  # torch: CheckpointException
+            dcp.save(sd, storage_writer=S5StorageWriter(moto.uri("bad/"), endpoint_url=moto.endpoint,
+                                                        part_size="5MiB"))
+    finally:
+        events.unregister("before-send.s3.UploadPart", fail_second_part)
+    assert not object_exists(moto, moto.prefix + "bad/")  # neither the file nor .metadata
+    assert pending_uploads(moto, moto.prefix + "bad/__0_0.distcp") == []
+
+
 def test_distributed_reader_without_metadata(moto: Store) -> None:
     from s5loader.dcp import S5StorageReader
 

@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 MiB = 1024**2
 DEFAULT_MAX_MEMORY = 512 * MiB  # part buffers of one streamed upload, in flight or filling
+READ_SLICE = 1024**2  # bytes read from a response at a time
 READ_ATTEMPTS = 3  # tries per ranged GET whose body breaks off (botocore retries the rest)
 _ABORT_WAIT = 5.0  # seconds an abort waits for parts in flight before aborting once more
 
@@ -282,7 +283,9 @@ def read_into(uri: str, access: Access | str | None, buf: memoryview, *, etag: s
             try:
                 body = client.get_object(Bucket=bucket, Key=key, Range=f"bytes={lo}-{hi - 1}", **extra)["Body"]
                 while got < hi:
-                    n = body.readinto(buf[got:hi])
+                    # in slices: the HTTP library reads each into a new bytes object first, and
+                    # small ones reuse freed memory where a whole part would be mapped anew
+                    n = body.readinto(buf[got:min(hi, got + READ_SLICE)])
                     if not n:
                         break
                     got += n

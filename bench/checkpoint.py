@@ -2,16 +2,17 @@
 """The large-object benchmark: checkpoints and a split archive against the local SeaweedFS.
 
 1. starts the embedded SeaweedFS (``bin/s3-local start``) in a temporary directory;
-2. saves and loads a state dict (1 GiB by default) with ``s5loader.checkpoint``, with boto3's
-   ``upload_fileobj``/``download_fileobj`` (default transfer settings, through an in-memory
-   buffer) and, when installed, s3torchconnector's ``S3Checkpoint``, directly on loopback and
-   through ``bench/latency_proxy.py`` (20 ms per request); checks every load tensor by tensor;
+2. saves and loads state dicts (256 MiB and 1 GiB by default) with ``s5loader.checkpoint``,
+   with boto3's ``upload_fileobj``/``download_fileobj`` (default transfer settings, through an
+   in-memory buffer) and, when installed, s3torchconnector's ``S3Checkpoint``, directly on
+   loopback and through ``s5loader_bench/proxy.py`` (20 ms per request); checks every load
+   tensor by tensor; reports seconds and MB/s of each, and the ratios;
 3. writes a split ``.tar.gz`` (2 GiB of files by default, 64 MiB volumes with ``.md5`` files),
    runs ``s5loader fetch --extract --verify --budget 256MiB`` on it and reports the time and
    the peak disk use of the destination (volumes and extracted files), polled every 50 ms;
 4. prints a table and writes bench/results/checkpoint.json; stops the server.
 
-    .venv/bin/python bench/checkpoint.py [--size 1GiB] [--archive 2GiB] [--budget 256MiB] [--repeat 1]
+    .venv/bin/python bench/checkpoint.py [--sizes 256MiB 1GiB] [--archive 2GiB] [--budget 256MiB] [--repeat 1]
 
 Every method times the whole way from a state dict in memory to the object in the store and
 back (serialisation included). Only the public API of s5loader is used.
@@ -85,7 +86,7 @@ def start_proxy(endpoint: str, delay_ms: float) -> tuple[subprocess.Popen[str], 
 def make_state_dict(size: int) -> dict[str, Any]:
     import torch
 
-    per = 64 * MiB
+    per = 64 * MiB if size >= 512 * MiB else 16 * MiB
     g = torch.Generator().manual_seed(0)
     return {f"layer{i:02d}.weight": torch.randn(per // 4, generator=g) for i in range(max(1, size // per))}
 
@@ -156,6 +157,7 @@ METHODS: dict[str, Callable[[str], tuple[Callable[[Any, str], None], Callable[[s
 
 def bench_checkpoints(endpoint: str, label: str, sd: dict[str, Any], size: int, repeat: int,
                       order: list[str]) -> dict[str, Any]:
+    """Save and load ``sd`` with each method in ``order``, ``repeat`` times; the medians."""
     rows: dict[str, Any] = {}
     for name in order:
         make = METHODS[name]
@@ -166,7 +168,7 @@ def bench_checkpoints(endpoint: str, label: str, sd: dict[str, Any], size: int, 
             continue
         saves, loads = [], []
         for r in range(repeat):
-            uri = f"s3://bench/ckpt/{label}-{name}-{r}.pt"
+            uri = f"s3://bench/ckpt/{label}-{size}-{name}-{r}.pt"
             t_save, _ = timed(lambda uri=uri, save=save: save(sd, uri))
             t_load, got = timed(lambda uri=uri, load=load: load(uri))
             if not same(sd, got):
@@ -178,9 +180,9 @@ def bench_checkpoints(endpoint: str, label: str, sd: dict[str, Any], size: int, 
                            capture_output=True, check=False)
         save_s, load_s = sorted(saves)[len(saves) // 2], sorted(loads)[len(loads) // 2]
         rows[name] = {"status": "ok", "save_s": save_s, "load_s": load_s,
-                      "save_GBps": size / save_s / 1e9, "load_GBps": size / load_s / 1e9}
-        print(f"  {label:7s} {name:17s} save {save_s:6.2f} s ({size / save_s / 1e9:.2f} GB/s)   "
-              f"load {load_s:6.2f} s ({size / load_s / 1e9:.2f} GB/s)", flush=True)
+                      "save_MBps": size / save_s / 1e6, "load_MBps": size / load_s / 1e6}
+        print(f"  {size / MiB:5.0f} MiB {label:7s} {name:17s} save {save_s:6.2f} s ({size / save_s / 1e6:5.0f} MB/s)"
+              f"   load {load_s:6.2f} s ({size / load_s / 1e6:5.0f} MB/s)", flush=True)
     return rows
 
 
@@ -297,7 +299,7 @@ def bench_fetch(endpoint: str, tmp: str, total: int, volume: int, budget: int) -
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--size", default="1GiB", help="state dict size (default 1GiB)")
+    p.add_argument("--sizes", nargs="+", default=["256MiB", "1GiB"], help="state dict sizes (default 256MiB 1GiB)")
     p.add_argument("--archive", default="2GiB", help="bytes of files in the split archive (default 2GiB)")
     p.add_argument("--volume", default="64MiB", help="volume size (default 64MiB)")
     p.add_argument("--budget", default="256MiB", help="fetch --budget (default 256MiB)")
@@ -310,29 +312,36 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault(k, v)
     for var in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "S3_ENDPOINT_URL", "AWS_PROFILE"):
         os.environ.pop(var, None)
-    size = parse_size(args.size)
-    results: dict[str, Any] = {"size": size, "delay_ms": args.delay_ms}
+    sizes = [parse_size(x) for x in args.sizes]
+    results: dict[str, Any] = {"sizes": sizes, "delay_ms": args.delay_ms, "runs": {}}
+    t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="s5loader-bench-ckpt-") as tmp:
         s3dir = os.path.join(tmp, "s3")
-        endpoint = check_run([PY, os.path.join(ROOT, "bin", "s3-local"), "start", "--dir", s3dir,
-                              "--bucket", "bench"]).stdout.strip().splitlines()[-1]
+        check_run([PY, os.path.join(ROOT, "bin", "s3-local"), "start", "--dir", s3dir, "--bucket", "bench"])
+        with open(os.path.join(s3dir, "endpoint")) as f:  # the start command prints shell exports
+            endpoint = f.read().strip()
         proxy = None
         try:
-            sd = make_state_dict(size)
-            print(f"state dict: {len(sd)} tensors, {size / 2**30:.2f} GiB; SeaweedFS at {endpoint}", flush=True)
-            # A fresh SeaweedFS grows its volumes on the first writes: warm it up untimed, so
-            # that the first method measured does not pay for it.
-            warm_save, _ = method_boto3(endpoint)
-            warm_save(sd, "s3://bench/ckpt/warm-up.pt")
-            subprocess.run([s5loader.find_s5cmd(), "--endpoint-url", endpoint, "rm", "s3://bench/ckpt/warm-up.pt"],
-                           capture_output=True, check=False)
-            # The store may still be busy with the previous method's writes: the proxied pass
-            # runs the methods in the reverse order, so no method is always first.
-            order = list(METHODS)
-            results["direct"] = bench_checkpoints(endpoint, "direct", sd, size, args.repeat, order)
             proxy, proxied = start_proxy(endpoint, args.delay_ms)
-            results["proxy"] = bench_checkpoints(proxied, "proxy", sd, size, args.repeat, order[::-1])
-            del sd
+            for i, size in enumerate(sizes):
+                sd = make_state_dict(size)
+                print(f"state dict: {len(sd)} tensors, {size / MiB:.0f} MiB; SeaweedFS at {endpoint}, "
+                      f"the {args.delay_ms:g} ms proxy at {proxied}", flush=True)
+                if i == 0:
+                    # A fresh SeaweedFS grows its volumes on the first writes: warm it up untimed,
+                    # so that the first method measured does not pay for it.
+                    warm_save, _ = method_boto3(endpoint)
+                    warm_save(sd, "s3://bench/ckpt/warm-up.pt")
+                    subprocess.run([s5loader.find_s5cmd(), "--endpoint-url", endpoint, "rm",
+                                    "s3://bench/ckpt/warm-up.pt"], capture_output=True, check=False)
+                # The store may still be busy with the previous method's writes: the proxied
+                # pass runs the methods in the reverse order, so no method is always first.
+                order = list(METHODS)
+                results["runs"][str(size)] = {
+                    "direct": bench_checkpoints(endpoint, "direct", sd, size, args.repeat, order),
+                    "proxy": bench_checkpoints(proxied, "proxy", sd, size, args.repeat, order[::-1]),
+                }
+                del sd
             if not args.skip_fetch:
                 results["fetch"] = bench_fetch(endpoint, tmp, parse_size(args.archive), parse_size(args.volume),
                                                parse_size(args.budget))
@@ -341,14 +350,18 @@ def main(argv: list[str] | None = None) -> int:
                 proxy.terminate()
                 proxy.wait(10)
             subprocess.run([PY, os.path.join(ROOT, "bin", "s3-local"), "stop", "--dir", s3dir], check=False)
+    results["seconds"] = time.perf_counter() - t0
     print("\nratios (s5loader / other, higher is better: time of the other divided by s5loader's)")
-    for label in ("direct", "proxy"):
-        rows = results[label]
-        base = rows["s5loader"]
-        for other in ("boto3", "s3torchconnector"):
-            if rows.get(other, {}).get("status") == "ok":
-                print(f"  {label:7s} vs {other:17s} save {rows[other]['save_s'] / base['save_s']:.2f}x   "
-                      f"load {rows[other]['load_s'] / base['load_s']:.2f}x")
+    for size in sizes:
+        for label in ("direct", "proxy"):
+            rows = results["runs"][str(size)][label]
+            base = rows["s5loader"]
+            for other in ("boto3", "s3torchconnector"):
+                if rows.get(other, {}).get("status") == "ok":
+                    print(f"  {size / MiB:5.0f} MiB {label:7s} vs {other:17s} "
+                          f"save {rows[other]['save_s'] / base['save_s']:.2f}x   "
+                          f"load {rows[other]['load_s'] / base['load_s']:.2f}x")
+    print(f"the whole run: {results['seconds']:.0f} s")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)

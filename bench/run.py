@@ -163,7 +163,8 @@ def _cell(r: dict[str, Any] | None, fmt: Any) -> str:
 
 def readme_table(runs: dict[str, dict[str, Any]], delay_ms: float) -> str:
     """The README's summary table: samples/s through the proxy and direct, CPU per 1,000
-    samples and its split (s5cmd / training process / workers), and S3 requests per sample."""
+    samples and its split (s5cmd / training process / workers), the time to the first batch,
+    and S3 requests per sample."""
     by = {label: {r["method"]: r for r in doc["results"]} for label, doc in runs.items()}
     methods = [m for m in README_METHODS if any(m in b for b in by.values())]
     rows = [["samples/s"] + [README_METHODS[m] for m in methods]]
@@ -178,6 +179,10 @@ def readme_table(runs: dict[str, dict[str, Any]], delay_ms: float) -> str:
         rows.append(["of which s5cmd / training process / workers"] + [
             _cell(d.get(m), lambda r: " / ".join(f"{r['cpu_split_s_per_1k_samples'][k]:.2f}"
                                                  for k in ("s5cmd", "main", "workers"))) for m in methods])
+    for label in ("proxy", "direct"):
+        if any(r.get("first_batch_s") is not None for r in by.get(label, {}).values()):
+            rows.append([f"first batch, s ({'direct' if label == 'direct' else 'proxy'} run)"] + [
+                _cell(by[label].get(m), lambda r: f"{r['first_batch_s']:.2f}") for m in methods])
     if "direct" in by and any(r.get("blocks_per_256") is not None for r in by["direct"].values()):
         rows.append(["shuffle: distinct blocks per 256 samples"] + [
             _cell(by["direct"].get(m), lambda r: f"{r['blocks_per_256']:.0f}") for m in methods])

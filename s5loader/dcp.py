@@ -1,11 +1,12 @@
 """A ``torch.distributed.checkpoint`` storage writer and reader over S3.
 
-``S5StorageWriter`` is torch's ``FileSystemWriter`` pointed at a local staging directory of
-each rank's own: every rank writes its files there (``__RANK_N.distcp``), uploads them with
-s5cmd in parallel parts (all of a rank's files side by side) and deletes them; the
-coordinator then uploads ``.metadata`` last. A checkpoint without ``.metadata`` is not a
-checkpoint to a reader, and each file is atomic (a single PUT or a completed multipart
-upload), so a reader never sees half of one. ``S5StorageReader`` downloads ``.metadata``,
+``S5StorageWriter`` is torch's ``FileSystemWriter`` over a file system whose files are S3
+objects: every rank streams its files (``__RANK_N.distcp``) into multipart uploads as torch
+writes them, in parallel parts (as :func:`s5loader.checkpoint.save` does; nothing staged on
+disk), each completed when torch closes it and aborted on an error; the coordinator then
+uploads ``.metadata`` last. A checkpoint without ``.metadata`` is not a checkpoint to a
+reader, and each file is atomic (a single PUT or a completed multipart upload), so a reader
+never sees half of one. ``S5StorageReader`` downloads ``.metadata``,
 then on each rank only the files its load plan reads, as many at a time as the staging
 directory has room for, and deletes them once read.
 
@@ -19,19 +20,23 @@ directory has room for, and deletes them once read.
 from __future__ import annotations
 
 import dataclasses
+import io
 import logging
 import os
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Generator, Sequence
+from contextlib import contextmanager
+from pathlib import Path, PurePosixPath
 from typing import Any
 
-from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from ._largeobj import transfer as _transfer
+from ._largeobj.multipart import MultipartWriter
+from ._largeobj.parts import plan_parts
 from ._util.uri import format_size, parse_s3_uri
 from .checkpoint import DEFAULT_CONCURRENCY
 from .config import Access
@@ -99,23 +104,103 @@ class _Settings:
         self._staged = _Staged(staging_dir)
 
 
+class _Written(io.RawIOBase):
+    """What torch writes one checkpoint file into: the front of a :class:`MultipartWriter`.
+    torch closes it when the file is complete; the upload completes when its ``with`` block
+    ends without an error (see :meth:`_S3Files.create_stream`)."""
+
+    def __init__(self, upload: MultipartWriter) -> None:
+        super().__init__()
+        self._upload = upload
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        return self._upload.write(b)
+
+    def tell(self) -> int:
+        return self._upload.written  # torch records each item's offset in its file
+
+
+class _S3Files(FileSystemBase):
+    """torch's file-system interface over the writer's prefix: a file is streamed into an
+    upload of its own; ``.metadata`` is written in memory under its temporary name and
+    uploaded when torch renames it to its final name (after every rank's files)."""
+
+    def __init__(self, writer: S5StorageWriter) -> None:
+        self._writer = writer
+        self._held: dict[str, bytes] = {}
+
+    def _uri(self, path: str | os.PathLike[str]) -> str:
+        return self._writer.uri + PurePosixPath(os.fspath(path)).name
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Generator[io.IOBase, None, None]:
+        if mode != "wb":
+            raise ValueError(f"{self._uri(path)}: the writer only writes (mode {mode!r})")
+        name = PurePosixPath(os.fspath(path)).name
+        if name.endswith(".tmp"):  # the metadata, renamed when complete
+            buf = io.BytesIO()
+            yield buf
+            self._held[name] = buf.getvalue()
+            return
+        w = self._writer
+        plan = plan_parts(w.file_bytes, part_size=w.part_size, concurrency=w.concurrency)
+        upload = MultipartWriter(self._uri(path), w.access, plan)
+        try:
+            yield _Written(upload)
+            upload.commit()
+        finally:
+            upload.close()  # aborts unless committed
+
+    def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
+        data = self._held.pop(PurePosixPath(os.fspath(path)).name)
+        upload = MultipartWriter(self._uri(new_path), self._writer.access, plan_parts(len(data)))
+        try:
+            upload.write(data)
+            upload.commit()
+        finally:
+            upload.close()
+
+    def concat_path(self, path: str | os.PathLike[str], suffix: str) -> PurePosixPath:
+        return PurePosixPath(os.fspath(path)) / suffix
+
+    def init_path(self, path: str | os.PathLike[str]) -> PurePosixPath:
+        return PurePosixPath(os.fspath(path))
+
+    def mkdir(self, path: str | os.PathLike[str]) -> None:
+        pass  # a prefix needs no folder
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return _is_s3(checkpoint_id)
+
+    def exists(self, path: str | os.PathLike[str]) -> bool:
+        return False  # an object written replaces the one before it, atomically
+
+    def rm_file(self, path: str | os.PathLike[str]) -> None:
+        pass
+
+
 class S5StorageWriter(_Settings, FileSystemWriter):
-    """Save a distributed checkpoint to ``s3://bucket/prefix/`` through s5cmd.
+    """Save a distributed checkpoint to ``s3://bucket/prefix/``, each file streamed into an
+    upload in parallel parts, nothing staged on disk.
 
     Args:
         uri: the checkpoint's prefix (one "directory" per checkpoint).
         endpoint_url: the S3 endpoint, as for the datasets.
         access: how to reach the store (:class:`~s5loader.Access`), as for the datasets.
-        staging_dir: where each rank writes its files before uploading them; default tmpfs
-            when it has room for the rank's share, else the temp directory.
-        concurrency, part_size: parallel parts per file and their size.
+        staging_dir: not used by the writer (kept so that the writer and the reader take the
+            same arguments).
+        concurrency, part_size: parallel parts per file and their size (default: about 64
+            parts per file, from the rank's tensor bytes; 32 in flight).
         **kwargs: passed to ``FileSystemWriter`` (``thread_count``, ``single_file_per_rank``,
             ...); ``thread_count=N`` makes N files per rank, uploaded side by side.
 
     Raises (from ``dcp.save``):
-        StagingSpaceError: a rank's share does not fit its staging directory.
         AccessDeniedError, NoSuchBucketError, EndpointError, FetchError: an upload failed
-            (unfinished multipart uploads are aborted; ``.metadata`` is not written).
+            (its multipart upload is aborted; ``.metadata`` is not written).
     """
 
     def __init__(
@@ -130,9 +215,11 @@ class S5StorageWriter(_Settings, FileSystemWriter):
         **kwargs: Any,
     ) -> None:
         self._setup(uri, endpoint_url, staging_dir, concurrency, part_size, access)
-        self._coordinator = True
-        kwargs.setdefault("sync_files", False)  # the files only live until they are uploaded
-        super().__init__("/nonexistent-until-staged", **kwargs)
+        self.file_bytes = 0
+        kwargs.setdefault("sync_files", False)  # objects: nothing to sync
+        super().__init__("/", **kwargs)
+        self.fs = _S3Files(self)  # type: ignore[assignment]  # torch types it as its local FileSystem
+        self.path = self.fs.init_path("/")
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         if checkpoint_id and _is_s3(checkpoint_id):
@@ -147,50 +234,15 @@ class S5StorageWriter(_Settings, FileSystemWriter):
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
         return _is_s3(checkpoint_id)
 
-    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        self._coordinator = is_coordinator
-        super().set_up_storage_writer(is_coordinator, *args, **kwargs)
-
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
-        need = sum(_tensor_bytes(item) for item in plan.items)
-        self.path = Path(self._staged.path(need, self.uri, "this rank's share of the checkpoint"))
-        free = free_bytes(str(self.path))
-        if need + _transfer.margin(need) > free:
-            raise _transfer.space_error(self.uri, need, f"{format_size(free)} free in {self.path}", "this rank's share")
+        # the size of each of this rank's files, roughly, for the size of its parts
+        files = max(1, self.thread_count) if self.single_file_per_rank else max(1, len(plan.items))
+        self.file_bytes = sum(_tensor_bytes(item) for item in plan.items) // files
         return super().prepare_local_plan(plan)
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        try:
-            fut = super().write_data(plan, planner)
-            results = fut.wait()
-            names = sorted({r.storage_data.relative_path for r in results})
-            self._upload(names)
-            return fut
-        finally:
-            self._clear()
-            if not self._coordinator:  # the coordinator still writes .metadata there
-                self._staged.remove()
-
-    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
-        try:
-            os.makedirs(self.path, exist_ok=True)
-            super().finish(metadata, results)
-            self._upload([METADATA])  # last: its presence marks a complete checkpoint
-        finally:
-            self._staged.remove()
-
-    def _upload(self, names: Sequence[str]) -> None:
-        pairs = [(os.path.join(self.path, n), self.uri + n) for n in names]
-        log.info("uploading %d files to %s", len(pairs), self.uri)
-        _transfer.upload_many(
-            S5cmd(access=self.access), pairs, self.access,
-            concurrency=self.concurrency, part_size=self.part_size,
-        )
-
-    def _clear(self) -> None:
-        for name in os.listdir(self.path) if os.path.isdir(self.path) else ():
-            if not name.startswith("."):
-                os.unlink(os.path.join(self.path, name))
+        log.info("streaming this rank's files to %s", self.uri)
+        return super().write_data(plan, planner)
 
 
 class S5StorageReader(_Settings, FileSystemReader):

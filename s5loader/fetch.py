@@ -36,7 +36,7 @@ from .checkpoint import DEFAULT_CONCURRENCY
 from .config import Access
 from .exceptions import ConfigError, S5LoaderError, StagingSpaceError
 from .progress import Progress
-from .s5cmd import ObjectInfo, S5cmd, start_copy
+from .s5cmd import ObjectInfo, S5cmd
 from .staging.area import free_bytes, tree_bytes
 
 log = logging.getLogger(__name__)
@@ -156,8 +156,8 @@ def _fetch_plain(
         for o in objects:
             path = os.path.join(files, names[o.uri])
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            proc = work.start(lambda o=o, path=path: start_copy(  # type: ignore[misc]
-                s5, o.uri, path, concurrency=concurrency, part_size=part, size=o.size))
+            proc = work.start(lambda o=o, path=path: _transfer.s5cmd_copy(  # type: ignore[misc]
+                s5, o.uri, path, size=o.size, concurrency=concurrency, part_size=part))
             _transfer.run(proc, o.uri)
             checker = checkers[o.uri]
             if checker is not None:
@@ -207,8 +207,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--extract", action="store_true", help="join the objects in order and extract the tar archive")
     p.add_argument("--budget", type=size_arg, default=None, help="with --extract: most bytes of volumes on disk at once (default 1GiB)")
     Access.add_arguments(p)
-    p.add_argument("--concurrency", type=positive_int, default=DEFAULT_CONCURRENCY, help="parallel parts per object")
-    p.add_argument("--part-size", type=size_arg, default=None, help="bytes per part (default: per object, 5 to 32 MiB)")
+    p.add_argument("--concurrency", type=positive_int, default=DEFAULT_CONCURRENCY,
+                   help=f"parallel parts per object (default {DEFAULT_CONCURRENCY})")
+    p.add_argument("--part-size", type=size_arg, default=None,
+                   help="bytes per part (default: per object, about 64 parts of 5 to 64 MiB)")
     args = p.parse_args(argv)
     logging.getLogger("botocore").setLevel(logging.WARNING)
     bar = Progress(f"fetching into {args.dest}", unit="bytes", final_line=False)  # main() prints the last line

@@ -12,7 +12,9 @@ import os
 import subprocess
 import sys
 import tarfile
+import time
 import uuid
+from collections.abc import Iterator
 
 import boto3
 import pytest
@@ -20,7 +22,7 @@ import pytest
 from s5loader.cli import main as cli_main
 from s5loader_bench import cli as bench
 from s5loader_bench import methods as bench_methods
-from s5loader_bench.methods import METHODS, Context, Figures, Recorder, Settings, wildcard_cover
+from s5loader_bench.methods import METHODS, Context, Figures, Recorder, Settings, drive, wildcard_cover
 from s5loader_bench.monitor import CpuSplit, ProcTimes, TreeMonitor
 from s5loader_bench.proxy import LatencyProxy, RequestParser, classify
 
@@ -286,7 +288,7 @@ def _realistic_results(counted: bool = False) -> list[Figures]:
                     cpu_s=cpu[m] * 2, cpu_util=1.43, cpu_s_per_1k_samples=cpu[m],
                     cpu_split_s_per_1k_samples={"s5cmd": cpu[m] / 2, "main": cpu[m] / 4, "workers": cpu[m] / 4,
                                                 "unattributed": 0.01},
-                    peak_mem_mb=1234.5, ratio_to_s5loader=rates[m] / rates["s5loader"],
+                    peak_mem_mb=1234.5, ratio_to_s5loader=rates[m] / rates["s5loader"], first_batch_s=0.25,
                     repeats_samples_per_s=[rates[m] * 0.9, rates[m], rates[m] * 1.1])
         f.num_workers = None if m.startswith("s5cmd") else 4
         if counted:
@@ -309,7 +311,7 @@ def test_default_table_is_compact(counted: bool) -> None:
     assert [c.strip() for c in header if c.strip()] == expected
     by_method = {ln.split()[0]: ln for ln in lines[1:1 + len(METHODS)]}
     assert list(by_method) == list(METHODS)
-    assert by_method["s5loader"].split()[1:5] == ["396.0", "39.6", "1.00x", "2.68"]
+    assert by_method["s5loader"].split()[1:6] == ["396.0", "39.6", "0.25", "1.00x", "2.68"]
     assert by_method["s3torchconnector"].split()[1] == "skipped"
     # what the compact columns leave out is said under the table: notes, skips, medians
     assert "webdataset: 2 shards, ran with 2 workers instead of 4" in table
@@ -343,6 +345,31 @@ def test_recorder_windows_of_100_steps() -> None:
     rec.fill(f)
     assert f.steps == 250 and f.step100_mean_s == pytest.approx(1.0) and f.step100_var_s2 == pytest.approx(0.0)
     assert f.samples_per_s == pytest.approx(200.0) and f.wait_fraction == pytest.approx(0.4)
+
+
+def test_first_batch_is_timed_from_iter_of_the_first_epoch() -> None:
+    class Slow:
+        """A loader whose start (workers, staging) takes 0.2 s and whose batches take 0.01 s."""
+
+        def __init__(self) -> None:
+            self.epochs = 0
+
+        def __iter__(self) -> Iterator[list[int]]:
+            self.epochs += 1
+            time.sleep(0.2)
+            for k in range(5):
+                time.sleep(0.01)
+                yield [k, k]
+
+    rec = Recorder(batch_size=2, max_steps=8, seconds=None)
+    loader = Slow()
+    time.sleep(0.3)  # before iter(loader): not part of the first batch
+    drive(lambda epoch: loader, rec, compute_ms=0)
+    f = Figures("x")
+    rec.fill(f)
+    assert loader.epochs == 2 and f.steps == 8
+    assert f.first_batch_s is not None and 0.2 <= f.first_batch_s < 0.3  # the first epoch's start only
+    assert f.step100_mean_s is None and rec.step_at[0] >= 0.5
 
 
 def test_tree_monitor_counts_children() -> None:

@@ -109,27 +109,115 @@ def test_streams_when_staging_has_no_room(moto: Store, small_fs: str, caplog: py
     assert os.listdir(small_fs) == []
 
 
-def test_disk_filling_up_while_serialising_falls_back_to_streaming(moto: Store, small_fs: str) -> None:
+def test_disk_filling_up_while_staging_is_a_space_error(moto: Store, small_fs: str) -> None:
     # Plain Python numbers: the size estimate sees almost nothing, torch.save writes ~7 MB.
     obj = {"numbers": list(range(1_500_000))}
+    with pytest.raises(StagingSpaceError, match=moto.uri("py.pt")):
+        checkpoint.save(obj, moto.uri("py.pt"), endpoint_url=moto.endpoint, staging_dir=small_fs, stream=False)
+    assert os.listdir(small_fs) == []
+    assert not object_exists(moto, moto.prefix + "py.pt")
+    # streamed (the default), the estimate only sizes the parts: ~7 MB in two 5 MiB parts
     checkpoint.save(obj, moto.uri("py.pt"), endpoint_url=moto.endpoint, staging_dir=small_fs)
     assert checkpoint.load(moto.uri("py.pt"), endpoint_url=moto.endpoint) == obj
     assert os.listdir(small_fs) == []
 
 
+def test_streamed_save_in_many_parts_and_parallel_ranged_load(store: Store) -> None:
+    from s5loader._largeobj.multipart import transfer_client
+
+    sd = state_dict(scale=8)  # about 16.5 MiB: four 5 MiB parts up, four ranged GETs down
+    uri = store.uri("many-parts.pt")
+    sent: list[dict[str, str]] = []
+
+    def headers(request: object, **kwargs: object) -> None:
+        sent.append({k.lower(): v.decode() if isinstance(v, bytes) else str(v)
+                     for k, v in getattr(request, "headers", {}).items()})
+
+    events = transfer_client(store.endpoint).meta.events
+    events.register("before-send.s3.UploadPart", headers)
+    try:
+        checkpoint.save(sd, uri, endpoint_url=store.endpoint, part_size="5MiB", concurrency=3)
+    finally:
+        events.unregister("before-send.s3.UploadPart", headers)
+    assert len(sent) == 4
+    # the parts' bytes are not read again to sign or checksum them (the store accepts that)
+    assert all(h["x-amz-content-sha256"] == "UNSIGNED-PAYLOAD" for h in sent)
+    assert not any(k.startswith("x-amz-checksum") for h in sent for k in h)
+    head = store.client.head_object(Bucket=store.bucket, Key=store.prefix + "many-parts.pt")
+    assert head["ETag"].strip('"').endswith("-4")
+    assert_same(sd, checkpoint.load(uri, endpoint_url=store.endpoint, part_size="5MiB", concurrency=3))
+    assert pending_uploads(store, store.prefix + "many-parts.pt") == []
+
+
+def test_parallel_ranged_read_is_byte_exact_and_checks_the_etag(store: Store) -> None:
+    from s5loader._largeobj.multipart import read_into
+    from s5loader._largeobj.parts import plan_parts
+    from s5loader.exceptions import FetchError
+
+    data = os.urandom(11 * MiB + 12345)
+    key = store.prefix + "raw.bin"
+    store.client.put_object(Bucket=store.bucket, Key=key, Body=data)
+    etag = store.client.head_object(Bucket=store.bucket, Key=key)["ETag"].strip('"')
+    plan = plan_parts(len(data), part_size=5 * MiB, concurrency=3)
+    assert (plan.parts, plan.concurrency) == (3, 3)
+    buf = memoryview(bytearray(len(data)))
+    read_into(store.uri("raw.bin"), store.endpoint, buf, etag=etag, plan=plan)
+    assert buf == data
+    # an ETag that is not the object's: the object changed since the HEAD
+    with pytest.raises(FetchError, match="changed while it was read"):
+        read_into(store.uri("raw.bin"), store.endpoint, memoryview(bytearray(len(data))), etag="0" * 32, plan=plan)
+
+
+def test_failed_part_leaves_no_object_and_no_upload(moto: Store) -> None:
+    from s5loader._largeobj.multipart import transfer_client
+    from s5loader.exceptions import FetchError
+
+    key = moto.prefix + "failing.pt"
+    moto.client.put_object(Bucket=moto.bucket, Key=key, Body=b"the previous checkpoint")
+    events = transfer_client(moto.endpoint).meta.events
+
+    def fail_third_part(request: object, **kwargs: object) -> None:
+        if getattr(request, "url", "").endswith("partNumber=3"):
+            raise ConnectionAbortedError("the third part broke off")
+
+    events.register("before-send.s3.UploadPart", fail_third_part)
+    try:
+        with pytest.raises(FetchError, match=moto.uri("failing.pt")):
+            checkpoint.save(state_dict(scale=8), moto.uri("failing.pt"), endpoint_url=moto.endpoint,
+                            part_size="5MiB", concurrency=2)
+    finally:
+        events.unregister("before-send.s3.UploadPart", fail_third_part)
+    assert pending_uploads(moto, key) == []
+    assert moto.client.get_object(Bucket=moto.bucket, Key=key)["Body"].read() == b"the previous checkpoint"
+
+
 SAVER = """
-import signal, sys, torch
+import signal, sys, threading, torch
 signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even if started in the background
 from s5loader import checkpoint
+from s5loader._largeobj.multipart import transfer_client
 uri, endpoint, stream = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+if stream:  # the first part goes up, the others hang: the save is stopped midway
+    def hang(request, **kwargs):
+        if not request.url.endswith("partNumber=1"):
+            threading.Event().wait()
+    transfer_client(endpoint).meta.events.register("before-send.s3.UploadPart", hang)
 sd = {"w": torch.randn(60 * 1024 * 1024 // 4, generator=torch.Generator().manual_seed(0))}  # 60 MiB
-checkpoint.save(sd, uri, endpoint_url=endpoint, stream=stream, concurrency=1, part_size="5MiB")
+checkpoint.save(sd, uri, endpoint_url=endpoint, stream=stream, concurrency=1 + stream, part_size="5MiB")
 print("finished")
 """
 
 
+def stored_parts(store: Store, key: str) -> int:
+    ups = pending_uploads(store, key)
+    if not ups:
+        return 0
+    return len(store.client.list_parts(Bucket=store.bucket, Key=key, UploadId=ups[0]).get("Parts", []))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("sig,stream", [(signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGTERM, True)])
+@pytest.mark.parametrize("sig,stream", [(signal.SIGINT, False), (signal.SIGTERM, False),
+                                        (signal.SIGINT, True), (signal.SIGTERM, True)])
 def test_interrupted_save_leaves_nothing(moto: Store, tmp_path, sig: int, stream: bool) -> None:
     key = moto.prefix + "interrupted.pt"
     moto.client.put_object(Bucket=moto.bucket, Key=key, Body=b"the previous checkpoint")
@@ -139,18 +227,21 @@ def test_interrupted_save_leaves_nothing(moto: Store, tmp_path, sig: int, stream
         [sys.executable, str(script), moto.uri("interrupted.pt"), moto.endpoint, "1" if stream else "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
+    s5: list[psutil.Process] = []
     try:
-        # Wait for the multipart upload to exist, then freeze s5cmd so the save cannot finish
-        # before the signal lands; the saver must kill it and abort the upload.
+        # Staged: wait for the multipart upload to exist, then freeze s5cmd so the save cannot
+        # finish before the signal lands; the saver must kill it and abort the upload.
+        # Streamed: wait for a stored part (the save is midway: serialising, parts in flight).
         deadline = time.monotonic() + 60
-        while not pending_uploads(moto, key):
+        while not (stored_parts(moto, key) if stream else pending_uploads(moto, key)):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "no multipart upload started"
             time.sleep(0.01)
-        s5 = [c for c in psutil.Process(proc.pid).children(recursive=True) if c.name() == "s5cmd"]
-        assert s5, "s5cmd is not running"
-        for c in s5:
-            c.send_signal(signal.SIGSTOP)
+        if not stream:
+            s5 = [c for c in psutil.Process(proc.pid).children(recursive=True) if c.name() == "s5cmd"]
+            assert s5, "s5cmd is not running"
+            for c in s5:
+                c.send_signal(signal.SIGSTOP)
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=60)
     finally:
@@ -213,6 +304,37 @@ def test_distributed_checkpoint_two_gloo_ranks(seaweed: Store, tmp_path) -> None
     names = sorted(o["Key"].rsplit("/", 1)[1] for o in listed.get("Contents", []))
     assert names == [".metadata", "__0_0.distcp", "__1_0.distcp"]  # each rank wrote its own file
     assert os.listdir(stage) == []  # every rank's staged files removed
+
+
+def test_distributed_writer_streams_and_a_failed_part_leaves_no_checkpoint(moto: Store) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    from s5loader._largeobj.multipart import transfer_client
+    from s5loader.dcp import S5StorageReader, S5StorageWriter
+
+    sd = {"w": torch.randn(3 * 1024 * 1024, generator=torch.Generator().manual_seed(2)), "step": 3}  # 12 MiB
+    dcp.save(sd, storage_writer=S5StorageWriter(moto.uri("ok/"), endpoint_url=moto.endpoint, part_size="5MiB"))
+    head = moto.client.head_object(Bucket=moto.bucket, Key=moto.prefix + "ok/__0_0.distcp")
+    assert head["ETag"].strip('"').endswith("-3")  # streamed in three parts
+    out = {"w": torch.zeros_like(sd["w"]), "step": 0}
+    dcp.load(out, storage_reader=S5StorageReader(moto.uri("ok/"), endpoint_url=moto.endpoint))
+    assert torch.equal(out["w"], sd["w"]) and out["step"] == 3
+
+    events = transfer_client(moto.endpoint).meta.events
+
+    def fail_second_part(request: object, **kwargs: object) -> None:
+        if getattr(request, "url", "").endswith("partNumber=2"):
+            raise ConnectionAbortedError("the second part broke off")
+
+    events.register("before-send.s3.UploadPart", fail_second_part)
+    try:
+        with pytest.raises(BaseException, match="the second part broke off"):  # torch: CheckpointException
+            dcp.save(sd, storage_writer=S5StorageWriter(moto.uri("bad/"), endpoint_url=moto.endpoint,
+                                                        part_size="5MiB"))
+    finally:
+        events.unregister("before-send.s3.UploadPart", fail_second_part)
+    assert not object_exists(moto, moto.prefix + "bad/")  # neither the file nor .metadata
+    assert pending_uploads(moto, moto.prefix + "bad/__0_0.distcp") == []
 
 
 def test_distributed_reader_without_metadata(moto: Store) -> None:

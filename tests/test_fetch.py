@@ -126,6 +126,29 @@ def test_fetch_objects_prefix_and_multipart_etag(store: Store, tmp_path) -> None
     assert [n for n in os.listdir(tmp_path) if n.startswith(".s5loader")] == []
 
 
+def test_one_large_object_in_parallel_parts_picked_from_its_size(
+    store: Store, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from s5loader import find_s5cmd
+
+    big = os.urandom(17 * MiB + 5)
+    store.client.put_object(Bucket=store.bucket, Key=store.prefix + "big.bin", Body=big)
+    # s5cmd through a wrapper that writes down its arguments
+    argv_log = tmp_path / "argv.log"
+    wrapper = tmp_path / "s5cmd"
+    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {argv_log}\nexec {find_s5cmd()} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("S5LOADER_S5CMD", str(wrapper))
+    fetch(store.uri("big.bin"), str(tmp_path / "auto.bin"), endpoint_url=store.endpoint)
+    fetch(store.uri("big.bin"), str(tmp_path / "set.bin"), endpoint_url=store.endpoint, part_size="6MiB",
+          concurrency=2)
+    assert (tmp_path / "auto.bin").read_bytes() == big and (tmp_path / "set.bin").read_bytes() == big
+    copies = [ln.split() for ln in argv_log.read_text().splitlines() if " cp " in f" {ln} "]
+    flags = [(a[a.index("--concurrency") + 1], a[a.index("--part-size") + 1]) for a in copies]
+    # 17 MiB: four parts of S3's smallest size, all four at once; then as asked
+    assert flags == [("4", "5"), ("2", "6")]
+
+
 def test_corrupted_volume_fails_verification_naming_it(moto: Store, tmp_path) -> None:
     files = tree_files()
     keys = put_volumes(moto, "a.tar.gz", make_tar(files), volume=128 * KiB)

@@ -247,14 +247,14 @@ def _fmt(v: float | None, spec: str = ".3g") -> str:
     return "-" if v is None else format(v, spec)
 
 
-COLUMNS = ("method", "samples/s", "MB/s", "s/100 steps (mean)", "s/100 steps (var, s²)", "waited",
-           "CPU (cores)", "CPU s/1k samples", "s5cmd", "main", "workers", "requests/sample",
+COLUMNS = ("method", "samples/s", "MB/s", "first batch s", "s/100 steps (mean)", "s/100 steps (var, s²)",
+           "waited", "CPU (cores)", "CPU s/1k samples", "s5cmd", "main", "workers", "requests/sample",
            "GET/HEAD/LIST/other per sample", "blocks/256 samples", "peak mem MB", "vs s5loader", "note")
 # the CPU split columns: CPU s per 1,000 samples of each kind of process (see monitor.CpuSplit)
 SPLIT_COLUMNS = ("s5cmd", "main", "workers")
 # the terminal's default table: what a user reads first (every column: --wide, --markdown, --json);
 # requests/sample joins them when requests were counted
-COMPACT_COLUMNS = ("method", "samples/s", "MB/s", "vs s5loader", "CPU s/1k samples")
+COMPACT_COLUMNS = ("method", "samples/s", "MB/s", "first batch s", "vs s5loader", "CPU s/1k samples")
 COMPACT_WIDTH = 100  # the notes under the compact table are wrapped to this width
 
 
@@ -294,7 +294,8 @@ def table_rows(results: list[Figures]) -> list[list[str]]:
             rows.append([f.method] + ["-"] * (len(COLUMNS) - 2) + [f"{f.status}: {f.note}"])
             continue
         rows.append([
-            f.method, _fmt(f.samples_per_s, ".1f"), _fmt(f.mb_per_s, ".1f"), _fmt(f.step100_mean_s, ".3f"),
+            f.method, _fmt(f.samples_per_s, ".1f"), _fmt(f.mb_per_s, ".1f"), _fmt(f.first_batch_s, ".2f"),
+            _fmt(f.step100_mean_s, ".3f"),
             _fmt(f.step100_var_s2, ".2g"), "-" if f.wait_fraction is None else f"{f.wait_fraction:.0%}",
             _fmt(f.cpu_util, ".2f"), _fmt(f.cpu_s_per_1k_samples, ".2f"),
             *(_split(f, k) for k in SPLIT_COLUMNS),
@@ -318,7 +319,8 @@ def compact_table(results: list[Figures]) -> str:
             rows.append([f.method, f.status] + ["-"] * (len(header) - 2))
             notes.append(f"{f.method}: {f.status}: {f.note}")
             continue
-        rows.append([f.method, _fmt(f.samples_per_s, ".1f"), _fmt(f.mb_per_s, ".1f"), _ratio(f),
+        rows.append([f.method, _fmt(f.samples_per_s, ".1f"), _fmt(f.mb_per_s, ".1f"), _fmt(f.first_batch_s, ".2f"),
+                     _ratio(f),
                      _fmt(f.cpu_s_per_1k_samples, ".2f")] + ([_fmt(f.requests_per_sample, ".2f")] if counted else []))
         notes += [f"{f.method}: {f.note}"] if f.note else []
     repeats = {len(f.repeats_samples_per_s) for f in results if f.repeats_samples_per_s}

@@ -95,6 +95,8 @@ class Figures:
     steps: int = 0
     seconds: float = 0.0
     setup_s: float = 0.0
+    # from iter(loader) to the first batch of the first epoch (methods without a DataLoader:
+    # from the start of the loop to the first step)
     first_batch_s: float | None = None
     samples_per_s: float | None = None
     mb_per_s: float | None = None
@@ -141,6 +143,7 @@ class Recorder:
         self.wait_s: float | None = None
         self.quality: tuple[float, float] | None = None  # (blocks per 256 samples, displacement)
         self.num_workers: int | None = None  # the DataLoader's workers (set by drive)
+        self.first_batch_s: float | None = None  # iter(loader) to the first batch (set by drive)
         self.note = ""  # what the method ran with that differs from the settings
 
     def elapsed(self) -> float:
@@ -171,7 +174,7 @@ class Recorder:
             raise RuntimeError("no step completed")
         end = self.step_at[-1]
         fig.seconds = end
-        fig.first_batch_s = self.step_at[0]
+        fig.first_batch_s = self.first_batch_s if self.first_batch_s is not None else self.step_at[0]
         fig.samples_per_s = self.samples / end if end > 0 else None
         fig.mb_per_s = self.bytes / 1e6 / end if end > 0 else None
         windows = [self.step_at[k + 99] - (self.step_at[k - 1] if k else 0.0)
@@ -213,6 +216,7 @@ def drive(make_loader: Callable[[int], Iterable[list[Any]]], rec: Recorder, comp
         loader = make_loader(epoch)
         if isinstance(loader, DataLoader):
             rec.num_workers = loader.num_workers
+        started = time.perf_counter()
         it: Iterator[list[Any]] | None = iter(loader)  # starts the workers: counted as waiting
         got = 0
         while True:
@@ -220,6 +224,8 @@ def drive(make_loader: Callable[[int], Iterable[list[Any]]], rec: Recorder, comp
                 batch = next(it)  # type: ignore[arg-type]
             except StopIteration:
                 break
+            if rec.first_batch_s is None:
+                rec.first_batch_s = time.perf_counter() - started
             rec.step(len(batch), sum(_sample_bytes(s) for s in batch), time.perf_counter() - t,
                      sum(_sample_objects(s) for s in batch))
             got += 1

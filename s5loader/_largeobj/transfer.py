@@ -21,6 +21,7 @@ from ..config import Access
 from ..exceptions import S3URIError, StagingSpaceError
 from ..s5cmd import S5cmd, error_from_exit, kill, start_copy
 from ..staging.area import SHM, free_bytes, register_cleanup
+from .parts import PartPlan, plan_parts
 
 log = logging.getLogger(__name__)
 
@@ -197,10 +198,18 @@ def head_size(uri: str, access: Access | str | None) -> tuple[int, str]:
     return int(head["ContentLength"]), str(head.get("ETag", "")).strip('"')
 
 
+def s5cmd_copy(
+    s5: S5cmd, source: str, destination: str, *, size: int, concurrency: int, part_size: int
+) -> subprocess.Popen[bytes]:
+    """Start one s5cmd copy of an object of ``size`` bytes in the parts :func:`plan_parts`
+    picks for it (``part_size=0``: from its size)."""
+    plan: PartPlan = plan_parts(size, part_size=part_size, concurrency=concurrency)
+    return start_copy(s5, source, destination, concurrency=plan.concurrency, part_size=plan.part_size, size=size)
+
+
 def download(s5: S5cmd, uri: str, path: str, *, size: int, concurrency: int, part_size: int) -> None:
     """Download one object to ``path`` in parallel parts."""
-    proc = start_copy(s5, uri, path, concurrency=concurrency, part_size=part_size, size=size)
-    run(proc, uri)
+    run(s5cmd_copy(s5, uri, path, size=size, concurrency=concurrency, part_size=part_size), uri)
 
 
 def side_by_side(fn: Callable[[T], None], items: Sequence[T]) -> None:
@@ -233,7 +242,7 @@ def upload_many(
     def one(item: tuple[str, UploadGuard]) -> None:
         path, guard = item
         size = os.path.getsize(path)
-        proc = start_copy(s5, path, guard.uri, concurrency=concurrency, part_size=part_size, size=size)
+        proc = s5cmd_copy(s5, path, guard.uri, size=size, concurrency=concurrency, part_size=part_size)
         guard.attach(proc)
         run(proc, guard.uri)
 

@@ -14,10 +14,11 @@ from collections.abc import Callable
 from typing import IO
 
 from ..exceptions import FetchError
-from ..s5cmd import ObjectInfo, S5cmd, kill, start_cat, start_copy
+from ..s5cmd import ObjectInfo, S5cmd, kill, start_cat
 from ..staging.area import register_cleanup
 from . import transfer as _transfer
 from . import verify as _verify
+from .parts import plan_parts
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +122,8 @@ class Volumes:
                     self.reserved += o.size
                     self.peak = max(self.peak, self.reserved)
                 path = os.path.join(self.dir, f"{i:06d}")
-                proc = self.work.start(lambda o=o, path=path: start_copy(  # type: ignore[misc]
-                    self.s5, o.uri, path, concurrency=self.concurrency, part_size=self.part, size=o.size))
+                proc = self.work.start(lambda o=o, path=path: _transfer.s5cmd_copy(  # type: ignore[misc]
+                    self.s5, o.uri, path, size=o.size, concurrency=self.concurrency, part_size=self.part))
                 _transfer.run(proc, o.uri)
                 with self.cond:
                     self.ready[i] = path
@@ -150,8 +151,9 @@ class Volumes:
             self.cur = open(path, "rb")  # noqa: SIM115 - closed in _end_current
         else:
             log.info("%s is larger than the budget: reading it straight from the store", o.uri)
+            plan = plan_parts(o.size, part_size=self.part, concurrency=self.concurrency)
             self.cur_proc = self.work.start(lambda: start_cat(
-                self.s5, o.uri, concurrency=self.concurrency, part_size=self.part, size=o.size))
+                self.s5, o.uri, concurrency=plan.concurrency, part_size=plan.part_size, size=o.size))
             self.cur = self.cur_proc.stdout
         return True
 

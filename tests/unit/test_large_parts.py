@@ -1,0 +1,57 @@
+"""How a large object is cut into parts (checkpoints, dcp, fetch): sizes from the object's size,
+S3's limits kept, the caller's choice kept, a streamed upload that outgrows its estimate."""
+
+from __future__ import annotations
+
+import pytest
+
+from s5loader._largeobj.parts import (
+    DEFAULT_CONCURRENCY,
+    MAX_PARTS,
+    MIN_PART,
+    STREAM_PART_GROWTH,
+    plan_parts,
+    stream_part_size,
+)
+
+MiB = 1024**2
+GiB = 1024**3
+
+
+@pytest.mark.parametrize(("size", "part_mib", "parts"), [
+    (1 * GiB, 16, 64),  # at least 64 parts for 1 GiB
+    (256 * MiB, 5, 52),  # 4 MiB would be below S3's minimum
+    (4 * GiB, 64, 64),
+    (40 * GiB, 64, 640),  # no part above 64 MiB unless asked
+    (1024 * GiB, 105, 9987),  # 64 MiB parts would need more than 10,000
+])
+def test_part_size_from_the_object_size(size: int, part_mib: int, parts: int) -> None:
+    plan = plan_parts(size)
+    assert (plan.part_mib, plan.parts) == (part_mib, parts)
+    assert plan.parts <= MAX_PARTS and plan.part_size * plan.parts >= size
+    assert plan.concurrency == DEFAULT_CONCURRENCY
+
+
+@pytest.mark.parametrize("size", [0, 1, 5 * MiB, 5 * MiB + 1, 100 * MiB])
+def test_small_objects_take_few_parts_and_no_idle_slots(size: int) -> None:
+    plan = plan_parts(size)
+    assert plan.part_size >= MIN_PART
+    assert plan.parts == max(1, -(-size // plan.part_size))
+    assert plan.concurrency == min(DEFAULT_CONCURRENCY, plan.parts)
+
+
+def test_the_callers_part_size_and_concurrency_are_kept_within_s3s_limits() -> None:
+    assert plan_parts(GiB, part_size=32 * MiB, concurrency=4) == plan_parts(GiB, part_size=32 * MiB - 5, concurrency=4)
+    plan = plan_parts(GiB, part_size=32 * MiB, concurrency=4)
+    assert (plan.part_mib, plan.parts, plan.concurrency) == (32, 32, 4)
+    assert plan_parts(GiB, part_size=1).part_size == MIN_PART  # raised to S3's minimum
+    assert plan_parts(100 * GiB, part_size=5 * MiB).parts <= MAX_PARTS  # raised to fit 10,000 parts
+    assert plan_parts(GiB, concurrency=0).concurrency == DEFAULT_CONCURRENCY
+
+
+def test_a_streamed_upload_far_beyond_its_estimate_still_fits() -> None:
+    base = plan_parts(1 * MiB).part_size  # an estimate that saw almost nothing
+    assert [stream_part_size(base, n) for n in (1, STREAM_PART_GROWTH, STREAM_PART_GROWTH + 1)] == [
+        base, base, 2 * base]
+    total = sum(stream_part_size(base, n) for n in range(1, MAX_PARTS + 1))
+    assert total > 300 * 10**9  # 10,000 parts from 5 MiB hold more than 300 GB

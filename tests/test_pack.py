@@ -176,13 +176,15 @@ def test_two_ranks_pack_disjoint_halves_with_one_index(seaweed: Store, tmp_path)
     seaweed.put(dataset(40))
     src, dest = seaweed.uri(), seaweed.uri().replace("/train/", "/ranks/")
     args = [src, dest, "--shard-size", "20KB", "--endpoint-url", seaweed.endpoint, "--staging-dir", str(tmp_path)]
-    env = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999", "S5LOADER_SHARE_INDEX": "0"}
-    procs = [subprocess.Popen([sys.executable, "-m", "s5loader", "pack", *args], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env={**os.environ, **env, "RANK": str(r)})
-             for r in (1, 0)]
-    outs = [p.communicate(timeout=120) for p in procs]
-    assert all(p.returncode == 0 for p in procs), outs
-    (out1, _), (out0, _) = outs
+    # torchrun starts the two ranks (RANK, WORLD_SIZE, ...); each rank's output goes to a file
+    logs = tmp_path / "logs"
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "0",
+         "--redirects", "3", "--log-dir", str(logs), "-m", "s5loader", "pack", *args],
+        capture_output=True, text=True, timeout=180,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    out0, out1 = (next(logs.rglob(f"attempt_0/{r}/stdout.log")).read_text() for r in (0, 1))
     shards = int(out0.split(" of ")[1].split(" ")[0])
     p0, p1 = (int(o.split("packed ")[1].split(" ")[0]) for o in (out0, out1))
     assert p0 + p1 == shards and p0 > 0 and p1 > 0  # each rank packed its half

@@ -4,22 +4,15 @@ that tells whether a cache's progress belongs to the same index."""
 from __future__ import annotations
 
 import collections
-import hashlib
 import threading
 from collections.abc import Sequence
 from typing import overload
 
 from .._index.sample import Sample
 from .._sampling.order import Order
+from ..staging.epochcache import index_fingerprint
 
-
-def index_fingerprint(samples: Sequence[Sample]) -> str:
-    """A digest of the sample index (keys, fields, URIs, sizes, ETags)."""
-    h = hashlib.sha256()
-    for s in samples:
-        for f in s.fields:
-            h.update(f"{s.key}\0{f.name}\0{f.uri}\0{f.size}\0{f.etag}\n".encode("utf-8", "surrogatepass"))
-    return h.hexdigest()
+__all__ = ["EpochSamples", "index_fingerprint"]
 
 
 class EpochSamples(Sequence[Sample]):

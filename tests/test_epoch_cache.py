@@ -13,7 +13,7 @@ from support.faults import FaultProxy
 from support.stores import Peak, Store, make_pairs, staged_bytes
 from torch.utils.data import DataLoader
 
-from s5loader import S5Dataset, S5Sampler
+from s5loader import S5Dataset, S5IterableDataset, S5Sampler
 
 N = 40
 SIZE = 2000
@@ -192,3 +192,29 @@ def test_a_damaged_entry_is_fetched_again(data, proxy: FaultProxy, staging_root:
         stem = ds.samples[int(entry)].key.rsplit("/", 1)[-1]
         refetched = {k.rsplit("/", 1)[-1] for k in object_reads(proxy, mark)}
         assert f"{stem}.image" in refetched and {k.rsplit(".", 1)[0] for k in refetched} == {stem}
+
+
+@pytest.mark.parametrize("share", [1.0, 0.5])
+def test_iterable_workers_share_one_cache(data, proxy: FaultProxy, staging_root: str, share: float) -> None:
+    source, ds = data
+    it = S5IterableDataset(ds, budget=ds.total_bytes // 4, epoch_cache=int(ds.total_bytes * share),
+                           samples_per_call=8, staging_dir=staging_root)
+    try:
+        reads = []
+        for e in range(3):
+            it.set_epoch(e)
+            mark = len(proxy.requests)
+            check([s for b in DataLoader(it, batch_size=4, num_workers=2, collate_fn=collate) for s in b], source)
+            reads.append(len(object_reads(proxy, mark)))
+        assert len(glob.glob(os.path.join(staging_root, "s5loader-cache-*"))) == 1
+    finally:
+        it.close()
+    assert reads[0] >= 2 * N
+    if share == 1.0:
+        assert reads[1:] == [0, 0]
+    else:
+        # Each worker admits within its own share of the cache (no talk between processes), and
+        # which worker reads a kept sample in the epoch before is random: a few admissions are
+        # refused where one worker reads more kept samples than its share holds.
+        assert all(0 < r <= 0.6 * reads[0] for r in reads[1:]), reads
+    assert not glob.glob(os.path.join(staging_root, "s5loader-cache-*"))

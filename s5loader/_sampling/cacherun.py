@@ -17,6 +17,7 @@ while a pass runs, the caller's between passes.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import logging
 import os
@@ -26,6 +27,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from .._index.sample import Sample
+from .._util.dist import rank_info
 from ..config import StagingOptions
 from ..dataset import S5Dataset
 from ..staging.epochcache import EpochCache, index_fingerprint
@@ -87,6 +89,7 @@ class CacheRun:
         self.back: frozenset[int] = frozenset()
         self.taken: set[int] = set()
         self.layout: StagingLayout | None = None
+        self.strays: dict[int, str] = {}
         self.hits = 0  # in the current pass
         self.admitted = 0
         self._plans: dict[int, KeepPlan] = {}
@@ -130,7 +133,10 @@ class CacheRun:
         everyone = set().union(*full) if self.me == 0 else set()
         candidates: set[int] = set()
         held = 0
-        for idx in self.cache.names():
+        # Samples another local rank's readers handed back after its engine stopped: that rank
+        # admits them when its next pass begins, maybe after this one reached them.
+        self.strays = _strays(self.cache.root, rest) if len(full) > 1 else {}
+        for idx in set(self.cache.names()) | self.strays.keys():
             if idx in rest:
                 candidates.add(idx)
             elif idx in consumed and idx in nxt.keep:
@@ -158,7 +164,7 @@ class CacheRun:
     # -- while a pass runs (the engine's thread) ---------------------------------------------
     def take(self, idx: int) -> bool:
         assert self.layout is not None
-        if self.cache.take(idx, self.layout, self.samples[idx], self.verify):
+        if self.cache.take(idx, self.layout, self.samples[idx], self.verify, self.strays.get(idx)):
             self.taken.add(idx)
             self.hits += 1
             return True
@@ -195,6 +201,28 @@ class CacheRun:
         self.cache.close()
 
 
+def _strays(root: str, wanted: set[int]) -> dict[int, str]:
+    """The hand-back folders of the staging passes below ``root`` (samplers' and iterable
+    datasets' workers') that hold samples in ``wanted``."""
+    found: dict[int, str] = {}
+    for pattern in (("s5loader-*", "p*"), ("s5loader-*", "s5loader-*", "p*")):
+        for folder in glob.glob(os.path.join(root, *pattern, HANDED_BACK)):
+            try:
+                names = os.listdir(folder)
+            except OSError:
+                continue
+            for n in names:
+                if n.isdigit() and int(n) in wanted:
+                    found[int(n)] = os.path.join(folder, n)
+    return found
+
+
+def cache_id(fingerprint: str, *job: object) -> str:
+    """The name of the cache folder of an index (its ``fingerprint``) and a ``job``'s order
+    settings and node: the same for every local rank of that job, and for a restarted job."""
+    return hashlib.sha256(":".join(map(str, (fingerprint, *job))).encode()).hexdigest()[:16]
+
+
 def open_cache_run(
     dataset: S5Dataset,
     order: Order,
@@ -205,16 +233,32 @@ def open_cache_run(
     orders: Callable[[int], list[list[int]]],
 ) -> CacheRun | None:
     """The epoch cache of a sampler (``order``, ``window``) and of the other local ranks of its
-    node, below ``root``: one folder per index, order settings and node; None without
-    ``options.epoch_cache``."""
+    node, below ``root``; None without ``options.epoch_cache``."""
     if not options.epoch_cache:
         return None
     ranks = node_ranks(order.rank, order.num_replicas)
     fingerprint = index_fingerprint(dataset.samples)
     o = order
-    job = f"{fingerprint}:{o.shuffle}:{o.seed}:{o.num_replicas}:{o.drop_last}:{window}:{ranks[0]}:{len(ranks)}"
-    cache_id = hashlib.sha256(job.encode()).hexdigest()[:16]
+    name = cache_id(fingerprint, o.shuffle, o.seed, o.num_replicas, o.drop_last, window, ranks[0], len(ranks))
     return CacheRun(
-        dataset.samples, dataset.samples.sizes(), EpochCache(root, cache_id, fingerprint, bool(keep)),
+        dataset.samples, dataset.samples.sizes(), EpochCache(root, name, fingerprint, bool(keep)),
         options.epoch_cache, orders, ranks.index(o.rank), options.verify,
     )
+
+
+def open_iterable_cache(
+    dataset: S5Dataset, size: int, job: tuple[object, ...], num_replicas: int | None, rank: int | None, root: str,
+    keep: bool,
+) -> EpochCache | None:
+    """The epoch cache folder of an iterable dataset with ``epoch_cache`` (``size``; None
+    without), opened by the process that makes the dataset: its DataLoader workers use it while
+    it lives (each a :meth:`~s5loader.staging.epochcache.EpochCache.sharer`), its ``close()``
+    leaves it. ``job`` (the order's settings) and the node's ranks name the folder."""
+    if not size:
+        return None
+    r, world = rank_info(num_replicas, rank)
+    ranks = node_ranks(r, world)
+    fingerprint = index_fingerprint(dataset.samples)
+    cache = EpochCache(root, cache_id(fingerprint, "iterable", *job, world, ranks[0], len(ranks)), fingerprint, keep)
+    cache.open()
+    return cache

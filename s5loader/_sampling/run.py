@@ -60,17 +60,21 @@ class StagingRun:
         register_cleanup(self)
         # The earlier passes' folders go now, not when they were abandoned: DataLoader workers
         # read their queued samples (persistent workers do so in iter(loader), before this
-        # pass begins), and those reads must find their files. What they handed back for the
-        # epoch cache is kept first.
-        if self.cache is not None:
-            for where in self.passes.replaced:
-                self.cache.collect(where.path)
-        self.passes.remove_replaced()
+        # pass begins), and those reads must find their files.
+        self.drop_replaced()
 
         def report(stats: Stats, elapsed: float, finished: bool) -> None:
             self.report(stats, elapsed, finished, epoch())
 
         yield from self.passes.run(order, windows, self.options, shuffle, self.position, epoch, report, self.cache)
+
+    def drop_replaced(self) -> None:
+        """Remove the folders of earlier passes; what their readers handed back for the epoch
+        cache, and hits nobody read, go to the cache first."""
+        if self.cache is not None:
+            for where in self.passes.replaced:
+                self.cache.collect(where.path)
+        self.passes.remove_replaced()
 
     def report(self, stats: Stats, elapsed: float, finished: bool, epoch: int) -> None:
         """Log what a pass did, and "data starvation" where the loader waited for it."""

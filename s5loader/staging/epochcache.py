@@ -85,6 +85,7 @@ class EpochCache:
     """
 
     def __init__(self, root: str, cache_id: str, fingerprint: str, keep: bool = False) -> None:
+        self.root, self.cache_id = root, cache_id
         self.path = os.path.join(root, f"{CACHE_PREFIX}{cache_id}")
         self.fingerprint = fingerprint
         self.keep = keep
@@ -94,6 +95,11 @@ class EpochCache:
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_fd": None, "_user": None}
+
+    def sharer(self) -> EpochCache:
+        """Another user of the same folder that never removes it (a DataLoader worker's, while
+        the process that made this one owns the folder's lifetime)."""
+        return EpochCache(self.root, self.cache_id, self.fingerprint, keep=True)
 
     def entry(self, index: int) -> str:
         return f"{self.path}/{int(index)}"
@@ -132,14 +138,19 @@ class EpochCache:
         except FileNotFoundError:
             return []
 
-    def take(self, index: int, layout: StagingLayout, sample: Sample, md5: bool) -> bool:
-        """Move entry ``index`` into the pass ``layout`` as a staged sample; False when there is
-        none (another reader took it) or it does not check out (then it is removed)."""
+    def take(self, index: int, layout: StagingLayout, sample: Sample, md5: bool, stray: str | None = None) -> bool:
+        """Move entry ``index`` (or the ``stray`` folder: a sample another local rank handed
+        back after its engine stopped, not yet admitted) into the pass ``layout`` as a staged
+        sample; False when there is none or it does not check out (then it is removed)."""
         dest = layout.sample_dir(index)
-        try:
-            os.rename(self.entry(index), dest)
-        except OSError:
-            return False
+        for src in (self.entry(index), stray):
+            if src is None:
+                return False
+            try:
+                os.rename(src, dest)
+                break
+            except OSError:
+                continue
         problem = entry_problem(dest, sample, md5)
         if problem:
             log.warning("epoch cache entry of %s dropped: %s", sample.key, problem)

@@ -4,7 +4,9 @@ requests, a DataLoader with workers reading and handing samples back."""
 from __future__ import annotations
 
 import glob
+import json
 import os
+import threading
 import urllib.parse
 from collections.abc import Iterator
 
@@ -13,7 +15,9 @@ from support.faults import FaultProxy
 from support.stores import Peak, Store, make_pairs, staged_bytes
 from torch.utils.data import DataLoader
 
-from s5loader import S5Dataset, S5IterableDataset, S5Sampler
+from s5loader import S5Dataset, S5IterableDataset, S5Sampler, consume
+from s5loader.daemon import PrefetchDaemon, PrefetchOptions
+from s5loader.daemon.protocol import EPOCH_DIR
 
 N = 40
 SIZE = 2000
@@ -37,12 +41,12 @@ def data(seaweed: Store, proxy: FaultProxy) -> tuple[dict[str, bytes], S5Dataset
     return source, ds
 
 
-def object_reads(proxy: FaultProxy, since: int = 0) -> list[str]:
+def object_reads(proxy: FaultProxy, since: int = 0, methods: tuple[str, ...] = ("GET", "HEAD")) -> list[str]:
     """The keys of the object GETs and HEADs the proxy saw after its ``since``-th request."""
     out = []
     for method, path, _ in proxy.requests[since:]:
         parsed = urllib.parse.urlsplit(path)
-        if method in ("GET", "HEAD") and not parsed.query.startswith("list") and "list-type" not in parsed.query:
+        if method in methods and not parsed.query.startswith("list") and "list-type" not in parsed.query:
             key = urllib.parse.unquote(parsed.path).split("/", 2)[-1]
             if key:
                 out.append(key)
@@ -71,9 +75,9 @@ def test_a_data_set_that_fits_is_fetched_once(data, proxy: FaultProxy, staging_r
         for e in (1, 2):
             check(epoch(sampler, ds, e), source)
             m = sampler.metrics()
-            assert (m.cache_hits, m.fetched_bytes, m.fetched_samples) == (N, 0, 0)
+            assert (m.epoch_cache_hits, m.fetched_bytes, m.fetched_samples) == (N, 0, 0)
         assert object_reads(proxy, mark) == []  # not one request after the first epoch
-        assert m.cache_bytes == ds.total_bytes
+        assert m.epoch_cache_bytes == ds.total_bytes
         cache_dirs = glob.glob(os.path.join(staging_root, "s5loader-cache-*"))
         assert len(cache_dirs) == 1
     assert not os.path.exists(cache_dirs[0])  # removed with the sampler
@@ -92,7 +96,7 @@ def test_half_cache_fetches_half_and_never_exceeds_budget_plus_cache(data, proxy
                 check(epoch(sampler, ds, e), source)
                 fetched.append(sampler.metrics().fetched_bytes)
                 reads.append(len(object_reads(proxy, mark)))
-                assert sampler.metrics().cache_hits > 0
+                assert sampler.metrics().epoch_cache_hits > 0
     assert fetched[0] == ds.total_bytes
     for f in fetched[1:]:
         assert f <= 0.52 * fetched[0], fetched
@@ -142,7 +146,7 @@ def test_resume_with_a_cache_fetches_no_sample_twice_in_an_epoch(
     got += [s["__key__"] for batch in DataLoader(ds, sampler=b, batch_size=4, collate_fn=collate) for s in batch]
     assert got == want[1]
     if survives:
-        assert b.metrics().cache_hits > 0  # found the cache the first run left
+        assert b.metrics().epoch_cache_hits > 0  # found the cache the first run left
     keys = object_reads(proxy, mark)
     gets = [k for k in keys if k.endswith(".image")]
     assert len(gets) == len(set(gets)), "a sample was fetched twice in one epoch"
@@ -168,7 +172,7 @@ def test_two_local_ranks_share_one_cache(
         mark = len(proxy.requests)
         for sp in samplers:
             got = epoch(sp, ds, 1)
-            assert sp.metrics().cache_hits == len(got) == N // 2
+            assert sp.metrics().epoch_cache_hits == len(got) == N // 2
         assert object_reads(proxy, mark) == []  # each rank read samples the other one kept
     finally:
         samplers[0].close()
@@ -188,7 +192,7 @@ def test_a_damaged_entry_is_fetched_again(data, proxy: FaultProxy, staging_root:
             fh.truncate(10)
         mark = len(proxy.requests)
         check(epoch(sampler, ds, 1), source)
-        assert sampler.metrics().cache_hits == N - 1
+        assert sampler.metrics().epoch_cache_hits == N - 1
         stem = ds.samples[int(entry)].key.rsplit("/", 1)[-1]
         refetched = {k.rsplit("/", 1)[-1] for k in object_reads(proxy, mark)}
         assert f"{stem}.image" in refetched and {k.rsplit(".", 1)[0] for k in refetched} == {stem}
@@ -218,3 +222,42 @@ def test_iterable_workers_share_one_cache(data, proxy: FaultProxy, staging_root:
         # refused where one worker reads more kept samples than its share holds.
         assert all(0 < r <= 0.6 * reads[0] for r in reads[1:]), reads
     assert not glob.glob(os.path.join(staging_root, "s5loader-cache-*"))
+
+
+@pytest.mark.parametrize("share", [1.0, 0.5])
+def test_the_daemon_keeps_samples_for_the_next_epoch(data, proxy: FaultProxy, tmp_path, share: float) -> None:
+    source, ds = data
+    cache, log = tmp_path / "cache", tmp_path / "progress.jsonl"
+    size = int(ds.total_bytes * share)
+    opts = PrefetchOptions(ds.source, str(cache), ds.total_bytes // 4, endpoint_url=proxy.endpoint, shuffle=True,
+                           epochs=3, samples_per_call=8, epoch_cache=size, json_log=str(log))
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            with PrefetchDaemon(opts) as daemon:
+                daemon.open()
+                daemon.run()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    got = [(s.key, s.read("image")) for s in consume(cache, timeout=30, finished=lambda: not t.is_alive())]
+    t.join(30)
+    assert not errors, errors
+    assert len(got) == 3 * N
+    assert all(image == source[key + ".image"] for key, image in got)
+    for e in range(3):
+        assert sorted(k for k, _ in got[e * N : (e + 1) * N]) == sorted(s.key for s in ds.samples)
+    gets = [k for k in object_reads(proxy, methods=("GET",)) if k.endswith(".image")]
+    if share == 1.0:
+        assert len(gets) == N  # each sample fetched once over three epochs
+    else:
+        assert len(gets) <= N * (1 + 2 * 0.52), len(gets)
+    last = [e for e in map(json.loads, log.read_text().splitlines()) if e.get("event") == "done"][-1]
+    if share == 1.0:  # the last epoch's figures
+        assert (last["epoch_cache_hits"], last["epoch_fetched_bytes"]) == (N, 0)
+    else:
+        assert last["epoch_cache_hits"] > 0 and 0 < last["epoch_fetched_bytes"] <= 0.52 * ds.total_bytes
+    assert not (cache / EPOCH_DIR).exists() or not os.listdir(cache / EPOCH_DIR)  # removed after the last epoch

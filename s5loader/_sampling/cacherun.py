@@ -40,8 +40,8 @@ log = logging.getLogger("s5loader.sampler")
 
 class Hits(set[int]):
     """The engine's ``kept`` set for a pass: ``idx in hits`` moves a cached sample into the pass
-    folder and answers whether it is there now (each entry once: a second reading of the same
-    index in the pass, or an entry that vanished or fails its check, is a miss)."""
+    folder and answers whether it is there now (an entry that vanished or fails its check is a
+    miss; a hit stays one until it is read)."""
 
     def __init__(self, run: CacheRun, candidates: set[int]) -> None:
         super().__init__()
@@ -49,7 +49,11 @@ class Hits(set[int]):
         self.candidates = candidates
 
     def __contains__(self, idx: object) -> bool:
-        if not isinstance(idx, int) or idx not in self.candidates:
+        if not isinstance(idx, int):
+            return False
+        if idx in self.run.taken:
+            return True  # asked again (a call the engine planned, then put off): still a hit
+        if idx not in self.candidates:
             return False
         self.candidates.discard(idx)
         return self.run.take(idx)
@@ -164,7 +168,7 @@ class CacheRun:
     # -- while a pass runs (the engine's thread) ---------------------------------------------
     def take(self, idx: int) -> bool:
         assert self.layout is not None
-        if self.cache.take(idx, self.layout, self.samples[idx], self.verify, self.strays.get(idx)):
+        if self.cache.take(idx, self.layout.sample_dir(idx), self.samples[idx], self.verify, self.strays.get(idx)):
             self.taken.add(idx)
             self.hits += 1
             return True

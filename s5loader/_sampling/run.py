@@ -84,7 +84,7 @@ class StagingRun:
         m = self.passes.metrics(epoch, self.position.yielded, samples, self.options.budget)
         if self.cache is None:
             return m
-        return dataclasses.replace(m, cache_hits=self.cache.hits, cache_bytes=self.cache.held)
+        return dataclasses.replace(m, epoch_cache_hits=self.cache.hits, epoch_cache_bytes=self.cache.held)
 
     def close(self) -> None:
         """Stop staging, kill s5cmd, remove the staging directory (and leave the epoch cache).

@@ -52,6 +52,15 @@ class EpochSamples(Sequence[Sample]):
         epoch, pos = divmod(seq, self._n)
         return self._samples[self._perm(epoch)[pos]]
 
+    @property
+    def samples(self) -> Sequence[Sample]:
+        """The data set's samples (one epoch)."""
+        return self._samples
+
+    def order(self, epoch: int) -> list[int]:
+        """Epoch ``epoch``'s order: item ``pos`` is the index delivered at ``epoch * n + pos``."""
+        return self._perm(epoch)
+
     def _perm(self, epoch: int) -> list[int]:
         with self._lock:
             perm = self._perms.get(epoch)

@@ -23,6 +23,7 @@ from ..exceptions import DaemonError
 from ..s5cmd import S5cmd
 from ..staging.area import StagingArea
 from .delivery import Deliveries, StarvationWatch, Summary
+from .epochcache import DaemonEpochCache, epoch_cache_room, open_epoch_cache
 from .epochs import EpochSamples, index_fingerprint
 from .options import PrefetchOptions
 from .progress import ProgressReporter, open_reporter
@@ -75,6 +76,7 @@ class PrefetchDaemon:
         self._shards: ShardDeliveries | None = None
         self._unpacker: Unpacker | None = None
         self._delivery: Deliveries | None = None
+        self._epoch_cache: DaemonEpochCache | None = None
         self.summary = Summary()
         self._watch = StarvationWatch(self._ledger, self.summary, options.samples_per_call)
 
@@ -135,7 +137,10 @@ class PrefetchDaemon:
             self._view = EpochSamples(samples, order, self.opts.epochs, units, state.window or self.opts.samples_per_call)
         recover_pending(state, self._state_path)
         clear_staging(self.cache)  # a stopped run's files, counted by no budget: gone before any fetch
-        check_cache_budget(samples, self.opts.budget, self.opts.epochs, self.cache, adopt_delivered(self.cache, self._ledger))
+        check_cache_budget(
+            samples, self.opts.budget, self.opts.epochs, self.cache, adopt_delivered(self.cache, self._ledger),
+            epoch_cache_room(self.opts, samples),
+        )
         self._start = state.delivered
         self.summary.total = len(self._view)
         self.summary.resumed_from = state.delivered
@@ -156,10 +161,12 @@ class PrefetchDaemon:
         sh = self._shards
         if sh is None:
             order: Sequence[int] = range(self._state.delivered, len(self._view))
+            ec = self._epoch_cache = open_epoch_cache(self.opts, self.cache, self._view, self._state.index, self._area.path)
             self._stager = Stager(
-                self._view, order, self._area, s5, options,
+                self._view, order, self._area, s5, options, kept=ec.open(self._state.delivered) if ec else None,
                 is_released=self._ledger.is_released, access=self.opts.store,
             )
+            self._stager.budget.on_release = ec.attach(self._stager.budget) if ec is not None else None
             for seq, size in self._ledger.items():
                 self._stager.hold(seq, size)
         else:
@@ -181,7 +188,7 @@ class PrefetchDaemon:
         )
         self._delivery = Deliveries(
             self.cache, self._state_path, self._state, self._ledger, self.summary, self._view, self._area,
-            self._unpacker,
+            self._unpacker, self._epoch_cache,
         )
 
     # -- running ----------------------------------------------------------------------------
@@ -312,6 +319,7 @@ class PrefetchDaemon:
             "budget": self.opts.budget,
             "fetched_bytes": stager.stats.staged_bytes,
             "skipped": st.skipped,
+            **(self._epoch_cache.figures(st.delivered) if self._epoch_cache is not None else {}),
         }
 
     def _tick(self) -> None:
@@ -325,6 +333,8 @@ class PrefetchDaemon:
         stager, self._stager = self._stager, None
         if stager is not None:
             stager.close()
+        if self._epoch_cache is not None:
+            self._epoch_cache.close(done=self._state is not None and self._state.done)
         area, self._area = self._area, None
         if area is not None:
             area.remove()

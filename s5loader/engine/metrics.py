@@ -56,8 +56,8 @@ class Metrics:
         skips: samples skipped (``on_error="skip"``) so far in the pass.
         fetched_bytes: bytes staged in the pass so far.
         fetched_samples: samples staged in the pass so far.
-        cache_hits: samples of the pass read from the epoch cache (not fetched) so far.
-        cache_bytes: bytes this rank holds in the epoch cache now (kept for a later epoch,
+        epoch_cache_hits: samples of the pass read from the epoch cache (not fetched) so far.
+        epoch_cache_bytes: bytes this rank holds in the epoch cache now (kept for a later epoch,
             or taken from it into the pass and not yet read).
     """
 
@@ -76,8 +76,8 @@ class Metrics:
     skips: int = 0
     fetched_bytes: int = 0
     fetched_samples: int = 0
-    cache_hits: int = 0
-    cache_bytes: int = 0
+    epoch_cache_hits: int = 0
+    epoch_cache_bytes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """The fields as a dict (for JSON, or a logger's ``add_scalars``)."""

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._index.sample import Sample
-from .layout import StagingLayout, field_names
+from .layout import field_names
 
 log = logging.getLogger(__name__)
 
@@ -138,11 +138,10 @@ class EpochCache:
         except FileNotFoundError:
             return []
 
-    def take(self, index: int, layout: StagingLayout, sample: Sample, md5: bool, stray: str | None = None) -> bool:
+    def take(self, index: int, dest: str, sample: Sample, md5: bool, stray: str | None = None) -> bool:
         """Move entry ``index`` (or the ``stray`` folder: a sample another local rank handed
-        back after its engine stopped, not yet admitted) into the pass ``layout`` as a staged
-        sample; False when there is none or it does not check out (then it is removed)."""
-        dest = layout.sample_dir(index)
+        back after its engine stopped, not yet admitted) to ``dest``, a staged sample's folder;
+        False when there is none or it does not check out (then it is removed)."""
         for src in (self.entry(index), stray):
             if src is None:
                 return False
@@ -170,6 +169,22 @@ class EpochCache:
         except OSError as exc:
             log.debug("epoch cache: cannot admit %s: %s", folder, exc.strerror)
             shutil.rmtree(folder, ignore_errors=True)
+            return False
+        return True
+
+    def link(self, folder: str, index: int, sample: Sample) -> bool:
+        """Hard-link the files of ``sample`` staged in ``folder`` into the cache as entry
+        ``index`` (no copy: the entry shares the files' blocks); whether it is there now."""
+        tmp = os.path.join(self.path, f".in-{int(index)}")
+        try:
+            for name in field_names(sample):
+                dest = os.path.join(tmp, name)
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                os.link(os.path.join(folder, name), dest)
+            os.rename(tmp, self.entry(index))
+        except OSError as exc:
+            log.debug("epoch cache: cannot keep %s: %s", folder, exc.strerror)
+            shutil.rmtree(tmp, ignore_errors=True)
             return False
         return True
 

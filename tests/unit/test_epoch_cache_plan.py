@@ -136,7 +136,7 @@ def test_take_checks_sizes_and_md5(tmp_path) -> None:
         os.makedirs(c.entry(1))
         with open(os.path.join(c.entry(1), "image"), "wb") as fh:
             fh.write(content)
-        assert c.take(1, layout, s, md5) is ok
+        assert c.take(1, layout.sample_dir(1), s, md5) is ok
         assert os.path.isdir(layout.sample_dir(1)) is ok
         assert not os.path.exists(c.entry(1))
         shutil.rmtree(layout.sample_dir(1), ignore_errors=True)

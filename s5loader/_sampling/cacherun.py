@@ -126,6 +126,16 @@ class CacheRun:
         for idx in names:
             self._keep_or_drop(idx, os.path.join(where, str(idx)))
 
+    def keep_staged(self, folder: str, ready: list[int]) -> None:
+        """When the cache outlives this run: move the samples of the stopped pass in ``folder``
+        that were staged (``ready``) and not read into the cache, while they fit."""
+        layout = StagingLayout(folder)
+        for idx in ready:
+            path = layout.sample_dir(idx)
+            if os.path.isdir(path) and self.admission.admit(int(self.sizes[idx])):
+                if not self.cache.admit(path, idx, missing_ok=True):
+                    self.admission.remove(int(self.sizes[idx]))
+
     def begin_pass(self, epoch: int, order: list[int], folder: str) -> tuple[Hits, frozenset[int]]:
         """Prepare the pass of ``epoch`` that stages ``order`` (this rank's, maybe resumed part
         way) into ``folder``: the engine's hits, and the indices whose readers hand them back."""

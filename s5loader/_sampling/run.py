@@ -90,9 +90,13 @@ class StagingRun:
         """Stop staging, kill s5cmd, remove the staging directory (and leave the epoch cache).
         Safe to call twice."""
         if self.cache is not None:
+            stager = self.passes.active
             self.passes.close_active()
             for where in self.passes.replaced:
                 self.cache.collect(where.path)  # what was handed back, and hits not read
+            if stager is not None and self.cache.cache.keep:
+                # staged and not read: a run that resumes from the kept cache takes them there
+                self.cache.keep_staged(stager.area.path, stager.ready_indices())
             self.cache.close()
         self.passes.close()
         self.area.remove()

@@ -15,7 +15,9 @@ changed object never reads as a hit. A hit is checked like a staged file (sizes;
 with ``verify``) before it is used.
 
 The folder outlives a crash (a restarted run on the same staging root finds it), and is
-removed by the last sampler that closes it, unless it is to be kept.
+removed by the last sampler that closes it, unless it is to be kept. A cache folder that no
+live process uses and nobody meant to keep (a killed run's, whose job then changed its seed or
+data) is removed when another cache is opened below the same root.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ log = logging.getLogger(__name__)
 CACHE_PREFIX = "s5loader-cache-"
 MANIFEST = ".manifest.json"
 USERS = ".users"
+KEPT = ".kept"  # written by a user that leaves the folder behind on purpose
 _VERSION = 1
 _seq = itertools.count()
 
@@ -89,6 +92,7 @@ class EpochCache:
         self.path = os.path.join(root, f"{CACHE_PREFIX}{cache_id}")
         self.fingerprint = fingerprint
         self.keep = keep
+        self.sharing = False  # a sharer's: it neither removes the folder nor marks it kept
         self._user: str | None = None
         self._fd: int | None = None
         self._owner = os.getpid()
@@ -99,7 +103,9 @@ class EpochCache:
     def sharer(self) -> EpochCache:
         """Another user of the same folder that never removes it (a DataLoader worker's, while
         the process that made this one owns the folder's lifetime)."""
-        return EpochCache(self.root, self.cache_id, self.fingerprint, keep=True)
+        other = EpochCache(self.root, self.cache_id, self.fingerprint, keep=True)
+        other.sharing = True
+        return other
 
     def entry(self, index: int) -> str:
         return f"{self.path}/{int(index)}"
@@ -126,6 +132,12 @@ class EpochCache:
             with open(tmp, "w", encoding="utf-8") as fh:
                 json.dump(want, fh)
             os.replace(tmp, man)
+        clean_stale_caches(self.root, self.path)
+        if not self.keep:  # kept for this run: from now on, this run decides
+            try:
+                os.unlink(os.path.join(self.path, KEPT))
+            except FileNotFoundError:
+                pass
         user = os.path.join(self.path, USERS, f"{os.getpid()}-{next(_seq)}")
         fd = os.open(user, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -205,9 +217,38 @@ class EpochCache:
                 pass
         if fd is not None:
             os.close(fd)
-        if self.keep or user is None or _live_users(os.path.join(self.path, USERS)):
+        if user is None:
+            return
+        if self.keep:
+            if not self.sharing:
+                with open(os.path.join(self.path, KEPT), "w", encoding="utf-8"):
+                    pass
+            return
+        if _live_users(os.path.join(self.path, USERS)):
             return
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+def clean_stale_caches(root: str, keep: str) -> list[str]:
+    """Remove the cache folders below ``root`` but ``keep`` that no live process uses and that
+    were not left on purpose; returns their paths."""
+    removed: list[str] = []
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(root, name)
+        if not name.startswith(CACHE_PREFIX) or path == keep or os.path.islink(path):
+            continue
+        if os.path.exists(os.path.join(path, KEPT)) or not os.path.isdir(os.path.join(path, USERS)):
+            continue
+        if _live_users(os.path.join(path, USERS)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        log.info("removed the epoch cache %s, which no live loader uses", path)
+        removed.append(path)
+    return removed
 
 
 def _live_users(folder: str) -> bool:

@@ -162,3 +162,25 @@ def test_the_space_check_counts_the_cache_once_per_node(tmp_path, monkeypatch: p
     assert choose_root(str(tmp_path), 100, shared=600)[1] == 100  # 4 x 100 + 600 fit
     with pytest.raises(BudgetError, match="epoch cache"):
         choose_root(str(tmp_path), 100, shared=601)
+
+
+def test_a_stale_cache_goes_when_another_opens(tmp_path) -> None:
+    dead = EpochCache(str(tmp_path), "old", "fp")
+    dead.open()
+    os.makedirs(dead.entry(1))
+    assert dead._fd is not None
+    os.close(dead._fd)  # as a killed run leaves it: its lock is gone, its file stays
+    dead._fd, dead._user = None, None
+    kept = EpochCache(str(tmp_path), "kept", "fp", keep=True)
+    kept.open()
+    kept.close()
+    live = EpochCache(str(tmp_path), "live", "fp")
+    live.open()
+    fresh = EpochCache(str(tmp_path), "new", "fp")
+    fresh.open()
+    assert not os.path.exists(dead.path)  # nobody used it
+    assert os.path.isdir(kept.path) and os.path.isdir(live.path)  # kept on purpose; in use
+    again = EpochCache(str(tmp_path), "old", "fp")
+    assert again.names() == []
+    fresh.close()
+    live.close()

@@ -184,3 +184,14 @@ def test_a_stale_cache_goes_when_another_opens(tmp_path) -> None:
     assert again.names() == []
     fresh.close()
     live.close()
+
+
+def test_the_daemon_option(tmp_path) -> None:
+    from s5loader.daemon import PrefetchOptions, build_parser, options_from_args
+
+    args = build_parser().parse_args(["s3://b/train/", "--cache", str(tmp_path), "--budget", "1MiB",
+                                      "--epochs", "3", "--epoch-cache", "4MiB"])
+    opts = options_from_args(args)
+    assert opts.epoch_cache == 4 << 20 and opts.stager_options().epoch_cache == 4 << 20
+    with pytest.raises(ConfigError, match="--epoch-cache .*--shards"):
+        PrefetchOptions("s3://b/s/", str(tmp_path), 1 << 20, shards=True, epoch_cache=1 << 20)

@@ -300,6 +300,8 @@ class StagingOptions:
         keep_staged: keep staged files across epochs (sampler only).
         shrink_budget: shrink a budget larger than the free space instead of failing.
         staging_dir: the staging root (sampler only; ``None``: picked by free space).
+        epoch_cache: bytes of read samples kept staged for later epochs, on top of the budget
+            (``"8GiB"``; 0: none), for the node's local ranks together.
 
     Raises:
         ConfigError: an invalid option.
@@ -318,9 +320,16 @@ class StagingOptions:
     keep_staged: bool = False
     shrink_budget: bool = False
     staging_dir: str | None = None
+    epoch_cache: int = 0  # also a string such as "8GiB"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "budget", parse_size(self.budget, "budget"))
+        object.__setattr__(self, "epoch_cache", 0 if self.epoch_cache in (0, None) else parse_size(self.epoch_cache, "epoch_cache"))
+        if self.epoch_cache and self.keep_staged:
+            raise ConfigError(
+                "keep_staged=True keeps every staged sample already; epoch_cache is for a data set "
+                "larger than the budget: give one or the other"
+            )
         for name in ("samples_per_call", "calls_in_flight", "s5cmd_workers", "block_size"):
             _positive_int(name, getattr(self, name))
         if not isinstance(self.retries, int) or isinstance(self.retries, bool) or self.retries < 0:

@@ -280,7 +280,7 @@ class S5Dataset(Dataset[Any]):
         data = None
         if isinstance(index, StagedIndex):
             folder = index.folder
-            data = read_staged(StagingLayout(folder), int(index), sample, keep=index.keep)
+            data = read_staged(StagingLayout(folder), int(index), sample, keep=index.keep, back=index.back)
             # A pass whose folder is gone was replaced: whoever asked will not use the sample
             # (a worker of a loader that was shut down), so that is no staging fault to report.
             if data is None and not self._warned_unstaged and os.path.isdir(folder):

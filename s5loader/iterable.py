@@ -92,8 +92,8 @@ class S5IterableDataset(IterableDataset[Any]):
         num_replicas, rank: the distributed split; defaults (found when iterating) from
             torch.distributed, else ``WORLD_SIZE`` / ``RANK``, else one process.
         samples_per_call, block_size, calls_in_flight, shrink_budget, stall_timeout, retries,
-            on_error, verify, s5cmd_workers: as for :class:`~s5loader.S5Sampler` (checked by
-            :class:`~s5loader.StagingOptions`).
+            on_error, verify, s5cmd_workers, epoch_cache, keep_epoch_cache: as for
+            :class:`~s5loader.S5Sampler` (checked by :class:`~s5loader.StagingOptions`).
 
     Raises:
         ConfigError: an invalid option.
@@ -123,16 +123,17 @@ class S5IterableDataset(IterableDataset[Any]):
         verify: bool = False,
         s5cmd_workers: int = 256,
         num_workers: int | None = None,
+        epoch_cache: int | str = 0, keep_epoch_cache: bool = False,
     ) -> None:
         require_linux("S5IterableDataset")
         engine_options: dict[str, Any] = {
             "samples_per_call": samples_per_call, "block_size": block_size, "calls_in_flight": calls_in_flight,
             "stall_timeout": stall_timeout, "retries": retries, "on_error": on_error,
-            "verify": verify, "s5cmd_workers": s5cmd_workers,
+            "verify": verify, "s5cmd_workers": s5cmd_workers, "epoch_cache": epoch_cache,
         }
-        budget_bytes, root = check_options(
+        budget_bytes, root, self._cache = check_options(
             dataset, shuffle, seed, shuffle_buffer, drop_last, num_replicas, rank, budget, staging_dir,
-            shrink_budget, engine_options,
+            shrink_budget, engine_options, keep_epoch_cache,
         )
         self._num_workers = check_workers(dataset, budget_bytes, num_workers)
         self.dataset = dataset
@@ -266,7 +267,7 @@ class S5IterableDataset(IterableDataset[Any]):
             self._engine.close()
         share = worker_share(self.dataset, self.budget, self._num_workers, p.num_workers)
         options = StagingOptions(budget=share, staging_dir=self._area.path, **self._engine_options)
-        engine = WorkerStaging(self.dataset, options, self._area.path, self._runs, self.shuffle == "block")
+        engine = WorkerStaging(self.dataset, options, self._area.path, self._runs, self.shuffle == "block", self._cache)
         self._engine, self._engine_key = engine, key
         if key[0] != self._area._owner:
             # A DataLoader worker runs no atexit handlers; multiprocessing's finalizers do run.
@@ -318,6 +319,8 @@ class S5IterableDataset(IterableDataset[Any]):
         engine, self._engine = self._engine, None
         if engine is not None and self._engine_key is not None and self._engine_key[0] == os.getpid():
             engine.close()
+        if self._cache is not None:
+            self._cache.close()
         self._area.remove()
 
     def __enter__(self) -> S5IterableDataset:
@@ -333,9 +336,6 @@ class S5IterableDataset(IterableDataset[Any]):
         state["_pass"] = None
         state["_finalizer"] = None
         return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
 
     def __repr__(self) -> str:
         return (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import weakref
@@ -10,6 +11,8 @@ from typing import Any
 
 from torch.utils.data import Sampler
 
+from ._sampling.cacheplan import node_ranks
+from ._sampling.cacherun import open_cache_run
 from ._sampling.order import WINDOW_CAP, ShuffleQuality, block_window, part_len, shuffle_quality  # noqa: F401 (re-exported)
 from ._sampling.passes import write_command_files
 from ._sampling.resume import check_state, check_window, make_state, resume, resume_window
@@ -78,6 +81,11 @@ class S5Sampler(Sampler[int]):
         batch_size: the DataLoader's ``batch_size``, if you pass it here too (a sampler does not
             see its DataLoader): a budget that cannot hold one batch of the largest samples is
             then a :class:`BudgetError` at once instead of after ``stall_timeout``.
+        epoch_cache: bytes of read samples kept staged for later epochs on top of ``budget``
+            (0: none), chosen from the start of the next epoch's order; a cached sample is not
+            fetched again. The node's local ranks share it (counted once); see the guide's
+            "Epoch cache" section. The order, resume and rank split do not change.
+        keep_epoch_cache: leave the epoch cache behind on :meth:`close` for a later run.
         buffers, numworkers: the former names of ``calls_in_flight`` and ``s5cmd_workers``;
             still accepted for one release, with a ``DeprecationWarning``.
 
@@ -115,6 +123,8 @@ class S5Sampler(Sampler[int]):
         batch_size: int | None = None,
         buffers: int | None = None,
         numworkers: int | None = None,
+        epoch_cache: int | str = 0,
+        keep_epoch_cache: bool = False,
     ) -> None:
         require_linux("S5Sampler")
         if not isinstance(dataset, S5Dataset):
@@ -126,12 +136,23 @@ class S5Sampler(Sampler[int]):
             shrink_budget=shrink_budget, stall_timeout=stall_timeout, retries=retries, on_error=on_error,
             verify=verify, num_replicas=num_replicas, rank=rank, drop_last=drop_last,
             s5cmd_workers=s5cmd_workers, batch_size=batch_size, buffers=buffers, numworkers=numworkers,
+            epoch_cache=epoch_cache,
         )
-        self._run = StagingRun(dataset, options, root, bool(keep_staged))
+        cache = open_cache_run(dataset, self._order, self._window, options, root, keep_epoch_cache, self._local_orders)
+        self._run = StagingRun(dataset, options, root, bool(keep_staged), cache)
         self.keep_staged = bool(keep_staged)
         self.epoch = 0
         self._pos = self._run.position  # where this rank is in self.epoch (see state_dict)
         self._finalizer = weakref.finalize(self, StagingArea.remove, self._run.area)
+
+    def _local_orders(self, epoch: int) -> list[list[int]]:
+        """The whole order of ``epoch`` of each rank of this node (the epoch cache plans on them)."""
+        o = self._order
+        units = self._units() if o.per_rank else []
+        return [
+            dataclasses.replace(o, rank=r).plan(len(self.dataset), epoch, 0, units, self._window)[0]
+            for r in node_ranks(o.rank, o.num_replicas)
+        ]
 
     # -- the Sampler protocol -----------------------------------------------------------
     @property

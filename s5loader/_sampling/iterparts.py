@@ -17,6 +17,9 @@ from .._util.uri import format_size, parse_size
 from ..config import StagingOptions
 from ..dataset import S5Dataset, StagedIndex
 from ..exceptions import BudgetError, ConfigError, StateError
+from ..staging.epochcache import EpochCache
+from .cacheplan import node_ranks
+from .cacherun import CacheRun, open_iterable_cache
 from .order import Order, block_window, check_seed, check_shuffle, open_shards
 from .resume import check_fields
 from .run import StagingRun
@@ -41,9 +44,11 @@ def check_options(
     staging_dir: str | None,
     shrink_budget: bool,
     engine_options: dict[str, Any],
-) -> tuple[int, str]:
+    keep_epoch_cache: bool = False,
+) -> tuple[int, str, EpochCache | None]:
     """Check :class:`~s5loader.S5IterableDataset`'s options in the process that makes it;
-    return the budget (less where the staging root has less room) and the staging root.
+    return the budget (less where the staging root has less room), the staging root and, with
+    ``epoch_cache``, the epoch cache's folder, opened (see :func:`open_iterable_cache`).
 
     Raises:
         ConfigError, BudgetError: as :class:`~s5loader.S5IterableDataset`.
@@ -63,8 +68,14 @@ def check_options(
     options = StagingOptions(
         budget=parse_size(budget, "budget"), staging_dir=staging_dir, shrink_budget=shrink_budget, **engine_options
     )
+    if options.epoch_cache and dataset.shards is not None:
+        raise ConfigError("epoch_cache is not supported over tar shards (S5Dataset.from_shards) yet")
     options, root = fit_budget(dataset, options, None)
-    return options.budget, root
+    cache = open_iterable_cache(
+        dataset, options.epoch_cache, (shuffle, seed, shuffle_buffer, drop_last), num_replicas, rank, root,
+        keep_epoch_cache,
+    )
+    return options.budget, root, cache
 
 
 @dataclass
@@ -218,10 +229,15 @@ class WorkerStaging:
         runs: workers take contiguous runs of the rank's part (tar shards: each shard is
             staged by one worker), not every ``num_workers``-th sample.
         block: the order is ``shuffle="block"``.
+        cache: the epoch cache's folder (owned by the iterable dataset), with ``epoch_cache``.
     """
 
-    def __init__(self, dataset: S5Dataset, options: StagingOptions, root: str, runs: bool, block: bool) -> None:
+    def __init__(
+        self, dataset: S5Dataset, options: StagingOptions, root: str, runs: bool, block: bool,
+        cache: EpochCache | None = None,
+    ) -> None:
         self.dataset = dataset
+        self.cache = cache
         self.runs = runs
         # a worker's part has no windows of its own: the engine cuts its calls freely, and a
         # block order takes the window the rank's sampler would take for this budget
@@ -238,6 +254,8 @@ class WorkerStaging:
     def run(self, p: _Pass) -> Generator[StagedIndex, None, None]:
         """Stage and yield ``p``'s samples from its position on."""
         run = self.staging
+        if self.cache is not None and run.cache is None:
+            run.cache = self._cache_run(p, self.cache)
         run.passes.close_active()
         run.position.restart(p.yielded)
         units = self.units() if p.order.per_rank else None
@@ -252,13 +270,31 @@ class WorkerStaging:
         shard_units = getattr(self.dataset, "shard_units", None)
         return shard_units if shard_units is not None else self.staging.blocks.units
 
+    def _cache_run(self, p: _Pass, cache: EpochCache) -> CacheRun:
+        """This worker's use of the epoch cache it shares with the node's other local ranks
+        and their workers: the keep-set is planned over all their orders."""
+        consumers = [(r, w) for r in node_ranks(p.rank, p.num_replicas) for w in range(p.num_workers)]
+        units = self.units() if p.order.per_rank else None
+        n, ds = len(self.dataset), self.dataset
+
+        def orders(epoch: int) -> list[list[int]]:
+            return [
+                worker_order(replace(p.order, rank=r), n, epoch, w, p.num_workers, p.shuffle_buffer,
+                             units=units, window=self.window, runs=self.runs)
+                for r, w in consumers
+            ]
+
+        opts = self.staging.options
+        return CacheRun(ds.samples, ds.samples.sizes(), cache.sharer(), opts.epoch_cache, orders,
+                        consumers.index((p.rank, p.worker)), opts.verify)
+
     def position(self) -> int:
         """The position after the last sample handed out (skipped samples included)."""
         return self.staging.position.start + self.staging.position.yielded
 
     def drop_finished(self) -> None:
         """Remove the folders of finished passes: every sample in them was read in this process."""
-        self.staging.passes.remove_replaced()
+        self.staging.drop_replaced()
 
     def close(self) -> None:
         self.staging.close()

@@ -25,6 +25,7 @@ from ..engine.metrics import Metrics
 from ..engine.plan import write_plan_files
 from ..s5cmd import S5cmd
 from ..staging.area import PassArea, StagingArea
+from .cacherun import CacheRun
 from .resume import Position
 
 
@@ -54,11 +55,14 @@ class StagingPasses:
         position: Position,
         epoch: Callable[[], int],
         report: Callable[[Stats, float, bool], None],
+        cache: CacheRun | None = None,
     ) -> Iterator[StagedIndex]:
         """Stage ``order`` (shuffled as ``shuffle`` says) and yield its staged indices, counting
         them in ``position``; a skipped sample is counted but not yielded. ``report`` gets the
-        pass's figures at its end."""
+        pass's figures at its end. With an epoch ``cache``, its hits are not fetched and the
+        samples it keeps are handed back by their readers."""
         where = self._new_pass()
+        hits, back = cache.begin_pass(epoch(), order, where.path) if cache is not None else (None, frozenset())
         keep = self.keep
         shards: ShardPass | None = None
         if self.dataset.shards is not None:
@@ -70,7 +74,7 @@ class StagingPasses:
             where,
             self.s5cmd,
             options if shards is None else replace(options, samples_per_call=shards.calls(options.samples_per_call)),
-            kept=self.kept if keep else (shards.kept if shards is not None else None),
+            kept=self.kept if keep else (shards.kept if shards is not None else hits),
             access=self.dataset.access,
             layout=self.layout,
             windows=windows if shards is None else None,  # over shards the engine stages shard visits
@@ -78,6 +82,8 @@ class StagingPasses:
         )
         if shards is not None:
             shards.start(stager, options.verify, options.retries)
+        if cache is not None:
+            stager.budget.on_release = cache.on_release
         stager.start()
         self.active = stager
         position.yielded = 0
@@ -96,7 +102,7 @@ class StagingPasses:
                     if not keep:
                         stager.yielded(idx)
                     position.yielded += 1
-                    yield StagedIndex(idx, where.path, keep)
+                    yield StagedIndex(idx, where.path, keep, idx in back)
                 else:
                     position.yielded += 1  # a skipped sample still counts as consumed
             if shards is not None:
@@ -119,6 +125,8 @@ class StagingPasses:
                 self.replaced.append(where)
             if finished and not superseded:
                 position.epoch_done = True
+            if cache is not None:
+                cache.end_pass(epoch())
             report(stager.stats, time.monotonic() - t0, finished)
 
     def __getstate__(self) -> dict[str, Any]:

@@ -5,6 +5,7 @@ Neither reaches into the other: both compose this."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Generator
 from typing import Any
@@ -16,6 +17,7 @@ from ..engine import Stats
 from ..engine.metrics import Metrics, PassReport
 from ..s5cmd import S5cmd
 from ..staging.area import StagingArea, register_cleanup
+from .cacherun import CacheRun
 from .passes import StagingPasses
 from .resume import Position
 
@@ -44,10 +46,14 @@ class StagingRun:
         options: the checked staging options (budget, calls, retries, error policy, ...).
         root: the staging root; the run's own directory is made below it on the first pass.
         keep: keep staged files across passes (``keep_staged``).
+        cache: the epoch cache, if any (``epoch_cache``).
     """
 
-    def __init__(self, dataset: S5Dataset, options: StagingOptions, root: str, keep: bool = False) -> None:
+    def __init__(
+        self, dataset: S5Dataset, options: StagingOptions, root: str, keep: bool = False, cache: CacheRun | None = None
+    ) -> None:
         self.dataset = dataset
+        self.cache = cache
         self.options = options
         # over shards a block is a shard, fetched with one cp --raw line: no wildcard lines
         self.blocks: BlockPlan = plan_blocks(
@@ -69,28 +75,51 @@ class StagingRun:
         # The earlier passes' folders go now, not when they were abandoned: DataLoader workers
         # read their queued samples (persistent workers do so in iter(loader), before this
         # pass begins), and those reads must find their files.
-        self.passes.remove_replaced()
+        self.drop_replaced()
 
         def report(stats: Stats, elapsed: float, finished: bool) -> None:
             self.report(stats, elapsed, finished, epoch())
 
-        yield from self.passes.run(order, windows, self.options, shuffle, self.position, epoch, report)
+        yield from self.passes.run(order, windows, self.options, shuffle, self.position, epoch, report, self.cache)
+
+    def drop_replaced(self) -> None:
+        """Remove the folders of earlier passes; what their readers handed back for the epoch
+        cache, and hits nobody read, go to the cache first."""
+        if self.cache is not None:
+            for where in self.passes.replaced:
+                self.cache.collect(where.path)
+        self.passes.remove_replaced()
 
     def report(self, stats: Stats, elapsed: float, finished: bool, epoch: int) -> None:
         """Log what a pass did, and "data starvation" where the loader waited for it."""
         self._reporter.report(stats, elapsed, finished, epoch, self.options)
 
     def metrics(self, epoch: int, samples: int) -> Metrics:
-        return self.passes.metrics(epoch, self.position.yielded, samples, self.options.budget)
+        m = self.passes.metrics(epoch, self.position.yielded, samples, self.options.budget)
+        if self.cache is None:
+            return m
+        return dataclasses.replace(m, epoch_cache_hits=self.cache.hits, epoch_cache_bytes=self.cache.held)
 
     def close(self) -> None:
-        """Stop staging, kill s5cmd, remove the staging directory. Safe to call twice."""
+        """Stop staging, kill s5cmd, remove the staging directory (and leave the epoch cache).
+        Safe to call twice."""
+        if self.cache is not None:
+            stager = self.passes.active
+            self.passes.close_active()
+            for where in self.passes.replaced:
+                self.cache.collect(where.path)  # what was handed back, and hits not read
+            if stager is not None and self.cache.cache.keep:
+                # staged and not read: a run that resumes from the kept cache takes them there
+                self.cache.keep_staged(stager.area.path, stager.ready_indices())
+            self.cache.close()
         self.passes.close()
         self.area.remove()
 
     def _abort(self) -> None:
         """On SIGTERM: kill s5cmd and remove the staging directory, taking no lock."""
         self.passes.abort()
+        if self.cache is not None:
+            self.cache.close()
         self.area.remove()
 
     def __getstate__(self) -> dict[str, Any]:

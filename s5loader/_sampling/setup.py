@@ -46,6 +46,7 @@ def configure(
     batch_size: int | None,
     buffers: int | None,
     numworkers: int | None,
+    epoch_cache: int | str = 0,
 ) -> tuple[Order, int, StagingOptions, str]:
     """Check :class:`S5Sampler`'s options: its order, its ``shuffle="block"`` window (over tar
     shards with ``shuffle`` True or False: the shards open at once), the staging options with
@@ -81,7 +82,10 @@ def configure(
         keep_staged=bool(keep_staged),
         shrink_budget=bool(shrink_budget),
         staging_dir=staging_dir,
+        epoch_cache=parse_size(epoch_cache, "epoch_cache") if epoch_cache else 0,
     )
+    if options.epoch_cache and sharded:
+        raise ConfigError("epoch_cache is not supported over tar shards (S5Dataset.from_shards) yet")
     options, root = fit_budget(dataset, options, batch_size)
     return order, window, options, root
 
@@ -102,9 +106,12 @@ def fit_budget(
 ) -> tuple[StagingOptions, str]:
     """The options with the budget the staging root has room for, and that root.
 
+    The epoch cache (``options.epoch_cache``, capped at the data set's size) counts once for
+    the node's ranks in the space check.
+
     Raises:
-        BudgetError: a sample (or shard) larger than the budget, a budget larger than the free
-            space, ``keep_staged`` with a budget smaller than the data set, or a budget smaller
+        BudgetError: a sample (or shard) larger than the budget, a budget (and epoch cache)
+            larger than the free space, ``keep_staged`` with a budget smaller than the data set, or a budget smaller
             than a batch.
     """
     budget = options.budget
@@ -120,7 +127,11 @@ def fit_budget(
             f"({format_size(total)}); the budget is {format_size(budget)}"
         )
     footprint = disk_footprint(dataset.samples.size)
-    root, room = choose_root(options.staging_dir, min(budget, total), options.shrink_budget, footprint)
+    if options.epoch_cache > total:  # a cache never holds more than the data set
+        options = replace(options, epoch_cache=total)
+    root, room = choose_root(
+        options.staging_dir, min(budget, total), options.shrink_budget, footprint, options.epoch_cache
+    )
     if room < min(budget, total):
         if options.keep_staged or largest.size > room:
             raise BudgetError(

@@ -16,6 +16,7 @@ Layout of a cache directory::
     CACHE/.lock                      flock-ed by the running daemon (holds its pid)
     CACHE/.state.json                progress; replaced atomically after every delivery
     CACHE/.staging/                  samples being fetched (never visible to ``ls``)
+    CACHE/.epoch-cache/              with ``--epoch-cache``: samples kept for the next epoch
 """
 
 import warnings

@@ -98,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stall-timeout", type=positive_float, default=60.0, help="seconds without progress before a call or a copy counts as stalled")
     p.add_argument("--retries", type=non_negative_int, default=3, help="retries of a sample that failed for a transient reason")
     p.add_argument("--verify", action="store_true", help="check each staged file against the listing's size and MD5 ETag")
+    p.add_argument(
+        "--epoch-cache", type=size_arg, default=0,
+        help="bytes of samples kept from one epoch for the next, beside --budget (e.g. 8GiB): read locally, not fetched again",
+    )
     p.add_argument("--fresh", action="store_true", help="discard the cache's samples and progress first")
     p.add_argument(
         "--json-log", nargs="?", const="-", metavar="PATH",
@@ -133,6 +137,7 @@ def options_from_args(args: argparse.Namespace) -> PrefetchOptions:
         s5cmd_workers=_renamed(args, "numworkers", "s5cmd_workers"), block_size=args.block_size,
         on_error=args.on_error, stall_timeout=args.stall_timeout, retries=args.retries, verify=args.verify,
         fresh=args.fresh, json_log=args.json_log, progress=args.progress, shards=args.shards, index=args.index,
+        epoch_cache=args.epoch_cache,
     )
 
 

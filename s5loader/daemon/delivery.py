@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from .._index.sample import Sample
 from ..engine import Stager
 from ..staging.area import StagingArea
+from .epochcache import DaemonEpochCache
 from .progress import ProgressReporter
 from .protocol import END_MARKER, KEY_FILE, sample_folder_name
 from .shards import Unpacker
@@ -41,10 +42,12 @@ class Deliveries:
     def __init__(
         self, cache: str, state_path: str, state: DaemonState, ledger: Ledger, summary: Summary,
         view: Sequence[Sample], area: StagingArea, unpacker: Unpacker | None,
+        keeper: DaemonEpochCache | None = None,
     ) -> None:
         self.cache, self.state_path, self.state, self.ledger = cache, state_path, state, ledger
         self.summary, self.view, self.area, self.unpacker = summary, view, area, unpacker
         self._key_clash_warned = False
+        self.keeper = keeper  # the epoch cache (--epoch-cache), which keeps samples as they are delivered
 
     def deliver(self, seq: int, stager: Stager) -> None:
         st, sample = self.state, self.view[seq]
@@ -54,6 +57,8 @@ class Deliveries:
             src, key, size = self.area.sample_dir(seq), sample.key, sample.size
         name = sample_folder_name(seq, key)
         dst = os.path.join(self.cache, name)
+        if self.keeper is not None:
+            self.keeper.delivering(seq, src)
         self._write_key(src, key)
         # the one write of this delivery: a restart completes the rename if it did not happen
         st.delivered, st.pending = seq + 1, {"seq": seq, "from": src, "to": dst}
@@ -79,6 +84,8 @@ class Deliveries:
             f.write(key)
 
     def skip(self, seq: int) -> None:
+        if self.keeper is not None:
+            self.keeper.passed(seq)
         st = self.state
         st.delivered, st.skipped, st.pending = seq + 1, st.skipped + 1, None
         st.save(self.state_path)

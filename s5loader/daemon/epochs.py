@@ -4,22 +4,15 @@ that tells whether a cache's progress belongs to the same index."""
 from __future__ import annotations
 
 import collections
-import hashlib
 import threading
 from collections.abc import Sequence
 from typing import overload
 
 from .._index.sample import Sample
 from .._sampling.order import Order
+from ..staging.epochcache import index_fingerprint
 
-
-def index_fingerprint(samples: Sequence[Sample]) -> str:
-    """A digest of the sample index (keys, fields, URIs, sizes, ETags)."""
-    h = hashlib.sha256()
-    for s in samples:
-        for f in s.fields:
-            h.update(f"{s.key}\0{f.name}\0{f.uri}\0{f.size}\0{f.etag}\n".encode("utf-8", "surrogatepass"))
-    return h.hexdigest()
+__all__ = ["EpochSamples", "index_fingerprint"]
 
 
 class EpochSamples(Sequence[Sample]):
@@ -58,6 +51,15 @@ class EpochSamples(Sequence[Sample]):
             raise IndexError(seq)
         epoch, pos = divmod(seq, self._n)
         return self._samples[self._perm(epoch)[pos]]
+
+    @property
+    def samples(self) -> Sequence[Sample]:
+        """The data set's samples (one epoch)."""
+        return self._samples
+
+    def order(self, epoch: int) -> list[int]:
+        """Epoch ``epoch``'s order: item ``pos`` is the index delivered at ``epoch * n + pos``."""
+        return self._perm(epoch)
 
     def _perm(self, epoch: int) -> list[int]:
         with self._lock:

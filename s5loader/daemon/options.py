@@ -17,7 +17,7 @@ class PrefetchOptions:
 
     The staging options (``budget``, ``samples_per_call``, ``calls_in_flight``,
     ``s5cmd_workers``, ``block_size``, ``stall_timeout``, ``retries``, ``on_error``,
-    ``verify``) have the names, defaults and checks of :class:`~s5loader.S5Sampler`'s:
+    ``verify``, ``epoch_cache``) have the names, defaults and checks of :class:`~s5loader.S5Sampler`'s:
     :meth:`stager_options` is the one :class:`~s5loader.StagingOptions` object, and
     ``shuffle`` takes ``True``, ``False`` or ``"block"`` as the sampler's does. ``access``
     (with ``endpoint_url`` folded in) says how the store is reached.
@@ -45,6 +45,7 @@ class PrefetchOptions:
     access: Access | None = None
     shards: bool = False  # the source names tar shards (see .shards)
     index: str | None = None  # their wids shard index; default: wids.json beside them
+    epoch_cache: int = 0  # bytes kept from one epoch for the next (see .epochcache)
 
     def __post_init__(self) -> None:
         if self.group_by not in GROUP_BY:
@@ -54,6 +55,8 @@ class PrefetchOptions:
         check_shuffle(self.shuffle)
         object.__setattr__(self, "access", Access.coerce(self.access, self.endpoint_url))
         self.stager_options()  # checks the staging options as the sampler's are checked
+        if self.epoch_cache and self.shards:
+            raise ConfigError("--epoch-cache is not supported over tar shards (--shards) yet")
 
     @property
     def store(self) -> Access:
@@ -72,4 +75,5 @@ class PrefetchOptions:
             retries=self.retries,
             on_error=self.on_error,
             verify=self.verify,
+            epoch_cache=self.epoch_cache,
         )

@@ -9,13 +9,11 @@ import secrets
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import IO, Any
 
 from .._index.blocks import plan_blocks
 from .._index.sample import Sample
 from .._sampling.order import Order, block_window
-from .._sampling.run import SHARD_WORKERS
 from .._util.platform import require_linux
 from .._util.uri import format_size
 from ..dataset import S5Dataset
@@ -24,6 +22,7 @@ from ..exceptions import DaemonError
 from ..s5cmd import S5cmd
 from ..staging.area import StagingArea
 from .delivery import Deliveries, StarvationWatch, Summary
+from .epochcache import DaemonEpochCache, epoch_cache_room, open_epoch_cache
 from .epochs import EpochSamples, index_fingerprint
 from .options import PrefetchOptions
 from .progress import ProgressReporter, open_reporter
@@ -76,6 +75,7 @@ class PrefetchDaemon:
         self._shards: ShardDeliveries | None = None
         self._unpacker: Unpacker | None = None
         self._delivery: Deliveries | None = None
+        self._epoch_cache: DaemonEpochCache | None = None
         self.summary = Summary()
         self._watch = StarvationWatch(self._ledger, self.summary, options.samples_per_call)
 
@@ -136,7 +136,10 @@ class PrefetchDaemon:
             self._view = EpochSamples(samples, order, self.opts.epochs, units, state.window or self.opts.samples_per_call)
         recover_pending(state, self._state_path)
         clear_staging(self.cache)  # a stopped run's files, counted by no budget: gone before any fetch
-        check_cache_budget(samples, self.opts.budget, self.opts.epochs, self.cache, adopt_delivered(self.cache, self._ledger))
+        check_cache_budget(
+            samples, self.opts.budget, self.opts.epochs, self.cache, adopt_delivered(self.cache, self._ledger),
+            epoch_cache_room(self.opts, samples),
+        )
         self._start = state.delivered
         self.summary.total = len(self._view)
         self.summary.resumed_from = state.delivered
@@ -152,24 +155,23 @@ class PrefetchDaemon:
         os.makedirs(staging, exist_ok=True)
         self._area = StagingArea(staging)
         self._area.create()
-        options = self.opts.stager_options()
-        s5 = S5cmd(access=self.opts.store, numworkers=min(options.s5cmd_workers, SHARD_WORKERS) if self._shards is not None else options.s5cmd_workers)
         sh = self._shards
+        # over shards: budget, calls and s5cmd workers counted in shards
+        options = self.opts.stager_options() if sh is None else sh.engine_options(self.opts.stager_options(), self.opts.budget)
+        s5 = S5cmd(access=self.opts.store, numworkers=options.s5cmd_workers)
         if sh is None:
             order: Sequence[int] = range(self._state.delivered, len(self._view))
+            ec = self._epoch_cache = open_epoch_cache(self.opts, self.cache, self._view, self._state.index, self._area.path)
             self._stager = Stager(
-                self._view, order, self._area, s5, options,
+                self._view, order, self._area, s5, options, kept=ec.open(self._state.delivered) if ec else None,
                 is_released=self._ledger.is_released, access=self.opts.store,
             )
+            self._stager.budget.on_release = ec.attach(self._stager.budget) if ec is not None else None
             for seq, size in self._ledger.items():
                 self._stager.hold(seq, size)
         else:
             # The engine stages visits of shards (indices >= 0); a delivered sample is held
             # under -(seq + 1) until the consumer deletes its folder.
-            # samples_per_call in shards, the first call one shard (see ShardPass.calls)
-            per_shard = max(1.0, len(sh) / max(1, len(sh.visits)))
-            options = replace(options, budget=sh.check_budget(self.opts.budget),
-                              samples_per_call=max(1, round(options.samples_per_call / per_shard)))
             area, ledger = self._area, self._ledger
             self._start = sh.visit_of(self._state.delivered) if self._state.delivered < len(sh) else len(sh.visits)
             self._stager = Stager(
@@ -185,7 +187,7 @@ class PrefetchDaemon:
         )
         self._delivery = Deliveries(
             self.cache, self._state_path, self._state, self._ledger, self.summary, self._view, self._area,
-            self._unpacker,
+            self._unpacker, self._epoch_cache,
         )
 
     # -- running ----------------------------------------------------------------------------
@@ -316,6 +318,7 @@ class PrefetchDaemon:
             "budget": self.opts.budget,
             "fetched_bytes": stager.stats.staged_bytes,
             "skipped": st.skipped,
+            **(self._epoch_cache.figures(st.delivered) if self._epoch_cache is not None else {}),
         }
 
     def _tick(self) -> None:
@@ -329,6 +332,8 @@ class PrefetchDaemon:
         stager, self._stager = self._stager, None
         if stager is not None:
             stager.close()
+        if self._epoch_cache is not None:
+            self._epoch_cache.close(done=self._state is not None and self._state.done)
         area, self._area = self._area, None
         if area is not None:
             area.remove()

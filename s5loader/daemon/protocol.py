@@ -12,7 +12,7 @@ import re
 from ..consume import END_MARKER, KEY_FILE, SEQ_WIDTH, parse_seq, ready_names
 
 __all__ = [
-    "END_MARKER", "END_TMP", "KEY_FILE", "LOCK_FILE", "SEQ_WIDTH", "STAGING_DIR", "STATE_FILE", "STATE_TMP",
+    "END_MARKER", "END_TMP", "EPOCH_DIR", "KEY_FILE", "LOCK_FILE", "SEQ_WIDTH", "STAGING_DIR", "STATE_FILE", "STATE_TMP",
     "parse_seq", "ready_names", "sample_folder_name",
 ]
 
@@ -20,6 +20,7 @@ STATE_FILE = ".state.json"
 STATE_TMP = f"{STATE_FILE}.tmp"
 LOCK_FILE = ".lock"
 STAGING_DIR = ".staging"
+EPOCH_DIR = ".epoch-cache"
 END_TMP = f".{END_MARKER}.tmp"
 _KEY_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 _KEY_LEN = 64

@@ -21,12 +21,15 @@ import logging
 import os
 import shutil
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import overload
 
 from .._index.sample import Field, Sample
 from .._sampling.order import Order
+from .._sampling.run import SHARD_WORKERS
 from .._shards import tar as _tar
 from .._util.uri import format_size
+from ..config import StagingOptions
 from ..dataset import S5Dataset
 from ..exceptions import BudgetError, S5LoaderError
 from ..staging.layout import field_names
@@ -77,6 +80,17 @@ class ShardDeliveries(Sequence[Sample]):
     def fingerprint(self) -> str:
         counts = ",".join(str(s.nsamples) for s in self.shards)
         return hashlib.sha256(f"{index_fingerprint(self.dataset.samples)}\n{counts}".encode()).hexdigest()
+
+    def engine_options(self, options: StagingOptions, budget: int) -> StagingOptions:
+        """The engine's options over shards: the budget less the largest shard (see
+        :meth:`check_budget`), ``samples_per_call`` in shards, at most
+        :data:`~s5loader._sampling.run.SHARD_WORKERS` shards of a call at once."""
+        per_shard = max(1.0, len(self) / max(1, len(self.visits)))
+        return replace(
+            options, budget=self.check_budget(budget),
+            samples_per_call=max(1, round(options.samples_per_call / per_shard)),
+            s5cmd_workers=min(options.s5cmd_workers, SHARD_WORKERS),
+        )
 
     def check_budget(self, budget: int) -> int:
         """The engine's limit: the budget less the largest shard (its unpacked samples).

@@ -25,6 +25,7 @@ from ..staging.area import room_for, tree_bytes
 from .protocol import (
     END_MARKER,
     END_TMP,
+    EPOCH_DIR,
     LOCK_FILE,
     STAGING_DIR,
     STATE_FILE,
@@ -234,7 +235,7 @@ class Ledger:
 
 def check_unused(cache: str) -> None:
     """Refuse a directory that holds anything but a daemon's files."""
-    ours = {LOCK_FILE, STAGING_DIR, END_MARKER, STATE_TMP, END_TMP}
+    ours = {LOCK_FILE, STAGING_DIR, EPOCH_DIR, END_MARKER, STATE_TMP, END_TMP}
     other = sorted(n for n in os.listdir(cache) if n not in ours)
     if other:
         raise DaemonError(
@@ -249,7 +250,7 @@ def wipe(cache: str) -> None:
     log.info("--fresh: removing the samples and state in %s", cache)
     for name in os.listdir(cache):
         path = os.path.join(cache, name)
-        if parse_seq(name) is not None or name == STAGING_DIR:
+        if parse_seq(name) is not None or name in (STAGING_DIR, EPOCH_DIR):
             shutil.rmtree(path, ignore_errors=True)
         elif name in (STATE_FILE, END_MARKER, STATE_TMP, END_TMP):
             os.unlink(path)
@@ -330,11 +331,14 @@ def remove_end(cache: str) -> None:
         pass
 
 
-def check_cache_budget(samples: Sequence[Sample], budget: int, epochs: int, cache: str, held: int) -> None:
-    """Refuse a budget no sample fits in, or one the cache's file system cannot hold.
+def check_cache_budget(
+    samples: Sequence[Sample], budget: int, epochs: int, cache: str, held: int, epoch_cache: int = 0
+) -> None:
+    """Refuse a budget no sample fits in, or one the cache's file system cannot hold (with an
+    ``epoch_cache`` of that many bytes beside it).
 
     ``held``: bytes of delivered samples already in the cache.
     """
     check_sample_fits(max(samples, key=lambda s: s.size), budget, "raise --budget")
-    need = min(budget, sum(s.size for s in samples) * epochs) - held
+    need = min(budget, sum(s.size for s in samples) * epochs) - held + epoch_cache
     room_for(cache, need, budget, "lower --budget or free space")

@@ -63,6 +63,9 @@ class Budget:
         # Without release events, a blocked budget looks for releases often at first, then
         # less and less while none comes (a daemon's consumer may be away for hours).
         self.idle_interval = _POLL_MIN
+        # Told the indices that consumers released, before their bytes come back (the epoch
+        # cache keeps or deletes what readers handed back), in the engine's thread.
+        self.on_release: Callable[[list[int]], None] | None = None
 
     def check_fits(self, sample: Sample) -> None:
         """Raise :class:`BudgetError` for a sample that can never fit."""
@@ -114,6 +117,8 @@ class Budget:
             if self.is_released(idx):
                 freed.append(idx)
         if freed:
+            if self.on_release is not None:
+                self.on_release(freed)
             with self.cond:
                 for idx in freed:
                     self.handed_out.pop(idx, None)
@@ -130,6 +135,8 @@ class Budget:
         # comes after the safety net freed the sample cannot free a later copy of it.
         released = [idx for idx in self.events.read() if idx in self.handed_out and self.is_released(idx)]
         if released:
+            if self.on_release is not None:
+                self.on_release(released)
             with self.cond:
                 for idx in released:
                     if self.handed_out.pop(idx, None) is not None:

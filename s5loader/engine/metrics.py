@@ -56,6 +56,9 @@ class Metrics:
         skips: samples skipped (``on_error="skip"``) so far in the pass.
         fetched_bytes: bytes staged in the pass so far.
         fetched_samples: samples staged in the pass so far.
+        epoch_cache_hits: samples of the pass read from the epoch cache (not fetched) so far.
+        epoch_cache_bytes: bytes this rank holds in the epoch cache now (kept for a later epoch,
+            or taken from it into the pass and not yet read).
     """
 
     epoch: int = 0
@@ -73,6 +76,8 @@ class Metrics:
     skips: int = 0
     fetched_bytes: int = 0
     fetched_samples: int = 0
+    epoch_cache_hits: int = 0
+    epoch_cache_bytes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """The fields as a dict (for JSON, or a logger's ``add_scalars``)."""

@@ -47,7 +47,7 @@ def local_world_size() -> int:
 
 
 def choose_root(
-    staging_dir: str | None, need: int, shrink: bool = False, footprint: float = 1.0
+    staging_dir: str | None, need: int, shrink: bool = False, footprint: float = 1.0, shared: int = 0
 ) -> tuple[str, int]:
     """Pick the staging root and check that ``need`` bytes fit in it, for every rank of the node.
 
@@ -56,6 +56,7 @@ def choose_root(
     blocks on disk (4 KiB pages on tmpfs), so ``need`` bytes of objects take ``need *
     footprint`` bytes of the file system (see :func:`disk_footprint`). ``staging_dir=None``
     picks ``/dev/shm`` when it has room for all of them, else the system temp directory.
+    ``shared`` bytes (the epoch cache, which the node's ranks share) count once per node.
 
     Returns:
         the root directory and the number of bytes this rank may stage (``need``, or its
@@ -70,8 +71,11 @@ def choose_root(
     on_disk = math.ceil(need * max(1.0, footprint))
     if on_disk > need * 1.05:
         ranks += f" (taking {format_size(on_disk)} on disk in whole blocks)"
+    cache = math.ceil(shared * max(1.0, footprint))
+    if shared:
+        ranks += f" + an epoch cache of {format_size(shared)} for the node"
     if staging_dir is None:
-        if os.path.isdir(SHM) and os.access(SHM, os.W_OK) and free_bytes(SHM) >= on_disk * local:
+        if os.path.isdir(SHM) and os.access(SHM, os.W_OK) and free_bytes(SHM) >= on_disk * local + cache:
             root = SHM
         else:
             root = tempfile.gettempdir()
@@ -83,9 +87,9 @@ def choose_root(
         except OSError as exc:
             raise ConfigError(f"cannot create the staging directory {root!r}: {exc.strerror}") from exc
     advice = "lower the budget, free space, choose another staging_dir, or pass shrink_budget=True"
-    free = room_for(root, on_disk * local, need, advice, ranks, fail=not shrink)
-    if on_disk * local > free:
-        shrunk = int(free * 0.9 / max(1.0, footprint)) // local
+    free = room_for(root, on_disk * local + cache, need, advice, ranks, fail=not shrink)
+    if on_disk * local + cache > free:
+        shrunk = int(max(0, free * 0.9 - cache) / max(1.0, footprint)) // local
         log.warning(
             "budget shrunk from %s to %s to fit the free space of %s%s",
             format_size(need), format_size(shrunk), root, f" shared by {local} ranks" if local > 1 else "",

@@ -7,6 +7,7 @@ sample back once read. A pass folder looks like this::
     PASS/<index>/<field>     the staged files of one sample (names from :func:`field_names`)
     PASS/.released           a FIFO: each reader writes "<index>\\n" after deleting a sample
     PASS/.calls/, PASS/.c*/  the engine's command files and scratch folders
+    PASS/.h/<index>/         a read sample handed back for the epoch cache (see :meth:`StagingLayout.hand_back`)
 
 A pass over tar shards stages each shard as the engine's unit: ``PASS/<shard>/tar`` is the
 shard, ``PASS/<shard>/.members`` its member table (written once the shard is checked), and
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from .._index.sample import Sample
 
 RELEASED = ".released"
+HANDED_BACK = ".h"
 MEMBERS = ".members"
 NEED = ".need"
 
@@ -117,6 +119,29 @@ class StagingLayout:
             except OSError:
                 shutil.rmtree(folder, ignore_errors=True)
         self.notify(index)
+
+    def handed_back(self, index: int) -> str:
+        """Where :meth:`hand_back` puts sample ``index``'s folder."""
+        return f"{self.folder}/{HANDED_BACK}/{int(index)}"
+
+    def hand_back(self, index: int, paths: Sequence[str]) -> None:
+        """Like :meth:`release`, but the read sample's folder is renamed to
+        :meth:`handed_back` instead of deleted: the engine keeps it in its epoch cache or
+        deletes it when it reads the announcement. If the rename fails the sample is deleted."""
+        src, dest = self.sample_dir(index), self.handed_back(index)
+        for _ in range(2):
+            try:
+                os.rename(src, dest)
+            except FileNotFoundError:
+                if not os.path.isdir(src):
+                    break
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                continue
+            except OSError:
+                break
+            self.notify(index)
+            return
+        self.release(index, paths)
 
     # -- tar shards -------------------------------------------------------------------------
     def shard_table(self, shard: int) -> str:

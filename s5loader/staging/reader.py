@@ -23,20 +23,25 @@ class StagedIndex(int):
 
     folder: str
     keep: bool
+    back: bool
 
-    def __new__(cls, value: int, folder: str, keep: bool = False) -> StagedIndex:
+    def __new__(cls, value: int, folder: str, keep: bool = False, back: bool = False) -> StagedIndex:
         self = super().__new__(cls, value)
         self.folder = folder
         self.keep = keep
+        self.back = back
         return self
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (StagedIndex, (int(self), self.folder, self.keep))
+        return (StagedIndex, (int(self), self.folder, self.keep, self.back))
 
 
-def read_staged(layout: StagingLayout, index: int, sample: Sample, keep: bool) -> list[bytes] | None:
+def read_staged(
+    layout: StagingLayout, index: int, sample: Sample, keep: bool, back: bool = False
+) -> list[bytes] | None:
     """The fields of sample ``index`` from its staged files, which are released unless
-    ``keep``; None when none is staged (a file missing after the first is an error)."""
+    ``keep`` (handed back for the epoch cache with ``back``); None when none is staged (a file
+    missing after the first is an error)."""
     paths = layout.paths(index, sample)
     data = []
     try:
@@ -47,7 +52,9 @@ def read_staged(layout: StagingLayout, index: int, sample: Sample, keep: bool) -
         if not data:
             return None
         raise
-    if not keep:
+    if back and not keep:
+        layout.hand_back(index, paths)
+    elif not keep:
         layout.release(index, paths)
     return data
 

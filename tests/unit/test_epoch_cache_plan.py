@@ -1,0 +1,197 @@
+"""The epoch cache's choices without a server: the keep-set, the shares of a node's ranks,
+admission, the index fingerprint and the cache folder's identity."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from s5loader import StagingOptions
+from s5loader._index.sample import Field, Sample
+from s5loader._sampling.cacheplan import Admission, keep_set, node_ranks, rank_capacity
+from s5loader.exceptions import ConfigError
+from s5loader.staging.area import choose_root
+from s5loader.staging.epochcache import EpochCache, entry_problem, index_fingerprint
+from s5loader.staging.layout import StagingLayout
+
+
+def test_keep_set_is_the_start_of_the_order_while_it_fits() -> None:
+    sizes = [10] * 10
+    plan = keep_set([[5, 3, 9, 0, 1]], sizes, 35)
+    assert plan.keep == {5, 3, 9} and plan.total == 30 and plan.per_rank == (30,)
+
+
+def test_keep_set_stops_at_the_first_sample_that_does_not_fit() -> None:
+    sizes = [10, 100, 1, 1]
+    plan = keep_set([[0, 1, 2, 3]], sizes, 50)
+    assert plan.keep == {0}  # not 2 and 3 after the big one: the cache is the epoch's start
+
+
+def test_keep_set_interleaves_local_ranks_by_position() -> None:
+    sizes = [10] * 8
+    plan = keep_set([[0, 1, 2, 3], [4, 5, 6, 7]], sizes, 50)
+    assert plan.keep == {0, 4, 1, 5, 2}
+    assert plan.per_rank == (30, 20)
+
+
+def test_keep_set_counts_a_repeated_index_once() -> None:
+    plan = keep_set([[0, 1], [2, 0]], [10, 10, 10], 100)
+    assert plan.keep == {0, 1, 2} and plan.total == 30 and plan.per_rank == (20, 10)
+
+
+def test_a_cache_that_holds_everything_keeps_everything() -> None:
+    order = list(range(20))
+    assert keep_set([order], [7] * 20, 140).keep == set(order)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 50), min_size=1, max_size=40),
+    ranks=st.integers(1, 4),
+    capacity=st.integers(0, 800),
+    seed=st.randoms(use_true_random=False),
+)
+def test_rank_shares_never_add_up_to_more_than_the_cache(sizes, ranks, capacity, seed) -> None:
+    idx = list(range(len(sizes)))
+    seed.shuffle(idx)
+    orders = [idx[r::ranks] for r in range(ranks)]
+    plan = keep_set(orders, sizes, capacity)
+    assert plan.total <= capacity and sum(sizes[i] for i in plan.keep) == plan.total
+    shares = [rank_capacity(plan, r, capacity) for r in range(ranks)]
+    assert sum(shares) <= capacity
+    assert all(shares[r] >= plan.per_rank[r] for r in range(ranks))  # each holds what it finds
+
+
+def test_admission_refuses_what_does_not_fit() -> None:
+    a = Admission(100, held=60)
+    assert a.admit(40) and a.held == 100
+    assert not a.admit(1) and a.held == 100  # refused: only a future miss
+    a.remove(50)
+    assert a.admit(30) and a.held == 80
+
+
+def test_node_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert node_ranks(3, 8) == [3]
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert node_ranks(5, 8) == [4, 5, 6, 7]
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert node_ranks(5, 8) == [4, 5, 6, 7]
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert node_ranks(1, 8) == [1]  # does not describe this job's node: no sharing
+
+
+def sample(key: str, size: int, etag: str = "") -> Sample:
+    return Sample(key, (Field("image", f"s3://b/{key}.image", size, etag),))
+
+
+def test_the_fingerprint_changes_with_an_object() -> None:
+    a = [sample("k0", 3, "e0"), sample("k1", 4, "e1")]
+    assert index_fingerprint(a) == index_fingerprint(list(a))
+    assert index_fingerprint(a) != index_fingerprint([a[0], sample("k1", 4, "e2")])  # ETag
+    assert index_fingerprint(a) != index_fingerprint([a[0], sample("k1", 5, "e1")])  # size
+
+
+def test_a_cache_of_another_index_is_emptied(tmp_path) -> None:
+    c = EpochCache(str(tmp_path), "abc", "fp1")
+    c.open()
+    os.makedirs(c.entry(3))
+    c.close()
+    assert not os.path.exists(c.path)  # the last user removed it
+    c = EpochCache(str(tmp_path), "abc", "fp1", keep=True)
+    c.open()
+    os.makedirs(c.entry(3))
+    c.close()
+    assert EpochCache(str(tmp_path), "abc", "fp1").names() == [3]  # kept
+    other = EpochCache(str(tmp_path), "abc", "fp2")
+    other.open()
+    assert other.names() == []  # another index: no entry may read as a hit
+    other.close()
+
+
+def test_a_live_user_keeps_the_cache(tmp_path) -> None:
+    a, b = EpochCache(str(tmp_path), "x", "fp"), EpochCache(str(tmp_path), "x", "fp")
+    a.open()
+    b.open()
+    a.close()
+    assert os.path.isdir(b.path)
+    b.close()
+    assert not os.path.exists(b.path)
+
+
+def test_take_checks_sizes_and_md5(tmp_path) -> None:
+    data = b"hello"
+    etag = "5d41402abc4b2a76b9719d911017c592"
+    s = sample("k", len(data), etag)
+    c = EpochCache(str(tmp_path), "x", "fp")
+    c.open()
+    layout = StagingLayout(str(tmp_path / "pass"))
+    os.makedirs(layout.folder)
+    for content, md5, ok in ((data, True, True), (b"hellO", False, True), (b"hellO", True, False), (b"hi", False, False)):
+        os.makedirs(c.entry(1))
+        with open(os.path.join(c.entry(1), "image"), "wb") as fh:
+            fh.write(content)
+        assert c.take(1, layout.sample_dir(1), s, md5) is ok
+        assert os.path.isdir(layout.sample_dir(1)) is ok
+        assert not os.path.exists(c.entry(1))
+        shutil.rmtree(layout.sample_dir(1), ignore_errors=True)
+    assert entry_problem(layout.sample_dir(9), s, False)  # no entry at all
+    c.close()
+
+
+def test_epoch_cache_option() -> None:
+    assert StagingOptions(epoch_cache="1MiB").epoch_cache == 1 << 20
+    assert StagingOptions().epoch_cache == 0
+    with pytest.raises(ConfigError, match="epoch_cache"):
+        StagingOptions(epoch_cache="lots")
+    with pytest.raises(ConfigError, match="keep_staged"):
+        StagingOptions(epoch_cache="1MiB", keep_staged=True)
+
+
+def test_the_space_check_counts_the_cache_once_per_node(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from s5loader.exceptions import BudgetError
+    from s5loader.staging import area
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    monkeypatch.setattr(area, "free_bytes", lambda path: 1000)
+    assert choose_root(str(tmp_path), 100, shared=600)[1] == 100  # 4 x 100 + 600 fit
+    with pytest.raises(BudgetError, match="epoch cache"):
+        choose_root(str(tmp_path), 100, shared=601)
+
+
+def test_a_stale_cache_goes_when_another_opens(tmp_path) -> None:
+    dead = EpochCache(str(tmp_path), "old", "fp")
+    dead.open()
+    os.makedirs(dead.entry(1))
+    assert dead._fd is not None
+    os.close(dead._fd)  # as a killed run leaves it: its lock is gone, its file stays
+    dead._fd, dead._user = None, None
+    kept = EpochCache(str(tmp_path), "kept", "fp", keep=True)
+    kept.open()
+    kept.close()
+    live = EpochCache(str(tmp_path), "live", "fp")
+    live.open()
+    fresh = EpochCache(str(tmp_path), "new", "fp")
+    fresh.open()
+    assert not os.path.exists(dead.path)  # nobody used it
+    assert os.path.isdir(kept.path) and os.path.isdir(live.path)  # kept on purpose; in use
+    again = EpochCache(str(tmp_path), "old", "fp")
+    assert again.names() == []
+    fresh.close()
+    live.close()
+
+
+def test_the_daemon_option(tmp_path) -> None:
+    from s5loader.daemon import PrefetchOptions, build_parser, options_from_args
+
+    args = build_parser().parse_args(["s3://b/train/", "--cache", str(tmp_path), "--budget", "1MiB",
+                                      "--epochs", "3", "--epoch-cache", "4MiB"])
+    opts = options_from_args(args)
+    assert opts.epoch_cache == 4 << 20 and opts.stager_options().epoch_cache == 4 << 20
+    with pytest.raises(ConfigError, match="--epoch-cache .*--shards"):
+        PrefetchOptions("s3://b/s/", str(tmp_path), 1 << 20, shards=True, epoch_cache=1 << 20)

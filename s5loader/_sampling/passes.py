@@ -1,8 +1,8 @@
 """A sampler's staging passes: each stages one order into a folder of its own and yields the
 indices whose files are staged, in order.
 
-A pass runs a :class:`~s5loader.engine.Stager` (over tar shards, through a
-:class:`~s5loader._shards.passes.ShardPass` that stages shard visits). When a pass ends, is
+A pass runs a :class:`~s5loader.engine.Stager` on the pass's units (:mod:`.units`: samples of
+raw objects, or the shard visits of a :class:`~s5loader._shards.passes.ShardPass`). When a pass ends, is
 abandoned or is replaced by a newer one, its folder is not removed at once: DataLoader workers
 may still read its queued samples, so the next pass, ``close()`` or exit removes it. With
 ``keep_staged`` every pass stages into one folder whose files outlive the pass.
@@ -13,11 +13,9 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from typing import Any
 
 from .._index.blocks import BlockPlan
-from .._shards.passes import ShardPass
 from ..config import StagingOptions
 from ..dataset import S5Dataset, StagedIndex
 from ..engine import Stager, Stats
@@ -27,6 +25,7 @@ from ..s5cmd import S5cmd
 from ..staging.area import PassArea, StagingArea
 from .cacherun import CacheRun
 from .resume import Position
+from .units import open_pass
 
 
 class StagingPasses:
@@ -64,24 +63,20 @@ class StagingPasses:
         where = self._new_pass()
         hits, back = cache.begin_pass(epoch(), order, where.path) if cache is not None else (None, frozenset())
         keep = self.keep
-        shards: ShardPass | None = None
-        if self.dataset.shards is not None:
-            shards = ShardPass(self.dataset, order, where.path, keep, options.on_error)
-            shards.check_budget(options.budget, shuffle)
+        units = open_pass(self.dataset, order, where.path, keep, options, shuffle)
         stager = Stager(
             self.dataset.samples,
-            order if shards is None else shards.engine_order,
+            units.engine_order,
             where,
             self.s5cmd,
-            options if shards is None else replace(options, samples_per_call=shards.calls(options.samples_per_call)),
-            kept=self.kept if keep else (shards.kept if shards is not None else hits),
+            units.engine_options(options),
+            kept=self.kept if keep else units.engine_kept(hits),
             access=self.dataset.access,
             layout=self.layout,
-            windows=windows if shards is None else None,  # over shards the engine stages shard visits
-            first_call=32 if shards is None else 1,
+            windows=units.engine_windows(windows),
+            first_call=units.first_call,
         )
-        if shards is not None:
-            shards.start(stager, options.verify, options.retries)
+        units.start(stager, options)
         if cache is not None:
             stager.budget.on_release = cache.on_release
         stager.start()
@@ -92,25 +87,14 @@ class StagingPasses:
         finished = False
         try:
             for pos, idx in enumerate(order):
-                if shards is not None:
-                    if shards.take(pos, stager):
-                        position.yielded += 1
-                        yield StagedIndex(idx, where.path, keep)
-                    else:
-                        position.yielded += 1
-                elif stager.wait(pos):
-                    if not keep:
-                        stager.yielded(idx)
-                    position.yielded += 1
+                ok = units.take(pos, stager)
+                position.yielded += 1  # a skipped sample still counts as consumed
+                if ok:
                     yield StagedIndex(idx, where.path, keep, idx in back)
-                else:
-                    position.yielded += 1  # a skipped sample still counts as consumed
-            if shards is not None:
-                shards.finish(stager)
+            units.finish(stager)
             finished = True
         finally:
-            if shards is not None:
-                shards.close()
+            units.close()
             superseded = self.active is not stager  # a newer pass owns the sampler now
             stager.close()
             if not superseded:
@@ -191,7 +175,8 @@ def write_command_files(
     ``S5Sampler.write_command_files``), without running them; returns their paths in order."""
     os.makedirs(directory, exist_ok=True)
     stage = os.path.abspath(directory)
-    if dataset.shards is not None:  # over shards: one line per staging of a shard
-        order = ShardPass(dataset, order, stage, False, "raise").engine_order
-        windows = None
-    return write_plan_files(dataset.samples, order, windows, layout, options.samples_per_call, stage)
+    units = open_pass(dataset, order, stage, False, options, None)  # over shards: a line per shard visit
+    return write_plan_files(
+        dataset.samples, units.engine_order, units.engine_windows(windows), layout,
+        units.engine_options(options).samples_per_call, stage,
+    )

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .._util.uri import format_size
+from ..config import StagingOptions
 from ..dataset import S5Dataset
 from ..exceptions import BudgetError, S5LoaderError
 from ..staging.layout import StagingLayout
@@ -70,12 +72,21 @@ class ShardPass:
             else None
         )
 
-    @property
-    def kept(self) -> set[int]:
+    # -- the pass's units, as the engine asks them (see s5loader._sampling.units) -------------
+    first_call = 1  # one shard, then two, four...
+
+    def engine_options(self, options: StagingOptions) -> StagingOptions:
+        """``samples_per_call`` counted in shards (see :meth:`calls`)."""
+        return replace(options, samples_per_call=self.calls(options.samples_per_call))
+
+    def engine_kept(self, hits: set[int] | None) -> set[int]:
         """The shards the engine must not stage: the one read while it downloads."""
         return {self.shard_of_visit[0]} if self.streamed is not None else set()
 
-    def start(self, stager: Stager, verify: bool, retries: int) -> None:
+    def engine_windows(self, windows: list[int] | None) -> None:
+        return None  # the engine stages shard visits, cut anywhere
+
+    def start(self, stager: Stager, options: StagingOptions) -> None:
         """Start reading the first shard while it downloads (if it is), its bytes held in the
         budget of ``stager`` from now until the pass releases it."""
         if self.streamed is None:
@@ -85,7 +96,7 @@ class ShardPass:
         path = self.layout.path(s, self.dataset.samples[s], 0)
         self.stream = ShardStream(
             self.layout, self.shards, s, path, self.needed[self.streamed], self.dataset.access,
-            verify=verify, retries=retries,
+            verify=options.verify, retries=options.retries,
         ).start()
 
     def finish(self, stager: Stager) -> None:

@@ -269,8 +269,8 @@ class S5Sampler(Sampler[int]):
 
         The files stage into ``directory`` as the sampler stages into its own directory (the
         same wildcard lines for whole blocks and multi-object samples, ``cp --raw`` lines for
-        the rest, ``samples_per_call`` samples per file, cut at window starts with
-        ``shuffle="block"``, without the small first calls), so
+        the rest, ``samples_per_call`` samples' worth per file (over shards, of shards), cut
+        at window starts with ``shuffle="block"``, without the small first calls), so
         ``s5cmd run FILE`` reproduces the sampler's fetching with no Python involved; files
         fetched by wildcard lines stay in their ``.cN/`` scratch folders.
 

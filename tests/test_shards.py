@@ -1107,3 +1107,17 @@ def test_a_streamed_first_shard_resumes_a_broken_download_and_checks_what_it_rea
             assert leftovers(sampler.staging_dir) == []
     finally:
         proxy.close()
+
+
+def test_a_streamed_first_shard_found_short_at_its_end_keeps_what_was_read_under_skip(moto: Store, staging_root: str) -> None:
+    shards, expected = make_shards(3, 10, size=3000)
+    # the index says 12 samples for the first shard, which holds 10: found at its end
+    source = put_indexed_with(moto, shards, {"shard-000.tar": 12})
+    ds = S5Dataset.from_shards(source, endpoint_url=moto.endpoint)
+    with S5Sampler(ds, shuffle=False, budget=1 << 20, staging_dir=staging_root, on_error="skip") as sampler:
+        got = load_all(ds, sampler)
+        assert sampler.stats is not None and [u.rsplit("/", 1)[-1] for u in sampler.stats.skipped] == ["shard-000.tar"]
+        assert leftovers(sampler.staging_dir) == []
+    # the ten samples it holds were read from the streamed copy, each once and byte-exact
+    assert sorted(x["__key__"] for x in got) == sorted(expected)
+    assert all({k: v for k, v in x.items() if k != "__key__"} == expected[x["__key__"]] for x in got)

@@ -25,7 +25,7 @@ from ..s5cmd import S5cmd
 from ..staging.area import PassArea, StagingArea
 from .cacherun import CacheRun
 from .resume import Position
-from .units import open_pass
+from .units import PassUnits, open_pass
 
 
 class StagingPasses:
@@ -42,6 +42,7 @@ class StagingPasses:
         self.replaced: list[StagingArea] = []  # folders of earlier passes, removed by the next
         self.kept: set[int] = set()
         self.active: Stager | None = None
+        self.units: PassUnits | None = None  # the running pass's units (a download of its own to stop)
         self.last_stats: Stats | None = None
         self.last_metrics: Metrics | None = None
 
@@ -80,7 +81,7 @@ class StagingPasses:
         if cache is not None:
             stager.budget.on_release = cache.on_release
         stager.start()
-        self.active = stager
+        self.active, self.units = stager, units
         position.yielded = 0
         position.pass_len = len(order)
         t0 = time.monotonic()
@@ -146,6 +147,9 @@ class StagingPasses:
     def close_active(self) -> None:
         """Stop the running pass; its folder goes with the next :meth:`remove_replaced`."""
         stager, self.active = self.active, None
+        units, self.units = self.units, None
+        if units is not None:
+            units.close()
         if stager is not None:
             stager.close()
             if not self.keep:
@@ -157,8 +161,10 @@ class StagingPasses:
         self.replaced.clear()
 
     def abort(self) -> None:
-        """On SIGTERM: kill s5cmd, taking no lock."""
-        stager = self.active
+        """On SIGTERM: kill s5cmd and stop a shard's download, taking no lock."""
+        stager, units = self.active, self.units
+        if units is not None:
+            units.stop()
         if stager is not None:
             stager.abort()
 

@@ -46,6 +46,8 @@ class PassUnits(Protocol):
 
     def close(self) -> None: ...
 
+    def stop(self) -> None: ...
+
 
 class ObjectPass:
     """A pass over raw objects: the engine stages the order itself, a sample is yielded once
@@ -80,6 +82,9 @@ class ObjectPass:
         pass
 
     def close(self) -> None:
+        pass
+
+    def stop(self) -> None:
         pass
 
 

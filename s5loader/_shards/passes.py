@@ -64,6 +64,7 @@ class ShardPass:
         self.state = bytearray(len(self.shard_of_visit))
         self.order = order
         self.stream: ShardStream | None = None
+        self.yielded: set[int] = set()  # samples of the streamed shard handed to the readers
         # The first shard of the pass is read while it downloads (see _shards/stream.py) when
         # it is a plain tar that the pass visits once and does not keep.
         first = self.shard_of_visit[0] if self.shard_of_visit else -1
@@ -96,7 +97,7 @@ class ShardPass:
         path = self.layout.path(s, self.dataset.samples[s], 0)
         self.stream = ShardStream(
             self.layout, self.shards, s, path, self.needed[self.streamed], self.dataset.access,
-            verify=options.verify, retries=options.retries,
+            verify=options.verify, retries=options.retries, stall_timeout=options.stall_timeout,
         ).start()
 
     def finish(self, stager: Stager) -> None:
@@ -114,19 +115,27 @@ class ShardPass:
                 stager.stats.staged_bytes += stream.shard.size
 
     def close(self) -> None:
-        """Stop a download still running. Safe to call twice."""
+        """Stop a download still running and join it. Safe to call twice."""
         if self.stream is not None:
             self.stream.close()
+
+    def stop(self) -> None:
+        """Tell a download still running to stop, without waiting (a signal handler's)."""
+        if self.stream is not None:
+            self.stream.stop.set()
 
     def _stream_failed(self, stream: ShardStream, exc: S5LoaderError, stager: Stager) -> None:
         if self.on_error != "skip":
             self.layout.drop_shard(stream.index)
             raise exc
         if stream.shard.uri not in stager.stats.skip_errors:
-            log.warning("skipping the unread samples of %s: %s", stream.shard.uri, exc)
+            log.warning("skipping the samples of %s not yet read: %s", stream.shard.uri, exc)
             stager.stats.skipped.append(stream.shard.uri)
             stager.stats.skip_errors[stream.shard.uri] = exc
-            self.layout.drop_shard(stream.index)
+            # the samples already yielded are read as usual: drop only the other claims, so
+            # the last reader deletes the shard (or this does, when no sample was yielded)
+            for j in set(self.needed[self.streamed or 0]) - self.yielded:
+                self.layout.release_shard_sample(stream.index, j)
 
     @property
     def engine_order(self) -> list[int]:
@@ -184,8 +193,10 @@ class ShardPass:
             if self.state[v] == _UNOPENED:
                 self.state[v] = _OPEN
             if self.state[v] == _OPEN:
+                j = self.shards.locate(self.order[pos])[1]
                 try:
-                    self.stream.wait(self.shards.locate(self.order[pos])[1])
+                    self.stream.wait(j)
+                    self.yielded.add(j)
                 except S5LoaderError as exc:
                     self.state[v] = _SKIPPED
                     self._stream_failed(self.stream, exc, stager)

@@ -9,14 +9,16 @@ sample by offset exactly as from a shard staged whole (a reader that does not fi
 in the table it has reads the table again). The shard counts against the budget from the
 start, and goes as a staged shard goes: with the last claim of the pass.
 
-A dropped connection is picked up where it stopped (a ranged GET from the bytes on disk), up
-to ``retries`` times; with ``verify`` the bytes are checked against a single-part ETag (MD5)
+A dropped connection, or one that sends nothing for ``stall_timeout`` seconds, is picked up
+where it stopped (a ranged GET from the bytes on disk, of the same ETag), up to ``retries``
+failures in a row; with ``verify`` the bytes are checked against a single-part ETag (MD5)
 as they stream by. The shard is checked against its index (sample count, end of archive) at
 its end: a shard found bad after some of its samples were read raises then.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -64,16 +66,28 @@ class _Growing:
 
     def _open(self) -> None:
         u = parse_s3_uri(self.s.shard.uri)
-        extra = {"Range": f"bytes={self.written}-"} if self.written else {}
+        extra: dict[str, str] = {}
+        if self.written:  # resume where the bytes on disk end, from the same object only
+            extra["Range"] = f"bytes={self.written}-"
+            if self.s.shard.etag:
+                extra["IfMatch"] = self.s.shard.etag
         try:
             self.body = s3_client(self.s.access).get_object(Bucket=u.bucket, Key=u.key, **extra)["Body"]
+            # no byte for stall_timeout seconds: a stalled read, retried from the bytes on disk
+            self.body.set_socket_timeout(self.s.stall_timeout)
         except Exception as exc:
             raise boto3_error(exc, self.s.shard.uri) from exc
+
+    def close(self) -> None:
+        body, self.body = self.body, None
+        if body is not None:
+            with contextlib.suppress(Exception):
+                body.close()
 
     def _fill(self) -> None:
         """Write the next bytes that arrive to disk."""
         self.s.flush()  # before waiting for the network: every sample on disk is in the table
-        if not os.path.isdir(self.s.folder):
+        if not os.path.isdir(self.s.claims):
             raise _Released  # the pass read every sample it needs of the shard and freed it
         while True:
             if self.s.stop.is_set():
@@ -89,14 +103,15 @@ class _Growing:
                     raise FetchError(f"{self.s.shard.uri}: the body ended at byte {self.written} of {self.size}")
                 break
             except Exception as exc:  # noqa: BLE001 - a transient failure resumes from self.written
-                self.body = None
+                self.close()
                 self.failures += 1
                 if self.failures > self.s.retries or (isinstance(exc, S5LoaderError) and not isinstance(exc, FetchError)):
                     if isinstance(exc, S5LoaderError):
                         raise
                     raise FetchError(f"{self.s.shard.uri}: the download broke off at byte {self.written} ({exc})") from exc
                 log.info("%s: resuming at byte %d after %s", self.s.shard.uri, self.written, exc)
-                time.sleep(min(2.0, 0.1 * 2**self.failures))
+                self.s.stop.wait(min(2.0, 0.1 * 2**self.failures))
+        self.failures = 0  # progress: the retries count failures in a row
         chunk = chunk[: self.size - self.written]
         self.out.write(chunk)
         self.out.flush()
@@ -127,7 +142,7 @@ class ShardStream:
 
     def __init__(
         self, layout: StagingLayout, shards: ShardSet, shard_index: int, path: str, needed: list[int],
-        access: Access, *, verify: bool = False, retries: int = 3,
+        access: Access, *, verify: bool = False, retries: int = 3, stall_timeout: float = 60.0,
     ) -> None:
         self.layout = layout
         self.shards = shards
@@ -135,10 +150,12 @@ class ShardStream:
         self.shard: Shard = shards[shard_index]
         self.path = path
         self.folder = os.path.dirname(path)
+        self.claims = f"{self.folder}/{NEED}"  # removed by the reader that drops the last claim
         self.needed = needed
         self.access = access
         self.verify = verify
         self.retries = retries
+        self.stall_timeout = stall_timeout
         self.stop = threading.Event()
         self.cond = threading.Condition()
         self.table: list[_tar.TarSample] = []  # the samples whose bytes are on disk
@@ -204,9 +221,11 @@ class ShardStream:
     def _run(self) -> None:
         uri = self.shard.uri
         table = self.table
+        stack = contextlib.ExitStack()
         try:
             with open(self.path, "wb") as out, open(self.path, "rb") as rd:
                 body = _Growing(self, out, rd)
+                stack.callback(body.close)
                 for sample in _tar.iter_scan(body, self.shard.size, uri):
                     table.append(sample)
                     if time.monotonic() - self._last >= _PUBLISH_S:
@@ -214,8 +233,8 @@ class ShardStream:
                 etag = self.shard.etag.strip('"')
                 if body.md5 is not None and etag and "-" not in etag and body.md5.hexdigest() != etag:
                     raise ShardError(f"{uri}: the downloaded bytes do not match its ETag {etag} (verify=True)")
+            self.flush()  # every whole sample, before the count is checked (a skipped shard's are read)
             self.shards.check_members(self.index, table)
-            self.flush()
         except _Released:
             pass
         except S5LoaderError as exc:
@@ -227,10 +246,12 @@ class ShardStream:
                 self.error = FetchError(f"{uri}: cannot write the shard to {self.path} ({exc})")
                 self.cond.notify_all()
         finally:
-            if self.needed and not os.path.isdir(f"{self.folder}/{NEED}"):
+            stack.close()
+            if self.needed and not os.path.isdir(self.claims) and os.path.lexists(self.folder):
                 # the readers dropped the last claim while this thread still wrote (a table):
-                # what it wrote after their clean-up goes too
+                # what it wrote after their clean-up goes too, and the engine is told again
                 shutil.rmtree(self.folder, ignore_errors=True)
+                self.layout.notify(self.index)
             with self.cond:
                 self.done = True
                 self.cond.notify_all()

@@ -10,7 +10,8 @@ sample back once read. A pass folder looks like this::
     PASS/.h/<index>/         a read sample handed back for the epoch cache (see :meth:`StagingLayout.hand_back`)
 
 A pass over tar shards stages each shard as the engine's unit: ``PASS/<shard>/tar`` is the
-shard, ``PASS/<shard>/.members`` its member table (written once the shard is checked), and
+shard, ``PASS/<shard>/.members`` its member table (written once the shard is checked; for
+the first shard of a pass, read while it downloads, rewritten longer as its samples land), and
 ``PASS/<shard>/.need/<j>`` one empty file per sample ``j`` of the shard that this pass still
 has to read. A reader deletes its sample's file after reading; whoever then removes the empty
 ``.need`` folder (``rmdir`` succeeds for exactly one process) deletes the shard and writes

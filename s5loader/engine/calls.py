@@ -4,7 +4,6 @@ without a success its own cause (attribution)."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import selectors
@@ -16,6 +15,7 @@ from typing import Any
 
 from .._index.sample import Field
 from ..s5cmd import S5cmd, classify, kill_group, parse_line, reported_destinations, write_command_file
+from ..staging.layout import file_problem
 from .options import Stats
 from .plan import CallPlan
 from .retry import Failures
@@ -165,7 +165,7 @@ class Calls:
             self.answered(call, r.destination)
             pos, j = item
             f = self.field_of(pos, j)
-            problem = _verify(r.destination, f) if self.verify else ""
+            problem = file_problem(r.destination, f) if self.verify else ""
             final = call.plan.moves.get(r.destination)
             if final is not None and not problem:
                 problem = _move(r.destination, final)
@@ -278,25 +278,6 @@ class Calls:
 
     def close(self) -> None:
         self.sel.close()
-
-
-def _verify(path: str, f: Any) -> str:
-    """Why a staged file does not match its listing, or '' when it does."""
-    try:
-        size = os.path.getsize(path)
-    except OSError as exc:
-        return f"staged file missing: {exc.strerror}"
-    if size != f.size:
-        return f"size mismatch: listed {f.size} bytes, staged {size} (truncated transfer)"
-    etag = f.etag
-    if etag and "-" not in etag and len(etag) == 32:
-        h = hashlib.md5(usedforsecurity=False)
-        with open(path, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-        if h.hexdigest() != etag.lower():
-            return f"MD5 mismatch: ETag {etag}, staged file {h.hexdigest()}"
-    return ""
 
 
 def _remove(path: str) -> None:

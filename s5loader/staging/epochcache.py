@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._index.sample import Sample
-from .layout import field_names
+from .layout import field_names, file_problem
 
 log = logging.getLogger(__name__)
 
@@ -59,20 +59,9 @@ def entry_problem(folder: str, sample: Sample, md5: bool) -> str:
     file must have its listed size and (``md5``) its single-part MD5 ETag."""
     for f, name in zip(sample.fields, field_names(sample), strict=True):
         path = f"{folder}/{name}"
-        try:
-            size = os.path.getsize(path)
-        except OSError as exc:
-            return f"{path}: {exc.strerror}"
-        if size != f.size:
-            return f"{path}: {size} bytes, listed {f.size}"
-        etag = f.etag
-        if md5 and etag and "-" not in etag and len(etag) == 32:
-            h = hashlib.md5(usedforsecurity=False)
-            with open(path, "rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(chunk)
-            if h.hexdigest() != etag.lower():
-                return f"{path}: MD5 {h.hexdigest()}, ETag {etag}"
+        problem = file_problem(path, f, md5)
+        if problem:
+            return f"{path}: {problem}"
     return ""
 
 

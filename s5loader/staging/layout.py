@@ -30,6 +30,7 @@ full. Consumers that only delete folders (the prefetch daemon's) keep working th
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import shutil
 import weakref
@@ -37,12 +38,32 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .._index.sample import Sample
+    from .._index.sample import Field, Sample
 
 RELEASED = ".released"
 HANDED_BACK = ".h"
 MEMBERS = ".members"
 NEED = ".need"
+
+
+def file_problem(path: str, f: Field, md5: bool = True) -> str:
+    """Why a staged file does not match its listing, or '' when it does: its size, and with
+    ``md5`` its MD5 against a single-part ETag (the check of ``verify=True``)."""
+    try:
+        size = os.path.getsize(path)
+    except OSError as exc:
+        return f"staged file missing: {exc.strerror}"
+    if size != f.size:
+        return f"size mismatch: listed {f.size} bytes, staged {size} (truncated transfer)"
+    etag = f.etag
+    if md5 and etag and "-" not in etag and len(etag) == 32:
+        h = hashlib.md5(usedforsecurity=False)
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        if h.hexdigest() != etag.lower():
+            return f"MD5 mismatch: ETag {etag}, staged file {h.hexdigest()}"
+    return ""
 
 
 def field_names(sample: Sample) -> list[str]:

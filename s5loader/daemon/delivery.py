@@ -57,8 +57,7 @@ class Deliveries:
             src, key, size = self.area.sample_dir(seq), sample.key, sample.size
         name = sample_folder_name(seq, key)
         dst = os.path.join(self.cache, name)
-        if self.keeper is not None:
-            self.keeper.delivering(seq, src)
+        hit = self.keeper.delivering(seq, src) if self.keeper is not None else 0
         self._write_key(src, key)
         # the one write of this delivery: a restart completes the rename if it did not happen
         st.delivered, st.pending = seq + 1, {"seq": seq, "from": src, "to": dst}
@@ -67,6 +66,8 @@ class Deliveries:
         self.ledger.add(seq, name, size)
         if self.unpacker is not None:
             stager.hold(-seq - 1, size)
+        elif hit:
+            stager.hold(seq, hit)  # a hit was never reserved: held from now as delivered
         else:
             stager.yielded(seq)
         self.summary.delivered += 1

@@ -142,21 +142,28 @@ class DaemonEpochCache:
             self._inverse = {epoch: inv}
         return int(inv[idx])
 
-    def delivering(self, seq: int, folder: str) -> None:
+    def delivering(self, seq: int, folder: str) -> int:
         """Sample ``seq`` (staged in ``folder``) is about to be delivered: keep it when the
-        next epoch keeps it and it fits."""
+        next epoch keeps it and it fits. Returns the bytes of a hit that leaves the cache with
+        this delivery (the staging budget holds them until the consumer deletes it), else 0."""
         epoch, idx = self._where(seq)
         size = int(self.sizes[idx])
         keep = idx in self.keep(epoch + 1) and not os.path.isdir(self.cache.entry(idx))
         if seq in self.taken:
             self.hits[epoch] = self.hits.get(epoch, 0) + 1
-            if keep and self.cache.link(folder, idx, self.samples[idx]):
-                del self.taken[seq]  # its bytes, counted already, are the entry's now (the same blocks)
+            if not (keep and self.cache.link(folder, idx, self.samples[idx])):
+                # a delivered hit counts as any delivered sample, in the staging budget: its
+                # room in the cache is free for the next epoch's samples at once
+                self.admission.remove(self.taken.pop(seq))
+                self.passed(seq)
+                return size
+            del self.taken[seq]  # its bytes, counted already, are the entry's now (the same blocks)
         else:
             self.fetched[epoch] = self.fetched.get(epoch, 0) + size
             if keep and self.admission.admit(size) and not self.cache.link(folder, idx, self.samples[idx]):
                 self.admission.remove(size)
         self.passed(seq)
+        return 0
 
     def passed(self, seq: int) -> None:
         """Delivery ``seq`` is done (or skipped): the engine may go on past samples that

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import threading
 from types import FrameType
@@ -23,6 +24,21 @@ class _Interrupted(BaseException):
     """A stop signal arrived while nothing needed a clean stop (before the first sample)."""
 
 
+def _starting_process(frame: FrameType | None) -> bool:
+    """Whether the main thread is starting a process (s5cmd's start and its fork hooks,
+    ``subprocess``): an exception raised there would leave the spawn lock unbalanced, so the
+    stop waits for the next check of the signal event instead."""
+    spawn = {"start", "_before_fork", "_after_fork_in_parent"}
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.endswith("subprocess.py") or (
+            name.endswith(os.path.join("s5cmd", "process.py")) and frame.f_code.co_name in spawn
+        ):
+            return True
+        frame = frame.f_back
+    return False
+
+
 class _Signals:
     """SIGTERM and SIGINT set :attr:`event`; while :attr:`interruptible`, they also raise."""
 
@@ -35,7 +51,7 @@ class _Signals:
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         self.received = signal.Signals(signum).name
         self.event.set()
-        if self.interruptible:
+        if self.interruptible and not _starting_process(frame):
             raise _Interrupted()
 
     def __enter__(self) -> _Signals:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import threading
 import urllib.parse
 from dataclasses import dataclass, replace
 from typing import Any
@@ -24,6 +25,11 @@ ADDRESSING_STYLES = ("auto", "path", "virtual")
 ON_ERROR = ("raise", "skip")
 
 _warned_insecure: set[str | None] = set()
+# botocore's data loader (the parsed S3 service model and endpoint rules), shared by every client
+# this process makes and inherited by a forked DataLoader worker: a new client then costs about
+# 0.01 CPU s instead of 0.15 (it holds parsed JSON only, nothing a fork could break).
+_LOADERS: dict[Any, Any] = {}
+_LOADERS_LOCK = threading.Lock()
 
 
 def resolve_endpoint(endpoint_url: str | None) -> str | None:
@@ -171,13 +177,6 @@ class Access:
         import botocore.session
         from botocore.config import Config
 
-        core = botocore.session.Session()
-        if self.credentials_file:
-            core.set_config_variable("credentials_file", self.credentials_file)
-        try:
-            session = boto3.session.Session(botocore_session=core, profile_name=self.profile)
-        except botocore.exceptions.ProfileNotFound as exc:
-            raise ConfigError(f"profile {self.profile!r} is not in the AWS config or credentials files: {exc}") from exc
         extra: dict[str, Any] = {}
         if self.anonymous:
             extra["signature_version"] = botocore.UNSIGNED
@@ -185,13 +184,31 @@ class Access:
             extra["s3"] = {"addressing_style": self.addressing_style}
         if not self.verify_ssl:
             self.warn_insecure()
-        client = session.client(
-            "s3",
-            endpoint_url=self.endpoint(),
-            region_name=self.region_name(),
-            verify=False if not self.verify_ssl else None,
-            config=Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=64, **extra),
-        )
+        core = botocore.session.Session()
+        if self.credentials_file:
+            core.set_config_variable("credentials_file", self.credentials_file)
+        try:
+            with _LOADERS_LOCK:
+                data_path = core.get_config_variable("data_path")
+                loader = _LOADERS.get(data_path)
+                if loader is None:
+                    loader = _LOADERS[data_path] = core.get_component("data_loader")
+                else:
+                    core.register_component("data_loader", loader)
+                try:
+                    session = boto3.session.Session(botocore_session=core, profile_name=self.profile)
+                finally:
+                    # each boto3 Session appends its own data folder to the shared loader's paths
+                    loader.search_paths[:] = list(dict.fromkeys(loader.search_paths))
+            client = session.client(
+                "s3",
+                endpoint_url=self.endpoint(),
+                region_name=self.region_name(),
+                verify=False if not self.verify_ssl else None,
+                config=Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=64, **extra),
+            )
+        except botocore.exceptions.ProfileNotFound as exc:
+            raise ConfigError(f"profile {self.profile!r} is not in the AWS config or credentials files: {exc}") from exc
         if self.requester_pays:
             # On every request, those of download_file's transfer manager included.
             client.meta.events.register("before-sign.s3", _request_payer)

@@ -142,6 +142,22 @@ def test_missing_profile_is_a_config_error(tmp_path: Path) -> None:
         s3_client(Access("http://127.0.0.1:9", profile="nope", credentials_file=str(creds)))
 
 
+def test_clients_share_one_parsed_service_model(tmp_path: Path) -> None:
+    from s5loader import config
+
+    creds = tmp_path / "credentials"
+    creds.write_text("[p]\naws_access_key_id = a\naws_secret_access_key = b\n")
+    Access("http://127.0.0.1:9").boto3_client()
+    paths = [list(found.search_paths) for found in config._LOADERS.values()]
+    for _ in range(3):
+        Access("http://127.0.0.1:9", profile="p", credentials_file=str(creds)).boto3_client()
+    # one loader per data path, its search paths not growing with each client
+    assert paths and [list(found.search_paths) for found in config._LOADERS.values()] == paths
+    # a missing profile is still named once the model is cached (botocore finds it later then)
+    with pytest.raises(ConfigError, match="profile 'nope'"):
+        Access("http://127.0.0.1:9", profile="nope", credentials_file=str(creds)).boto3_client()
+
+
 def test_access_to_args_round_trips_and_reaches_the_prefetcher(tmp_path: Path) -> None:
     from s5loader import Prefetcher
 

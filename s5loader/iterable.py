@@ -32,6 +32,7 @@ from ._sampling.iterparts import buffer_shuffle as buffer_shuffle
 from ._sampling.iterparts import worker_length as worker_length
 from ._sampling.iterparts import worker_order as worker_order
 from ._sampling.order import Order
+from ._sampling.units import units_of
 from ._util.dist import pytorch_worker_info, rank_info
 from ._util.platform import require_linux
 from ._util.uri import format_size
@@ -145,7 +146,7 @@ class S5IterableDataset(IterableDataset[Any]):
         # over tar shards a worker takes a contiguous run of the rank's shards (mixed across the
         # shards its share holds open with shuffle=True), so that its shards are
         # staged by it alone (interleaved samples would have every worker fetch every shard)
-        self._runs = dataset.shards is not None
+        self._runs = units_of(dataset).worker_runs
         self._num_replicas = num_replicas
         self._rank = rank
         self._engine_options = engine_options

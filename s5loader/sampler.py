@@ -216,8 +216,7 @@ class S5Sampler(Sampler[int]):
 
     def _units(self) -> list[list[int]]:
         """The blocks a ``shuffle="block"`` order permutes: tar shards, else key-prefix blocks."""
-        shard_units = getattr(self.dataset, "shard_units", None)
-        return shard_units if shard_units is not None else self._run.blocks.units
+        return self._run.units.order_units(self._run.blocks)
 
     @property
     def window(self) -> int:

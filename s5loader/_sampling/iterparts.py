@@ -20,10 +20,11 @@ from ..exceptions import BudgetError, ConfigError, StateError
 from ..staging.epochcache import EpochCache
 from .cacheplan import node_ranks
 from .cacherun import CacheRun, open_iterable_cache
-from .order import Order, block_window, check_seed, check_shuffle, open_shards
+from .order import Order, check_seed, check_shuffle
 from .resume import check_fields
 from .run import StagingRun
 from .setup import fit_budget
+from .units import units_of
 
 STATE_VERSION = 1
 _STATE_KEYS = (
@@ -68,8 +69,6 @@ def check_options(
     options = StagingOptions(
         budget=parse_size(budget, "budget"), staging_dir=staging_dir, shrink_budget=shrink_budget, **engine_options
     )
-    if options.epoch_cache and dataset.shards is not None:
-        raise ConfigError("epoch_cache is not supported over tar shards (S5Dataset.from_shards) yet")
     options, root = fit_budget(dataset, options, None)
     cache = open_iterable_cache(
         dataset, options.epoch_cache, (shuffle, seed, shuffle_buffer, drop_last), num_replicas, rank, root,
@@ -203,7 +202,7 @@ def check_share(dataset: S5Dataset, budget: int, num_workers: int, told: bool = 
     share = budget // num_workers
     largest = dataset.samples[dataset.samples.largest()]
     if largest.size > share:
-        what = "tar shard" if dataset.shards is not None else "sample"
+        what = units_of(dataset).name
         where = ", ".join(f.uri for f in largest.fields[:3])
         early = "" if told else (
             "; pass num_workers= to S5IterableDataset to have this checked before the workers start"
@@ -241,12 +240,8 @@ class WorkerStaging:
         self.runs = runs
         # a worker's part has no windows of its own: the engine cuts its calls freely, and a
         # block order takes the window the rank's sampler would take for this budget
-        self.window = block_window(
-            options.budget, dataset.total_bytes / max(1, len(dataset)), options.calls_in_flight
-        )
-        if runs and not block:  # a shard order: the shards the worker's share holds open at once
-            shards = dataset.samples
-            self.window = open_shards(options.budget, shards[shards.largest()].size, dataset.total_bytes, len(shards))
+        # (a shard order: the shards the worker's share holds open at once)
+        self.window = units_of(dataset).window(options.budget, options.calls_in_flight, "block" if block else True)
         if block:  # a call holds whole windows, so that each block is one request
             options = replace(options, samples_per_call=max(options.samples_per_call, self.window))
         self.staging = StagingRun(dataset, options, root)
@@ -267,8 +262,7 @@ class WorkerStaging:
 
     def units(self) -> list[list[int]]:
         """The blocks a ``shuffle="block"`` order permutes: tar shards, else key-prefix blocks."""
-        shard_units = getattr(self.dataset, "shard_units", None)
-        return shard_units if shard_units is not None else self.staging.blocks.units
+        return self.staging.units.order_units(self.staging.blocks)
 
     def _cache_run(self, p: _Pass, cache: EpochCache) -> CacheRun:
         """This worker's use of the epoch cache it shares with the node's other local ranks

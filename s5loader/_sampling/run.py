@@ -20,22 +20,9 @@ from ..staging.area import StagingArea, register_cleanup
 from .cacherun import CacheRun
 from .passes import StagingPasses
 from .resume import Position
+from .units import units_of
 
 log = logging.getLogger("s5loader.sampler")
-
-
-SHARD_WORKERS = 4  # tar shards of a call downloading at once
-
-
-def s5cmd_workers(dataset: S5Dataset, options: StagingOptions) -> int:
-    """s5cmd's ``--numworkers`` for a run over ``dataset``: ``options.s5cmd_workers``, at most
-    :data:`SHARD_WORKERS` over tar shards, so that a call's shards land one after another (its
-    first ones early, each fetched in parallel parts when large) instead of all together at
-    its end; the first batch and a pass's first calls wait less (a 6,000-sample pass over 10 MB
-    shards through 20 ms round trips took 5.0 s instead of 6.4 here, medians of 3)."""
-    if dataset.shards is not None:
-        return min(options.s5cmd_workers, SHARD_WORKERS)
-    return options.s5cmd_workers
 
 
 class StagingRun:
@@ -55,11 +42,9 @@ class StagingRun:
         self.dataset = dataset
         self.cache = cache
         self.options = options
-        # over shards a block is a shard, fetched with one cp --raw line: no wildcard lines
-        self.blocks: BlockPlan = plan_blocks(
-            dataset.samples, 1 if dataset.shards is not None else options.block_size, dataset._listing
-        )
-        self.s5cmd = S5cmd(access=dataset.access, numworkers=s5cmd_workers(dataset, options))
+        self.units = units = units_of(dataset)
+        self.blocks: BlockPlan = plan_blocks(dataset.samples, units.block_size(options), dataset._listing)
+        self.s5cmd = S5cmd(access=dataset.access, numworkers=units.s5cmd_workers(options))
         self.area = StagingArea(root)
         self.position = Position()
         self.passes = StagingPasses(dataset, self.area, self.s5cmd, self.blocks, keep)

@@ -20,7 +20,8 @@ from ..dataset import S5Dataset
 from ..engine.budget import check_sample_fits
 from ..exceptions import BudgetError, ConfigError
 from ..staging.area import choose_root, disk_footprint
-from .order import Order, block_window, check_seed, check_shuffle, open_shards
+from .order import Order, check_seed, check_shuffle
+from .units import units_of
 
 
 def configure(
@@ -58,14 +59,11 @@ def configure(
     if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1):
         raise ConfigError(f"batch_size must be a positive int or None, got {batch_size!r}")
     r, world = rank_info(num_replicas, rank)
-    sharded = dataset.shards is not None
-    order = Order(shuffle, seed, world, r, bool(drop_last), sharded)
+    units = units_of(dataset)
+    order = Order(shuffle, seed, world, r, bool(drop_last), units.sharded)
     budget_bytes = parse_size(budget, "budget")
     # From the options, not the space found: every rank must cut the same windows.
-    window = block_window(budget_bytes, dataset.total_bytes / max(1, len(dataset)), calls_in_flight)
-    if sharded and shuffle != "block":
-        shards = dataset.samples
-        window = open_shards(budget_bytes, shards[shards.largest()].size, dataset.total_bytes, len(shards))
+    window = units.window(budget_bytes, calls_in_flight, shuffle)
     if shuffle == "block" and isinstance(samples_per_call, int) and not isinstance(samples_per_call, bool) \
             and samples_per_call > 0:  # an invalid value still fails in StagingOptions
         samples_per_call = max(samples_per_call, window)
@@ -84,8 +82,6 @@ def configure(
         staging_dir=staging_dir,
         epoch_cache=parse_size(epoch_cache, "epoch_cache") if epoch_cache else 0,
     )
-    if options.epoch_cache and sharded:
-        raise ConfigError("epoch_cache is not supported over tar shards (S5Dataset.from_shards) yet")
     options, root = fit_budget(dataset, options, batch_size)
     return order, window, options, root
 
@@ -110,15 +106,15 @@ def fit_budget(
     the node's ranks in the space check.
 
     Raises:
+        ConfigError: options the data set's units cannot stage (:meth:`ObjectUnits.check`).
         BudgetError: a sample (or shard) larger than the budget, a budget (and epoch cache)
             larger than the free space, ``keep_staged`` with a budget smaller than the data set, or a budget smaller
             than a batch.
     """
     budget = options.budget
     largest = dataset.samples[dataset.samples.largest()]
-    sharded = dataset.shards is not None
-    if sharded:
-        _check_shard_fits(dataset, budget)
+    units = units_of(dataset)
+    units.check(options)
     check_sample_fits(largest, budget)
     total = dataset.total_bytes
     if options.keep_staged and total > budget:
@@ -139,21 +135,9 @@ def fit_budget(
                 + ("the whole data set with keep_staged" if options.keep_staged else f"sample {largest.key!r}")
             )
         options = replace(options, budget=room)
-    if batch_size is not None and not sharded:
+    if batch_size is not None and units.holds_batches:
         _check_batch_fits(dataset, batch_size, options.budget)
     return options, root
-
-
-def _check_shard_fits(dataset: S5Dataset, budget: int) -> None:
-    """Over tar shards the budget counts whole shards: one larger than the budget can never be
-    staged."""
-    samples = dataset.samples
-    big = samples[samples.largest()]
-    if big.size > budget:
-        raise BudgetError(
-            f"the shard {big.fields[0].uri} is {format_size(big.size)}, larger than the budget of "
-            f"{format_size(budget)}; a shard is staged whole: raise the budget or write smaller shards"
-        )
 
 
 def check_loader_batch(sampler: object, dataset: S5Dataset, budget: int, caller: FrameType | None) -> None:
@@ -164,7 +148,7 @@ def check_loader_batch(sampler: object, dataset: S5Dataset, budget: int, caller:
         BudgetError: the budget is smaller than the loader's batch of the largest samples.
     """
     owner = caller.f_locals.get("self") if caller is not None else None
-    if isinstance(owner, BatchSampler) and owner.sampler is sampler and dataset.shards is None:
+    if isinstance(owner, BatchSampler) and owner.sampler is sampler and units_of(dataset).holds_batches:
         _check_batch_fits(dataset, int(owner.batch_size), budget)
 
 

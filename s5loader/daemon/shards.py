@@ -26,7 +26,7 @@ from typing import overload
 
 from .._index.sample import Field, Sample
 from .._sampling.order import Order
-from .._sampling.run import SHARD_WORKERS
+from .._sampling.units import SHARD_WORKERS
 from .._shards import tar as _tar
 from .._util.uri import format_size
 from ..config import StagingOptions
@@ -84,7 +84,7 @@ class ShardDeliveries(Sequence[Sample]):
     def engine_options(self, options: StagingOptions, budget: int) -> StagingOptions:
         """The engine's options over shards: the budget less the largest shard (see
         :meth:`check_budget`), ``samples_per_call`` in shards, at most
-        :data:`~s5loader._sampling.run.SHARD_WORKERS` shards of a call at once."""
+        :data:`~s5loader._sampling.units.SHARD_WORKERS` shards of a call at once."""
         per_shard = max(1.0, len(self) / max(1, len(self.visits)))
         return replace(
             options, budget=self.check_budget(budget),

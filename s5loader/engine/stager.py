@@ -202,14 +202,15 @@ class Stager:
 
     def _schedule(self) -> None:
         order, samples, budget = self.order, self.samples, self.budget
-        # The first calls are small (first_call, then twice, four times as many units...) so
-        # the first batch does not wait for a whole call of samples_per_call to come in.
+        # The first calls are small (first_call units, then twice, four times as many...)
         spc = min(self.opts.samples_per_call, self.first_call << min(self.stats.calls, 20))
         while len(self.calls) < self.opts.calls_in_flight:
-            retried = self.retries.take_due(time.monotonic(), spc)
+            retried, before = self.retries.take_due(time.monotonic(), spc), self._next
             pick = pick_call(order, samples, budget, self._next, spc, retried, self.windows, self.kept, self.ready.mark)
             self._next, picked = pick.first, pick.picked
             if not picked:
+                if before < self._next < len(order):
+                    continue  # a call's worth of kept units (staged already): pick after them now
                 return
             new = len(picked) - len(retried)
             want = pick.end - self._next

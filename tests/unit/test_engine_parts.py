@@ -4,6 +4,7 @@ kept samples, samples still held) and the count of fields each sample in flight 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -62,6 +63,28 @@ def test_pick_call_skips_kept_samples_and_waits_for_held_ones() -> None:
     # a retried position still holds its budget and comes first
     pick = pick_call(order, samples, _budget(15), 3, 6, [2], [], None, lambda pos: None)
     assert pick.picked == [2, 3]
+
+
+def test_kept_units_at_the_start_do_not_hold_back_the_first_call(tmp_path: Path) -> None:
+    # Over shards the first unit of a pass is read while it downloads (kept from the engine)
+    # and the first call takes one unit: the engine must start the call after it at once, not
+    # after its next wake-up (0.2 s), which the first batch waited for.
+    from s5loader.config import StagingOptions
+    from s5loader.engine import Stager
+    from s5loader.s5cmd import S5cmd
+    from s5loader.staging.area import StagingArea
+
+    area = StagingArea(str(tmp_path))
+    area.create()
+    try:
+        stager = Stager(_samples(10, 10, 10, 10), [0, 1, 2, 3], area, S5cmd(), StagingOptions(budget=1000),
+                        kept={0}, first_call=1)
+        started: list[list[int]] = []
+        stager._start_call = started.append  # type: ignore[method-assign]
+        stager._schedule()
+        assert started and started[0] == [1]  # the unit after the kept one, in the same round
+    finally:
+        area.remove()
 
 
 def test_pick_call_rejects_a_sample_larger_than_the_budget() -> None:

@@ -65,6 +65,8 @@ def bench(label: str, endpoint: str, source: str, out: str, args: argparse.Names
         argv += ["--methods", *args.methods]
     if args.steps:
         argv += ["--steps", str(args.steps)]
+    if args.shard_shuffle != "block":
+        argv += ["--shard-shuffle", args.shard_shuffle]
     try:
         import matplotlib  # noqa: F401
 
@@ -122,6 +124,13 @@ def combined_chart(path: str, runs: dict[str, dict[str, Any]], delay_ms: float =
     plt.close(fig)
 
 
+SHARD_SHUFFLE_WORDS = {
+    "none": "none (webdataset in shard order, s5loader `shuffle=False`)",
+    "block": "webdataset in shard order, s5loader `shuffle=\"block\"`",
+    "full": "webdataset `shardshuffle` + `shuffle(1000)`, s5loader `shuffle=True`",
+}
+
+
 def markdown(runs: dict[str, dict[str, Any]], info: dict[str, Any]) -> str:
     any_doc = next(iter(runs.values()))
     m, s = any_doc["machine"], any_doc["settings"]
@@ -132,6 +141,7 @@ def markdown(runs: dict[str, dict[str, Any]], info: dict[str, Any]) -> str:
         f"SeaweedFS; batch size {s['batch_size']}, {s['num_workers']} DataLoader workers, "
         f"samples_per_call {s['samples_per_call']}, calls_in_flight {s.get('calls_in_flight', s.get('buffers'))}, "
         + (f"{s['steps']} steps per method" if s.get("steps") else "one pass over the data set per method")
+        + f"; shard methods' shuffle: {SHARD_SHUFFLE_WORDS[s.get('shard_shuffle', 'block')]}"
         + f"; the method list was run {s.get('repeat', 1)} times, interleaved, and each row is the repeat with "
         "the median samples/s (all repeats' samples/s are in the note and in latest.json).",
         f"Machine: {m['logical_cpus']} logical CPUs ({m['cpu_model']}), {m['memory_gb']} GB, {m['os']}, "
@@ -204,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=2000, help="samples in the toy data set (default 2000)")
     p.add_argument("--sample-size", default="100KB", help="bytes of each .image (default 100KB)")
     p.add_argument("--shard-samples", type=int, default=100, help="samples per tar shard (default 100)")
+    p.add_argument("--shard-shuffle", choices=["none", "block", "full"], default="block",
+                   help="the shuffle of the shard methods (see s5loader bench --shard-shuffle; default block)")
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--num-workers", type=int, default=4)
     p.add_argument("--samples-per-call", type=int, default=1000)

@@ -183,6 +183,34 @@ def test_short_run_of_every_method(data: dict[str, str], tmp_path, capsys: pytes
         assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize("mode", ["none", "full"])
+def test_shard_shuffle_sets_both_sides_shuffle(data: dict[str, str], tmp_path, mode: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, object] = {}
+    for name in ("S5Sampler", "S5IterableDataset"):
+        real = getattr(bench_methods, name)
+        monkeypatch.setattr(bench_methods, name, type(name, (real,), {
+            "__init__": lambda self, *a, _real=real, _name=name, **kw: (
+                seen.__setitem__(_name, kw["shuffle"]), _real.__init__(self, *a, **kw))[1]}))
+    methods = ["s5loader-shards", "s5loader-iterable"] + (["webdataset"] if _installed("webdataset") else [])
+    if "webdataset" in methods:
+        import webdataset
+
+        real_shuffle = webdataset.WebDataset.shuffle
+        monkeypatch.setattr(webdataset.WebDataset, "shuffle", lambda self, n, *a, **kw: (
+            seen.__setitem__("webdataset", n), real_shuffle(self, n, *a, **kw))[1])
+    out_json = tmp_path / "r.json"
+    rc = bench.main([data["source"], "--endpoint-url", data["endpoint"], "--steps", "2", "--batch-size", "2",
+                     "--num-workers", "2", "--methods", *methods, "--shard-shuffle", mode, "--json", str(out_json)])
+    doc = json.loads(out_json.read_text())
+    assert rc == 0 and all(r["status"] == "ok" for r in doc["results"]), [r["note"] for r in doc["results"]]
+    assert doc["settings"]["shard_shuffle"] == mode
+    expect = mode == "full"
+    assert seen["S5Sampler"] is expect and seen["S5IterableDataset"] is expect
+    if "webdataset" in methods:
+        assert seen.get("webdataset") == (1000 if expect else None)
+
+
 def test_absent_peer_is_reported_not_faked(data: dict[str, str], tmp_path, monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(sys.modules, "s3torchconnector", None)

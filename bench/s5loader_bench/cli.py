@@ -128,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hold every client-to-server chunk this many ms at that proxy, like a trip to a distant "
                    "store (implies --count-requests; default 0)")
     p.add_argument("--shards-prefix", help="tar shards for webdataset (default: SOURCE's sibling '<name>-shards/')")
+    p.add_argument("--shard-shuffle", choices=["none", "block", "full"], default="block",
+                   help="how the shard methods shuffle: none (webdataset in shard order; s5loader shuffle=False), "
+                   "block (default: webdataset in shard order; s5loader shuffle=\"block\"), full (webdataset "
+                   "shardshuffle + shuffle(1000); s5loader shuffle=True)")
     p.add_argument("--json", dest="json_file", metavar="FILE", help="write every figure and the settings as JSON")
     p.add_argument("--plot", metavar="FILE", help="write a PNG bar chart of samples/s and CPU per method (matplotlib)")
     p.add_argument("--markdown", metavar="FILE", help="also write the table as Markdown (every column)")
@@ -526,7 +530,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(
         source=args.source, endpoint_url=endpoint, batch_size=args.batch_size, num_workers=args.num_workers,
         steps=args.steps, seconds=args.seconds, samples_per_call=args.samples_per_call, calls_in_flight=args.calls_in_flight,
-        budget=args.budget, staging_dir=args.staging_dir, shards_prefix=shards, compute_ms=args.compute_ms,
+        budget=args.budget, staging_dir=args.staging_dir, shards_prefix=shards, shard_shuffle=args.shard_shuffle,
+        compute_ms=args.compute_ms,
         seed=args.seed, region=args.region or os.environ.get("AWS_REGION") or "us-east-1",
         count_requests=count, delay_ms=args.delay_ms or 0.0, access=access,
     )

@@ -42,6 +42,14 @@ PEERS = ("s3torchconnector", "webdataset")  # optional packages: skipped with a 
 INSTALL_HINT = "pip install 's5loader[bench]'"
 
 
+# --shard-shuffle: (webdataset's shardshuffle and shuffle buffer, s5loader's shuffle) over the shards
+SHARD_SHUFFLES: dict[str, tuple[bool, int, bool | str]] = {
+    "none": (False, 0, False),
+    "block": (False, 0, "block"),
+    "full": (True, 1000, True),
+}
+
+
 class SkipMethod(Exception):
     """A method that cannot run here (a peer not installed, or not working against this
     endpoint). Its message is the note reported instead of figures."""
@@ -62,6 +70,7 @@ class Settings:
     budget: str = "2GiB"
     staging_dir: str | None = None
     shards_prefix: str | None = None
+    shard_shuffle: str = "block"  # the shard methods': none, block or full (see SHARD_SHUFFLES)
     compute_ms: float = 0.0
     seed: int = 0
     region: str = "us-east-1"
@@ -716,9 +725,12 @@ def run_webdataset(ctx: Context) -> Recorder:
         rec.note = (f"{len(shards)} shard{'s' if len(shards) != 1 else ''}, ran with {workers} "
                     f"worker{'s' if workers != 1 else ''} instead of {s.num_workers}")
 
+    shardshuffle, buffer, _ = SHARD_SHUFFLES[s.shard_shuffle]
+
     def epoch_loader(epoch: int) -> DataLoader[Any]:
-        ds = wds.WebDataset(urls, shardshuffle=False, empty_check=False)
-        return ctx.loader(ds, num_workers=workers)
+        ds = wds.WebDataset(urls, shardshuffle=len(urls) if shardshuffle else False, seed=s.seed + epoch,
+                            empty_check=False)
+        return ctx.loader(ds.shuffle(buffer) if buffer else ds, num_workers=workers)
 
     drive(epoch_loader, rec, s.compute_ms)
     return rec
@@ -742,15 +754,16 @@ def shard_dataset(ctx: Context) -> S5Dataset:
 
 
 def run_s5loader_shards(ctx: Context) -> Recorder:
-    """S5Dataset.from_shards + S5Sampler(shuffle="block") over the tar shards webdataset reads."""
-    return run_s5loader(ctx, shuffle="block", dataset=shard_dataset(ctx))
+    """S5Dataset.from_shards + S5Sampler over the tar shards webdataset reads (``shuffle="block"``;
+    ``--shard-shuffle``: False or True)."""
+    return run_s5loader(ctx, shuffle=SHARD_SHUFFLES[ctx.settings.shard_shuffle][2], dataset=shard_dataset(ctx))
 
 
 def run_s5loader_iterable(ctx: Context) -> Recorder:
     """S5IterableDataset(shuffle="block") over the same tar shards: no sampler; the shards are
     split across the DataLoader's workers, each staging its own within its share of the budget."""
     s = ctx.settings
-    it = S5IterableDataset(shard_dataset(ctx), shuffle="block", seed=s.seed, budget=s.budget,
+    it = S5IterableDataset(shard_dataset(ctx), shuffle=SHARD_SHUFFLES[s.shard_shuffle][2], seed=s.seed, budget=s.budget,
                            staging_dir=s.staging_dir, calls_in_flight=s.calls_in_flight)
     try:
         loader = ctx.loader(it)

@@ -74,7 +74,18 @@ class ShardPass:
         )
 
     # -- the pass's units, as the engine asks them (see s5loader._sampling.units) -------------
-    first_call = 1  # one shard, then two, four...
+    FIRST_SAMPLES = 16  # the first call stages the shards the pass's first samples lie in
+
+    @property
+    def first_call(self) -> int:
+        """Shards in the engine's first call (then twice, four times as many...): those of the
+        pass's first :data:`FIRST_SAMPLES` samples, so that a shuffled order's first batches,
+        drawn from several shards, wait for one call of them downloading side by side instead
+        of for a chain of calls; at least one. (The shard read while it downloads is not
+        among the engine's.)"""
+        first = set(self.visit_of[: self.FIRST_SAMPLES])
+        first.discard(self.streamed if self.streamed is not None else -1)
+        return max(1, len(first))
 
     def engine_options(self, options: StagingOptions) -> StagingOptions:
         """``samples_per_call`` counted in shards (see :meth:`calls`)."""
@@ -180,8 +191,8 @@ class ShardPass:
 
     def calls(self, samples_per_call: int) -> int:
         """The shards a full call stages: about ``samples_per_call`` samples' worth, at least
-        one. The engine's first call takes one shard and the next ones twice as many, so the
-        first batch waits for one shard, not for a call of them sharing the link."""
+        one. The engine's first call is smaller (:attr:`first_call`), the next ones twice as
+        many each, so the first batch does not wait for a call of shards sharing the link."""
         per_shard = max(1.0, len(self.visit_of) / max(1, len(self.shard_of_visit)))
         return max(1, round(samples_per_call / per_shard))
 

@@ -32,6 +32,14 @@ _LOADERS: dict[Any, Any] = {}
 _LOADERS_LOCK = threading.Lock()
 
 
+def _new_lock_after_fork() -> None:
+    global _LOADERS_LOCK
+    _LOADERS_LOCK = threading.Lock()  # a thread of the parent may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_new_lock_after_fork)
+
+
 def resolve_endpoint(endpoint_url: str | None) -> str | None:
     """The endpoint to use: the argument, else the standard environment variables.
 
@@ -187,6 +195,8 @@ class Access:
         core = botocore.session.Session()
         if self.credentials_file:
             core.set_config_variable("credentials_file", self.credentials_file)
+        if self.profile:
+            core.set_config_variable("profile", self.profile)  # data_path may be the profile's
         try:
             with _LOADERS_LOCK:
                 data_path = core.get_config_variable("data_path")

@@ -251,17 +251,30 @@ def test_a_pass_stages_each_shard_once_per_run_of_its_samples_and_knows_its_peak
         p.check_budget(109, True)
 
 
-def test_the_first_call_stages_the_shards_of_the_first_samples_together() -> None:
+def test_the_first_call_stages_the_shards_of_the_first_samples_together(tmp_path) -> None:
     from s5loader._shards.passes import ShardPass
+    from s5loader.config import StagingOptions
+    from s5loader.engine import Stager
+    from s5loader.s5cmd import S5cmd
+    from s5loader.staging.area import StagingArea
 
     ds = _FakeShards([4] * 6, [100] * 6)
     # a shuffled order: the first samples lie in shards 0, 2, 5 and 1; shard 0 is read while
     # it downloads, so the engine's first call takes the other three, side by side
     order = [0, 8, 20, 4, 1, 9, 21, 5, 2, 10, 22, 6, 3, 11, 23, 7, *range(12, 20)]
     p = ShardPass(ds, order, "/nowhere", False, "raise")  # type: ignore[arg-type]
-    assert p.streamed == 0 and p.first_call == 3
-    p.FIRST_SAMPLES = 2  # type: ignore[misc]
-    assert p.first_call == 1  # never fewer than one
+    assert p.streamed == 0 and p.engine_order[:4] == [0, 2, 5, 1] and p.first_call == 4
+    area = StagingArea(str(tmp_path))
+    area.create()
+    try:  # the engine skips the streamed shard inside the call's span and stages the other three
+        stager = Stager(ds.shards, p.engine_order, area, S5cmd(), StagingOptions(budget=10_000),
+                        kept=p.engine_kept(None), first_call=p.first_call)
+        started: list[list[int]] = []
+        stager._start_call = started.append  # type: ignore[method-assign]
+        stager._schedule()
+        assert [[p.engine_order[pos] for pos in call] for call in started][:1] == [[2, 5, 1]]
+    finally:
+        area.remove()
     big = _FakeShards([20] * 3, [100] * 3)
     seq = ShardPass(big, list(range(60)), "/nowhere", False, "raise")  # type: ignore[arg-type]
     assert seq.first_call == 1  # in shard order the first samples need the streamed shard alone

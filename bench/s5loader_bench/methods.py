@@ -728,9 +728,10 @@ def run_webdataset(ctx: Context) -> Recorder:
     shardshuffle, buffer, _ = SHARD_SHUFFLES[s.shard_shuffle]
 
     def epoch_loader(epoch: int) -> DataLoader[Any]:
-        ds = wds.WebDataset(urls, shardshuffle=len(urls) if shardshuffle else False, seed=s.seed + epoch,
-                            empty_check=False)
-        return ctx.loader(ds.shuffle(buffer) if buffer else ds, num_workers=workers)
+        if not shardshuffle:
+            return ctx.loader(wds.WebDataset(urls, shardshuffle=False, empty_check=False), num_workers=workers)
+        ds = wds.WebDataset(urls, shardshuffle=len(urls), seed=s.seed + epoch, empty_check=False)
+        return ctx.loader(ds.shuffle(buffer), num_workers=workers)
 
     drive(epoch_loader, rec, s.compute_ms)
     return rec

@@ -35,9 +35,10 @@ from .index import Shard
 log = logging.getLogger(__name__)
 
 # Samples of the member tables a worker keeps, least recently read dropped first (about 0.5 KB
-# each): enough for every shard open at once under a few GiB of budget, since shuffle=True reads
-# from all of them in turn and a table read again per sample cost a third of the throughput.
-_TABLE_SAMPLES = 200_000
+# each, so about 25 MB): every shard open at once under a 2 GiB budget of 40 KB samples, since
+# shuffle=True reads from all of them in turn and a table read again per sample cost a third of
+# the throughput; a worker keeps the tables of shards other workers finished until they age out.
+_TABLE_SAMPLES = 50_000
 
 
 class ShardSet(Sequence[Shard]):
@@ -146,7 +147,10 @@ class ShardSet(Sequence[Shard]):
         key = (layout.folder, shard)
         table = self._tables.get(key)
         if table is not None:
-            self._tables.move_to_end(key)
+            try:
+                self._tables.move_to_end(key)
+            except KeyError:  # dropped meanwhile by another thread of this process
+                pass
             return table
         try:
             with open(layout.shard_table(shard), "rb") as fh:

@@ -78,14 +78,13 @@ class ShardPass:
 
     @property
     def first_call(self) -> int:
-        """Shards in the engine's first call (then twice, four times as many...): those of the
-        pass's first :data:`FIRST_SAMPLES` samples, so that a shuffled order's first batches,
-        drawn from several shards, wait for one call of them downloading side by side instead
-        of for a chain of calls; at least one. (The shard read while it downloads is not
-        among the engine's.)"""
-        first = set(self.visit_of[: self.FIRST_SAMPLES])
-        first.discard(self.streamed if self.streamed is not None else -1)
-        return max(1, len(first))
+        """Units of the engine's first call (then twice, four times as many...): the shard
+        visits of the pass's first :data:`FIRST_SAMPLES` samples, so that a shuffled order's
+        first batches, drawn from several shards, wait for one call of them downloading side
+        by side instead of for a chain of calls. The shard read while it downloads counts
+        among them (the engine skips it, in the call's span) and the visits are numbered in
+        order of first use, so the call stages the others."""
+        return max(1, len(set(self.visit_of[: self.FIRST_SAMPLES])))
 
     def engine_options(self, options: StagingOptions) -> StagingOptions:
         """``samples_per_call`` counted in shards (see :meth:`calls`)."""

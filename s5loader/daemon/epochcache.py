@@ -118,22 +118,29 @@ class DaemonEpochCache:
         epoch, idx = self._where(seq)
         if epoch == 0 or idx not in self.keep(epoch):
             return False
-        if not self.cache.take(idx, self.layout.sample_dir(seq), self.samples[idx], self.verify):
-            self._wait_for(seq, epoch, idx)
-            return False
+        dest = self.layout.sample_dir(seq)
+        if not self.cache.take(idx, dest, self.samples[idx], self.verify):
+            # delivered (and kept) since the look: the entry is there now
+            if not self._wait_for(seq, epoch, idx) or not self.cache.take(idx, dest, self.samples[idx], self.verify):
+                return False
         self.taken[seq] = int(self.sizes[idx])  # counted until the consumer deletes it
         return True
 
-    def _wait_for(self, seq: int, epoch: int, idx: int) -> None:
-        """The engine reached kept sample ``idx`` of ``epoch`` (at ``seq``) before the daemon
-        delivered it in the epoch before, which keeps it: hold the engine there (a mark in the
-        budget that frees nothing) until that delivery, rather than fetch it again."""
+    def _wait_for(self, seq: int, epoch: int, idx: int) -> bool:
+        """The engine reached kept sample ``idx`` of ``epoch`` (at ``seq``) and found no entry:
+        if the daemon has not delivered it in the epoch before, which keeps it, hold the engine
+        there (a mark in the budget that frees nothing) until that delivery, rather than fetch
+        it again, and return False. True when that delivery has passed (a delivery keeps the
+        sample before it passes, so the entry is there if it was kept: look again)."""
         before = (epoch - 1) * self.n + self._position(epoch - 1, idx)
-        if before < self.next or self.budget is None:
-            return
+        if self.budget is None:
+            return before < self.next
         with self.budget.cond:
+            if before < self.next:
+                return True
             self.budget.held.setdefault(seq, 0)
             self.waiting[seq] = before
+        return False
 
     def _position(self, epoch: int, idx: int) -> int:
         inv = self._inverse.get(epoch)
@@ -168,10 +175,11 @@ class DaemonEpochCache:
     def passed(self, seq: int) -> None:
         """Delivery ``seq`` is done (or skipped): the engine may go on past samples that
         waited for it."""
-        self.next = seq + 1
-        if not self.waiting or self.budget is None:
+        if self.budget is None:
+            self.next = seq + 1
             return
-        with self.budget.cond:
+        with self.budget.cond:  # with _wait_for's look and mark: no wait is left behind
+            self.next = seq + 1
             for later, before in list(self.waiting.items()):
                 if before <= seq:
                     del self.waiting[later]

@@ -158,6 +158,15 @@ def test_clients_share_one_parsed_service_model(tmp_path: Path) -> None:
         Access("http://127.0.0.1:9", profile="nope", credentials_file=str(creds)).boto3_client()
 
 
+def test_the_given_profile_wins_over_a_missing_one_in_the_environment(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    creds = tmp_path / "credentials"
+    creds.write_text("[p]\naws_access_key_id = a\naws_secret_access_key = b\n")
+    monkeypatch.setenv("AWS_PROFILE", "ghost")
+    client = Access("http://127.0.0.1:9", profile="p", credentials_file=str(creds)).boto3_client()
+    assert client.meta.region_name
+
+
 def test_access_to_args_round_trips_and_reaches_the_prefetcher(tmp_path: Path) -> None:
     from s5loader import Prefetcher
 

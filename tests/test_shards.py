@@ -1110,6 +1110,39 @@ def test_the_first_shard_of_a_pass_is_read_while_it_downloads(seaweed: Store, st
     assert [m for m, _, _ in gets] == ["GET"]  # one streamed GET, no HEAD, no second copy
 
 
+def test_the_engine_starts_once_the_streamed_first_shard_gave_a_sample(moto: Store, staging_root: str) -> None:
+    # The other shards' calls do not share the link with the first shard before its first
+    # sample is here: while its GET gets no answer, nothing else is requested.
+    import threading
+    import time
+
+    from support.faults import FaultProxy, Rule
+
+    shards, expected = make_shards(3, 10, size=3000)
+    source = put_indexed(moto, shards)
+    proxy = FaultProxy(moto.endpoint, rules=[Rule("shard-000.tar", "hold")])
+    guard = threading.Timer(30, proxy.release.set)
+    guard.start()
+    try:
+        ds = S5Dataset.from_shards(source, endpoint_url=proxy.endpoint)
+        with S5Sampler(ds, shuffle=False, budget=1 << 20, staging_dir=staging_root) as sampler:
+            it = iter(sampler)
+            first: list[int] = []
+            t = threading.Thread(target=lambda: first.append(next(it)))
+            t.start()
+            time.sleep(1.5)
+            before = [p for _, p, _ in proxy.requests if "shard-000.tar" not in p and ".tar" in p]
+            proxy.release.set()
+            t.join(30)
+            rest = list(it)
+            keys = [ds[i]["__key__"] for i in first + rest]
+    finally:
+        guard.cancel()
+        proxy.close()
+    assert before == []  # the engine waited for the streamed shard's first sample
+    assert sorted(keys) == sorted(expected)  # then every sample once
+
+
 def test_a_streamed_first_shard_resumes_a_broken_download_and_checks_what_it_reads(moto: Store, staging_root: str) -> None:
     from support.faults import FaultProxy, Rule
 

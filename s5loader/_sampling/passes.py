@@ -80,7 +80,10 @@ class StagingPasses:
         units.start(stager, options)
         if cache is not None:
             stager.budget.on_release = cache.on_release
-        stager.start()
+        # a pass whose first unit streams starts the engine once that unit gave its first sample
+        later = units.streams_first
+        if not later:
+            stager.start()
         self.active, self.units = stager, units
         position.yielded = 0
         position.pass_len = len(order)
@@ -89,6 +92,9 @@ class StagingPasses:
         try:
             for pos, idx in enumerate(order):
                 ok = units.take(pos, stager)
+                if later:
+                    stager.start()
+                    later = False
                 position.yielded += 1  # a skipped sample still counts as consumed
                 if ok:
                     yield StagedIndex(idx, where.path, keep, idx in back)

@@ -45,6 +45,12 @@ class PassUnits(Protocol):
         """Units in the engine's first call (then twice, four times as many...)."""
         ...
 
+    @property
+    def streams_first(self) -> bool:
+        """The first unit is read while it downloads, outside the engine: the engine starts
+        once it gave its first sample, so the first batch does not share the link with calls."""
+        ...
+
     def engine_options(self, options: StagingOptions) -> StagingOptions: ...
 
     def engine_kept(self, hits: set[int] | None) -> set[int] | None: ...
@@ -67,6 +73,7 @@ class ObjectPass:
     its files are staged (a consumer then holds it until it releases it)."""
 
     first_call = 32
+    streams_first = False
 
     def __init__(self, order: Sequence[int], keep: bool) -> None:
         self.engine_order = order

@@ -86,6 +86,11 @@ class ShardPass:
         order of first use, so the call stages the others."""
         return max(1, len(set(self.visit_of[: self.FIRST_SAMPLES])))
 
+    @property
+    def streams_first(self) -> bool:
+        """The pass's first shard is read while it downloads (see :meth:`start`)."""
+        return self.streamed is not None
+
     def engine_options(self, options: StagingOptions) -> StagingOptions:
         """``samples_per_call`` counted in shards (see :meth:`calls`)."""
         return replace(options, samples_per_call=self.calls(options.samples_per_call))

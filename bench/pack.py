@@ -51,6 +51,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 import s5loader  # noqa: E402
 from s5loader import S5Dataset, parse_size  # noqa: E402
+from s5loader.staging.area import tree_bytes  # noqa: E402
 from s5loader.testing import SeaweedFS  # noqa: E402
 
 BUCKET = "data"
@@ -80,19 +81,9 @@ class PeakDisk:
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
 
-    def _size(self) -> int:
-        total = 0
-        for root, _, files in os.walk(self.path):
-            for f in files:
-                try:
-                    total += os.lstat(os.path.join(root, f)).st_size
-                except FileNotFoundError:
-                    pass
-        return total
-
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, self._size())
+            self.peak = max(self.peak, tree_bytes(self.path))
             time.sleep(self.interval)
 
     def __enter__(self) -> PeakDisk:

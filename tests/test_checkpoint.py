@@ -3,6 +3,7 @@ interrupted saves that leave nothing behind, and torch.distributed.checkpoint ov
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -54,6 +55,24 @@ def pending_uploads(store: Store, key: str) -> list[str]:
 
 def object_exists(store: Store, key: str) -> bool:
     return store.client.list_objects_v2(Bucket=store.bucket, Prefix=key).get("KeyCount", 0) > 0
+
+
+@contextlib.contextmanager
+def failing_part(store: Store, number: int) -> Iterator[None]:
+    """Multipart uploads to ``store`` break off at part ``number`` inside the block."""
+    from s5loader._largeobj.multipart import transfer_client
+
+    events = transfer_client(store.endpoint).meta.events
+
+    def fail(request: object, **kwargs: object) -> None:
+        if getattr(request, "url", "").endswith(f"partNumber={number}"):
+            raise ConnectionAbortedError(f"part {number} broke off")
+
+    events.register("before-send.s3.UploadPart", fail)
+    try:
+        yield
+    finally:
+        events.unregister("before-send.s3.UploadPart", fail)
 
 
 @pytest.fixture
@@ -169,24 +188,13 @@ def test_parallel_ranged_read_is_byte_exact_and_checks_the_etag(store: Store) ->
 
 
 def test_failed_part_leaves_no_object_and_no_upload(moto: Store) -> None:
-    from s5loader._largeobj.multipart import transfer_client
     from s5loader.exceptions import FetchError
 
     key = moto.prefix + "failing.pt"
     moto.client.put_object(Bucket=moto.bucket, Key=key, Body=b"the previous checkpoint")
-    events = transfer_client(moto.endpoint).meta.events
-
-    def fail_third_part(request: object, **kwargs: object) -> None:
-        if getattr(request, "url", "").endswith("partNumber=3"):
-            raise ConnectionAbortedError("the third part broke off")
-
-    events.register("before-send.s3.UploadPart", fail_third_part)
-    try:
-        with pytest.raises(FetchError, match=moto.uri("failing.pt")):
-            checkpoint.save(state_dict(scale=8), moto.uri("failing.pt"), endpoint_url=moto.endpoint,
-                            part_size="5MiB", concurrency=2)
-    finally:
-        events.unregister("before-send.s3.UploadPart", fail_third_part)
+    with failing_part(moto, 3), pytest.raises(FetchError, match=moto.uri("failing.pt")):
+        checkpoint.save(state_dict(scale=8), moto.uri("failing.pt"), endpoint_url=moto.endpoint,
+                        part_size="5MiB", concurrency=2)
     assert pending_uploads(moto, key) == []
     assert moto.client.get_object(Bucket=moto.bucket, Key=key)["Body"].read() == b"the previous checkpoint"
 
@@ -309,7 +317,6 @@ def test_distributed_checkpoint_two_gloo_ranks(seaweed: Store, tmp_path) -> None
 def test_distributed_writer_streams_and_a_failed_part_leaves_no_checkpoint(moto: Store) -> None:
     import torch.distributed.checkpoint as dcp
 
-    from s5loader._largeobj.multipart import transfer_client
     from s5loader.dcp import S5StorageReader, S5StorageWriter
 
     sd = {"w": torch.randn(3 * 1024 * 1024, generator=torch.Generator().manual_seed(2)), "step": 3}  # 12 MiB
@@ -320,19 +327,8 @@ def test_distributed_writer_streams_and_a_failed_part_leaves_no_checkpoint(moto:
     dcp.load(out, storage_reader=S5StorageReader(moto.uri("ok/"), endpoint_url=moto.endpoint))
     assert torch.equal(out["w"], sd["w"]) and out["step"] == 3
 
-    events = transfer_client(moto.endpoint).meta.events
-
-    def fail_second_part(request: object, **kwargs: object) -> None:
-        if getattr(request, "url", "").endswith("partNumber=2"):
-            raise ConnectionAbortedError("the second part broke off")
-
-    events.register("before-send.s3.UploadPart", fail_second_part)
-    try:
-        with pytest.raises(BaseException, match="the second part broke off"):  # torch: CheckpointException
-            dcp.save(sd, storage_writer=S5StorageWriter(moto.uri("bad/"), endpoint_url=moto.endpoint,
-                                                        part_size="5MiB"))
-    finally:
-        events.unregister("before-send.s3.UploadPart", fail_second_part)
+    with failing_part(moto, 2), pytest.raises(BaseException, match="part 2 broke off"):  # torch: CheckpointException
+        dcp.save(sd, storage_writer=S5StorageWriter(moto.uri("bad/"), endpoint_url=moto.endpoint, part_size="5MiB"))
     assert not object_exists(moto, moto.prefix + "bad/")  # neither the file nor .metadata
     assert pending_uploads(moto, moto.prefix + "bad/__0_0.distcp") == []
 

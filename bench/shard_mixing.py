@@ -71,9 +71,12 @@ def webdataset_batches(paths: list[str], workers: int, batch: int, buffer: int, 
 
 
 def s5loader_batches(n_shards: int, per_shard: int, workers: int, batch: int, budget_shards: int, seed: int,
-                     iterable: bool) -> tuple[list[list[int]], int]:
+                     iterable: bool, sample_bytes: int = 0) -> tuple[list[list[int]], int]:
     from s5loader._sampling.iterparts import worker_order
     from s5loader._sampling.order import Order, open_shards
+    from s5loader._shards.dataset import ShardSet
+    from s5loader._shards.index import Shard
+    from s5loader.config import Access
 
     n = n_shards * per_shard
     units = [list(range(s * per_shard, (s + 1) * per_shard)) for s in range(n_shards)]
@@ -84,7 +87,14 @@ def s5loader_batches(n_shards: int, per_shard: int, workers: int, batch: int, bu
         return [[i // per_shard for i in idx[a : a + batch]] for a in range(0, len(idx), batch)], window
     share = budget_shards // workers
     window = open_shards(share, 1, n_shards, n_shards)
-    parts = [worker_order(order, n, 0, w, workers, 0, units, window, runs=True) for w in range(workers)]
+    # sample_bytes: each worker frees the samples it reads, as on a file system that punches
+    # holes (S5IterableDataset's cost, for shards of per_shard samples of that size)
+    cost = None
+    if sample_bytes:
+        size = per_shard * sample_bytes
+        shards = ShardSet([Shard(f"s3://b/{s}.tar", size, "", per_shard) for s in range(n_shards)], Access())
+        cost = shards.order_cost(size)
+    parts = [worker_order(order, n, 0, w, workers, 0, units, window, runs=True, cost=cost) for w in range(workers)]
     # the DataLoader takes one batch from each worker in turn
     per_worker = [[[i // per_shard for i in p[a : a + batch]] for a in range(0, len(p), batch)] for p in parts]
     out: list[list[int]] = []
@@ -103,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-shards", type=int, default=0,
                    help="s5loader's staging budget in shards (default: what WebDataset holds, its buffer "
                         "and the shard it reads, in each worker)")
+    p.add_argument("--sample-bytes", type=int, default=100_000,
+                   help="the samples' size for the iterable's order, which opens shards as the bytes of samples "
+                        "read are freed (default 100000: 10 MB shards of 100 samples)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the figures here too")
     args = p.parse_args(argv)
@@ -112,10 +125,14 @@ def main(argv: list[str] | None = None) -> int:
         paths = write_shards(d, args.shards, args.per_shard)
         wds_b = webdataset_batches(paths, args.workers, args.batch, args.buffer, args.seed)
         rows.append((f"webdataset, shardshuffle + shuffle({args.buffer}), {args.workers} workers", mixing(wds_b)))
-    for iterable in (False, True):
-        b, window = s5loader_batches(args.shards, args.per_shard, args.workers, args.batch, budget, args.seed, iterable)
+    for iterable, sample_bytes in ((False, 0), (True, 0), (True, args.sample_bytes)):
+        b, window = s5loader_batches(args.shards, args.per_shard, args.workers, args.batch, budget, args.seed,
+                                     iterable, sample_bytes)
         name = (f"S5IterableDataset, shuffle=True, {args.workers} workers, {window} open shard(s) each"
                 if iterable else f"S5Sampler, shuffle=True, {window} open shards")
+        if iterable:
+            name += (f", {sample_bytes // 1000} KB samples freed as read (more shards open as room frees)"
+                     if sample_bytes else ", samples not freed as read (a file system without hole punching)")
         rows.append((name, mixing(b)))
     print(f"{args.shards} class-sorted shards x {args.per_shard} samples; batch {args.batch}; "
           f"s5loader budget: {budget} shards\n")

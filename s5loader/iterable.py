@@ -60,7 +60,7 @@ class S5IterableDataset(IterableDataset[Any]):
     background ``s5cmd run`` calls stage its part, in the order it yields it, into a folder of
     its own inside this dataset's staging directory, within ``budget / num_workers`` bytes, so
     the workers of a rank together never hold more than ``budget`` staged. A sample's files
-    are read and deleted as it is yielded.
+    are read and deleted as it is yielded (a shard's, punched out: see the guide's "Shuffling").
 
     Args:
         dataset: the samples (an :class:`S5Dataset`; its ``transform`` applies).
@@ -268,7 +268,7 @@ class S5IterableDataset(IterableDataset[Any]):
             self._engine.close()
         share = worker_share(self.dataset, self.budget, self._num_workers, p.num_workers)
         options = StagingOptions(budget=share, staging_dir=self._area.path, **self._engine_options)
-        engine = WorkerStaging(self.dataset, options, self._area.path, self._runs, self.shuffle == "block", self._cache)
+        engine = WorkerStaging(self.dataset, options, self._area.path, self._runs, self.shuffle, self._cache)
         self._engine, self._engine_key = engine, key
         if key[0] != self._area._owner:
             # A DataLoader worker runs no atexit handlers; multiprocessing's finalizers do run.

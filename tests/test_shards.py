@@ -758,12 +758,14 @@ def test_iterable_dataset_over_shards_every_sample_once_per_rank_split(moto: Sto
     assert len(keys) == 30 and set(keys) == set(expected)  # 30 samples over 2 ranks: each once
 
 
-def class_sorted_shards(store: Store, n_shards: int = 8, per_shard: int = 25) -> tuple[str, dict[str, bytes], int]:
-    """Shards of one class each (the class is the shard number); returns the source, the
-    shards, and the largest shard's size."""
+def class_sorted_shards(
+    store: Store, n_shards: int = 8, per_shard: int = 25, size: int = 2000
+) -> tuple[str, dict[str, bytes], int]:
+    """Shards of one class each (the class is the shard number), samples of ``size`` bytes;
+    returns the source, the shards, and the largest shard's size."""
     shards = {
         f"shard-{s:03d}.tar": tar_of([(f"c{s}-{j:03d}.{f}", data) for j in range(per_shard)
-                                       for f, data in (("bin", sample_bytes(s * 1000 + j, 2000)), ("cls", b"%d" % s))])
+                                       for f, data in (("bin", sample_bytes(s * 1000 + j, size)), ("cls", b"%d" % s))])
         for s in range(n_shards)
     }
     return put_indexed(store, shards), shards, max(map(len, shards.values()))
@@ -831,6 +833,57 @@ def test_iterable_shuffle_over_shards_that_do_not_fit_mixes_and_fetches_each_sha
     assert sorted(c for b in batches for c in b) == sorted(s for s in range(8) for _ in range(25))
     assert len(set(batches[0])) >= 2 and len(set(batches[1])) >= 2, batches[:2]  # each worker's first batch mixes
     assert gets == Counter(list(shards)), gets
+
+
+def test_an_iterable_frees_each_sample_it_reads_so_more_shards_mix_within_the_budget(
+    seaweed: Store, staging_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from support.stores import Peak
+
+    from s5loader import S5IterableDataset
+    from s5loader._sampling import iterparts
+
+    source, shards, big = class_sorted_shards(seaweed, n_shards=12, per_shard=20, size=100_000)
+    budget = 4 * big  # read in this process: 3 shards open beside one being staged, when nothing is freed
+
+    def run() -> tuple[list[int], int]:
+        with S5IterableDataset.from_shards(source, endpoint_url=seaweed.endpoint, shuffle=True, seed=2,
+                                           budget=budget, staging_dir=staging_root) as it:
+
+            def allocated() -> int:  # the blocks staged shards take on disk (punched ones do not)
+                total = 0
+                for root, _, files in os.walk(it._area.path):
+                    for f in files:  # shards and s5cmd's partial downloads; not the control files
+                        if "/.calls" not in root and not f.startswith("."):
+                            with contextlib.suppress(OSError):
+                                total += os.lstat(os.path.join(root, f)).st_blocks * 512
+                return total
+
+            with Peak(allocated, interval=0.001) as peak:
+                got = [int(x["cls"]) for x in it]
+            assert leftovers(it._area.path) == []
+        return got, peak.peak
+
+    def most_open(stream: list[int]) -> int:
+        last = {c: pos for pos, c in enumerate(stream)}
+        open_now: set[int] = set()
+        most = 0
+        for pos, c in enumerate(stream):
+            open_now.add(c)
+            most = max(most, len(open_now))
+            if last[c] == pos:
+                open_now.discard(c)
+        return most
+
+    with monkeypatch.context() as m:
+        m.setattr(iterparts, "punches_holes", lambda folder: False)  # a file system that cannot
+        whole, peak_whole = run()
+    freeing, peak = run()
+    everything = sorted(s for s in range(12) for _ in range(20))
+    assert sorted(freeing) == sorted(whole) == everything
+    assert most_open(whole) == 3 < most_open(freeing), (most_open(whole), most_open(freeing))
+    slack = 4 * 4096  # the budget counts bytes; a file takes whole blocks (four shards staged)
+    assert big < peak <= budget + slack and big < peak_whole <= budget + slack, (peak, peak_whole, budget)
 
 
 def test_a_shard_order_resumes_mid_epoch_exactly_and_stages_nothing_twice(seaweed: Store, staging_root: str) -> None:

@@ -6,13 +6,14 @@ resume state."""
 from __future__ import annotations
 
 import math
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from .._util.dist import rank_info
+from .._util.platform import punches_holes
 from .._util.uri import format_size, parse_size
 from ..config import StagingOptions
 from ..dataset import S5Dataset, StagedIndex
@@ -24,7 +25,7 @@ from .order import Order, check_seed, check_shuffle
 from .resume import check_fields
 from .run import StagingRun
 from .setup import fit_budget
-from .units import units_of
+from .units import ShardUnits, units_of
 
 STATE_VERSION = 1
 _STATE_KEYS = (
@@ -227,12 +228,12 @@ class WorkerStaging:
         root: the folder the worker stages below (inside the iterable dataset's directory).
         runs: workers take contiguous runs of the rank's part (tar shards: each shard is
             staged by one worker), not every ``num_workers``-th sample.
-        block: the order is ``shuffle="block"``.
+        shuffle: the order's ``shuffle``.
         cache: the epoch cache's folder (owned by the iterable dataset), with ``epoch_cache``.
     """
 
     def __init__(
-        self, dataset: S5Dataset, options: StagingOptions, root: str, runs: bool, block: bool,
+        self, dataset: S5Dataset, options: StagingOptions, root: str, runs: bool, shuffle: bool | str,
         cache: EpochCache | None = None,
     ) -> None:
         self.dataset = dataset
@@ -241,10 +242,17 @@ class WorkerStaging:
         # a worker's part has no windows of its own: the engine cuts its calls freely, and a
         # block order takes the window the rank's sampler would take for this budget
         # (a shard order: the shards the worker's share holds open at once)
-        self.window = units_of(dataset).window(options.budget, options.calls_in_flight, "block" if block else True)
+        units = units_of(dataset)
+        block = shuffle == "block"
+        self.window = units.window(options.budget, options.calls_in_flight, "block" if block else True)
         if block:  # a call holds whole windows, so that each block is one request
             options = replace(options, samples_per_call=max(options.samples_per_call, self.window))
-        self.staging = StagingRun(dataset, options, root)
+        # Over tar shards, shuffle=True: this worker reads what it stages, so the bytes of each
+        # sample read are freed at once (where the file system can) and the order counts them:
+        # a next shard opens as soon as there is room for it (see Order.shard_order).
+        frees = isinstance(units, ShardUnits) and shuffle is True and cache is None and punches_holes(root)
+        self.cost = units.order_cost() if frees and isinstance(units, ShardUnits) else None
+        self.staging = StagingRun(dataset, options, root, frees=frees)
 
     def run(self, p: _Pass) -> Generator[StagedIndex, None, None]:
         """Stage and yield ``p``'s samples from its position on."""
@@ -256,7 +264,7 @@ class WorkerStaging:
         units = self.units() if p.order.per_rank else None
         order = worker_order(
             p.order, len(self.dataset), p.epoch, p.worker, p.num_workers, p.shuffle_buffer,
-            units=units, window=self.window, runs=self.runs,
+            units=units, window=self.window, runs=self.runs, cost=self.cost,
         )
         return run.stage(order[p.yielded:], None, p.order.shuffle, lambda: p.epoch)
 
@@ -304,6 +312,7 @@ def worker_order(
     units: list[list[int]] | None = None,
     window: int = 1000,
     runs: bool = False,
+    cost: Callable[[int], tuple[float, float]] | None = None,
 ) -> list[int]:
     """One DataLoader worker's part of a rank's epoch, in the order it yields it.
 
@@ -312,12 +321,13 @@ def worker_order(
     ``shuffle="block"`` or ``runs`` (tar shards), the ``w``-th of ``num_workers`` contiguous
     runs (blocks and shards stay with one worker, which stages them alone); over tar shards
     with ``shuffle`` True or False that run is cut from :meth:`Order.shard_order`'s rank part
-    and mixed across ``window`` open shards. Then the shuffle buffer (see
+    and mixed across ``window`` open shards (more, as samples read free room, with ``cost``:
+    see :meth:`Order.shard_order`). Then the shuffle buffer (see
     :class:`S5IterableDataset`) reorders it.
     """
     if order.sharded and order.shuffle != "block":
         # a contiguous run of the rank's shards, mixed across the shards the worker has open
-        mine = order.shard_order(n, epoch, 0, units or [], window, run=(worker, num_workers))
+        mine = order.shard_order(n, epoch, 0, units or [], window, run=(worker, num_workers), cost=cost)
     else:
         part = order.indices(n, epoch, 0, units=units, window=window)
         if order.shuffle == "block" or runs:

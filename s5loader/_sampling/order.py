@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -159,7 +160,8 @@ class Order:
         return out, ([0] if out else []) + [s - start for s in starts if s > start]
 
     def shard_order(
-        self, n: int, epoch: int, start: int, units: list[list[int]], open_units: int, run: tuple[int, int] = (0, 1)
+        self, n: int, epoch: int, start: int, units: list[list[int]], open_units: int, run: tuple[int, int] = (0, 1),
+        cost: Callable[[int], tuple[float, float]] | None = None,
     ) -> list[int]:
         """This rank's order over tar shards (``units``: each shard's sample indices) from
         ``start`` on, for ``shuffle`` True or False.
@@ -175,6 +177,14 @@ class Order:
 
         ``run=(w, k)``: the ``w``-th of ``k`` contiguous runs of the rank's part (cut before
         mixing: an iterable dataset's worker), ordered as above; ``start`` counts its samples.
+
+        ``cost``: where a shard's samples are freed as they are read (an iterable dataset's
+        worker reads what it stages, see :meth:`StagingLayout.release_shard_sample
+        <s5loader.staging.layout.StagingLayout.release_shard_sample>`), ``cost(i)`` gives the
+        shard of sample ``i`` as (what it holds when staged, what each sample read of it frees),
+        in shards of the size ``open_units`` counts. Then a next shard opens as soon as what the
+        open ones still hold leaves room for it within ``open_units``, not only when one drains:
+        more shards are open at once, and samples mix across more of them.
         """
         g = torch.Generator()
         g.manual_seed(self.seed + epoch)
@@ -185,6 +195,8 @@ class Order:
             return [i for piece in pieces for i in piece][start:]
         pieces = [[p[j] for j in torch.randperm(len(p), generator=g).tolist()] for p in pieces if p]
         draws = torch.rand(sum(map(len, pieces)), generator=g).tolist()
+        if cost is not None:
+            return _draw_freeing(pieces, draws, open_units, cost)[start:]
         pool: list[list[int]] = []  # open shards: [piece number, samples taken]
         queued = 0
         while len(pool) < max(1, open_units) and queued < len(pieces):
@@ -219,6 +231,39 @@ class Order:
     def _shuffle(seq: list[int], a: int, g: torch.Generator) -> None:
         chunk = seq[a:]
         seq[a:] = [chunk[k] for k in torch.randperm(len(chunk), generator=g).tolist()]
+
+
+def _draw_freeing(
+    pieces: list[list[int]], draws: list[float], room: float, cost: Callable[[int], tuple[float, float]]
+) -> list[int]:
+    """:meth:`Order.shard_order`'s draws with ``cost``: each next sample from an open shard at
+    random; a shard opens while what the open ones hold (each its size less what its samples
+    read freed) leaves room for it within ``room``, one at least."""
+    pool: list[list[Any]] = []  # open shards: [piece, samples taken, held, freed per sample]
+    held = 0.0
+    queued = 0
+    out: list[int] = []
+    for x in draws:
+        while queued < len(pieces):
+            size, freed = cost(pieces[queued][0])
+            if pool and held + size > room:
+                break
+            pool.append([pieces[queued], 0, size, freed])
+            held += size
+            queued += 1
+        at = min(int(x * len(pool)), len(pool) - 1)
+        slot = pool[at]
+        out.append(slot[0][slot[1]])
+        slot[1] += 1
+        if slot[1] == len(slot[0]):  # drained: deleted
+            held -= slot[2]
+            pool[at] = pool[-1]
+            pool.pop()
+        else:
+            gone = min(slot[3], slot[2])
+            slot[2] -= gone
+            held -= gone
+    return out
 
 
 def _end_to_end(

@@ -32,8 +32,11 @@ class StagingPasses:
     """The passes of one sampler below its :class:`StagingArea`: the one running, the folders
     of earlier ones awaiting removal, the indices kept staged, and the last pass's figures."""
 
-    def __init__(self, dataset: S5Dataset, area: StagingArea, s5cmd: S5cmd, layout: BlockPlan, keep: bool) -> None:
+    def __init__(
+        self, dataset: S5Dataset, area: StagingArea, s5cmd: S5cmd, layout: BlockPlan, keep: bool, frees: bool = False
+    ) -> None:
         self.dataset = dataset
+        self.frees = frees  # orders count what samples free as they are read (see ShardUnits.order_cost)
         self.area = area
         self.s5cmd = s5cmd
         self.layout = layout
@@ -64,7 +67,7 @@ class StagingPasses:
         where = self._new_pass()
         hits, back = cache.begin_pass(epoch(), order, where.path) if cache is not None else (None, frozenset())
         keep = self.keep
-        units = open_pass(self.dataset, order, where.path, keep, options, shuffle)
+        units = open_pass(self.dataset, order, where.path, keep, options, shuffle, self.frees)
         stager = Stager(
             self.dataset.samples,
             units.engine_order,
@@ -97,7 +100,7 @@ class StagingPasses:
                     later = False
                 position.yielded += 1  # a skipped sample still counts as consumed
                 if ok:
-                    yield StagedIndex(idx, where.path, keep, idx in back)
+                    yield StagedIndex(idx, where.path, keep, idx in back, self.frees)
             units.finish(stager)
             finished = True
         finally:

@@ -34,10 +34,13 @@ class StagingRun:
         root: the staging root; the run's own directory is made below it on the first pass.
         keep: keep staged files across passes (``keep_staged``).
         cache: the epoch cache, if any (``epoch_cache``).
+        frees: the orders staged count what their samples free as they are read (over tar
+            shards, see :meth:`~s5loader._sampling.units.ShardUnits.order_cost`).
     """
 
     def __init__(
-        self, dataset: S5Dataset, options: StagingOptions, root: str, keep: bool = False, cache: CacheRun | None = None
+        self, dataset: S5Dataset, options: StagingOptions, root: str, keep: bool = False, cache: CacheRun | None = None,
+        frees: bool = False,
     ) -> None:
         self.dataset = dataset
         self.cache = cache
@@ -47,7 +50,7 @@ class StagingRun:
         self.s5cmd = S5cmd(access=dataset.access, numworkers=units.s5cmd_workers(options))
         self.area = StagingArea(root)
         self.position = Position()
-        self.passes = StagingPasses(dataset, self.area, self.s5cmd, self.blocks, keep)
+        self.passes = StagingPasses(dataset, self.area, self.s5cmd, self.blocks, keep, frees)
         self._reporter = PassReport(log)
 
     def stage(

@@ -17,7 +17,7 @@ differs between the two is asked of one object, never checked by hand:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from .._index.blocks import BlockPlan
@@ -139,8 +139,11 @@ class ObjectUnits:
         return options.s5cmd_workers
 
     def open_pass(
-        self, order: Sequence[int], folder: str, keep: bool, options: StagingOptions, shuffle: bool | str | None
+        self, order: Sequence[int], folder: str, keep: bool, options: StagingOptions, shuffle: bool | str | None,
+        frees: bool = False,
     ) -> PassUnits:
+        """The units of a pass of ``order`` (``frees``: over tar shards, the order counts the
+        bytes its samples free as they are read, see :meth:`ShardUnits.order_cost`)."""
         return ObjectPass(order, keep)
 
 
@@ -174,6 +177,15 @@ class ShardUnits(ObjectUnits):
         shards = self.dataset.samples
         return open_shards(budget, shards[shards.largest()].size, self.dataset.total_bytes, len(shards))
 
+    def order_cost(self) -> Callable[[int], tuple[float, float]]:
+        """For a shard order whose samples are freed as they are read (see
+        :meth:`Order.shard_order <s5loader._sampling.order.Order.shard_order>`): the shard of
+        sample ``i`` as (what it holds when staged, what each sample read frees), in shards of
+        the size :meth:`window` counts."""
+        shards, samples = self.dataset.shards, self.dataset.samples
+        assert shards is not None
+        return shards.order_cost(samples[samples.largest()].size)
+
     def block_size(self, options: StagingOptions) -> int:
         return 1  # a shard is fetched with one cp --raw line: no wildcard lines
 
@@ -190,9 +202,10 @@ class ShardUnits(ObjectUnits):
         return min(options.s5cmd_workers, SHARD_WORKERS)
 
     def open_pass(
-        self, order: Sequence[int], folder: str, keep: bool, options: StagingOptions, shuffle: bool | str | None
+        self, order: Sequence[int], folder: str, keep: bool, options: StagingOptions, shuffle: bool | str | None,
+        frees: bool = False,
     ) -> PassUnits:
-        shards = ShardPass(self.dataset, order, folder, keep, options.on_error)
+        shards = ShardPass(self.dataset, order, folder, keep, options.on_error, frees)
         if shuffle is not None:
             shards.check_budget(options.budget, shuffle)
         return shards
@@ -206,7 +219,7 @@ def units_of(dataset: S5Dataset) -> ObjectUnits:
 
 def open_pass(
     dataset: S5Dataset, order: Sequence[int], folder: str, keep: bool, options: StagingOptions,
-    shuffle: bool | str | None,
+    shuffle: bool | str | None, frees: bool = False,
 ) -> PassUnits:
     """The units of a pass of ``order`` staged into ``folder`` (``shuffle``: the order's, for
     the budget check; ``None``: no check, for command files written without a run).
@@ -214,4 +227,4 @@ def open_pass(
     Raises:
         BudgetError: over shards, the order needs more shards at once than the budget holds.
     """
-    return units_of(dataset).open_pass(order, folder, keep, options, shuffle)
+    return units_of(dataset).open_pass(order, folder, keep, options, shuffle, frees)

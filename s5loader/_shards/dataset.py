@@ -16,8 +16,8 @@ import logging
 import os
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import IO, Any
 
 import numpy as np
 
@@ -114,6 +114,25 @@ class ShardSet(Sequence[Shard]):
         """The samples of each shard, for ``shuffle="block"`` (a shard is a block)."""
         return [list(self.shard_samples(s)) for s in range(len(self._shards))]
 
+    def freed_per_sample(self, shard: int, block: int = 4096) -> int:
+        """The bytes of ``shard`` that reading one of its samples frees for certain when the
+        readers punch it out (see :meth:`StagingLayout.release_shard_sample
+        <s5loader.staging.layout.StagingLayout.release_shard_sample>`): 90% of its samples'
+        mean size less four blocks (a sample's headers, and the blocks its data only partly
+        covers, stay until the shard is deleted); 0 for samples too small to free a block."""
+        sh = self._shards[shard]
+        mean = (sh.tarsize or sh.size) / max(1, sh.nsamples)
+        return int(0.9 * max(0.0, mean - 4 * block))
+
+    def order_cost(self, unit: int) -> Callable[[int], tuple[float, float]]:
+        """Sample ``i`` -> its shard's (bytes staged, :meth:`freed_per_sample`) in shards of
+        ``unit`` bytes: the ``cost`` of :meth:`Order.shard_order
+        <s5loader._sampling.order.Order.shard_order>` for an order whose samples are freed as
+        they are read."""
+        unit = max(1, unit)
+        table = [(sh.disk / unit, self.freed_per_sample(s) / unit) for s, sh in enumerate(self._shards)]
+        return lambda i: table[self.locate(i)[0]]
+
     def check_members(self, shard: int, members: list[_tar.TarSample]) -> None:
         """Raise :class:`ShardError` when a shard disagrees with its index."""
         sh = self._shards[shard]
@@ -132,7 +151,7 @@ class ShardSet(Sequence[Shard]):
         s, j = self.locate(index)
         out = None
         if isinstance(index, StagedIndex):
-            out = self._read_staged_member(StagingLayout(index.folder), s, j, index.keep, unit)
+            out = self._read_staged_member(StagingLayout(index.folder), s, j, index.keep, unit, index.frees)
             if out is None and not self._warned_unstaged and os.path.isdir(index.folder):
                 self._warned_unstaged = True
                 log.warning(
@@ -164,7 +183,7 @@ class ShardSet(Sequence[Shard]):
         return table
 
     def _read_staged_member(
-        self, layout: StagingLayout, s: int, j: int, keep: bool, unit: Sample
+        self, layout: StagingLayout, s: int, j: int, keep: bool, unit: Sample, frees: bool = False
     ) -> dict[str, Any] | None:
         table = self._table(layout, s)
         if table is not None and j >= len(table):  # a shard read while it downloads: look again
@@ -173,15 +192,15 @@ class ShardSet(Sequence[Shard]):
         if table is None or j >= len(table):
             return None
         sample = table[j]
-        try:
-            fh = open(layout.path(s, unit, 0), "rb")
-        except FileNotFoundError:
+        fh = _open_staged(layout.path(s, unit, 0), write=frees and not keep)
+        if fh is None:
             return None
         with fh:
             fields = _tar.read_sample(fh, sample)
-        if not keep:
-            if layout.release_shard_sample(s, j):
-                self._tables.pop((layout.folder, s), None)
+            if not keep:
+                spans = [(m.offset, m.size) for m in sample.members] if fh.writable() else []
+                if layout.release_shard_sample(s, j, fh.fileno(), spans):
+                    self._tables.pop((layout.folder, s), None)
         return {"__key__": sample.key, **fields}
 
     def _fetch_member(self, s: int, j: int) -> dict[str, Any]:
@@ -207,3 +226,14 @@ class ShardSet(Sequence[Shard]):
     def __getstate__(self) -> dict[str, Any]:
         # a worker keeps its own member tables and fetched shard
         return {**self.__dict__, "_tables": OrderedDict(), "_cached": None}
+
+
+def _open_staged(path: str, write: bool) -> IO[bytes] | None:
+    """A staged shard, open for writing too with ``write`` (to free samples once read, see
+    :meth:`StagingLayout.release_shard_sample`) where this process may; None when it is gone."""
+    try:
+        return open(path, "r+b" if write else "rb")
+    except PermissionError:
+        return open(path, "rb") if write else None
+    except FileNotFoundError:
+        return None

@@ -34,10 +34,13 @@ _UNOPENED, _OPEN, _SKIPPED = 0, 1, 2
 class ShardPass:
     """The visits of one pass, and the sampler's side of them (wait, check, claim)."""
 
-    def __init__(self, dataset: S5Dataset, order: Sequence[int], folder: str, keep: bool, on_error: str) -> None:
+    def __init__(
+        self, dataset: S5Dataset, order: Sequence[int], folder: str, keep: bool, on_error: str, frees: bool = False
+    ) -> None:
         assert dataset.shards is not None, "a shard pass needs a dataset of shards"
         self.dataset = dataset
         self.shards = dataset.shards
+        self.frees = frees  # the order counts what samples free as they are read (see peak_bytes)
         self.layout = StagingLayout(folder)
         self.keep = keep
         self.on_error = on_error
@@ -159,20 +162,22 @@ class ShardPass:
 
     def peak_bytes(self) -> tuple[int, int]:
         """The most bytes of shards that must be staged at once (a shard stays from its
-        visit's first sample to its last), and the position where that peak is reached."""
+        visit's first sample to its last, less what the samples read free with ``frees``),
+        and the position where that peak is reached."""
         sizes = [self.shards[s].disk for s in self.shard_of_visit]  # compressed: with its tar
-        ends: dict[int, int] = {}
-        for v, last in enumerate(self.last):
-            ends[last] = ends.get(last, 0) + sizes[v]
-        opened = set()
+        freed = [self.shards.freed_per_sample(s) if self.frees else 0 for s in self.shard_of_visit]
+        holds: dict[int, int] = {}  # open visits: what each holds
         held = peak = at = 0
         for pos, v in enumerate(self.visit_of):
-            if v not in opened:
-                opened.add(v)
+            if v not in holds:
+                holds[v] = sizes[v]
                 held += sizes[v]
                 if held > peak:
                     peak, at = held, pos
-            held -= ends.get(pos, 0)
+            gone = holds.pop(v) if self.last[v] == pos else min(freed[v], holds[v])
+            if v in holds:
+                holds[v] -= gone
+            held -= gone
         return peak, at
 
     def check_budget(self, budget: int, shuffle: bool | str) -> None:

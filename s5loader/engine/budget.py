@@ -134,6 +134,9 @@ class Budget:
         # An index counts only while handed out and its folder is gone: an announcement that
         # comes after the safety net freed the sample cannot free a later copy of it.
         released = [idx for idx in self.events.read() if idx in self.handed_out and self.is_released(idx)]
+        if self.events.freed:
+            self.give_back(self.events.freed)
+            self.events.freed = {}
         if released:
             if self.on_release is not None:
                 self.on_release(released)
@@ -142,6 +145,20 @@ class Budget:
                     if self.handed_out.pop(idx, None) is not None:
                         self.free(idx)
             self.last_release = time.monotonic()
+
+    def give_back(self, freed: dict[int, int]) -> None:
+        """Count less for handed-out units whose readers freed part of them (a tar shard's
+        samples read, see :meth:`StagingLayout.release_shard_sample
+        <s5loader.staging.layout.StagingLayout.release_shard_sample>`): ``freed`` bytes per index."""
+        with self.cond:
+            for idx, n in freed.items():
+                held = self.held.get(idx)
+                if held is not None and idx in self.handed_out:
+                    n = min(n, held)
+                    self.held[idx] = held - n
+                    self.handed_out[idx] = held - n
+                    self.reserved -= n
+        self.last_release = time.monotonic()
 
     def check_deadlock(self, consumer_waiting: float, limit: float) -> None:
         """A consumer waiting for a sample that cannot be staged because the budget is held by

@@ -16,7 +16,9 @@ the first shard of a pass, read while it downloads, rewritten longer as its samp
 has to read. A reader deletes its sample's file after reading; whoever then removes the empty
 ``.need`` folder (``rmdir`` succeeds for exactly one process) deletes the shard and writes
 the shard's index to ``.released``, so a shard is freed once every sample of it that the pass
-needs was read, by any worker.
+needs was read, by any worker. Every other reader punches its sample's data out of the shard
+(``fallocate``'s hole punching) and writes ``"<shard> <bytes freed>\n"``, so a shard's bytes
+come back as its samples are read.
 
 Releasing deletes the sample's files and then writes its index to ``.released``, which the
 engine reads in its select loop (:class:`ReleaseEvents`), so budget comes back as soon as a
@@ -36,6 +38,8 @@ import shutil
 import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
+
+from .._util.platform import punch_hole
 
 if TYPE_CHECKING:
     from .._index.sample import Field, Sample
@@ -193,9 +197,16 @@ class StagingLayout:
             for j in needed:
                 os.close(os.open(f"{need}/{int(j)}", os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600))
 
-    def release_shard_sample(self, shard: int, j: int) -> bool:
+    def release_shard_sample(self, shard: int, j: int, fd: int = -1, spans: Sequence[tuple[int, int]] = ()) -> bool:
         """Sample ``j`` of ``shard`` was read: drop its claim; the reader that drops the last
-        deletes the shard and tells the engine. True for that reader."""
+        deletes the shard and tells the engine. True for that reader.
+
+        Any other reader frees the sample's bytes in the shard at once: the whole blocks inside
+        each ``(offset, size)`` of ``spans`` (its members' data) are punched out of the shard
+        open for writing as ``fd``, and the engine is told how many bytes that gave back (see
+        :meth:`notify`). Those blocks lie inside this sample's data, which no other sample
+        shares, and only the reader that dropped the claim punches them, so each is counted
+        once."""
         need = f"{self.sample_dir(shard)}/{NEED}"
         try:
             os.unlink(f"{need}/{int(j)}")
@@ -203,8 +214,13 @@ class StagingLayout:
             return False
         try:
             os.rmdir(need)
-        except OSError:
-            return False  # ENOTEMPTY: other samples are still to be read; ENOENT: another reader won
+        except OSError:  # ENOTEMPTY: other samples are still to be read; ENOENT: another reader won
+            if fd >= 0 and spans:
+                block = os.fstat(fd).st_blksize
+                freed = sum(punch_hole(fd, off, size, block) for off, size in spans)
+                if freed:
+                    self.notify(shard, freed)
+            return False
         self.drop_shard(shard)
         return True
 
@@ -213,14 +229,15 @@ class StagingLayout:
         shutil.rmtree(self.sample_dir(shard), ignore_errors=True)
         self.notify(shard)
 
-    def notify(self, index: int) -> None:
-        """Write ``index`` to the pass's FIFO; dropped when nobody reads it or it is full."""
+    def notify(self, index: int, freed: int = 0) -> None:
+        """Write ``index`` (released) or ``index freed`` (``freed`` bytes of it given back,
+        the rest still held) to the pass's FIFO; dropped when nobody reads it or it is full."""
         try:
             fd = os.open(self.releases, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
             return  # ENXIO: no engine reads (the pass ended); ENOENT: no FIFO (a kept pass)
         try:
-            os.write(fd, b"%d\n" % int(index))
+            os.write(fd, b"%d %d\n" % (int(index), int(freed)) if freed else b"%d\n" % int(index))
         except OSError:
             pass  # EAGAIN (full) or EPIPE: the vanished folder still tells the engine
         finally:
@@ -242,6 +259,7 @@ class ReleaseEvents:
         self._rfd = -1
         self._wfd = -1
         self._buf = b""
+        self.freed: dict[int, int] = {}  # bytes given back by samples read, per index (see read)
 
     def open(self) -> ReleaseEvents:
         try:
@@ -257,7 +275,8 @@ class ReleaseEvents:
         return self._rfd
 
     def read(self) -> list[int]:
-        """The indices written to the FIFO since the last call (never blocks)."""
+        """The indices released since the last call (never blocks); bytes that samples read
+        gave back by then are added to :attr:`freed`."""
         chunks = [self._buf]
         while True:
             try:
@@ -276,7 +295,11 @@ class ReleaseEvents:
         out = []
         for line in lines:
             try:
-                out.append(int(line))
+                index, _, freed = line.partition(b" ")
+                if freed:
+                    self.freed[int(index)] = self.freed.get(int(index), 0) + int(freed)
+                else:
+                    out.append(int(index))
             except ValueError:
                 continue  # an empty line is a wake-up
         return out

@@ -24,16 +24,18 @@ class StagedIndex(int):
     folder: str
     keep: bool
     back: bool
+    frees: bool  # a tar shard's sample: free its bytes once read (see ShardSet.read)
 
-    def __new__(cls, value: int, folder: str, keep: bool = False, back: bool = False) -> StagedIndex:
+    def __new__(cls, value: int, folder: str, keep: bool = False, back: bool = False, frees: bool = False) -> StagedIndex:
         self = super().__new__(cls, value)
         self.folder = folder
         self.keep = keep
         self.back = back
+        self.frees = frees
         return self
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (StagedIndex, (int(self), self.folder, self.keep, self.back))
+        return (StagedIndex, (int(self), self.folder, self.keep, self.back, self.frees))
 
 
 def read_staged(

@@ -103,3 +103,45 @@ def test_outstanding_counts_fields_per_sample() -> None:
     assert out.objects == 3
     out.forget(1)
     assert out.objects == 0 and not out.done(1)
+
+
+def test_a_shard_sample_read_is_punched_out_and_the_engine_counts_what_that_freed(tmp_path: Path) -> None:
+    import os
+
+    from s5loader._util.platform import punches_holes
+    from s5loader.staging.layout import ReleaseEvents, StagingLayout
+
+    if not punches_holes(str(tmp_path)):
+        pytest.skip("this file system does not punch holes")
+    layout = StagingLayout(str(tmp_path))
+    events = ReleaseEvents(layout).open()
+    try:
+        os.makedirs(layout.sample_dir(7))
+        path = f"{layout.sample_dir(7)}/tar"
+        parts = [bytes([k + 1]) * 65536 for k in range(3)]  # three samples' data, 64 KiB each, after a header
+        with open(path, "wb") as fh:
+            fh.write(b"h" * 512 + b"".join(parts))
+        layout.claim_shard(7, [0, 1, 2])
+        size = os.path.getsize(path)
+        budget = Budget(10 * size, threading.Condition(), lambda i: not os.path.isdir(layout.sample_dir(i)), events)
+        budget.hold_on_disk(7, size)
+        before = os.stat(path).st_blocks * 512
+
+        with open(path, "r+b") as fh:  # sample 1 read: its whole blocks go at once, the others stay
+            assert layout.release_shard_sample(7, 1, fh.fileno(), [(512 + 65536, 65536)]) is False
+        freed = before - os.stat(path).st_blocks * 512
+        assert 65536 - 8192 <= freed <= 65536
+        with open(path, "rb") as fh:
+            data = fh.read()
+        assert data[512:512 + 65536] == parts[0] and data[512 + 2 * 65536:] == parts[2]
+        budget.on_events()
+        assert budget.reserved == size - freed and budget.held[7] == size - freed
+
+        for j in (0, 2):  # the last claim deletes the shard: everything it held comes back
+            with open(path, "r+b") as fh:
+                layout.release_shard_sample(7, j, fh.fileno(), [(512 + j * 65536, 65536)])
+        assert not os.path.exists(path)
+        budget.on_events()
+        assert budget.reserved == 0 and 7 not in budget.held
+    finally:
+        events.close()

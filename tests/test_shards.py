@@ -876,7 +876,7 @@ def test_an_iterable_frees_each_sample_it_reads_so_more_shards_mix_within_the_bu
         return most
 
     with monkeypatch.context() as m:
-        m.setattr(iterparts, "punches_holes", lambda folder: False)  # a file system that cannot
+        m.setattr(iterparts, "punches_holes", lambda folder, most: False)  # a file system that cannot
         whole, peak_whole = run()
     freeing, peak = run()
     everything = sorted(s for s in range(12) for _ in range(20))

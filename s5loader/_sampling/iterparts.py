@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from .._shards.dataset import HOLE_BLOCK
 from .._util.dist import rank_info
 from .._util.platform import punches_holes
 from .._util.uri import format_size, parse_size
@@ -250,7 +251,7 @@ class WorkerStaging:
         # Over tar shards, shuffle=True: this worker reads what it stages, so the bytes of each
         # sample read are freed at once (where the file system can) and the order counts them:
         # a next shard opens as soon as there is room for it (see Order.shard_order).
-        frees = isinstance(units, ShardUnits) and shuffle is True and cache is None and punches_holes(root)
+        frees = isinstance(units, ShardUnits) and shuffle is True and cache is None and punches_holes(root, HOLE_BLOCK)
         self.cost = units.order_cost() if frees and isinstance(units, ShardUnits) else None
         self.staging = StagingRun(dataset, options, root, frees=frees)
 

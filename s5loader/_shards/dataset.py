@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 # shuffle=True reads from all of them in turn and a table read again per sample cost a third of
 # the throughput; a worker keeps the tables of shards other workers finished until they age out.
 _TABLE_SAMPLES = 50_000
+# The block size :meth:`ShardSet.freed_per_sample` counts in: an order counts freed bytes only
+# where the staging directory's file system punches blocks this size or smaller.
+HOLE_BLOCK = 4096
 
 
 class ShardSet(Sequence[Shard]):
@@ -114,7 +117,7 @@ class ShardSet(Sequence[Shard]):
         """The samples of each shard, for ``shuffle="block"`` (a shard is a block)."""
         return [list(self.shard_samples(s)) for s in range(len(self._shards))]
 
-    def freed_per_sample(self, shard: int, block: int = 4096) -> int:
+    def freed_per_sample(self, shard: int, block: int = HOLE_BLOCK) -> int:
         """The bytes of ``shard`` that reading one of its samples frees for certain when the
         readers punch it out (see :meth:`StagingLayout.release_shard_sample
         <s5loader.staging.layout.StagingLayout.release_shard_sample>`): 90% of its samples'

@@ -60,12 +60,14 @@ def punch_hole(fd: int, offset: int, length: int, block: int) -> int:
     return hi - lo
 
 
-def punches_holes(folder: str) -> bool:
-    """Whether the file system of ``folder`` frees the blocks :func:`punch_hole` punches (a
-    probe file, removed at once)."""
+def punches_holes(folder: str, most: int = 4096) -> bool:
+    """Whether the file system of ``folder`` frees the blocks :func:`punch_hole` punches, in
+    blocks of at most ``most`` bytes (a probe file, removed at once)."""
     try:
         with tempfile.TemporaryFile(dir=folder) as fh:
             block = os.fstat(fh.fileno()).st_blksize
+            if block > most:
+                return False
             fh.write(b"\1" * 2 * block)
             fh.flush()
             os.fsync(fh.fileno())

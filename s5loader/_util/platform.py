@@ -50,7 +50,7 @@ def punch_hole(fd: int, offset: int, length: int, block: int) -> int:
     """Free the whole ``block``-sized blocks inside ``[offset, offset + length)`` of the file
     open for writing as ``fd`` (``fallocate(FALLOC_FL_PUNCH_HOLE)``: the file keeps its size,
     the range reads as zeros). Returns the bytes of those blocks; 0 where nothing is whole or
-    the file system cannot punch holes (tmpfs, ext4, xfs and btrfs can)."""
+    the file system cannot punch holes (tmpfs and ext4 can; :func:`punches_holes` checks)."""
     lo = -(-offset // block) * block
     hi = (offset + length) // block * block
     if hi <= lo or _FALLOCATE is None:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 import torch
+from support.faults import FaultProxy, Rule
 from support.stores import Store, free_port, mount_tmpfs
 
 from s5loader import ObjectNotFoundError, S3URIError, StagingSpaceError, checkpoint
@@ -231,21 +232,25 @@ def test_interrupted_save_leaves_nothing(moto: Store, tmp_path, sig: int, stream
     moto.client.put_object(Bucket=moto.bucket, Key=key, Body=b"the previous checkpoint")
     script = tmp_path / "saver.py"
     script.write_text(SAVER)
+    # Staged: s5cmd uploads through a proxy that holds every part, so the save cannot finish
+    # before the signal lands; the saver must kill s5cmd and abort the upload.
+    # Streamed: the saver itself hangs every part after the first (see SAVER).
+    proxy = FaultProxy(moto.endpoint, [] if stream else [Rule("partNumber=", "hold", method="PUT")])
     proc = subprocess.Popen(
-        [sys.executable, str(script), moto.uri("interrupted.pt"), moto.endpoint, "1" if stream else "0"],
+        [sys.executable, str(script), moto.uri("interrupted.pt"), proxy.endpoint, "1" if stream else "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     s5: list[psutil.Process] = []
     try:
-        # Staged: wait for the multipart upload to exist, then freeze s5cmd so the save cannot
-        # finish before the signal lands; the saver must kill it and abort the upload.
-        # Streamed: wait for a stored part (the save is midway: serialising, parts in flight).
-        deadline = time.monotonic() + 60
-        while not (stored_parts(moto, key) if stream else pending_uploads(moto, key)):
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "no multipart upload started"
-            time.sleep(0.01)
-        if not stream:
+        if stream:  # wait for a stored part: the save is midway, serialising, parts in flight
+            deadline = time.monotonic() + 60
+            while not stored_parts(moto, key):
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline, "no part was stored"
+                time.sleep(0.01)
+        else:  # wait for s5cmd's first part to be held, then freeze s5cmd as well
+            assert proxy.wait_held("partNumber=", 1, timeout=60), proc.communicate()
+            assert pending_uploads(moto, key), "no multipart upload started"
             s5 = [c for c in psutil.Process(proc.pid).children(recursive=True) if c.name() == "s5cmd"]
             assert s5, "s5cmd is not running"
             for c in s5:
@@ -255,6 +260,7 @@ def test_interrupted_save_leaves_nothing(moto: Store, tmp_path, sig: int, stream
     finally:
         if proc.poll() is None:
             proc.kill()
+        proxy.close()
     assert "finished" not in out
     assert proc.returncode != 0, err
     assert pending_uploads(moto, key) == []  # the multipart upload was aborted

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -63,9 +64,18 @@ def test_worker_parts_give_every_rank_the_same_count(shuffle: bool | str, drop_l
                     o = Order(shuffle, 7, world, rank, drop_last)
                     parts = [worker_order(o, n, 2, w, nw, 5, units=units, window=4, runs=runs) for w in range(nw)]
                     assert [len(x) for x in parts] == [worker_length(o, n, w, nw, runs) for w in range(nw)]
-                    if runs:  # without the buffer, the workers' parts are consecutive runs of the rank's
-                        plain = [worker_order(o, n, 2, w, nw, 0, units=units, window=4, runs=True) for w in range(nw)]
-                        assert [i for x in plain for i in x] == o.indices(n, 2, 0, units=units, window=4)
+                    plain = [worker_order(o, n, 2, w, nw, 0, units=units, window=4, runs=runs) for w in range(nw)]
+                    rank_part = o.indices(n, 2, 0, units=units, window=4)
+                    if runs and shuffle == "block":
+                        # each worker windows its own run of the rank's units: only a unit that a
+                        # run's edge cuts is read by two workers (its window staged by both)
+                        assert sorted(i for x in plain for i in x) == sorted(rank_part)
+                        if len(set(rank_part)) == len(rank_part):  # no padding repeats
+                            unit_of = {i: u for u, xs in enumerate(units or []) for i in xs}
+                            owners = Counter(u for x in plain for u in {unit_of[i] for i in x})
+                            assert sum(c - 1 for c in owners.values()) <= nw - 1
+                    elif runs:  # without the buffer, the workers' parts are consecutive runs of the rank's
+                        assert [i for x in plain for i in x] == rank_part
                     counts.add(tuple(len(x) for x in parts))
                     seen += [i for x in parts for i in x]
                 assert len(counts) == 1  # the same per worker on every rank: the same batch count

@@ -686,7 +686,10 @@ def test_a_member_name_that_is_not_utf8_keeps_its_bytes_through_the_daemon(moto:
     assert raw == [b"caf\xe9", b"plain"]
 
 
-def test_iterable_workers_split_shards_not_samples_so_each_shard_is_fetched_once(moto: Store, staging_root: str) -> None:
+@pytest.mark.parametrize("shuffle", [False, "block"])
+def test_iterable_workers_split_shards_not_samples_so_each_shard_is_fetched_once(
+    shuffle: bool | str, moto: Store, staging_root: str
+) -> None:
     from support.faults import FaultProxy
 
     from s5loader import S5IterableDataset
@@ -695,7 +698,10 @@ def test_iterable_workers_split_shards_not_samples_so_each_shard_is_fetched_once
     source = put_indexed(moto, shards)
     proxy = FaultProxy(moto.endpoint)
     try:
-        with S5IterableDataset.from_shards(source, endpoint_url=proxy.endpoint, shuffle=False, budget=80_000,
+        # "block": a worker's share holds a window of all four shards; each worker still
+        # windows only its own run of them
+        budget = 80_000 if shuffle is False else 400_000
+        with S5IterableDataset.from_shards(source, endpoint_url=proxy.endpoint, shuffle=shuffle, budget=budget,
                                            staging_dir=staging_root) as it:
             got = [x["__key__"] for b in DataLoader(it, batch_size=4, num_workers=2, collate_fn=lambda b: b) for x in b]
         gets = Counter(path.split("?")[0].rsplit("/", 1)[-1] for method, path, _ in proxy.requests

@@ -240,9 +240,8 @@ class WorkerStaging:
         self.dataset = dataset
         self.cache = cache
         self.runs = runs
-        # a worker's part has no windows of its own: the engine cuts its calls freely, and a
-        # block order takes the window the rank's sampler would take for this budget
-        # (a shard order: the shards the worker's share holds open at once)
+        # a block order windows the worker's own run with the window its share of the budget
+        # holds (a shard order: the shards the worker's share holds open at once)
         units = units_of(dataset)
         block = shuffle == "block"
         self.window = units.window(options.budget, options.calls_in_flight, "block" if block else True)
@@ -320,21 +319,23 @@ def worker_order(
     The rank's part is :meth:`Order.indices` (every rank the same count). Worker ``w`` of
     ``num_workers`` takes every ``num_workers``-th sample from the ``w``-th on, or, with
     ``shuffle="block"`` or ``runs`` (tar shards), the ``w``-th of ``num_workers`` contiguous
-    runs (blocks and shards stay with one worker, which stages them alone); over tar shards
-    with ``shuffle`` True or False that run is cut from :meth:`Order.shard_order`'s rank part
+    runs (blocks and shards stay with one worker, which stages them alone). With
+    ``shuffle="block"`` the run is cut from the rank's units before the windows, and windowed
+    on its own (:meth:`Order.block_order`), so no window straddles two workers; over tar shards
+    with ``shuffle`` True or False it is cut from :meth:`Order.shard_order`'s rank part
     and mixed across ``window`` open shards (more, as samples read free room, with ``cost``:
     see :meth:`Order.shard_order`). Then the shuffle buffer (see
     :class:`S5IterableDataset`) reorders it.
     """
-    if order.sharded and order.shuffle != "block":
+    if order.shuffle == "block":
+        # a contiguous run of the rank's blocks (shards), in windows of the worker's own
+        mine = order.block_order(n, epoch, 0, units or [[i] for i in range(n)], window, run=(worker, num_workers))[0]
+    elif order.sharded:
         # a contiguous run of the rank's shards, mixed across the shards the worker has open
         mine = order.shard_order(n, epoch, 0, units or [], window, run=(worker, num_workers), cost=cost)
     else:
-        part = order.indices(n, epoch, 0, units=units, window=window)
-        if order.shuffle == "block" or runs:
-            mine = part[len(part) * worker // num_workers : len(part) * (worker + 1) // num_workers]
-        else:
-            mine = part[worker::num_workers]
+        part = order.indices(n, epoch, 0)
+        mine = part[len(part) * worker // num_workers : len(part) * (worker + 1) // num_workers] if runs else part[worker::num_workers]
     if shuffle_buffer > 1:
         rng = np.random.default_rng([order.seed & (2**64 - 1), epoch, order.rank, worker])
         mine = buffer_shuffle(mine, shuffle_buffer, rng)

@@ -113,7 +113,7 @@ class Order:
         return self.block_order(n, epoch, start, units, window)[0]
 
     def block_order(
-        self, n: int, epoch: int, start: int, units: list[list[int]], window: int
+        self, n: int, epoch: int, start: int, units: list[list[int]], window: int, run: tuple[int, int] = (0, 1)
     ) -> tuple[list[int], list[int]]:
         """The ``shuffle="block"`` order of this rank from ``start`` on, and where its windows
         begin (positions in the returned list, ascending, the first 0).
@@ -127,37 +127,46 @@ class Order:
         its units whole. A part's first windows grow from :data:`FIRST_WINDOW` samples,
         doubling, as the engine's first calls do, so the first batch waits for a small
         window only. ``start`` counts samples of this rank's part.
+
+        ``run=(w, k)``: the ``w``-th of ``k`` contiguous runs of the rank's part, cut before
+        the windows (an iterable dataset's worker), so that no window, and no unit but one
+        cut by a run's edge, is shared by two runs; ``start`` counts samples of the run.
         """
         g = torch.Generator()
         g.manual_seed(self.seed + epoch)
         window = max(1, window)
         w = self.num_replicas
         seq, edges, per = _end_to_end(units, torch.randperm(len(units), generator=g).tolist(), n, w, self.drop_last)
-        mine: list[int] = []
-        starts: list[int] = []
-        # Each rank shuffles the parts before its own too, so that the random stream that
-        # shuffles a part is the same on every rank.
+        # Each rank (and run) shuffles the parts before its own too, so that the random stream
+        # that shuffles a part is the same on every rank.
         for r in range(w):
             lo, hi = r * per, (r + 1) * per
             bounds = [lo, *(e for e in edges if lo < e < hi), hi] if hi > lo else []
-            part: list[int] = []
-            wins: list[int] = []
-            limit = min(FIRST_WINDOW, window)
-            for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-                if wins and len(part) - wins[-1] + (b - a) > limit:
-                    self._shuffle(part, wins[-1], g)
-                    limit = min(2 * limit, window)
-                    wins.append(len(part))
-                elif not wins:
-                    wins.append(0)
-                part += seq[a:b]
-            if wins:
+            pieces = [seq[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+            for j in range(run[1]):
+                part, starts = self._windows(_cut(pieces, j, run[1]) if run[1] > 1 else pieces, window, g)
+                if (r, j) == (self.rank, run[0]):
+                    out = part[start:]
+                    return out, ([0] if out else []) + [s - start for s in starts if s > start]
+        return [], []
+
+    def _windows(self, pieces: list[list[int]], window: int, g: torch.Generator) -> tuple[list[int], list[int]]:
+        """``pieces`` (whole units) laid end to end in windows that grow from
+        :data:`FIRST_WINDOW` samples to ``window``, each shuffled; and where they begin."""
+        part: list[int] = []
+        wins: list[int] = []
+        limit = min(FIRST_WINDOW, window)
+        for piece in pieces:
+            if wins and len(part) - wins[-1] + len(piece) > limit:
                 self._shuffle(part, wins[-1], g)
-            if r == self.rank:
-                mine, starts = part, wins
-                break
-        out = mine[start:]
-        return out, ([0] if out else []) + [s - start for s in starts if s > start]
+                limit = min(2 * limit, window)
+                wins.append(len(part))
+            elif not wins:
+                wins.append(0)
+            part += piece
+        if wins:
+            self._shuffle(part, wins[-1], g)
+        return part, wins
 
     def shard_order(
         self, n: int, epoch: int, start: int, units: list[list[int]], open_units: int, run: tuple[int, int] = (0, 1),

@@ -131,6 +131,11 @@ class Order:
         ``run=(w, k)``: the ``w``-th of ``k`` contiguous runs of the rank's part, cut before
         the windows (an iterable dataset's worker), so that no window, and no unit but one
         cut by a run's edge, is shared by two runs; ``start`` counts samples of the run.
+
+        Over tar shards (``sharded``) the first shard of a part (or run) larger than the first
+        window is cut into growing windows in its own order (32 samples, then 64, ... while
+        under ``window``), as the shard is read while it downloads: the first batch waits for
+        its first samples, not for one at random in the whole shard.
         """
         g = torch.Generator()
         g.manual_seed(self.seed + epoch)
@@ -144,7 +149,14 @@ class Order:
             bounds = [lo, *(e for e in edges if lo < e < hi), hi] if hi > lo else []
             pieces = [seq[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
             for j in range(run[1]):
-                part, starts = self._windows(_cut(pieces, j, run[1]) if run[1] > 1 else pieces, window, g)
+                mine = _cut(pieces, j, run[1]) if run[1] > 1 else pieces
+                if self.sharded and mine:
+                    # a tar shard larger than the first window is read in its own order in windows
+                    # that grow as the first windows do: the first samples of the shard streamed
+                    # first (see _shards/stream.py) are its first bytes, so the first batch does
+                    # not wait for a random sample deep in a 100 MB shard
+                    mine = [*_growing(mine[0], window), *mine[1:]]
+                part, starts = self._windows(mine, window, g)
                 if (r, j) == (self.rank, run[0]):
                     out = part[start:]
                     return out, ([0] if out else []) + [s - start for s in starts if s > start]
@@ -291,6 +303,16 @@ def _end_to_end(
         edges.append(len(seq))
         seq += (seq * math.ceil((per * w - len(seq)) / len(seq)))[: per * w - len(seq)]
     return seq, edges, per
+
+
+def _growing(piece: list[int], window: int) -> list[list[int]]:
+    """``piece`` cut into runs of :data:`FIRST_WINDOW` samples, then twice as many each, while
+    they are smaller than ``window``; the rest in one."""
+    out, at, size = [], 0, FIRST_WINDOW
+    while size < window and len(piece) - at > size:
+        out.append(piece[at : at + size])
+        at, size = at + size, 2 * size
+    return [*out, piece[at:]]
 
 
 def _cut(pieces: list[list[int]], w: int, k: int) -> list[list[int]]:

@@ -13,8 +13,9 @@ from torch.utils.data import Sampler
 
 from ._sampling.cacheplan import node_ranks
 from ._sampling.cacherun import open_cache_run
-from ._sampling.order import WINDOW_CAP, ShuffleQuality, block_window, part_len, shuffle_quality  # noqa: F401 (re-exported)
+from ._sampling.order import WINDOW_CAP, ShuffleQuality, block_window, shuffle_quality  # noqa: F401 (re-exported)
 from ._sampling.passes import write_command_files
+from ._sampling.pieces import part_len
 from ._sampling.resume import check_state, check_window, make_state, resume, resume_window
 from ._sampling.run import StagingRun
 from ._sampling.setup import check_loader_batch, configure

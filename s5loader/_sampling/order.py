@@ -5,16 +5,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from ..exceptions import ConfigError
-
-# shuffle="block": the samples of a rank's first window; later windows double up to the
-# full window (the engine's first calls grow the same way)
-FIRST_WINDOW = 32
-
+from .pieces import FIRST_WINDOW, cut, draw_freeing, end_to_end, front_first, growing
 
 SHUFFLES = (True, False, "block")
 
@@ -141,7 +136,7 @@ class Order:
         g.manual_seed(self.seed + epoch)
         window = max(1, window)
         w = self.num_replicas
-        seq, edges, per = _end_to_end(units, torch.randperm(len(units), generator=g).tolist(), n, w, self.drop_last)
+        seq, edges, per = end_to_end(units, torch.randperm(len(units), generator=g).tolist(), n, w, self.drop_last)
         # Each rank (and run) shuffles the parts before its own too, so that the random stream
         # that shuffles a part is the same on every rank.
         for r in range(w):
@@ -149,13 +144,13 @@ class Order:
             bounds = [lo, *(e for e in edges if lo < e < hi), hi] if hi > lo else []
             pieces = [seq[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
             for j in range(run[1]):
-                mine = _cut(pieces, j, run[1]) if run[1] > 1 else pieces
+                mine = cut(pieces, j, run[1]) if run[1] > 1 else pieces
                 if self.sharded and mine:
                     # a tar shard larger than the first window is read in its own order in windows
                     # that grow as the first windows do: the first samples of the shard streamed
                     # first (see _shards/stream.py) are its first bytes, so the first batch does
                     # not wait for a random sample deep in a 100 MB shard
-                    mine = [*_growing(mine[0], window), *mine[1:]]
+                    mine = [*growing(mine[0], window), *mine[1:]]
                 part, starts = self._windows(mine, window, g)
                 if (r, j) == (self.rank, run[0]):
                     out = part[start:]
@@ -211,24 +206,27 @@ class Order:
         g.manual_seed(self.seed + epoch)
         pieces = self._rank_pieces(n, units, g if self.shuffle else None)
         if run[1] > 1:
-            pieces = _cut(pieces, *run)
+            pieces = cut(pieces, *run)
         if not self.shuffle:
             return [i for piece in pieces for i in piece][start:]
         pieces = [[p[j] for j in torch.randperm(len(p), generator=g).tolist()] for p in pieces if p]
         draws = torch.rand(sum(map(len, pieces)), generator=g).tolist()
         if cost is not None:
-            return _draw_freeing(pieces, draws, open_units, cost)[start:]
+            out, tags = draw_freeing(pieces, draws, open_units, cost)
+            return front_first(out, tags, g)[start:]
         pool: list[list[int]] = []  # open shards: [piece number, samples taken]
         queued = 0
         while len(pool) < max(1, open_units) and queued < len(pieces):
             pool.append([queued, 0])
             queued += 1
-        out: list[int] = []
+        out = []
+        tags = []
         for x in draws:
             at = min(int(x * len(pool)), len(pool) - 1)
             slot = pool[at]
             piece = pieces[slot[0]]
             out.append(piece[slot[1]])
+            tags.append(slot[0])
             slot[1] += 1
             if slot[1] == len(piece):  # drained: the next shard takes its place
                 if queued < len(pieces):
@@ -237,13 +235,13 @@ class Order:
                 else:
                     pool[at] = pool[-1]
                     pool.pop()
-        return out[start:]
+        return front_first(out, tags, g)[start:]
 
     def _rank_pieces(self, n: int, units: list[list[int]], g: torch.Generator | None) -> list[list[int]]:
         """The units (permuted with ``g``) laid end to end, padded or cut to equal parts: this
         rank's part, cut where units meet."""
         picks = torch.randperm(len(units), generator=g).tolist() if g is not None else range(len(units))
-        seq, edges, per = _end_to_end(units, picks, n, self.num_replicas, self.drop_last)
+        seq, edges, per = end_to_end(units, picks, n, self.num_replicas, self.drop_last)
         lo, hi = self.rank * per, (self.rank + 1) * per
         bounds = [lo, *(e for e in edges if lo < e < hi), hi] if hi > lo else []
         return [seq[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
@@ -252,80 +250,6 @@ class Order:
     def _shuffle(seq: list[int], a: int, g: torch.Generator) -> None:
         chunk = seq[a:]
         seq[a:] = [chunk[k] for k in torch.randperm(len(chunk), generator=g).tolist()]
-
-
-def _draw_freeing(
-    pieces: list[list[int]], draws: list[float], room: float, cost: Callable[[int], tuple[float, float]]
-) -> list[int]:
-    """:meth:`Order.shard_order`'s draws with ``cost``: each next sample from an open shard at
-    random; a shard opens while what the open ones hold (each its size less what its samples
-    read freed) leaves room for it within ``room``, one at least."""
-    pool: list[list[Any]] = []  # open shards: [piece, samples taken, held, freed per sample]
-    held = 0.0
-    queued = 0
-    out: list[int] = []
-    for x in draws:
-        while queued < len(pieces):
-            size, freed = cost(pieces[queued][0])
-            if pool and held + size > room:
-                break
-            pool.append([pieces[queued], 0, size, freed])
-            held += size
-            queued += 1
-        at = min(int(x * len(pool)), len(pool) - 1)
-        slot = pool[at]
-        out.append(slot[0][slot[1]])
-        slot[1] += 1
-        if slot[1] == len(slot[0]):  # drained: deleted
-            held -= slot[2]
-            pool[at] = pool[-1]
-            pool.pop()
-        else:
-            gone = min(slot[3], slot[2])
-            slot[2] -= gone
-            held -= gone
-    return out
-
-
-def _end_to_end(
-    units: list[list[int]], picks: Sequence[int], n: int, w: int, drop_last: bool
-) -> tuple[list[int], list[int], int]:
-    """The units in ``picks`` order laid end to end and padded by repetition (or cut with
-    ``drop_last``) to ``w`` equal parts of ``n`` samples: the sequence, where each unit begins
-    in it (the repeated head is a unit of its own), and the part length."""
-    seq: list[int] = []
-    edges: list[int] = []
-    for u in picks:
-        edges.append(len(seq))
-        seq += units[u]
-    per = part_len(n, w, drop_last)
-    if per * w > len(seq) and seq:
-        edges.append(len(seq))
-        seq += (seq * math.ceil((per * w - len(seq)) / len(seq)))[: per * w - len(seq)]
-    return seq, edges, per
-
-
-def _growing(piece: list[int], window: int) -> list[list[int]]:
-    """``piece`` cut into runs of :data:`FIRST_WINDOW` samples, then twice as many each, while
-    they are smaller than ``window``; the rest in one."""
-    out, at, size = [], 0, FIRST_WINDOW
-    while size < window and len(piece) - at > size:
-        out.append(piece[at : at + size])
-        at, size = at + size, 2 * size
-    return [*out, piece[at:]]
-
-
-def _cut(pieces: list[list[int]], w: int, k: int) -> list[list[int]]:
-    """The ``w``-th of ``k`` contiguous runs of the pieces laid end to end, cut where they meet."""
-    total = sum(map(len, pieces))
-    lo, hi = total * w // k, total * (w + 1) // k
-    out, at = [], 0
-    for p in pieces:
-        a, b = max(lo, at), min(hi, at + len(p))
-        if a < b:
-            out.append(p[a - at : b - at])
-        at += len(p)
-    return out
 
 
 @dataclass(frozen=True)
@@ -366,12 +290,6 @@ def shuffle_quality(order: Sequence[int], unit_of: Sequence[int], span: int = 25
     return ShuffleQuality(span, units, moved)
 
 
-def part_len(n: int, num_replicas: int, drop_last: bool) -> int:
-    """Samples in each rank's part of ``n``: the tail dropped, or padded by repetition."""
-    return n // num_replicas if drop_last else math.ceil(n / num_replicas)
-
-
-# shuffle="block": the most samples a window holds (see block_window)
 WINDOW_CAP = 8192
 
 

@@ -11,7 +11,8 @@ from typing import Any, NamedTuple
 
 from ..config import StagingOptions
 from ..exceptions import StateError
-from .order import Order, check_shuffle, part_len
+from .order import Order, check_shuffle
+from .pieces import part_len
 
 log = logging.getLogger(__name__)
 

@@ -116,6 +116,23 @@ def test_a_block_order_reads_its_first_big_shard_from_the_front_in_growing_windo
     assert wins[:2] == [0, 1000]
 
 
+@pytest.mark.parametrize("open_units,run", [(1, (2, 4)), (3, (0, 1))])
+@pytest.mark.parametrize("freeing", [False, True])
+def test_a_shard_order_reads_its_first_shard_from_the_front(open_units: int, run: tuple[int, int], freeing: bool) -> None:
+    # the shard of the first sample streams: its samples, wherever the draws put them, come in
+    # its own order by windows of 32, 64, ... samples, each shuffled; the others at random
+    units, unit_of = shards([1000] * 8)
+    cost = (lambda i: (1.0, 0.001)) if freeing else None
+    order = Order(True, 4, 1, 0, False, sharded=True).shard_order(8000, 0, 0, units, open_units, run=run, cost=cost)
+    assert sorted(order) == sorted(i for s in {unit_of[i] for i in order} for i in units[s])
+    first = units[unit_of[order[0]]]
+    mine = [i for i in order if unit_of[i] == unit_of[order[0]]]
+    assert sorted(mine[:32]) == first[:32] and sorted(mine[32:96]) == first[32:96] and mine[:32] != first[:32]
+    other = [i for i in order if unit_of[i] != unit_of[order[0]]][:32]
+    if other:
+        assert max(i % 1000 for i in other) > 96  # another shard: samples from all of it
+
+
 def test_open_shards_follows_the_budget() -> None:
     assert open_shards(budget=10_000, largest=1_000, total=50_000, count=50) == 9  # one more being staged
     assert open_shards(budget=1_500, largest=1_000, total=50_000, count=50) == 1

@@ -290,6 +290,7 @@ def shuffle_quality(order: Sequence[int], unit_of: Sequence[int], span: int = 25
     return ShuffleQuality(span, units, moved)
 
 
+# shuffle="block": the most samples a window holds (see block_window)
 WINDOW_CAP = 8192
 
 

@@ -12,9 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from .._shards.dataset import HOLE_BLOCK
 from .._util.dist import rank_info
-from .._util.platform import punches_holes
+from .._util.platform import HOLE_BLOCK, punches_holes
 from .._util.uri import format_size, parse_size
 from ..config import StagingOptions
 from ..dataset import S5Dataset, StagedIndex

@@ -24,6 +24,7 @@ import numpy as np
 from .._index.sample import Field, Sample
 from .._s3api.client import s3_client
 from .._s3api.errors import boto3_error
+from .._util.platform import HOLE_BLOCK
 from .._util.uri import parse_s3_uri
 from ..config import Access
 from ..exceptions import EmptySourceError, ShardError
@@ -39,9 +40,6 @@ log = logging.getLogger(__name__)
 # shuffle=True reads from all of them in turn and a table read again per sample cost a third of
 # the throughput; a worker keeps the tables of shards other workers finished until they age out.
 _TABLE_SAMPLES = 50_000
-# The block size :meth:`ShardSet.freed_per_sample` counts in: an order counts freed bytes only
-# where the staging directory's file system punches blocks this size or smaller.
-HOLE_BLOCK = 4096
 
 
 class ShardSet(Sequence[Shard]):

@@ -27,6 +27,9 @@ except (OSError, AttributeError):  # pragma: no cover - not Linux
     _PRCTL = _FALLOCATE = None
 
 _PUNCH_HOLE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+# The blocks a reader punches and an order counts in: only where the staging directory's file
+# system punches blocks this size or smaller (punches_holes), so each is whole blocks there too.
+HOLE_BLOCK = 4096
 
 
 def die_with_parent(sig: int) -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -60,7 +63,7 @@ def punch_hole(fd: int, offset: int, length: int, block: int) -> int:
     return hi - lo
 
 
-def punches_holes(folder: str, most: int = 4096) -> bool:
+def punches_holes(folder: str, most: int = HOLE_BLOCK) -> bool:
     """Whether the file system of ``folder`` frees the blocks :func:`punch_hole` punches, in
     blocks of at most ``most`` bytes (a probe file, removed at once)."""
     try:

@@ -39,7 +39,7 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .._util.platform import punch_hole
+from .._util.platform import HOLE_BLOCK, punch_hole
 
 if TYPE_CHECKING:
     from .._index.sample import Field, Sample
@@ -216,8 +216,7 @@ class StagingLayout:
             os.rmdir(need)
         except OSError:  # ENOTEMPTY: other samples are still to be read; ENOENT: another reader won
             if fd >= 0 and spans:
-                block = os.fstat(fd).st_blksize
-                freed = sum(punch_hole(fd, off, size, block) for off, size in spans)
+                freed = sum(punch_hole(fd, off, size, HOLE_BLOCK) for off, size in spans)
                 if freed:
                     self.notify(shard, freed)
             return False

@@ -713,6 +713,25 @@ def test_iterable_workers_split_shards_not_samples_so_each_shard_is_fetched_once
     assert gets == Counter(list(shards)), gets
 
 
+@pytest.mark.parametrize("shuffle", [True, "block"])
+def test_the_first_shard_is_read_from_its_front_while_it_downloads(shuffle: bool | str, moto: Store, staging_root: str) -> None:
+    from s5loader import S5IterableDataset
+
+    shards, expected = make_shards(3, 100)
+    source = put_indexed(moto, shards)
+    with S5IterableDataset.from_shards(source, endpoint_url=moto.endpoint, shuffle=shuffle, seed=1, budget=2_000_000,
+                                       staging_dir=staging_root) as it:
+        got = [x["__key__"] for b in DataLoader(it, batch_size=4, num_workers=0, collate_fn=lambda b: b) for x in b]
+        assert leftovers(it._area.path) == []
+    assert sorted(got) == sorted(expected)  # each sample once
+    number = [int(k[1:]) for k in got]
+    shard = number[0] // 100
+    mine = [i % 100 for i in number if i // 100 == shard]
+    # the shard streamed first comes in its own order by windows of 32, then 64 samples, each shuffled
+    assert sorted(mine[:32]) == list(range(32)) and sorted(mine[32:96]) == list(range(32, 96))
+    assert mine[:32] != list(range(32))
+
+
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_iterable_dataset_over_shards_resumes_mid_epoch_exactly(shuffle: bool, moto: Store, staging_root: str) -> None:
     # with the shuffle buffer; "block" resumes through the same path (test_iterable); True is a

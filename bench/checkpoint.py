@@ -13,6 +13,7 @@
 4. prints a table and writes bench/results/checkpoint.json; stops the server.
 
     .venv/bin/python bench/checkpoint.py [--sizes 256MiB 1GiB] [--archive 2GiB] [--budget 256MiB] [--repeat 1]
+                                         [--device cuda]
 
 Every method times the whole way from a state dict in memory to the object in the store and
 back (serialisation included). Only the public API of s5loader is used.
@@ -83,12 +84,12 @@ def start_proxy(endpoint: str, delay_ms: float) -> tuple[subprocess.Popen[str], 
     return proc, line
 
 
-def make_state_dict(size: int) -> dict[str, Any]:
+def make_state_dict(size: int, device: str = "cpu") -> dict[str, Any]:
     import torch
 
     per = 64 * MiB if size >= 512 * MiB else 16 * MiB
     g = torch.Generator().manual_seed(0)
-    return {f"layer{i:02d}.weight": torch.randn(per // 4, generator=g) for i in range(max(1, size // per))}
+    return {f"layer{i:02d}.weight": torch.randn(per // 4, generator=g).to(device) for i in range(max(1, size // per))}
 
 
 def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -103,12 +104,12 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t, out
 
 
-def method_s5loader(endpoint: str) -> tuple[Callable[[Any, str], None], Callable[[str], Any]]:
+def method_s5loader(endpoint: str, device: str = "cpu") -> tuple[Callable[[Any, str], None], Callable[[str], Any]]:
     return (lambda sd, uri: checkpoint.save(sd, uri, endpoint_url=endpoint),
-            lambda uri: checkpoint.load(uri, endpoint_url=endpoint))
+            lambda uri: checkpoint.load(uri, map_location=device, endpoint_url=endpoint))
 
 
-def method_boto3(endpoint: str) -> tuple[Callable[[Any, str], None], Callable[[str], Any]]:
+def method_boto3(endpoint: str, device: str = "cpu") -> tuple[Callable[[Any, str], None], Callable[[str], Any]]:
     import boto3
     import torch
 
@@ -126,12 +127,12 @@ def method_boto3(endpoint: str) -> tuple[Callable[[Any, str], None], Callable[[s
         buf = io.BytesIO()
         client.download_fileobj(bucket, key, buf)
         buf.seek(0)
-        return torch.load(buf, weights_only=True)
+        return torch.load(buf, map_location=device, weights_only=True)
 
     return save, load
 
 
-def method_s3torchconnector(endpoint: str) -> tuple[Callable[[Any, str], None], Callable[[str], Any]]:
+def method_s3torchconnector(endpoint: str, device: str = "cpu") -> tuple[Callable[[Any, str], None], Callable[[str], Any]]:
     import torch
     from s3torchconnector import S3Checkpoint, S3ClientConfig
 
@@ -143,12 +144,12 @@ def method_s3torchconnector(endpoint: str) -> tuple[Callable[[Any, str], None], 
 
     def load(uri: str) -> Any:
         with ck.reader(uri) as r:
-            return torch.load(r, weights_only=True)
+            return torch.load(r, map_location=device, weights_only=True)
 
     return save, load
 
 
-METHODS: dict[str, Callable[[str], tuple[Callable[[Any, str], None], Callable[[str], Any]]]] = {
+METHODS: dict[str, Callable[[str, str], tuple[Callable[[Any, str], None], Callable[[str], Any]]]] = {
     "s5loader": method_s5loader,
     "boto3": method_boto3,
     "s3torchconnector": method_s3torchconnector,
@@ -156,13 +157,14 @@ METHODS: dict[str, Callable[[str], tuple[Callable[[Any, str], None], Callable[[s
 
 
 def bench_checkpoints(endpoint: str, label: str, sd: dict[str, Any], size: int, repeat: int,
-                      order: list[str]) -> dict[str, Any]:
-    """Save and load ``sd`` with each method in ``order``, ``repeat`` times; the medians."""
+                      order: list[str], device: str = "cpu") -> dict[str, Any]:
+    """Save and load ``sd`` with each method in ``order``, ``repeat`` times, loading onto
+    ``device``; the medians."""
     rows: dict[str, Any] = {}
     for name in order:
         make = METHODS[name]
         try:
-            save, load = make(endpoint)
+            save, load = make(endpoint, device)
         except ImportError as exc:
             rows[name] = {"status": f"not installed ({exc.name})"}
             continue
@@ -306,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=1, help="save/load rounds per method; the median is kept")
     p.add_argument("--delay-ms", type=float, default=20.0)
     p.add_argument("--skip-fetch", action="store_true")
+    p.add_argument("--device", default="cpu",
+                   help="where the state dict lives and loads go (cuda: a GPU's, as in training; default cpu)")
     p.add_argument("--out", default=os.path.join(HERE, "results", "checkpoint.json"))
     args = p.parse_args(argv)
     for k, v in (("AWS_ACCESS_KEY_ID", "bench"), ("AWS_SECRET_ACCESS_KEY", "bench"), ("AWS_REGION", "us-east-1")):
@@ -313,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     for var in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "S3_ENDPOINT_URL", "AWS_PROFILE"):
         os.environ.pop(var, None)
     sizes = [parse_size(x) for x in args.sizes]
-    results: dict[str, Any] = {"sizes": sizes, "delay_ms": args.delay_ms, "runs": {}}
+    results: dict[str, Any] = {"sizes": sizes, "delay_ms": args.delay_ms, "device": args.device,
+                               "cpus": os.cpu_count(), "runs": {}}
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="s5loader-bench-ckpt-") as tmp:
         s3dir = os.path.join(tmp, "s3")
@@ -324,13 +329,13 @@ def main(argv: list[str] | None = None) -> int:
         try:
             proxy, proxied = start_proxy(endpoint, args.delay_ms)
             for i, size in enumerate(sizes):
-                sd = make_state_dict(size)
+                sd = make_state_dict(size, args.device)
                 print(f"state dict: {len(sd)} tensors, {size / MiB:.0f} MiB; SeaweedFS at {endpoint}, "
                       f"the {args.delay_ms:g} ms proxy at {proxied}", flush=True)
                 if i == 0:
                     # A fresh SeaweedFS grows its volumes on the first writes: warm it up untimed,
                     # so that the first method measured does not pay for it.
-                    warm_save, _ = method_boto3(endpoint)
+                    warm_save, _ = method_boto3(endpoint, args.device)
                     warm_save(sd, "s3://bench/ckpt/warm-up.pt")
                     subprocess.run([s5loader.find_s5cmd(), "--endpoint-url", endpoint, "rm",
                                     "s3://bench/ckpt/warm-up.pt"], capture_output=True, check=False)
@@ -338,8 +343,8 @@ def main(argv: list[str] | None = None) -> int:
                 # pass runs the methods in the reverse order, so no method is always first.
                 order = list(METHODS)
                 results["runs"][str(size)] = {
-                    "direct": bench_checkpoints(endpoint, "direct", sd, size, args.repeat, order),
-                    "proxy": bench_checkpoints(proxied, "proxy", sd, size, args.repeat, order[::-1]),
+                    "direct": bench_checkpoints(endpoint, "direct", sd, size, args.repeat, order, args.device),
+                    "proxy": bench_checkpoints(proxied, "proxy", sd, size, args.repeat, order[::-1], args.device),
                 }
                 del sd
             if not args.skip_fetch:

@@ -1261,3 +1261,30 @@ def test_a_streamed_first_shard_found_short_at_its_end_keeps_what_was_read_under
     # the ten samples it holds were read from the streamed copy, each once and byte-exact
     assert sorted(x["__key__"] for x in got) == sorted(expected)
     assert all({k: v for k, v in x.items() if k != "__key__"} == expected[x["__key__"]] for x in got)
+
+
+def test_a_shard_whose_headers_turn_pax_or_gnu_midway_loads_byte_exact(moto: Store, staging_root: str) -> None:
+    # plain ustar headers first (read without tarfile), then a pax header (a non-ASCII name)
+    # or a GNU long name: tarfile reads from there to the end; offsets are the same either way
+    expected: dict[str, dict[str, bytes]] = {}
+    shards = {}
+    for s, fmt in enumerate((tarfile.PAX_FORMAT, tarfile.GNU_FORMAT)):
+        members = []
+        for j, stem in enumerate(["a0001", "a0002", "ü0003" if s == 0 else "l" * 120 + "/0003", "a0004"]):
+            key = f"s{s}/{stem}"
+            fields = {"bin": sample_bytes(s * 100 + j, 700 + 300 * j), "cls": b"%d" % j}
+            expected[key] = fields
+            members += [(f"{key}.{f}", v) for f, v in fields.items()]
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=fmt) as tar:
+            for name, data in members:
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        shards[f"shard-{s}.tar"] = buf.getvalue()
+    ds = S5Dataset.from_shards(put_indexed(moto, shards), endpoint_url=moto.endpoint)
+    with S5Sampler(ds, shuffle=True, seed=3, budget=10 * max(map(len, shards.values())),
+                   staging_dir=staging_root) as sampler:
+        got = load_all(ds, sampler)
+    assert {x["__key__"]: {k: v for k, v in x.items() if k != "__key__"} for x in got} == expected
+    assert len(got) == 8

@@ -64,7 +64,7 @@ class ShardSet(Sequence[Shard]):
         if first[-1] == 0:
             raise EmptySourceError(f"the shards of {source} hold no sample (index {index_uri})")
         self._first = first
-        self._tables: OrderedDict[tuple[str, int], list[_tar.TarSample]] = OrderedDict()
+        self._tables: OrderedDict[tuple[str, int], _tar.Table] = OrderedDict()
         self._cached: tuple[int, bytes, list[_tar.TarSample]] | None = None
         self._warned_unstaged = False
 
@@ -163,7 +163,7 @@ class ShardSet(Sequence[Shard]):
             out = self._fetch_member(s, j)
         return out, self._shards[s].uri
 
-    def _table(self, layout: StagingLayout, shard: int) -> list[_tar.TarSample] | None:
+    def _table(self, layout: StagingLayout, shard: int) -> _tar.Table | None:
         key = (layout.folder, shard)
         table = self._tables.get(key)
         if table is not None:

@@ -24,6 +24,7 @@ from typing import IO, Any, NamedTuple
 
 from .._util.uri import GZIP_TAR
 from ..exceptions import ShardError, UnsafeArchiveError
+from .headers import member_headers
 
 
 class Member(NamedTuple):
@@ -83,64 +84,40 @@ def iter_scan(fileobj: Any, size: int | None, uri: str, stream: bool = False) ->
     last = ""
     if stream:
         fileobj = Tail(fileobj)
-        head = fileobj.peek()
-    else:
-        head = fileobj.read(6)
-        fileobj.seek(0)
-    try:
-        tar = tarfile.open(fileobj=fileobj, mode="r|" if stream else "r:")
-    except tarfile.TarError as exc:
-        kind = _compression(head)
-        if kind:
-            fix = "name it .tar.gz or .tgz, which s5loader decompresses" if kind == "gzip" else "decompress it"
+    infos = member_headers(fileobj, size, uri, stream)
+    while True:
+        try:
+            info = next(infos)
+        except StopIteration as stop:
+            end = stop.value
+            break
+        except (tarfile.TarError, EOFError) as exc:
+            raise ShardError(f"{uri}: a damaged or truncated tar after member {last!r} ({exc or type(exc).__name__})") from exc
+        last = info.name
+        _check_name(info.name, uri)
+        if info.issparse():  # its data is not stored in one piece: offsets would lie
+            raise ShardError(f"{uri}: member {info.name!r} is a GNU sparse file; write shards without --sparse")
+        if size is not None and info.offset_data + info.size > size:
             raise ShardError(
-                f"{uri} is {kind} compressed, but named as an uncompressed tar: {fix} (s5loader reads "
-                f".tar and gzip-compressed .tar.gz/.tgz shards)"
-            ) from exc
-        raise ShardError(f"{uri} is not a tar file ({exc})") from exc
-    try:
-        while True:
-            try:
-                info = tar.next()
-            except (tarfile.TarError, EOFError) as exc:
-                raise ShardError(f"{uri}: a damaged or truncated tar after member {last!r} ({exc or type(exc).__name__})") from exc
-            if info is None:
-                break
-            last = info.name
-            _check_name(info.name, uri)
-            if info.issparse():  # its data is not stored in one piece: offsets would lie
-                raise ShardError(f"{uri}: member {info.name!r} is a GNU sparse file; write shards without --sparse")
-            if size is not None and info.offset_data + info.size > size:
-                raise ShardError(
-                    f"{uri}: member {info.name!r} is truncated ({info.size} bytes at offset "
-                    f"{info.offset_data}, the shard has {size})"
-                )
-            if not info.isreg():
-                continue
-            parts = split_name(info.name)
-            if parts is None:
-                continue
-            k, f = parts
-            if k != key:
-                if key is not None:
-                    yield TarSample(key, tuple(members))
-                key, members = k, []
-            if any(m.field == f for m in members):
-                raise ShardError(f"{uri}: member {info.name!r}: field {f!r} twice in sample {k!r}")
-            members.append(Member(f, info.offset_data, info.size))
-        end = tar.offset
-    finally:
-        tar.close()
+                f"{uri}: member {info.name!r} is truncated ({info.size} bytes at offset "
+                f"{info.offset_data}, the shard has {size})"
+            )
+        if not info.isreg():
+            continue
+        parts = split_name(info.name)
+        if parts is None:
+            continue
+        k, f = parts
+        if k != key:
+            if key is not None:
+                yield TarSample(key, tuple(members))
+            key, members = k, []
+        if any(m.field == f for m in members):
+            raise ShardError(f"{uri}: member {info.name!r}: field {f!r} twice in sample {k!r}")
+        members.append(Member(f, info.offset_data, info.size))
     _check_end(fileobj, end, size, stream, last, uri)
     if key is not None:
         yield TarSample(key, tuple(members))
-
-
-_MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
-
-
-def _compression(head: bytes) -> str:
-    return next((kind for magic, kind in _MAGIC.items() if head.startswith(magic)), "")
 
 
 class Tail:
@@ -298,5 +275,24 @@ def join_table(entries: Sequence[str]) -> bytes:
     return ("[" + ",".join(entries) + "]").encode()
 
 
-def loads(data: bytes) -> list[TarSample]:
-    return [TarSample(k, tuple(Member(f, o, n) for f, o, n in ms)) for k, ms in json.loads(data)]
+class Table:
+    """A shard's member table read from its file (:func:`dumps`): each sample is built when it
+    is asked for, as a process reads a few of a shard's samples (a DataLoader worker, its
+    share), and building every one of a thousand-sample table would cost more than reading
+    the samples does."""
+
+    __slots__ = ("_rows",)
+
+    def __init__(self, rows: list[Any]) -> None:
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, j: int) -> TarSample:
+        k, ms = self._rows[j]
+        return TarSample(k, tuple(Member(f, o, n) for f, o, n in ms))
+
+
+def loads(data: bytes) -> Table:
+    return Table(json.loads(data))

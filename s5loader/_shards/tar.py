@@ -85,36 +85,39 @@ def iter_scan(fileobj: Any, size: int | None, uri: str, stream: bool = False) ->
     if stream:
         fileobj = Tail(fileobj)
     infos = member_headers(fileobj, size, uri, stream)
-    while True:
-        try:
-            info = next(infos)
-        except StopIteration as stop:
-            end = stop.value
-            break
-        except (tarfile.TarError, EOFError) as exc:
-            raise ShardError(f"{uri}: a damaged or truncated tar after member {last!r} ({exc or type(exc).__name__})") from exc
-        last = info.name
-        _check_name(info.name, uri)
-        if info.issparse():  # its data is not stored in one piece: offsets would lie
-            raise ShardError(f"{uri}: member {info.name!r} is a GNU sparse file; write shards without --sparse")
-        if size is not None and info.offset_data + info.size > size:
-            raise ShardError(
-                f"{uri}: member {info.name!r} is truncated ({info.size} bytes at offset "
-                f"{info.offset_data}, the shard has {size})"
-            )
-        if not info.isreg():
-            continue
-        parts = split_name(info.name)
-        if parts is None:
-            continue
-        k, f = parts
-        if k != key:
-            if key is not None:
-                yield TarSample(key, tuple(members))
-            key, members = k, []
-        if any(m.field == f for m in members):
-            raise ShardError(f"{uri}: member {info.name!r}: field {f!r} twice in sample {k!r}")
-        members.append(Member(f, info.offset_data, info.size))
+    try:
+        while True:
+            try:
+                info = next(infos)
+            except StopIteration as stop:
+                end: int = stop.value
+                break
+            except (tarfile.TarError, EOFError) as exc:
+                raise ShardError(f"{uri}: a damaged or truncated tar after member {last!r} ({exc or type(exc).__name__})") from exc
+            last = info.name
+            _check_name(info.name, uri)
+            if info.issparse():  # its data is not stored in one piece: offsets would lie
+                raise ShardError(f"{uri}: member {info.name!r} is a GNU sparse file; write shards without --sparse")
+            if size is not None and info.offset_data + info.size > size:
+                raise ShardError(
+                    f"{uri}: member {info.name!r} is truncated ({info.size} bytes at offset "
+                    f"{info.offset_data}, the shard has {size})"
+                )
+            if not info.isreg():
+                continue
+            parts = split_name(info.name)
+            if parts is None:
+                continue
+            k, f = parts
+            if k != key:
+                if key is not None:
+                    yield TarSample(key, tuple(members))
+                key, members = k, []
+            if any(m.field == f for m in members):
+                raise ShardError(f"{uri}: member {info.name!r}: field {f!r} twice in sample {k!r}")
+            members.append(Member(f, info.offset_data, info.size))
+    finally:
+        infos.close()  # tarfile's, where it read
     _check_end(fileobj, end, size, stream, last, uri)
     if key is not None:
         yield TarSample(key, tuple(members))
@@ -276,10 +279,10 @@ def join_table(entries: Sequence[str]) -> bytes:
 
 
 class Table:
-    """A shard's member table read from its file (:func:`dumps`): each sample is built when it
-    is asked for, as a process reads a few of a shard's samples (a DataLoader worker, its
-    share), and building every one of a thousand-sample table would cost more than reading
-    the samples does."""
+    """A shard's member table read from its file (:func:`dumps`), each sample built when it is
+    asked for: a process reads only some of a shard's samples (a DataLoader worker, its
+    share), and the readers of a shard read while it downloads load its growing table again
+    and again."""
 
     __slots__ = ("_rows",)
 

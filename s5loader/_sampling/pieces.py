@@ -111,6 +111,3 @@ def cut(pieces: list[list[int]], w: int, k: int) -> list[list[int]]:
 def part_len(n: int, num_replicas: int, drop_last: bool) -> int:
     """Samples in each rank's part of ``n``: the tail dropped, or padded by repetition."""
     return n // num_replicas if drop_last else math.ceil(n / num_replicas)
-
-
-# shuffle="block": the most samples a window holds (see block_window)

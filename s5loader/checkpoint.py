@@ -7,10 +7,12 @@ go up at once while serialisation goes on, and nothing touches the disk; at most
 part buffers are held. ``stream=False`` serialises into a staging file first and uploads it
 with one ``s5cmd cp`` in parallel parts.
 ``load(uri)`` reads the object into memory with ``concurrency`` parallel ranged GETs (each
-straight into its slice of one buffer, each conditional on the ETag, so an object replaced
-while it is read is an error) and hands that buffer to ``torch.load`` without copying it;
-where memory is short, or with ``stream=False``, it downloads into a staging file with
-``s5cmd cp`` in parallel parts instead.
+straight from the socket into its slice of one buffer, each conditional on the ETag, so an
+object replaced while it is read is an error), and ``torch.load`` reads that buffer while it
+fills: each tensor is copied into its storage as soon as its bytes have arrived, the only
+copy. With ``mmap=True`` (as for ``torch.load``) there is none: the buffer is an in-memory
+file and the tensors are views of it. Where memory is short, or with ``stream=False``, it
+downloads into a staging file with ``s5cmd cp`` in parallel parts instead.
 
 Atomic for readers, without a temporary key. S3 (and the stores s5loader is tested on) shows
 an object only once its upload completes: a single PUT, or ``CompleteMultipartUpload`` for
@@ -30,12 +32,14 @@ from __future__ import annotations
 
 import errno
 import logging
+import mmap
 import os
 from typing import Any
 
 from ._largeobj import transfer as _transfer
-from ._largeobj.multipart import MemoryFile, MultipartWriter, read_into
+from ._largeobj.multipart import MultipartWriter
 from ._largeobj.parts import DEFAULT_CONCURRENCY, plan_parts
+from ._largeobj.ranged import ArrivingFile, RangedRead, anonymous_buffer, read_into
 from ._util.uri import format_size
 from .config import Access
 from .exceptions import StagingSpaceError
@@ -160,9 +164,14 @@ def load(
             tmpfs when it has room, else the system temp directory.
         stream: ``True`` reads the object into memory (parallel ranged GETs), nothing
             staged; ``False`` always downloads into a staging file; ``None`` (default) reads
-            into memory when there is room for it and the loaded tensors (twice its size),
-            and stages otherwise.
-        **torch_load_kwargs: passed on to ``torch.load``.
+            into memory when there is room for it and the loaded tensors (twice its size;
+            once with ``mmap=True``), and stages otherwise.
+        **torch_load_kwargs: passed on to ``torch.load``. ``mmap=True`` maps the object as
+            ``torch.load(path, mmap=True)`` maps a file: read into memory, it is an anonymous
+            in-memory file (a memfd) and the tensors are views of it, not copies; staged, it
+            is the staging file, removed from the directory at once. Either way the tensors
+            are backed by one private mapping that lives as long as any of them (an in-place
+            write copies the pages it touches), as with torch's own ``mmap``.
 
     Returns:
         the loaded object.
@@ -179,8 +188,10 @@ def load(
     part = _transfer.part_bytes(part_size)
     store = Access.coerce(access, endpoint_url)
     size, etag = _transfer.head_size(uri, store)
+    mapped = bool(torch_load_kwargs.get("mmap")) and hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
     available = _available_memory()
-    fits = available is None or 2 * size + _transfer.margin(size) <= available
+    need = (1 if mapped else 2) * size
+    fits = available is None or need + _transfer.margin(size) <= available
     if stream or (stream is None and fits):
         if available is not None and size > available:
             raise StagingSpaceError(
@@ -188,12 +199,22 @@ def load(
                 f"{format_size(available)} available; pass stream=False to stage it on disk"
             )
         plan = plan_parts(size, part_size=part, concurrency=concurrency)
-        log.info("%s: reading %s into memory (%d MiB parts, %d at once)", uri, format_size(size),
-                 plan.part_mib, plan.concurrency)
-        buf = memoryview(bytearray(size))
-        read_into(uri, store, buf, etag=etag, plan=plan)
-        return torch.load(MemoryFile(buf), map_location=map_location, weights_only=weights_only,  # type: ignore[arg-type]
-                          **torch_load_kwargs)
+        log.info("%s: reading %s into memory (%d MiB parts, %d at once%s)", uri, format_size(size),
+                 plan.part_mib, plan.concurrency, ", mapped" if mapped else "")
+        if mapped:
+            return _load_mapped(uri, store, size, etag, plan, map_location, weights_only, torch_load_kwargs)
+        buf = anonymous_buffer(size)
+        reader = RangedRead(uri, store, buf, etag=etag, plan=plan).start()
+        try:  # torch.load reads each part as soon as it has arrived
+            obj = torch.load(ArrivingFile(reader, buf), map_location=map_location,  # type: ignore[arg-type]
+                             weights_only=weights_only, **torch_load_kwargs)
+            reader.join()
+        except BaseException as exc:
+            reader.stop(exc)
+            if reader.error is not None and reader.error is not exc:
+                raise reader.error from exc  # what torch raised of it: the read's own error
+            raise
+        return obj
     root, seen = _transfer.pick_staging(size, staging_dir)
     if root is None:
         raise _transfer.space_error(uri, size, seen, "loading this checkpoint")
@@ -205,6 +226,28 @@ def load(
         return torch.load(path, map_location=map_location, weights_only=weights_only, **torch_load_kwargs)
     finally:
         area.remove()
+
+
+def _load_mapped(uri: str, store: Access, size: int, etag: str, plan: Any, map_location: Any, weights_only: bool,
+                 kwargs: dict[str, Any]) -> Any:
+    """``torch.load(mmap=True)`` of the object read into an anonymous in-memory file (a memfd,
+    which no other process sees and which needs no cleanup): the tensors are views of its pages,
+    nothing is copied, and it is freed with the last of them."""
+    import torch
+
+    fd = os.memfd_create("s5loader-checkpoint", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, size)
+        if size:
+            with mmap.mmap(fd, size) as m:
+                view = memoryview(m)
+                try:
+                    read_into(uri, store, view, etag=etag, plan=plan)
+                finally:
+                    view.release()
+        return torch.load(f"/proc/self/fd/{fd}", map_location=map_location, weights_only=weights_only, **kwargs)
+    finally:
+        os.close(fd)
 
 
 def _available_memory() -> int | None:

@@ -170,8 +170,8 @@ def test_streamed_save_in_many_parts_and_parallel_ranged_load(store: Store) -> N
 
 
 def test_parallel_ranged_read_is_byte_exact_and_checks_the_etag(store: Store) -> None:
-    from s5loader._largeobj.multipart import read_into
     from s5loader._largeobj.parts import plan_parts
+    from s5loader._largeobj.ranged import read_into
     from s5loader.exceptions import FetchError
 
     data = os.urandom(11 * MiB + 12345)
@@ -186,6 +186,81 @@ def test_parallel_ranged_read_is_byte_exact_and_checks_the_etag(store: Store) ->
     # an ETag that is not the object's: the object changed since the HEAD
     with pytest.raises(FetchError, match="changed while it was read"):
         read_into(store.uri("raw.bin"), store.endpoint, memoryview(bytearray(len(data))), etag="0" * 32, plan=plan)
+
+
+def _mapped_checkpoints() -> int:
+    with open("/proc/self/maps") as f:
+        return sum("memfd:s5loader-checkpoint" in line for line in f)
+
+
+def test_mapped_load_is_byte_exact_and_freed_with_its_tensors(store: Store, tmp_path) -> None:
+    sd = state_dict(scale=3)
+    uri = store.uri("mapped.pt")
+    checkpoint.save(sd, uri, endpoint_url=store.endpoint, part_size="5MiB")
+    before = _mapped_checkpoints()
+    got = checkpoint.load(uri, endpoint_url=store.endpoint, part_size="5MiB", stream=True, mmap=True)
+    assert_same(sd, got)
+    # the tensors are views of one in-memory file, not copies; it goes with the last of them
+    assert _mapped_checkpoints() == before + 1
+    got["model"]["w"].add_(1)  # a private mapping: writes stay in this process's tensors
+    assert_same(sd, checkpoint.load(uri, endpoint_url=store.endpoint, mmap=True))
+    del got
+    import gc
+
+    gc.collect()
+    assert _mapped_checkpoints() == before
+    stage = str(tmp_path / "stage")  # staged: torch maps the staging file, removed at once
+    assert_same(sd, checkpoint.load(uri, endpoint_url=store.endpoint, stream=False, staging_dir=stage, mmap=True))
+    assert os.listdir(stage) == []
+
+
+def test_torch_reads_parts_as_they_arrive_and_a_failed_read_is_its_own_error(moto: Store, monkeypatch) -> None:
+    from s5loader._largeobj import transfer as _transfer
+    from s5loader.exceptions import AccessDeniedError, FetchError
+
+    sd = state_dict(scale=8)  # about 16 MiB: four 5 MiB parts
+    uri = moto.uri("arriving.pt")
+    checkpoint.save(sd, uri, endpoint_url=moto.endpoint, part_size="5MiB")
+    proxy = FaultProxy(moto.endpoint, [Rule("arriving.pt", "truncate", times=2)])
+    try:  # bodies cut short are read again; torch waited for each part it read
+        assert_same(sd, checkpoint.load(uri, endpoint_url=proxy.endpoint, part_size="5MiB", concurrency=2))
+        gets = [r for r in proxy.requests if r[0] == "GET" and "arriving.pt" in r[1]]
+        assert len(gets) == 4 + 2
+        size = moto.client.head_object(Bucket=moto.bucket, Key=moto.prefix + "arriving.pt")["ContentLength"]
+        assert gets[0][2]["range"] == f"bytes={15 * MiB}-{size - 1}"  # the zip's directory first
+        # a part refused while torch.load reads: the read's error, naming the object
+        proxy.rules.append(Rule("arriving.pt", "403"))
+        with pytest.raises(AccessDeniedError, match=uri):
+            checkpoint.load(uri, endpoint_url=proxy.endpoint, part_size="5MiB", concurrency=2)
+    finally:
+        proxy.close()
+    # an object replaced after its HEAD: each GET is conditional on the ETag it had
+    real = _transfer.head_size
+    monkeypatch.setattr(_transfer, "head_size", lambda u, a: (real(u, a)[0], "0" * 32))
+    with pytest.raises(FetchError, match="changed while it was read"):
+        checkpoint.load(uri, endpoint_url=moto.endpoint, part_size="5MiB")
+
+
+def test_ranged_reads_reuse_their_connections(store: Store) -> None:
+    from s5loader._largeobj.multipart import transfer_client
+    from s5loader._largeobj.parts import plan_parts
+    from s5loader._largeobj.ranged import read_into
+
+    data = os.urandom(11 * MiB)
+    store.client.put_object(Bucket=store.bucket, Key=store.prefix + "reuse.bin", Body=data)
+    etag = store.client.head_object(Bucket=store.bucket, Key=store.prefix + "reuse.bin")["ETag"].strip('"')
+    pools = transfer_client(store.endpoint)._endpoint.http_session._manager.pools
+
+    def opened() -> int:
+        return sum(pools[k].num_connections for k in pools.keys())
+
+    buf = memoryview(bytearray(len(data)))
+    read_into(store.uri("reuse.bin"), store.endpoint, buf, etag=etag, plan=plan_parts(len(data), concurrency=1))
+    first = opened()
+    for _ in range(3):  # three parts each, read straight from the socket, one connection throughout
+        read_into(store.uri("reuse.bin"), store.endpoint, buf, etag=etag, plan=plan_parts(len(data), concurrency=1))
+    assert buf == data
+    assert opened() == first
 
 
 def test_failed_part_leaves_no_object_and_no_upload(moto: Store) -> None:

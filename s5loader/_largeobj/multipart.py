@@ -1,10 +1,10 @@
-"""One large object in many parts at once, in this process: a stream written into a multipart
-upload, and an object read into memory with parallel ranged GETs.
+"""One large object written in many parts at once, in this process: a stream written into a
+multipart upload (the read side is :mod:`s5loader._largeobj.ranged`).
 
-Both run their requests on daemon threads over the process's boto3 client (botocore releases
-the GIL while it sends and receives), so nothing is staged on disk and no byte is copied more
-than once: a written chunk is copied into its part's buffer, which is sent as is; a ranged
-response is read straight into its slice of the caller's buffer.
+Its requests run on daemon threads over the process's boto3 client (:func:`transfer_client`;
+botocore releases the GIL while it sends and receives), so nothing is staged on disk and no
+byte is copied more than once: a written chunk is copied into its part's buffer, which is sent
+as is.
 
 :class:`MultipartWriter` keeps the promise of :mod:`s5loader.checkpoint`: the object appears
 only when :meth:`MultipartWriter.commit` completes the upload (``CompleteMultipartUpload``, or
@@ -36,8 +36,6 @@ log = logging.getLogger(__name__)
 
 MiB = 1024**2
 DEFAULT_MAX_MEMORY = 512 * MiB  # part buffers of one streamed upload, in flight or filling
-READ_SLICE = 1024**2  # bytes read from a response at a time
-READ_ATTEMPTS = 3  # tries per ranged GET whose body breaks off (botocore retries the rest)
 _ABORT_WAIT = 5.0  # seconds an abort waits for parts in flight before aborting once more
 
 
@@ -258,111 +256,3 @@ class MultipartWriter(io.RawIOBase):
                                 "lifecycle rule (AbortIncompleteMultipartUpload) removes it", self.uri, exc)
             if attempt == 0:
                 self._wait_idle(time.monotonic() + _ABORT_WAIT)
-
-
-def read_into(uri: str, access: Access | str | None, buf: memoryview, *, etag: str, plan: PartPlan) -> None:
-    """Read the object ``uri`` (``len(buf)`` bytes, ETag ``etag``) into ``buf`` with
-    ``plan.concurrency`` parallel ranged GETs of ``plan.part_size`` bytes, each conditional on
-    the ETag, so an object replaced while it is read is an error rather than a mix of two.
-
-    Raises:
-        ObjectNotFoundError, AccessDeniedError, EndpointError, FetchError
-    """
-    bucket, key = object_uri(uri)
-    client: Any = transfer_client(access)
-    size, part = len(buf), plan.part_size
-    ranges = [(lo, min(size, lo + part)) for lo in range(0, size, part)]
-    lock = threading.Lock()
-    errors: list[BaseException] = []
-    todo = iter(ranges)
-
-    def one(lo: int, hi: int) -> None:
-        extra = {"IfMatch": f'"{etag}"'} if etag else {}
-        for attempt in range(READ_ATTEMPTS):
-            got = lo
-            try:
-                body = client.get_object(Bucket=bucket, Key=key, Range=f"bytes={lo}-{hi - 1}", **extra)["Body"]
-                while got < hi:
-                    # in slices: the HTTP library reads each into a new bytes object first, and
-                    # small ones reuse freed memory where a whole part would be mapped anew
-                    n = body.readinto(buf[got:min(hi, got + READ_SLICE)])
-                    if not n:
-                        break
-                    got += n
-                if got == hi and body.read(1):  # at its end, the body checks its length
-                    got = hi + 1
-            except Exception as exc:
-                code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
-                if code in ("PreconditionFailed", "412"):
-                    raise FetchError(f"{uri}: the object changed while it was read (ETag {etag})") from exc
-                if getattr(exc, "response", None) is not None or attempt == READ_ATTEMPTS - 1:
-                    raise boto3_error(exc, uri) from exc
-                log.info("%s: bytes %d-%d broke off (%s); reading them again", uri, lo, hi - 1, exc)
-                continue
-            if got == hi:
-                return
-            if got > hi:
-                raise FetchError(f"{uri}: bytes {lo}-{hi - 1}: more bytes than asked for (changed while read?)")
-            if attempt == READ_ATTEMPTS - 1:
-                raise FetchError(f"{uri}: bytes {lo}-{hi - 1}: got {got - lo} of {hi - lo} (changed while read?)")
-
-    def work() -> None:
-        while True:
-            with lock:
-                if errors:
-                    return
-                r = next(todo, None)
-            if r is None:
-                return
-            try:
-                one(*r)
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-                with lock:
-                    errors.append(exc)
-                return
-
-    if not ranges:
-        return
-    threads = [_daemon(work, f"s5loader-read-{i}") for i in range(min(plan.concurrency, len(ranges)))]
-    try:
-        for t in threads:
-            while t.is_alive():
-                t.join(0.5)
-    except BaseException:
-        with lock:
-            errors.append(KeyboardInterrupt())  # the others stop at their next range
-        raise
-    if errors:
-        raise errors[0]
-
-
-class MemoryFile(io.RawIOBase):
-    """A read-only, seekable file over a buffer, without copying it (``io.BytesIO`` copies
-    anything but ``bytes``); ``torch.load`` reads each record into its tensor's storage with
-    ``readinto``, one copy."""
-
-    def __init__(self, buf: memoryview) -> None:
-        super().__init__()
-        self._buf = buf
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def readinto(self, b: Any) -> int:
-        out = memoryview(b).cast("B")
-        n = max(0, min(len(out), len(self._buf) - self._pos))
-        out[:n] = self._buf[self._pos:self._pos + n]
-        self._pos += n
-        return n
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._buf)}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos

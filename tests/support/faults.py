@@ -94,7 +94,8 @@ class FaultProxy:
                 for k, v in resp.getheaders():
                     if k.lower() not in ("transfer-encoding", "connection", "content-length", "server", "date"):
                         self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
+                length = resp.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", length or str(len(data)))  # a HEAD's: the object's
                 self.end_headers()
                 if self.command == "HEAD":
                     return

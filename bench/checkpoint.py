@@ -2,7 +2,8 @@
 """The large-object benchmark: checkpoints and a split archive against the local SeaweedFS.
 
 1. starts the embedded SeaweedFS (``bin/s3-local start``) in a temporary directory;
-2. saves and loads state dicts (256 MiB and 1 GiB by default) with ``s5loader.checkpoint``,
+2. saves and loads state dicts (256 MiB and 1 GiB by default) with ``s5loader.checkpoint``
+   (its load as is, and with ``mmap=True`` as ``s5loader-mmap``),
    with boto3's ``upload_fileobj``/``download_fileobj`` (default transfer settings, through an
    in-memory buffer) and, when installed, s3torchconnector's ``S3Checkpoint``, directly on
    loopback and through ``s5loader_bench/proxy.py`` (20 ms per request); checks every load
@@ -109,6 +110,13 @@ def method_s5loader(endpoint: str, device: str = "cpu") -> tuple[Callable[[Any, 
             lambda uri: checkpoint.load(uri, map_location=device, endpoint_url=endpoint))
 
 
+def method_s5loader_mmap(endpoint: str, device: str = "cpu") -> tuple[Callable[[Any, str], None], Callable[[str], Any]]:
+    """s5loader's save, and its load with ``mmap=True``: the tensors are views of the object read
+    into an in-memory file, not copies (as with ``torch.load(path, mmap=True)``)."""
+    return (lambda sd, uri: checkpoint.save(sd, uri, endpoint_url=endpoint),
+            lambda uri: checkpoint.load(uri, map_location=device, endpoint_url=endpoint, mmap=True))
+
+
 def method_boto3(endpoint: str, device: str = "cpu") -> tuple[Callable[[Any, str], None], Callable[[str], Any]]:
     import boto3
     import torch
@@ -151,6 +159,7 @@ def method_s3torchconnector(endpoint: str, device: str = "cpu") -> tuple[Callabl
 
 METHODS: dict[str, Callable[[str, str], tuple[Callable[[Any, str], None], Callable[[str], Any]]]] = {
     "s5loader": method_s5loader,
+    "s5loader-mmap": method_s5loader_mmap,
     "boto3": method_boto3,
     "s3torchconnector": method_s3torchconnector,
 }
@@ -360,12 +369,14 @@ def main(argv: list[str] | None = None) -> int:
     for size in sizes:
         for label in ("direct", "proxy"):
             rows = results["runs"][str(size)][label]
-            base = rows["s5loader"]
+            base, mapped = rows["s5loader"], rows.get("s5loader-mmap", {})
             for other in ("boto3", "s3torchconnector"):
                 if rows.get(other, {}).get("status") == "ok":
+                    extra = (f"   load with mmap=True {rows[other]['load_s'] / mapped['load_s']:.2f}x"
+                             if mapped.get("status") == "ok" else "")
                     print(f"  {size / MiB:5.0f} MiB {label:7s} vs {other:17s} "
                           f"save {rows[other]['save_s'] / base['save_s']:.2f}x   "
-                          f"load {rows[other]['load_s'] / base['load_s']:.2f}x")
+                          f"load {rows[other]['load_s'] / base['load_s']:.2f}x{extra}")
     print(f"the whole run: {results['seconds']:.0f} s")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

@@ -188,7 +188,11 @@ def load(
     part = _transfer.part_bytes(part_size)
     store = Access.coerce(access, endpoint_url)
     size, etag = _transfer.head_size(uri, store)
-    mapped = bool(torch_load_kwargs.get("mmap")) and hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
+    mapped = bool(torch_load_kwargs.get("mmap"))
+    in_memory_kwargs = torch_load_kwargs
+    if mapped and not (hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")):
+        # no in-memory file to map here: read into memory and copy, or map a staged file
+        mapped, in_memory_kwargs = False, {k: v for k, v in torch_load_kwargs.items() if k != "mmap"}
     available = _available_memory()
     need = (1 if mapped else 2) * size
     fits = available is None or need + _transfer.margin(size) <= available
@@ -207,7 +211,7 @@ def load(
         reader = RangedRead(uri, store, buf, etag=etag, plan=plan).start()
         try:  # torch.load reads each part as soon as it has arrived
             obj = torch.load(ArrivingFile(reader, buf), map_location=map_location,  # type: ignore[arg-type]
-                             weights_only=weights_only, **torch_load_kwargs)
+                             weights_only=weights_only, **in_memory_kwargs)
             reader.join()
         except BaseException as exc:
             reader.stop(exc)
@@ -239,12 +243,11 @@ def _load_mapped(uri: str, store: Access, size: int, etag: str, plan: Any, map_l
     try:
         os.ftruncate(fd, size)
         if size:
-            with mmap.mmap(fd, size) as m:
-                view = memoryview(m)
-                try:
-                    read_into(uri, store, view, etag=etag, plan=plan)
-                finally:
-                    view.release()
+            m = mmap.mmap(fd, size)
+            view = memoryview(m)
+            read_into(uri, store, view, etag=etag, plan=plan)  # on an error, threads still writing keep it
+            view.release()
+            m.close()
         return torch.load(f"/proc/self/fd/{fd}", map_location=map_location, weights_only=weights_only, **kwargs)
     finally:
         os.close(fd)

@@ -221,17 +221,20 @@ def test_torch_reads_parts_as_they_arrive_and_a_failed_read_is_its_own_error(mot
     sd = state_dict(scale=8)  # about 16 MiB: four 5 MiB parts
     uri = moto.uri("arriving.pt")
     checkpoint.save(sd, uri, endpoint_url=moto.endpoint, part_size="5MiB")
+    size = moto.client.head_object(Bucket=moto.bucket, Key=moto.prefix + "arriving.pt")["ContentLength"]
     proxy = FaultProxy(moto.endpoint, [Rule("arriving.pt", "truncate", times=2)])
     try:  # bodies cut short are read again; torch waited for each part it read
-        assert_same(sd, checkpoint.load(uri, endpoint_url=proxy.endpoint, part_size="5MiB", concurrency=2))
-        gets = [r for r in proxy.requests if r[0] == "GET" and "arriving.pt" in r[1]]
-        assert len(gets) == 4 + 2
-        size = moto.client.head_object(Bucket=moto.bucket, Key=moto.prefix + "arriving.pt")["ContentLength"]
-        assert gets[0][2]["range"] == f"bytes={15 * MiB}-{size - 1}"  # the zip's directory first
-        # a part refused while torch.load reads: the read's error, naming the object
-        proxy.rules.append(Rule("arriving.pt", "403"))
-        with pytest.raises(AccessDeniedError, match=uri):
-            checkpoint.load(uri, endpoint_url=proxy.endpoint, part_size="5MiB", concurrency=2)
+        assert_same(sd, checkpoint.load(uri, endpoint_url=proxy.endpoint, part_size="5MiB", concurrency=1))
+        ranges = [r[2]["range"] for r in proxy.requests if r[0] == "GET" and "arriving.pt" in r[1]]
+        last = f"bytes={15 * MiB}-{size - 1}"  # the zip's directory first, then from the front
+        assert ranges == [last] * 3 + [f"bytes={lo}-{lo + 5 * MiB - 1}" for lo in (0, 5 * MiB, 10 * MiB)]
+        assert_same(sd, checkpoint.load(uri, endpoint_url=proxy.endpoint, part_size="5MiB", concurrency=4))
+        # a part refused while torch.load reads (others under way): the read's error, naming the
+        # object, mapped or not
+        for mapped in (False, True):
+            proxy.rules[:] = [Rule("arriving.pt", "pass", times=2), Rule("arriving.pt", "403")]
+            with pytest.raises(AccessDeniedError, match=uri):
+                checkpoint.load(uri, endpoint_url=proxy.endpoint, part_size="5MiB", concurrency=2, mmap=mapped)
     finally:
         proxy.close()
     # an object replaced after its HEAD: each GET is conditional on the ETag it had
@@ -239,6 +242,49 @@ def test_torch_reads_parts_as_they_arrive_and_a_failed_read_is_its_own_error(mot
     monkeypatch.setattr(_transfer, "head_size", lambda u, a: (real(u, a)[0], "0" * 32))
     with pytest.raises(FetchError, match="changed while it was read"):
         checkpoint.load(uri, endpoint_url=moto.endpoint, part_size="5MiB")
+
+
+@pytest.mark.parametrize("mapped", [False, True])
+def test_ctrl_c_while_a_load_waits_for_a_part_is_a_keyboard_interrupt(moto: Store, mapped: bool) -> None:
+    import _thread
+    import threading
+
+    uri = moto.uri("interrupted-load.pt")
+    checkpoint.save(state_dict(scale=8), uri, endpoint_url=moto.endpoint, part_size="5MiB")
+    # the last part (the zip's directory) arrives, the others are held: torch.load waits
+    proxy = FaultProxy(moto.endpoint, [Rule("interrupted-load.pt", "pass", times=1),
+                                       Rule("interrupted-load.pt", "hold")])
+
+    def interrupt() -> None:
+        if proxy.wait_held("interrupted-load.pt", 2, 30):
+            time.sleep(0.2)
+            _thread.interrupt_main()
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            checkpoint.load(uri, endpoint_url=proxy.endpoint, part_size="5MiB", concurrency=2, mmap=mapped)
+    finally:
+        proxy.close()
+
+
+def test_a_corrupted_whole_object_fails_its_checksum(moto: Store) -> None:
+    import io
+
+    from s5loader.exceptions import FetchError
+
+    raw = io.BytesIO()
+    torch.save({"t": torch.arange(1000)}, raw)
+    # stored with a checksum (boto3's default) and read in one part: the GET of the whole
+    # object carries the checksum, which botocore checks as the body ends
+    moto.client.put_object(Bucket=moto.bucket, Key=moto.prefix + "corrupt.pt", Body=raw.getvalue())
+    uri = moto.uri("corrupt.pt")
+    proxy = FaultProxy(moto.endpoint, [Rule("corrupt.pt", "corrupt")])
+    try:
+        with pytest.raises(FetchError, match="checksum"):
+            checkpoint.load(uri, endpoint_url=proxy.endpoint)
+    finally:
+        proxy.close()
 
 
 def test_ranged_reads_reuse_their_connections(store: Store) -> None:

@@ -130,30 +130,35 @@ class RangedRead:
         raise self._errors[0]
 
     def wait(self, lo: int, hi: int) -> None:
-        """Block until bytes ``lo`` to ``hi - 1`` have arrived."""
+        """Block until bytes ``lo`` to ``hi - 1`` have arrived. An exception raised into this
+        thread meanwhile (KeyboardInterrupt, SIGTERM's) stops the read and becomes its error."""
         if hi <= lo:
             return
         first, last = lo // self._part, (hi - 1) // self._part
-        with self._cond:
-            while True:
-                if self._errors:
-                    self._raise()
-                if all(self._done[first:last + 1]):
-                    return
-                self._cond.wait(0.5)
-
-    def join(self) -> None:
-        """Block until every part has arrived; on KeyboardInterrupt (or any exception raised
-        into this thread) the threads stop at their next part."""
         try:
-            self.wait(0, len(self._buf))
-            for t in self._threads:
-                while t.is_alive():
-                    t.join(0.5)
+            with self._cond:
+                while True:
+                    if self._errors:
+                        self._raise()
+                    if all(self._done[first:last + 1]):
+                        return
+                    self._cond.wait(0.5)
         except BaseException as exc:
             if not self._errors:
                 self.stop(exc)
             raise
+
+    def join(self) -> None:
+        """Block until every part has arrived. Where a part failed, the threads finish the
+        parts under way (nothing writes into the buffer after this returns or raises); on
+        KeyboardInterrupt they stop at their next part, unwaited."""
+        try:
+            self.wait(0, len(self._buf))
+        finally:
+            if not isinstance(self.error, KeyboardInterrupt):
+                for t in self._threads:
+                    while t.is_alive():
+                        t.join(0.5)
 
 
 def _read_body(resp: dict[str, Any], buf: memoryview, lo: int, hi: int) -> int:
@@ -165,13 +170,18 @@ def _read_body(resp: dict[str, Any], buf: memoryview, lo: int, hi: int) -> int:
     own ``readinto`` reads each slice into a new ``bytes`` first and copies it, a quarter of the
     reading thread's CPU. ``http.client`` still follows the framing (``Content-Length`` or
     chunked), and the connection goes back to the pool once the body is read. Any other body
-    is read through botocore."""
+    (one whose checksum botocore checks, among them) is read through botocore."""
+    from botocore.response import StreamingBody
+
     body = resp["Body"]
     raw: Any = getattr(body, "_raw_stream", None)
     fp: Any = getattr(raw, "_fp", None)
     length: Any = resp.get("ContentLength")
-    direct = (isinstance(fp, http.client.HTTPResponse) and hasattr(raw, "release_conn")
-              and not getattr(raw, "_decoded_buffer", None) and isinstance(length, int))
+    # botocore's checksum-checking body (a whole object whose response carries a checksum)
+    # checks it as its own reads reach the end: it is read through botocore
+    direct = (type(body) is StreamingBody and isinstance(fp, http.client.HTTPResponse)
+              and hasattr(raw, "release_conn") and not getattr(raw, "_decoded_buffer", None)
+              and isinstance(length, int))
     reader = fp if direct else body
     got, done = lo, False
     try:

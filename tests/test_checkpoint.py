@@ -4,6 +4,7 @@ interrupted saves that leave nothing behind, and torch.distributed.checkpoint ov
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import subprocess
@@ -205,8 +206,6 @@ def test_mapped_load_is_byte_exact_and_freed_with_its_tensors(store: Store, tmp_
     got["model"]["w"].add_(1)  # a private mapping: writes stay in this process's tensors
     assert_same(sd, checkpoint.load(uri, endpoint_url=store.endpoint, mmap=True))
     del got
-    import gc
-
     gc.collect()
     assert _mapped_checkpoints() == before
     stage = str(tmp_path / "stage")  # staged: torch maps the staging file, removed at once

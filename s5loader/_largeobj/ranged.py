@@ -210,13 +210,15 @@ def read_into(uri: str, access: Access | str | None, buf: memoryview, *, etag: s
     RangedRead(uri, access, buf, etag=etag, plan=plan).start().join()
 
 
-class MemoryFile(io.RawIOBase):
-    """A read-only, seekable file over a buffer, without copying it (``io.BytesIO`` copies
-    anything but ``bytes``); ``torch.load`` reads each record into its tensor's storage with
+class ArrivingFile(io.RawIOBase):
+    """A read-only, seekable file over the buffer of a :class:`RangedRead` under way, without
+    copying it: a read waits until the bytes it returns have arrived (and raises the read's
+    error if a part failed). ``torch.load`` reads each record into its tensor's storage with
     ``readinto``, one copy."""
 
-    def __init__(self, buf: memoryview) -> None:
+    def __init__(self, read: RangedRead, buf: memoryview) -> None:
         super().__init__()
+        self._read = read
         self._buf = buf
         self._pos = 0
 
@@ -226,13 +228,10 @@ class MemoryFile(io.RawIOBase):
     def seekable(self) -> bool:
         return True
 
-    def _arrived(self, lo: int, hi: int) -> None:
-        """Called before bytes ``lo`` to ``hi - 1`` are read: nothing to wait for here."""
-
     def readinto(self, b: Any) -> int:
         out = memoryview(b).cast("B")
         n = max(0, min(len(out), len(self._buf) - self._pos))
-        self._arrived(self._pos, self._pos + n)
+        self._read.wait(self._pos, self._pos + n)
         out[:n] = self._buf[self._pos:self._pos + n]
         self._pos += n
         return n
@@ -244,15 +243,3 @@ class MemoryFile(io.RawIOBase):
 
     def tell(self) -> int:
         return self._pos
-
-
-class ArrivingFile(MemoryFile):
-    """A :class:`MemoryFile` over the buffer of a :class:`RangedRead` under way: a read waits
-    until the bytes it returns have arrived, and raises the read's error if one failed."""
-
-    def __init__(self, read: RangedRead, buf: memoryview) -> None:
-        super().__init__(buf)
-        self._read = read
-
-    def _arrived(self, lo: int, hi: int) -> None:
-        self._read.wait(lo, hi)

@@ -55,3 +55,30 @@ def test_a_streamed_upload_far_beyond_its_estimate_still_fits() -> None:
         base, base, 2 * base]
     total = sum(stream_part_size(base, n) for n in range(1, MAX_PARTS + 1))
     assert total > 300 * 10**9  # 10,000 parts from 5 MiB hold more than 300 GB
+
+
+def test_a_large_copy_out_of_a_loaded_buffer_goes_through_torch_and_is_exact(monkeypatch) -> None:
+    """``ArrivingFile`` hands ``torch.load`` a record with torch's ``copy_`` (the GIL released,
+    so the receiving threads go on) where torch is loaded and the record is large; otherwise,
+    and into read-only memory (an error as before), with a plain memoryview copy."""
+    import sys
+
+    import torch
+
+    from s5loader._largeobj import ranged
+
+    src = memoryview(bytearray(range(256)) * (12 * 1024 + 7))  # 3 MiB and a bit
+    calls: list[int] = []
+    real = torch.Tensor.copy_
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda t, s: (calls.append(s.numel()), real(t, s))[1])
+    for pos, n in ((0, 2 * MiB), (12345, ranged.COPY_OUTSIDE_GIL), (5, 1000)):
+        out = bytearray(n + 3)
+        ranged._copy(memoryview(out), src, pos, n)
+        assert out[:n] == src[pos:pos + n] and out[n:] == b"\0\0\0"
+    assert calls == [2 * MiB, ranged.COPY_OUTSIDE_GIL]  # the small copy did not go through torch
+    with pytest.raises(TypeError):
+        ranged._copy(memoryview(bytes(2 * MiB)), src, 0, 2 * MiB)
+    monkeypatch.delitem(sys.modules, "torch")
+    out = bytearray(2 * MiB)
+    ranged._copy(memoryview(out), src, 7, 2 * MiB)
+    assert out == src[7:7 + 2 * MiB] and len(calls) == 2

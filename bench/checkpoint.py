@@ -7,7 +7,9 @@
    with boto3's ``upload_fileobj``/``download_fileobj`` (default transfer settings, through an
    in-memory buffer) and, when installed, s3torchconnector's ``S3Checkpoint``, directly on
    loopback and through ``s5loader_bench/proxy.py`` (20 ms per request); checks every load
-   tensor by tensor; reports seconds and MB/s of each, and the ratios;
+   tensor by tensor; with ``--repeat N``, N rounds of one save and load per method (methods
+   side by side, not one method's runs after another's); reports the medians in seconds and
+   MB/s, and the ratios;
 3. writes a split ``.tar.gz`` (2 GiB of files by default, 64 MiB volumes with ``.md5`` files),
    runs ``s5loader fetch --extract --verify --budget 256MiB`` on it and reports the time and
    the peak disk use of the destination (volumes and extracted files), polled every 50 ms;
@@ -167,28 +169,30 @@ METHODS: dict[str, Callable[[str, str], tuple[Callable[[Any, str], None], Callab
 
 def bench_checkpoints(endpoint: str, label: str, sd: dict[str, Any], size: int, repeat: int,
                       order: list[str], device: str = "cpu") -> dict[str, Any]:
-    """Save and load ``sd`` with each method in ``order``, ``repeat`` times, loading onto
-    ``device``; the medians."""
+    """Save and load ``sd`` with each method in ``order``, ``repeat`` rounds of one each (so
+    that a machine that slows down or speeds up meanwhile weighs on every method alike),
+    loading onto ``device``; the medians."""
     rows: dict[str, Any] = {}
+    methods: dict[str, tuple[Callable[[Any, str], None], Callable[[str], Any]]] = {}
     for name in order:
-        make = METHODS[name]
         try:
-            save, load = make(endpoint, device)
+            methods[name] = METHODS[name](endpoint, device)
         except ImportError as exc:
             rows[name] = {"status": f"not installed ({exc.name})"}
-            continue
-        saves, loads = [], []
-        for r in range(repeat):
+    times: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in methods}
+    for r in range(repeat):
+        for name, (save, load) in methods.items():
             uri = f"s3://bench/ckpt/{label}-{size}-{name}-{r}.pt"
             t_save, _ = timed(lambda uri=uri, save=save: save(sd, uri))
             t_load, got = timed(lambda uri=uri, load=load: load(uri))
             if not same(sd, got):
                 raise RuntimeError(f"{name}: the loaded state dict differs from the saved one")
             del got
-            saves.append(t_save)
-            loads.append(t_load)
+            times[name][0].append(t_save)
+            times[name][1].append(t_load)
             subprocess.run([s5loader.find_s5cmd(), "--endpoint-url", endpoint, "rm", uri],
                            capture_output=True, check=False)
+    for name, (saves, loads) in times.items():
         save_s, load_s = sorted(saves)[len(saves) // 2], sorted(loads)[len(loads) // 2]
         rows[name] = {"status": "ok", "save_s": save_s, "load_s": load_s,
                       "save_MBps": size / save_s / 1e6, "load_MBps": size / load_s / 1e6}

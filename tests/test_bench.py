@@ -457,6 +457,30 @@ def test_latency_proxy_passes_and_counts_s3_traffic(seaweed_server: str, delay_s
         proxy.stop()
 
 
+def test_checkpoint_bench_runs_every_method_side_by_side(tmp_path) -> None:
+    """``bench/checkpoint.py`` (run by ``make bench``), small: its own SeaweedFS and latency
+    proxy, every method saved and loaded in rounds (each load checked tensor by tensor, else the
+    script fails), a peer that is not installed reported as such, and the fetch of a split
+    archive within its budget."""
+    out = tmp_path / "checkpoint.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "checkpoint.py"), "--sizes", "6MiB", "--archive", "8MiB",
+         "--volume", "5MiB", "--budget", "5MiB", "--repeat", "2", "--out", str(out)],
+        capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    size = str(6 * 1024**2)
+    for mode in ("direct", "proxy"):
+        rows = result["runs"][size][mode]
+        for name in ("s5loader", "s5loader-mmap", "boto3"):
+            assert rows[name]["status"] == "ok" and rows[name]["load_s"] > 0 and rows[name]["save_s"] > 0
+        assert rows["s3torchconnector"]["status"] in ("ok", "not installed (s3torchconnector)")
+    fetch = result["fetch"]
+    assert fetch["extracted_bytes"] >= 8 * 1024**2 and fetch["files"] >= 1 and fetch["volumes"] >= 2
+    assert fetch["peak_staged"] <= fetch["budget"] == 5 * 1024**2
+    assert "ratios" in proc.stdout
+
+
 # -- counting requests and splitting CPU: the logic on made-up inputs ----------------------
 @pytest.mark.parametrize(
     ("method", "target", "kind"),

@@ -37,7 +37,7 @@ lint: venv
 bench: venv
 	$(PIP) install -q -e '.[bench]' torch==2.13.0 || true
 	$(PY) bench/run.py
-	$(PY) bench/checkpoint.py
+	$(PY) bench/checkpoint.py --repeat 5
 
 clean:
 	rm -rf $(VENV) .s3-local .pytest_cache

@@ -251,7 +251,7 @@ def _copy(out: memoryview, buf: memoryview, pos: int, n: int) -> None:
     """``out[:n] = buf[pos:pos + n]``. A large copy (a tensor's record) goes through torch where
     torch is loaded: its ``copy_`` releases the GIL, so the threads receiving the other parts
     keep reading meanwhile (a memoryview assignment holds the GIL for the whole record), and it
-    splits the copy over torch's threads. 8-11% off a 1 GiB load on a 2-core VM."""
+    splits the copy over torch's threads: 6-10% off a 1 GiB load on a 2-core VM."""
     torch: Any = sys.modules.get("torch")
     if n < COPY_OUTSIDE_GIL or torch is None or out.readonly or buf.readonly:
         out[:n] = buf[pos:pos + n]

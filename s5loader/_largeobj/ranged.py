@@ -258,4 +258,3 @@ def _copy(out: memoryview, buf: memoryview, pos: int, n: int) -> None:
         return
     u8 = torch.uint8
     torch.frombuffer(out, dtype=u8, count=n).copy_(torch.frombuffer(buf, dtype=u8, count=n, offset=pos))
-

@@ -171,7 +171,7 @@ def bench_checkpoints(endpoint: str, label: str, sd: dict[str, Any], size: int, 
                       order: list[str], device: str = "cpu") -> dict[str, Any]:
     """Save and load ``sd`` with each method in ``order``, ``repeat`` rounds of one each (so
     that a machine that slows down or speeds up meanwhile weighs on every method alike),
-    loading onto ``device``; the medians."""
+    loading onto ``device``; the medians, and every round's times in the order they ran."""
     rows: dict[str, Any] = {}
     methods: dict[str, tuple[Callable[[Any, str], None], Callable[[str], Any]]] = {}
     for name in order:
@@ -195,7 +195,8 @@ def bench_checkpoints(endpoint: str, label: str, sd: dict[str, Any], size: int, 
     for name, (saves, loads) in times.items():
         save_s, load_s = sorted(saves)[len(saves) // 2], sorted(loads)[len(loads) // 2]
         rows[name] = {"status": "ok", "save_s": save_s, "load_s": load_s,
-                      "save_MBps": size / save_s / 1e6, "load_MBps": size / load_s / 1e6}
+                      "save_MBps": size / save_s / 1e6, "load_MBps": size / load_s / 1e6,
+                      "save_runs_s": saves, "load_runs_s": loads}
         print(f"  {size / MiB:5.0f} MiB {label:7s} {name:17s} save {save_s:6.2f} s ({size / save_s / 1e6:5.0f} MB/s)"
               f"   load {load_s:6.2f} s ({size / load_s / 1e6:5.0f} MB/s)", flush=True)
     return rows

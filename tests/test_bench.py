@@ -474,6 +474,8 @@ def test_checkpoint_bench_runs_every_method_side_by_side(tmp_path) -> None:
         rows = result["runs"][size][mode]
         for name in ("s5loader", "s5loader-mmap", "boto3"):
             assert rows[name]["status"] == "ok" and rows[name]["load_s"] > 0 and rows[name]["save_s"] > 0
+            assert len(rows[name]["save_runs_s"]) == len(rows[name]["load_runs_s"]) == 2
+            assert rows[name]["save_s"] in rows[name]["save_runs_s"]
         assert rows["s3torchconnector"]["status"] in ("ok", "not installed (s3torchconnector)")
     fetch = result["fetch"]
     assert fetch["extracted_bytes"] >= 8 * 1024**2 and fetch["files"] >= 1 and fetch["volumes"] >= 2

@@ -11,6 +11,7 @@ import pytest
 import torch
 from support.stores import Store
 from torch.utils.data import DataLoader
+from torch.utils.serialization import config as serialization_config
 
 from s5loader import S5Dataset, S5Sampler, checkpoint
 
@@ -54,7 +55,13 @@ def test_a_checkpoint_of_cuda_tensors_round_trips_and_lands_where_map_location_s
     want = tensors(state)
     assert want and all(t.is_cuda for t in want.values() if t.dim() > 0)
     uri = moto.uri("run/step-2.pt")
+    # each storage goes to the host through pinned memory, released once the save returns
+    before = torch.cuda.host_memory_stats()
     checkpoint.save(state, uri, endpoint_url=moto.endpoint, stream=stream, staging_dir=str(tmp_path), part_size="5MiB")
+    after = torch.cuda.host_memory_stats()
+    assert after["num_host_alloc"] > before["num_host_alloc"]
+    assert after["allocated_bytes.current"] <= before["allocated_bytes.current"]
+    assert serialization_config.save.use_pinned_memory_for_d2h is False
     for where, device in ((None, want["/model/0.weight"].device), ("cpu", torch.device("cpu")),
                           ("cuda:0", torch.device("cuda:0"))):
         got = checkpoint.load(uri, map_location=where, endpoint_url=moto.endpoint, stream=stream,

@@ -116,7 +116,11 @@ def _save(obj: Any, uri: str, store: Access, need: int, staging_dir: str | None,
                  plan.part_mib, plan.concurrency)
         writer = MultipartWriter(uri, store, plan)
         try:
-            torch.save(obj, writer)  # type: ignore[arg-type]  # a binary file, write-only
+            try:
+                torch.save(obj, writer)  # type: ignore[arg-type]  # a binary file, write-only
+            except Exception:
+                writer.raise_failure()  # a failed part, rather than torch's "unexpected pos" it leads to
+                raise
             writer.commit()
         finally:
             writer.close()  # aborts the upload unless it was committed

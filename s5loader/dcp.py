@@ -149,7 +149,11 @@ class _S3Files(FileSystemBase):
         plan = plan_parts(w.file_bytes, part_size=w.part_size, concurrency=w.concurrency)
         upload = MultipartWriter(self._uri(path), w.access, plan)
         try:
-            yield _Written(upload)
+            try:
+                yield _Written(upload)
+            except Exception:
+                upload.raise_failure()  # a failed part, rather than what torch's writer made of it
+                raise
             upload.commit()
         finally:
             upload.close()  # aborts unless committed

@@ -320,6 +320,21 @@ def test_failed_part_leaves_no_object_and_no_upload(moto: Store) -> None:
     assert moto.client.get_object(Bucket=moto.bucket, Key=key)["Body"].read() == b"the previous checkpoint"
 
 
+def test_a_part_failing_in_the_middle_of_a_tensor_is_the_error_raised(moto: Store) -> None:
+    """A part that fails while torch is writing one large tensor stops the save with the
+    upload's own error, naming the object, not torch's report of the write it broke off."""
+    from s5loader.exceptions import FetchError
+
+    key = moto.prefix + "one-big-tensor.pt"
+    sd = {"w": torch.randn(40 * 1024 * 1024 // 4, generator=torch.Generator().manual_seed(0))}  # 40 MiB
+    with failing_part(moto, 1), pytest.raises(FetchError, match=moto.uri("one-big-tensor.pt")) as err:
+        checkpoint.save(sd, moto.uri("one-big-tensor.pt"), endpoint_url=moto.endpoint, part_size="5MiB",
+                        concurrency=1)
+    assert "part 1 broke off" in str(err.value)
+    assert pending_uploads(moto, key) == []
+    assert "Contents" not in moto.client.list_objects_v2(Bucket=moto.bucket, Prefix=key)
+
+
 SAVER = """
 import signal, sys, threading, torch
 signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even if started in the background
@@ -457,6 +472,24 @@ def test_distributed_writer_streams_and_a_failed_part_leaves_no_checkpoint(moto:
         dcp.save(sd, storage_writer=S5StorageWriter(moto.uri("bad/"), endpoint_url=moto.endpoint, part_size="5MiB"))
     assert not object_exists(moto, moto.prefix + "bad/")  # neither the file nor .metadata
     assert pending_uploads(moto, moto.prefix + "bad/__0_0.distcp") == []
+
+
+def test_a_part_failing_in_the_middle_of_a_distributed_tensor_is_the_error_raised(moto: Store) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from s5loader.dcp import S5StorageWriter
+    from s5loader.exceptions import FetchError
+
+    sd = {"w": torch.randn(40 * 1024 * 1024 // 4, generator=torch.Generator().manual_seed(3))}  # 40 MiB
+    with failing_part(moto, 1), pytest.raises(CheckpointException) as err:
+        dcp.save(sd, storage_writer=S5StorageWriter(moto.uri("mid/"), endpoint_url=moto.endpoint, part_size="5MiB",
+                                                    concurrency=1))
+    (exc, _), = err.value.failures.values()
+    assert isinstance(exc, FetchError) and "part 1 broke off" in str(exc), exc
+    assert moto.uri("mid/__0_0.distcp") in str(exc)
+    assert not object_exists(moto, moto.prefix + "mid/")
+    assert pending_uploads(moto, moto.prefix + "mid/__0_0.distcp") == []
 
 
 def test_distributed_reader_without_metadata(moto: Store) -> None:

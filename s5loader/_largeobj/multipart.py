@@ -150,6 +150,13 @@ class MultipartWriter(io.RawIOBase):
         if exc is not None:
             raise FetchError(f"{self.uri}: an upload thread stopped ({exc!r})") from exc
 
+    def raise_failure(self) -> None:
+        """Raise the error of a part that failed, if one did (naming the object, as
+        :meth:`write` would). For the caller of a writer that broke off mid-write: torch's
+        zip writer reports the short write it was left with, not its cause."""
+        if self._error is not None:
+            self._raise_if_failed()
+
     def _submit(self, data: bytearray) -> None:
         self._raise_if_failed()
         if self._number > MAX_PARTS:

@@ -32,6 +32,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -334,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"sizes": sizes, "delay_ms": args.delay_ms, "device": args.device,
                                "cpus": os.cpu_count(), "runs": {}}
     t0 = time.perf_counter()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`, kill: the server and proxy stop below
     with tempfile.TemporaryDirectory(prefix="s5loader-bench-ckpt-") as tmp:
         s3dir = os.path.join(tmp, "s3")
         check_run([PY, os.path.join(ROOT, "bin", "s3-local"), "start", "--dir", s3dir, "--bucket", "bench"])

@@ -287,12 +287,12 @@ def _available_memory() -> int | None:
 @contextlib.contextmanager
 def _pinned_host_copies(on: bool) -> Iterator[None]:
     """While the block runs, ``torch.save`` copies CUDA storages to the host through pinned
-    memory (where this torch has the setting, 2.7 and later). Afterwards the setting is as it
+    memory (where this torch has the setting). Afterwards the setting is as it
     was, and where it was off, torch's cache of idle pinned host buffers is emptied, so no
     page-locked memory outlives the save."""
     try:
         from torch.utils.serialization import config as settings
-    except ImportError:  # torch before 2.5
+    except ImportError:  # an older torch: its pageable copies
         settings = None  # type: ignore[assignment]
     cfg = getattr(settings, "save", None)
     if not on or cfg is None or not hasattr(cfg, "use_pinned_memory_for_d2h") or cfg.use_pinned_memory_for_d2h:
@@ -312,9 +312,9 @@ def _pinned_host_copies(on: bool) -> Iterator[None]:
 
 def estimate_size(obj: Any) -> int:
     """Roughly the bytes ``torch.save(obj)`` writes: the tensors' storages (each once), the
-    numpy arrays and byte strings in nested dicts, lists and tuples, plus a margin. Objects it
-    cannot see into (a whole ``nn.Module``) count for little; a streamed save then grows
-    its parts as it goes."""
+    numpy arrays and byte strings in nested dicts, lists and tuples, a whole ``nn.Module``'s
+    parameters and buffers, plus a margin. Objects it cannot see into count for little; a
+    streamed save then grows its parts as it goes."""
     return _inspect(obj)[0]
 
 
@@ -338,6 +338,9 @@ def _inspect(obj: Any) -> tuple[int, bool]:
                 total += o.numel() * o.element_size()
         elif isinstance(o, dict):
             stack.extend(o.values())
+        elif isinstance(o, torch.nn.Module):
+            stack.extend(o.parameters())
+            stack.extend(o.buffers())
         elif isinstance(o, (list, tuple, set, frozenset)):
             stack.extend(o)
         elif isinstance(o, (bytes, bytearray, memoryview, str)):

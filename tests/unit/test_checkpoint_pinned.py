@@ -55,3 +55,11 @@ def test_tensors_on_the_host_do_not_ask_for_pinned_copies() -> None:
     size, on_cuda = checkpoint._inspect(state)
     assert not on_cuda
     assert size == checkpoint.estimate_size(state) >= 16 + 2
+
+
+def test_a_whole_module_counts_by_its_parameters_and_buffers() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.BatchNorm1d(512))
+    size, on_cuda = checkpoint._inspect({"model": model, "step": 3})
+    tensors = [*model.parameters(), *model.buffers()]
+    assert not on_cuda
+    assert size >= sum(t.numel() * t.element_size() for t in tensors) > 512 * 1024

@@ -102,13 +102,12 @@ def save(
     part = _transfer.part_bytes(part_size)
     store = Access.coerce(access, endpoint_url)
     need, on_cuda = _inspect(obj)
-    with _pinned_host_copies(pin_memory and on_cuda):
-        _save(obj, uri, store, need, staging_dir, stream, concurrency, part)
 
+    def serialise(f: Any) -> None:
+        import torch
 
-def _save(obj: Any, uri: str, store: Access, need: int, staging_dir: str | None, stream: bool | None,
-          concurrency: int, part: int) -> None:
-    import torch
+        with _pinned_host_copies(pin_memory and on_cuda):
+            torch.save(obj, f)
 
     if stream is not False:
         plan = plan_parts(need, part_size=part, concurrency=concurrency)
@@ -117,7 +116,7 @@ def _save(obj: Any, uri: str, store: Access, need: int, staging_dir: str | None,
         writer = MultipartWriter(uri, store, plan)
         try:
             try:
-                torch.save(obj, writer)  # type: ignore[arg-type]  # a binary file, write-only
+                serialise(writer)  # a binary file, write-only
             except Exception:
                 writer.raise_failure()  # a failed part, rather than torch's "unexpected pos" it leads to
                 raise
@@ -133,7 +132,7 @@ def _save(obj: Any, uri: str, store: Access, need: int, staging_dir: str | None,
         path = os.path.join(area.create(), "checkpoint.pt")
         try:
             with open(path, "wb") as f:
-                torch.save(obj, f)
+                serialise(f)
         except Exception as exc:
             # torch reports a full disk as a RuntimeError whose context is the OSError
             if _no_space(exc):

@@ -72,7 +72,6 @@ def webdataset_batches(paths: list[str], workers: int, batch: int, buffer: int, 
 
 def s5loader_batches(n_shards: int, per_shard: int, workers: int, batch: int, budget_shards: int, seed: int,
                      iterable: bool, sample_bytes: int = 0) -> tuple[list[list[int]], int]:
-    from s5loader._sampling.iterparts import worker_order
     from s5loader._sampling.order import Order, open_shards
     from s5loader._shards.dataset import ShardSet
     from s5loader._shards.index import Shard
@@ -85,16 +84,17 @@ def s5loader_batches(n_shards: int, per_shard: int, workers: int, batch: int, bu
         window = open_shards(budget_shards, 1, n_shards, n_shards)
         idx = order.shard_order(n, 0, 0, units, window)
         return [[i // per_shard for i in idx[a : a + batch]] for a in range(0, len(idx), batch)], window
-    share = budget_shards // workers
-    window = open_shards(share, 1, n_shards, n_shards)
-    # sample_bytes: each worker frees the samples it reads, as on a file system that punches
-    # holes (S5IterableDataset's cost, for shards of per_shard samples of that size)
+    # the rank stages one order within the whole budget; its workers take turns along it
+    window = open_shards(budget_shards, 1, n_shards, n_shards)
+    # sample_bytes: the samples read are freed, as on a file system that punches holes
+    # (S5IterableDataset's cost, for shards of per_shard samples of that size)
     cost = None
     if sample_bytes:
         size = per_shard * sample_bytes
         shards = ShardSet([Shard(f"s3://b/{s}.tar", size, "", per_shard) for s in range(n_shards)], Access())
         cost = shards.order_cost(size)
-    parts = [worker_order(order, n, 0, w, workers, 0, units, window, runs=True, cost=cost) for w in range(workers)]
+    idx = order.shard_order(n, 0, 0, units, window, cost=cost)
+    parts = [idx[w::workers] for w in range(workers)]
     # the DataLoader takes one batch from each worker in turn
     per_worker = [[[i // per_shard for i in p[a : a + batch]] for a in range(0, len(p), batch)] for p in parts]
     out: list[list[int]] = []

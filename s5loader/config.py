@@ -9,11 +9,12 @@ objects; nothing below them checks an option again.
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import threading
 import urllib.parse
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from ._util.uri import ENDPOINT_VARS, parse_size
@@ -309,8 +310,11 @@ def _positive_int(name: str, value: Any) -> None:
 
 @dataclass(frozen=True)
 class StagingOptions:
-    """How samples are staged: the same names, defaults and checks for
-    :class:`~s5loader.S5Sampler` and ``s5loader prefetch``. The engine runs on this object.
+    """How samples are staged: one list of options, with the same names, defaults and checks,
+    for every front end (:class:`~s5loader.S5Sampler`, :class:`~s5loader.S5IterableDataset`,
+    :class:`~s5loader.Prefetcher` and ``s5loader prefetch``). Each takes one of these as
+    ``options=``, or its fields as keyword arguments (which override ``options``' fields). The
+    engine runs on this object.
 
     Args:
         budget: most bytes staged and not yet read (``"2GiB"``, ``"500MB"`` or an int);
@@ -329,6 +333,7 @@ class StagingOptions:
         staging_dir: the staging root (sampler only; ``None``: picked by free space).
         epoch_cache: bytes of read samples kept staged for later epochs, on top of the budget
             (``"8GiB"``; 0: none), for the node's local ranks together.
+        keep_epoch_cache: leave the epoch cache behind on ``close()`` for a later run.
 
     Raises:
         ConfigError: an invalid option.
@@ -348,6 +353,27 @@ class StagingOptions:
     shrink_budget: bool = False
     staging_dir: str | None = None
     epoch_cache: int = 0  # also a string such as "8GiB"
+    keep_epoch_cache: bool = False
+
+    @classmethod
+    def merge(cls, options: StagingOptions | None, overrides: dict[str, Any], who: str) -> StagingOptions:
+        """``options`` (default: the defaults) with the fields named in ``overrides`` replaced:
+        how a front end turns its ``options=`` and keyword arguments into one object.
+
+        Raises:
+            ConfigError: ``options`` is not a :class:`StagingOptions`, a keyword is no staging
+                option (naming the closest one), or a value is invalid.
+        """
+        if options is not None and not isinstance(options, StagingOptions):
+            raise ConfigError(f"{who}: options must be an s5loader.StagingOptions, got {type(options).__name__}")
+        names = [f.name for f in fields(cls)]
+        for name in overrides:
+            if name not in names:
+                close = difflib.get_close_matches(name, names, 1)
+                hint = f"; did you mean {close[0]}?" if close else f"; the staging options are {', '.join(names)}"
+                raise ConfigError(f"{who} got an unknown option {name}={overrides[name]!r}{hint}")
+        base = options if options is not None else cls()
+        return replace(base, **overrides) if overrides else base
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "budget", parse_size(self.budget, "budget"))
@@ -359,6 +385,9 @@ class StagingOptions:
             )
         for name in ("samples_per_call", "calls_in_flight", "s5cmd_workers", "block_size"):
             _positive_int(name, getattr(self, name))
+        for name in ("verify", "keep_staged", "shrink_budget", "keep_epoch_cache"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if not isinstance(self.retries, int) or isinstance(self.retries, bool) or self.retries < 0:
             raise ConfigError(f"retries must be an int >= 0, got {self.retries!r}")
         if isinstance(self.stall_timeout, bool) or not isinstance(self.stall_timeout, (int, float)) or not self.stall_timeout > 0:

@@ -1,43 +1,39 @@
 """S5IterableDataset: samples streamed in order, no sampler needed, equal counts on every rank.
 
 Each epoch's order is the one :class:`~s5loader.S5Sampler` would use (the same permutation, the
-same split across ranks, padded or cut so every rank gets the same count); the DataLoader
-workers of a rank split that rank's part between them, and each worker stages its own part
-with its own staging engine, under its share of the byte budget.
+same split across ranks, padded or cut so every rank gets the same count). Each rank stages its
+order once, within its whole budget: its first DataLoader worker hosts the staging run and sends
+each staged sample to the worker that reads it (see :mod:`s5loader._sampling.feed`); the workers
+take turns along the rank's order.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import multiprocessing.util
 import os
+import secrets
 import weakref
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, get_worker_info
 
+from ._sampling.feed import END, ERROR, INDEX, SKIP, Hello, connect, local
 from ._sampling.iterparts import STATE_VERSION as STATE_VERSION
-from ._sampling.iterparts import (
-    WorkerStaging,
-    _Pass,
-    check_options,
-    check_state,
-    check_workers,
-    start_pass,
-    worker_share,
-)
+from ._sampling.iterparts import _Pass, check_count, check_options, check_state, start_pass
 from ._sampling.iterparts import buffer_shuffle as buffer_shuffle
 from ._sampling.iterparts import worker_length as worker_length
-from ._sampling.iterparts import worker_order as worker_order
 from ._sampling.order import Order
+from ._sampling.rankhost import Hosting
 from ._sampling.units import units_of
 from ._util.dist import pytorch_worker_info, rank_info
 from ._util.platform import require_linux
 from ._util.uri import format_size
 from .config import Access, StagingOptions
 from .dataset import S5Dataset, Transform
+from .engine.metrics import Metrics
 from .exceptions import ConfigError, StateError
 from .staging.area import StagingArea
 
@@ -48,53 +44,53 @@ class S5IterableDataset(IterableDataset[Any]):
     """An iterable dataset over an :class:`S5Dataset`: no sampler, equal samples per rank.
 
     Each epoch, the samples are ordered as :class:`~s5loader.S5Sampler` orders them (a
-    permutation per ``seed + epoch``, ``"block"`` order or key order), split across the
-    ranks so that every rank gets the same number of samples (padded by repetition, or cut
-    with ``drop_last``, as ``DistributedSampler``), and this rank's part is split between its
-    DataLoader workers (every ``num_workers``-th sample; contiguous runs with
-    ``shuffle="block"`` and over tar shards, so that blocks stay whole and a shard is staged
-    by one worker). So every rank yields the same count, and with the same ``batch_size`` and
-    ``num_workers`` the same number of batches: no rank waits for another at the epoch's end.
+    permutation per ``seed + epoch``, ``"block"`` order, a shard order over tar shards, or key
+    order), split across the ranks so that every rank gets the same number of samples (padded
+    by repetition, or cut with ``drop_last``, as ``DistributedSampler``). So every rank yields
+    the same count, and with the same ``batch_size`` and ``num_workers`` the same number of
+    batches: no rank waits for another at the epoch's end.
 
-    Each worker (the main process with ``num_workers=0``) runs a staging engine of its own:
-    background ``s5cmd run`` calls stage its part, in the order it yields it, into a folder of
-    its own inside this dataset's staging directory, within ``budget / num_workers`` bytes, so
-    the workers of a rank together never hold more than ``budget`` staged. A sample's files
-    are read and deleted as it is yielded (a shard's, punched out: see the guide's "Shuffling").
+    Each rank stages its order once, as a sampler does: one staging run (one s5cmd pool, one
+    budget, one streamed first shard, one boto3 client) in the rank's first DataLoader worker
+    (in the process itself with ``num_workers=0``), into a folder inside this dataset's staging
+    directory, never holding more than ``budget`` staged and not yet read. The workers take
+    turns along the rank's order, ``chunk`` samples at a time (``batch_size``, else one):
+    worker ``w`` of ``k`` reads the positions ``p`` with ``(p // chunk) % k == w``, each as
+    soon as it is staged, and deletes its files as it reads it (a shard's sample, punched out:
+    see the guide's "Shuffling"). With ``batch_size`` given, the loader yields the rank's order
+    exactly, and the budget need hold about one batch ahead; without it, about one batch per
+    worker.
 
     Args:
         dataset: the samples (an :class:`S5Dataset`; its ``transform`` applies).
         shuffle: ``True``, ``False`` or ``"block"``, as for :class:`~s5loader.S5Sampler`.
         seed: the seed of the permutation and of the shuffle buffer.
-        shuffle_buffer: ``0`` (default): no buffer. ``k > 1``: each worker passes its part of
-            the epoch through a buffer of ``k`` samples, as WebDataset's ``shuffle(k)``: the
+        shuffle_buffer: ``0`` (default): no buffer. ``k > 1``: the rank's order of the epoch
+            passes through a buffer of ``k`` samples, as WebDataset's ``shuffle(k)``: the
             first ``k`` samples fill it; then each next sample out is drawn uniformly at random
             from the buffer and its place taken by the next sample in; at the end the buffer
             empties in random order. A sample thus comes out at most ``k - 1`` places before
             its position in the unbuffered order, or any number of places after it; the draw is
-            seeded by ``(seed, epoch, rank, worker)``. The draw is made on the indices before staging,
+            seeded by ``(seed, epoch, rank)``. The draw is made on the indices before staging,
             so the engine stages samples in the order they come out: the buffer costs no
-            staging space, and a resumed epoch continues the same draw. Useful with
-            ``shuffle=False`` or ``"block"`` (which already shuffles within each
-            ``samples_per_call`` window).
-        budget: most bytes staged and not yet read by this rank at any instant (``"2GiB"``,
-            ``"500MB"`` or an int), shared equally by its DataLoader workers; each share must
-            hold the largest sample (over tar shards: the largest shard).
-        num_workers: the ``num_workers`` of the DataLoader that will read this dataset. Given,
-            the budget's split between the workers is checked here, in the main process, before
-            any worker starts (a DataLoader with another count is then a ``ConfigError``).
-            ``None`` (default): the split is checked by each worker when it starts, and a share
-            too small is a ``BudgetError`` raised through the DataLoader.
-        staging_dir: the staging root; ``None`` picks ``/dev/shm`` when it has room for the
-            budget, else the system temp directory. This dataset stages into a directory of its
-            own below it, one folder per worker, removed by :meth:`close`, garbage collection
-            or exit.
+            memory, and a resumed epoch continues the same draw. Over tar shards it mixes
+            samples of the shards around them, which must then be staged together.
+        batch_size: the ``batch_size`` of the DataLoader that will read this dataset, if you
+            pass it here too: the workers then take turns a batch at a time, so the loader
+            yields the rank's order exactly (a resumed state needs the same ``batch_size``).
+            ``None`` (default): a sample at a time.
+        num_workers: the ``num_workers`` of the DataLoader that will read this dataset; given,
+            a DataLoader with another count is a ``ConfigError``. ``None``: any.
         drop_last: cut the tail so ranks get equal parts, instead of padding by repetition.
         num_replicas, rank: the distributed split; defaults (found when iterating) from
             torch.distributed, else ``WORLD_SIZE`` / ``RANK``, else one process.
-        samples_per_call, block_size, calls_in_flight, shrink_budget, stall_timeout, retries,
-            on_error, verify, s5cmd_workers, epoch_cache, keep_epoch_cache: as for
-            :class:`~s5loader.S5Sampler` (checked by :class:`~s5loader.StagingOptions`).
+        options, **staging: the staging options, as for :class:`~s5loader.S5Sampler` (one
+            :class:`~s5loader.StagingOptions`, its fields as keyword arguments overriding it):
+            ``budget`` is the most bytes staged and not yet read by this rank at any instant
+            and must hold the largest sample (over tar shards, the largest shard);
+            ``staging_dir`` (``None``: ``/dev/shm`` when it has room for the budget, else the
+            system temp directory) holds a directory of this dataset's own, removed by
+            :meth:`close`, garbage collection or exit. ``keep_staged`` is the sampler's alone.
 
     Raises:
         ConfigError: an invalid option.
@@ -105,62 +101,48 @@ class S5IterableDataset(IterableDataset[Any]):
     def __init__(
         self,
         dataset: S5Dataset,
+        options: StagingOptions | None = None,
         *,
         shuffle: bool | str = True,
         seed: int = 0,
         shuffle_buffer: int = 0,
-        budget: int | str = "2GiB",
-        staging_dir: str | None = None,
         drop_last: bool = False,
         num_replicas: int | None = None,
         rank: int | None = None,
-        samples_per_call: int = 1000,
-        block_size: int = 64,
-        calls_in_flight: int = 2,
-        shrink_budget: bool = False,
-        stall_timeout: float = 60.0,
-        retries: int = 3,
-        on_error: str = "raise",
-        verify: bool = False,
-        s5cmd_workers: int = 256,
         num_workers: int | None = None,
-        epoch_cache: int | str = 0, keep_epoch_cache: bool = False,
+        batch_size: int | None = None,
+        **staging: Any,
     ) -> None:
         require_linux("S5IterableDataset")
-        engine_options: dict[str, Any] = {
-            "samples_per_call": samples_per_call, "block_size": block_size, "calls_in_flight": calls_in_flight,
-            "stall_timeout": stall_timeout, "retries": retries, "on_error": on_error,
-            "verify": verify, "s5cmd_workers": s5cmd_workers, "epoch_cache": epoch_cache,
-        }
-        budget_bytes, root, self._cache = check_options(
-            dataset, shuffle, seed, shuffle_buffer, drop_last, num_replicas, rank, budget, staging_dir,
-            shrink_budget, engine_options, keep_epoch_cache,
+        self._options, root, self._cache = check_options(
+            dataset, StagingOptions.merge(options, staging, "S5IterableDataset"), shuffle, seed, shuffle_buffer,
+            drop_last, num_replicas, rank,
         )
-        self._num_workers = check_workers(dataset, budget_bytes, num_workers)
+        self._num_workers = check_count("num_workers", num_workers, 0)
+        self._chunk = check_count("batch_size", batch_size, 1) or 1
         self.dataset = dataset
         self.shuffle: bool | str = shuffle if shuffle == "block" else bool(shuffle)
         self.seed = seed
         self.shuffle_buffer = shuffle_buffer
         self.drop_last = drop_last
-        self.budget = budget_bytes
-        # over tar shards a worker takes a contiguous run of the rank's shards (mixed across the
-        # shards its share holds open with shuffle=True), so that its shards are
-        # staged by it alone (interleaved samples would have every worker fetch every shard)
-        self._runs = units_of(dataset).worker_runs
+        self.budget = self._options.budget
+        self._sharded = units_of(dataset).sharded
         self._num_replicas = num_replicas
         self._rank = rank
-        self._engine_options = engine_options
         self.epoch = 0
         self._epoch_set = False
         self._loaded: dict[str, Any] | None = None  # a loaded state, applied by the next __iter__
         self._pass: _Pass | None = None
-        self._engine: WorkerStaging | None = None
-        self._engine_key: tuple[int, ...] | None = None
+        # Names the rendezvous of a rank's workers with their host (see _feed_name).
+        self._uid = secrets.token_hex(6)
+        self._iterations = 0
         # One directory for the whole dataset, made now by the process that owns it (the
         # DataLoader's workers make their folders inside it and never remove it).
         self._area = StagingArea(root)
         self._area.create()
         self._finalizer: Any = weakref.finalize(self, StagingArea.remove, self._area)
+        # the rank's staging run, in the process that hosts it
+        self._hosting = Hosting(dataset, replace(self._options, staging_dir=self._area.path), self.shuffle, self._cache)
 
     # -- constructors -------------------------------------------------------------------
     @classmethod
@@ -230,66 +212,75 @@ class S5IterableDataset(IterableDataset[Any]):
         # right after iter(), and one iterator may be dropped unused (a finished one restored).
         p = self._start_pass()
         self._pass = p
-        return self._generate(p)
+        self._iterations += 1
+        name = self._feed_name(p)
+        if p.worker == 0:
+            messages = local(self._hosting.host(p).open(name, p))
+        else:
+            messages = connect(name, Hello(p.worker, p.num_workers, p.epoch, p.yielded, p.plan))
+        return self._generate(p, messages)
 
     def _start_pass(self) -> _Pass:
         rank, world, worker, nw = pytorch_worker_info(self._num_replicas, self._rank)
+        told = self._num_workers
+        if told is not None and max(1, told) != nw:
+            raise ConfigError(
+                f"S5IterableDataset over {self.dataset.source or 'the data set'} was made with "
+                f"num_workers={told}, but its DataLoader runs {nw} worker(s) (num_workers=0 "
+                "runs one, in the main process): give both the same count"
+            )
         loaded, self._loaded = self._loaded, None
-        order = Order(self.shuffle, self.seed, world, rank, self.drop_last, self._runs)
+        order = Order(self.shuffle, self.seed, world, rank, self.drop_last, self._sharded)
         return start_pass(
-            loaded, order, self.shuffle_buffer, self.epoch, len(self.dataset), worker, nw, self._runs,
+            loaded, order, self.shuffle_buffer, self.epoch, len(self.dataset), worker, nw, self._chunk,
             self.dataset.source or "the data set",
         )
 
-    def _generate(self, p: _Pass) -> Iterator[Any]:
-        if p.complete:
-            return
-        engine = self._worker_engine(p)
-        indices = engine.run(p)
-        finished = False
-        try:
-            for idx in indices:
-                sample = self.dataset[idx]
-                # skipped samples (on_error="skip") count too, so a resumed pass lines up
-                p.yielded = engine.position()
-                yield sample
-            p.yielded = p.length
-            finished = True
-        finally:
-            indices.close()
-            if finished:
-                engine.drop_finished()
+    def _feed_name(self, p: _Pass) -> str:
+        """The rendezvous of the rank's workers with their host for this iteration: the same in
+        every worker of one ``iter(loader)`` (the loader's base seed, and this copy's count of
+        iterations, which persistent workers keep in step), unique to this data set."""
+        info = get_worker_info()
+        base = info.seed - info.id if info is not None else os.getpid()
+        return f"s5loader-{self._uid}-r{p.rank}-{base}-{self._iterations}"
 
-    def _worker_engine(self, p: _Pass) -> WorkerStaging:
-        key = (os.getpid(), p.rank, p.num_replicas, p.worker, p.num_workers)
-        if self._engine is not None and self._engine_key == key:
-            return self._engine
-        if self._engine is not None and self._engine_key is not None and self._engine_key[0] == os.getpid():
-            self._engine.close()
-        share = worker_share(self.dataset, self.budget, self._num_workers, p.num_workers)
-        options = StagingOptions(budget=share, staging_dir=self._area.path, **self._engine_options)
-        engine = WorkerStaging(self.dataset, options, self._area.path, self._runs, self.shuffle, self._cache)
-        self._engine, self._engine_key = engine, key
-        if key[0] != self._area._owner:
-            # A DataLoader worker runs no atexit handlers; multiprocessing's finalizers do run.
-            multiprocessing.util.Finalize(None, engine.close, exitpriority=10)
-        return engine
+    def _generate(self, p: _Pass, messages: Iterator[tuple[str, Any]]) -> Iterator[Any]:
+        try:
+            for kind, payload in messages:
+                if kind == INDEX:
+                    sample = self.dataset[payload]
+                    p.yielded += 1  # before the yield: a state taken now counts this sample
+                    yield sample
+                elif kind == SKIP:
+                    p.yielded += 1  # skipped (on_error="skip"): counted, so a resumed pass lines up
+                elif kind == ERROR:
+                    raise payload
+                elif kind == END:
+                    break
+        finally:
+            close = getattr(messages, "close", None)
+            if close is not None:
+                close()
+
+    def metrics(self) -> Metrics | None:
+        """Live figures of the rank's staging (see :meth:`S5Sampler.metrics
+        <s5loader.S5Sampler.metrics>`), where this process hosts it (``num_workers=0``, or
+        inside a DataLoader worker); None elsewhere."""
+        return self._hosting.metrics(self.epoch, len(self))
 
     # -- resume (torchdata's Stateful protocol) ------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Where this worker (or process, without workers) is in its part of the epoch.
+        """Where this worker (or process, without workers) is in its share of the epoch.
 
         ``StatefulDataLoader`` calls it in each worker and keeps one state per worker. A state
-        says the epoch, the samples of this worker's part handed out so far, and whether that
-        part is complete.
+        says the epoch, the samples of this worker's share handed out so far, and whether that
+        share is complete.
         """
         if self._loaded is not None:
             return dict(self._loaded)
         p = self._pass
         if p is None:
-            rank, world, worker, nw = pytorch_worker_info(self._num_replicas, self._rank)
-            p = _Pass(self.epoch, Order(self.shuffle, self.seed, world, rank, self.drop_last, self._runs),
-                      self.shuffle_buffer, rank, world, worker, nw, 1, 0)
+            p = self._start_pass()
         return p.state(len(self.dataset))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -297,9 +288,10 @@ class S5IterableDataset(IterableDataset[Any]):
 
         A state saved mid-epoch makes the next pass the rest of that epoch, exactly the
         samples (in the same order) an uninterrupted run would still have yielded; it needs
-        the same number of ranks and DataLoader workers. A state saved after this worker's
-        last sample of an epoch makes the next pass empty (the rest of that epoch) and the
-        one after it a whole epoch: the one :meth:`set_epoch` named, else the next.
+        the same number of ranks and DataLoader workers, and the same ``batch_size``. A state
+        saved after this worker's last sample of an epoch makes the next pass empty (the rest
+        of that epoch) and the one after it a whole epoch: the one :meth:`set_epoch` named,
+        else the next.
 
         Raises:
             StateError: the state does not fit this data set, or is not such a state.
@@ -317,9 +309,7 @@ class S5IterableDataset(IterableDataset[Any]):
     # -- lifetime -----------------------------------------------------------------------
     def close(self) -> None:
         """Stop staging, kill s5cmd, remove the staging directory. Safe to call twice."""
-        engine, self._engine = self._engine, None
-        if engine is not None and self._engine_key is not None and self._engine_key[0] == os.getpid():
-            engine.close()
+        self._hosting.close()
         if self._cache is not None:
             self._cache.close()
         self._area.remove()
@@ -332,8 +322,6 @@ class S5IterableDataset(IterableDataset[Any]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_engine"] = None  # threads and s5cmd children never cross a process boundary
-        state["_engine_key"] = None
         state["_pass"] = None
         state["_finalizer"] = None
         return state

@@ -7,7 +7,7 @@ import logging
 import sys
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 from torch.utils.data import Sampler
 
@@ -18,11 +18,11 @@ from ._sampling.passes import write_command_files
 from ._sampling.pieces import part_len
 from ._sampling.resume import check_state, check_window, make_state, resume, resume_window
 from ._sampling.run import StagingRun
-from ._sampling.setup import check_loader_batch, configure
+from ._sampling.setup import check_loader_batch, configure, staging_options
 from ._util.platform import require_linux
 from ._util.uri import format_size
 from .config import StagingOptions
-from .dataset import S5Dataset
+from .dataset import S5Dataset, StagedIndex
 from .engine import Stats
 from .engine.metrics import Metrics
 from .exceptions import ConfigError
@@ -42,56 +42,41 @@ class S5Sampler(Sampler[int]):
 
     Args:
         dataset: the :class:`S5Dataset` to stage for.
+        options: the staging options (:class:`~s5loader.StagingOptions`: ``budget``,
+            ``samples_per_call``, ``calls_in_flight``, ``s5cmd_workers``, ``block_size``,
+            ``staging_dir``, ``stall_timeout``, ``retries``, ``retry_backoff``, ``on_error``,
+            ``verify``, ``keep_staged``, ``shrink_budget``, ``epoch_cache``,
+            ``keep_epoch_cache``), the same object for every front end; default: its defaults.
         shuffle: ``True``: a new permutation of all samples each epoch (call
             :meth:`set_epoch`); ``"block"``: permute blocks of up to ``block_size`` samples
             that share a key prefix, gather them into windows of whole blocks, and shuffle the
             samples within each window; a window holds as many samples as ``calls_in_flight + 1``
             windows fit in ``budget`` (at most 8192), so a batch draws from many blocks, and
-            s5cmd fetches each block with one wildcard request (about 2.5x less s5cmd CPU
-            than one request per object); ``False``: key order. Over tar shards
-            (:meth:`S5Dataset.from_shards`) each rank takes a contiguous run of the shards
-            (permuted with ``True`` and ``"block"``), so a shard is fetched by one rank; with
-            ``True`` samples are drawn at random from the :attr:`window` shards the budget
+            s5cmd fetches each block with one wildcard request; ``False``: key order. Over tar
+            shards (:meth:`S5Dataset.from_shards`) each rank takes a contiguous run of the
+            shards (permuted with ``True`` and ``"block"``), so a shard is fetched by one rank;
+            with ``True`` samples are drawn at random from the :attr:`window` shards the budget
             holds open (see :meth:`Order.shard_order <s5loader._sampling.order.Order.shard_order>`).
         seed: the permutation's seed; the same seed and epoch give the same order everywhere.
-        samples_per_call: samples per s5cmd command file (with ``shuffle="block"``, at least
-            one window, so that a call holds its windows' blocks whole).
-        block_size: most samples in a block (see ``shuffle``). A call that holds a whole
-            block fetches it with one wildcard line, whatever the shuffle.
-        calls_in_flight: s5cmd calls running at once (2: double buffering).
-        staging_dir: the staging root; ``None`` picks ``/dev/shm`` when it has room for the
-            budget, else the system temp directory. Each sampler stages into a directory of
-            its own below it, removed by :meth:`close`, garbage collection, exit or SIGTERM.
-        budget: most bytes staged and not yet read at any instant (``"2GiB"``, ``"500MB"``
-            or an int); it must hold at least a batch and the DataLoader's prefetch.
-        keep_staged: keep staged files across epochs (needs a budget that holds this rank's
-            whole part of the data set); later epochs then fetch nothing.
-        shrink_budget: shrink a budget larger than the free space instead of failing.
-        stall_timeout: seconds without progress after which an s5cmd call is killed and its
-            unfinished part retried.
-        retries: how often a sample that failed for a transient reason is retried.
-        on_error: ``"raise"`` (default) or ``"skip"`` a sample that cannot be fetched (a 404,
-            a 403, or transient errors beyond ``retries``); skips are logged and counted in
-            :attr:`stats`.
-        verify: check each staged file's size and, for single-part uploads, MD5 ETag.
         num_replicas, rank: the distributed split; defaults from torch.distributed, else
             ``WORLD_SIZE`` / ``RANK``, else one process.
         drop_last: drop the tail so ranks get equal parts, instead of padding by repetition.
-        s5cmd_workers: s5cmd's ``--numworkers`` (parallel requests per call; over tar
-            shards at most 4, so a call's shards land one after another).
         batch_size: the DataLoader's ``batch_size``, if you pass it here too (a sampler does not
             see its DataLoader): a budget that cannot hold one batch of the largest samples is
             then a :class:`BudgetError` at once instead of after ``stall_timeout``.
-        epoch_cache: bytes of read samples kept staged for later epochs on top of ``budget``
-            (0: none), chosen from the start of the next epoch's order; a cached sample is not
-            fetched again. The node's local ranks share it (counted once); see the guide's
-            "Epoch cache" section. The order, resume and rank split do not change.
-        keep_epoch_cache: leave the epoch cache behind on :meth:`close` for a later run.
-        buffers, numworkers: the former names of ``calls_in_flight`` and ``s5cmd_workers``;
-            still accepted for one release, with a ``DeprecationWarning``.
+        **staging: any field of :class:`~s5loader.StagingOptions`, overriding ``options``'
+            (``S5Sampler(ds, budget="8GiB", shuffle="block")``). ``buffers`` and ``numworkers``,
+            the former names of ``calls_in_flight`` and ``s5cmd_workers``, are still accepted
+            for one release, with a ``DeprecationWarning``.
 
-    The staging options are checked by :class:`~s5loader.StagingOptions`, the object the
-    prefetch daemon builds too; the store is reached as the dataset's ``access`` says.
+    In short: each sampler stages into a directory of its own below ``staging_dir`` (``None``
+    picks ``/dev/shm`` when it has room for the budget, else the system temp directory),
+    removed by :meth:`close`, garbage collection, exit or SIGTERM; it never holds more than
+    ``budget`` bytes staged and not yet read (the budget must hold at least a batch and the
+    DataLoader's prefetch); ``epoch_cache`` bytes of read samples, chosen from the start of the
+    next epoch's order, stay staged for it, shared by the node's local ranks (see the guide's
+    "Epoch cache"); ``on_error="skip"`` logs and counts a sample that cannot be fetched in
+    :attr:`stats` instead of raising.
 
     Raises:
         ConfigError: an invalid option.
@@ -103,45 +88,33 @@ class S5Sampler(Sampler[int]):
     def __init__(
         self,
         dataset: S5Dataset,
+        options: StagingOptions | None = None,
         *,
         shuffle: bool | str = True,
         seed: int = 0,
-        samples_per_call: int = 1000,
-        block_size: int = 64,
-        calls_in_flight: int = 2,
-        staging_dir: str | None = None,
-        budget: int | str = "2GiB",
-        keep_staged: bool = False,
-        shrink_budget: bool = False,
-        stall_timeout: float = 60.0,
-        retries: int = 3,
-        on_error: str = "raise",
-        verify: bool = False,
         num_replicas: int | None = None,
         rank: int | None = None,
         drop_last: bool = False,
-        s5cmd_workers: int = 256,
         batch_size: int | None = None,
         buffers: int | None = None,
         numworkers: int | None = None,
-        epoch_cache: int | str = 0,
-        keep_epoch_cache: bool = False,
+        **staging: Any,
     ) -> None:
         require_linux("S5Sampler")
         if not isinstance(dataset, S5Dataset):
             raise ConfigError(f"S5Sampler needs an S5Dataset, got {type(dataset).__name__}")
+        options = staging_options(
+            options, staging, "S5Sampler",
+            buffers=("calls_in_flight", buffers), numworkers=("s5cmd_workers", numworkers),
+        )
         self.dataset = dataset
         self._order, self._window, options, root = configure(
-            dataset, shuffle=shuffle, seed=seed, samples_per_call=samples_per_call, block_size=block_size,
-            calls_in_flight=calls_in_flight, staging_dir=staging_dir, budget=budget, keep_staged=keep_staged,
-            shrink_budget=shrink_budget, stall_timeout=stall_timeout, retries=retries, on_error=on_error,
-            verify=verify, num_replicas=num_replicas, rank=rank, drop_last=drop_last,
-            s5cmd_workers=s5cmd_workers, batch_size=batch_size, buffers=buffers, numworkers=numworkers,
-            epoch_cache=epoch_cache,
+            dataset, options, shuffle=shuffle, seed=seed, num_replicas=num_replicas, rank=rank,
+            drop_last=drop_last, batch_size=batch_size,
         )
-        cache = open_cache_run(dataset, self._order, self._window, options, root, keep_epoch_cache, self._local_orders)
-        self._run = StagingRun(dataset, options, root, bool(keep_staged), cache)
-        self.keep_staged = bool(keep_staged)
+        cache = open_cache_run(dataset, self._order, self._window, options, root, self._local_orders)
+        self._run = StagingRun(dataset, options, root, options.keep_staged, cache)
+        self.keep_staged = options.keep_staged
         self.epoch = 0
         self._pos = self._run.position  # where this rank is in self.epoch (see state_dict)
         self._finalizer = weakref.finalize(self, StagingArea.remove, self._run.area)
@@ -205,7 +178,8 @@ class S5Sampler(Sampler[int]):
         if self._pos.epoch_done:
             self._pos.start, self._pos.epoch_done = 0, False  # the same epoch again, from its start
         order, windows = self._epoch_plan(self.epoch, self._pos.start)
-        yield from self._run.stage(order, windows, self._order.shuffle, lambda: self.epoch)
+        # without skips=True the run yields staged indices only
+        yield from cast(Iterator[StagedIndex], self._run.stage(order, windows, self._order.shuffle, lambda: self.epoch))
 
     def _epoch_order(self, epoch: int, start: int = 0) -> list[int]:
         return self._epoch_plan(epoch, start)[0]

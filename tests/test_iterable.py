@@ -16,7 +16,9 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from s5loader import BudgetError, ConfigError, S5Dataset, S5IterableDataset, StateError
 from s5loader._index.sample import Field, Sample
 from s5loader._sampling.order import Order
-from s5loader.iterable import buffer_shuffle, check_state, worker_length, worker_order
+from s5loader._sampling.iterparts import owner, rank_order, remaining, worker_position
+from s5loader._sampling.pieces import part_len
+from s5loader.iterable import buffer_shuffle, check_state, worker_length
 
 
 def collate(batch):
@@ -51,38 +53,43 @@ def uneven_units(n: int) -> list[list[int]]:
     return units
 
 
-@pytest.mark.parametrize("shuffle", [True, False, "block"])
-@pytest.mark.parametrize("drop_last", [False, True])
-@pytest.mark.parametrize("runs", [False, True])  # True: over tar shards
-def test_worker_parts_give_every_rank_the_same_count(shuffle: bool | str, drop_last: bool, runs: bool) -> None:
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_workers_take_turns_along_the_rank_order_and_every_rank_gets_the_same_count(chunk: int) -> None:
     for n in (1, 2, 7, 23, 64):
-        units = uneven_units(n) if runs and shuffle == "block" else None
-        for world in (1, 2, 3, 4):
-            for nw in (1, 2, 3):
-                seen, counts = [], set()
-                for rank in range(world):
-                    o = Order(shuffle, 7, world, rank, drop_last)
-                    parts = [worker_order(o, n, 2, w, nw, 5, units=units, window=4, runs=runs) for w in range(nw)]
-                    assert [len(x) for x in parts] == [worker_length(o, n, w, nw, runs) for w in range(nw)]
-                    plain = [worker_order(o, n, 2, w, nw, 0, units=units, window=4, runs=runs) for w in range(nw)]
-                    rank_part = o.indices(n, 2, 0, units=units, window=4)
-                    if runs and shuffle == "block":
-                        # each worker windows its own run of the rank's units: only a unit that a
-                        # run's edge cuts is read by two workers (its window staged by both)
-                        assert sorted(i for x in plain for i in x) == sorted(rank_part)
-                        if len(set(rank_part)) == len(rank_part):  # no padding repeats
-                            unit_of = {i: u for u, xs in enumerate(units or []) for i in xs}
-                            owners = Counter(u for x in plain for u in {unit_of[i] for i in x})
-                            assert sum(c - 1 for c in owners.values()) <= nw - 1
-                    elif runs:  # without the buffer, the workers' parts are consecutive runs of the rank's
-                        assert [i for x in plain for i in x] == rank_part
-                    counts.add(tuple(len(x) for x in parts))
-                    seen += [i for x in parts for i in x]
-                assert len(counts) == 1  # the same per worker on every rank: the same batch count
-                if drop_last:
-                    assert len(seen) == len(set(seen)) == n - n % world
-                else:
-                    assert set(seen) == set(range(n)) and len(seen) == -(-n // world) * world
+        for world in (1, 2, 3):
+            for drop_last in (False, True):
+                length = part_len(n, world, drop_last)
+                for nw in (1, 2, 3, 4):
+                    owners = [owner(p, nw, chunk) for p in range(length)]
+                    lengths = [worker_length(length, w, nw, chunk) for w in range(nw)]
+                    assert lengths == [owners.count(w) for w in range(nw)]
+                    for w in range(nw):
+                        mine = [p for p in range(length) if owners[p] == w]
+                        assert [worker_position(y, w, nw, chunk) for y in range(lengths[w])] == mine
+                    # what is left when each worker read some of its own: exactly the rest
+                    starts = [min(lengths[w], w + 1) for w in range(nw)]
+                    rest = remaining(length, starts, chunk)
+                    read = {worker_position(y, w, nw, chunk) for w in range(nw) for y in range(starts[w])}
+                    assert rest == [p for p in range(length) if p not in read]
+                    if chunk > 1 and nw > 1 and length >= chunk * nw:
+                        assert owners[:chunk] == [0] * chunk and owners[chunk] == 1  # a batch at a time
+
+
+def test_the_rank_order_through_a_buffer_is_the_plain_order_reshuffled() -> None:
+    class Layout:
+        window = 4
+        cost = None
+
+        @staticmethod
+        def units() -> list[list[int]]:
+            return uneven_units(23)
+
+    for shuffle in (True, False, "block"):
+        o = Order(shuffle, 7, 2, 1, False)
+        plain, _ = rank_order(o, 23, 2, 0, Layout)
+        buffered, windows = rank_order(o, 23, 2, 5, Layout)
+        assert sorted(buffered) == sorted(plain) and windows is None
+        assert rank_order(o, 23, 2, 5, Layout)[0] == buffered  # seeded
 
 
 def test_shuffle_buffer_is_webdatasets_draw() -> None:
@@ -112,7 +119,7 @@ def test_bad_options_and_states_are_config_and_state_errors(staging_root: str) -
             with pytest.raises(StateError, match=match):
                 it.load_state_dict(broken)  # type: ignore[arg-type]
         it.load_state_dict({**state, "num_replicas": 2})
-        with pytest.raises(StateError, match="saved mid-epoch by rank 0 of 2, worker 0 of 1 cannot resume rank 0 of 1"):
+        with pytest.raises(StateError, match="saved mid-epoch by rank 0 of 2, worker 0 of 1, chunk 1 cannot resume rank 0 of 1"):
             iter(it)
         area = it._area.path
         assert os.path.isdir(area)
@@ -228,7 +235,7 @@ def test_end_of_epoch_state_resumes_at_the_next_epoch(pairs, staging_root: str) 
         assert keys(ld) == epoch1
 
 
-def test_workers_stage_in_folders_of_their_own_within_the_budget(seaweed: Store, staging_root: str) -> None:
+def test_a_rank_stages_once_in_one_folder_within_its_whole_budget(seaweed: Store, staging_root: str) -> None:
     source = seaweed.put(make_pairs(80, size=2000))
     ds = S5Dataset.from_prefix(seaweed.uri(), endpoint_url=seaweed.endpoint)
     budget = ds.total_bytes // 8
@@ -245,8 +252,90 @@ def test_workers_stage_in_folders_of_their_own_within_the_budget(seaweed: Store,
             got = keys(DataLoader(it, batch_size=4, num_workers=2, collate_fn=collate))
     assert sorted(got) == keys_of(source)
     assert watcher.looks > 10 and 0 < watcher.peak <= budget, (watcher.peak, budget)
-    assert len(folders) == 2  # one engine folder per worker, inside the dataset's directory
+    assert len(folders) == 1  # one staging run for the rank, not one per worker
+    # the whole budget is the rank's: one that holds a few of the largest samples serves 4 workers
     largest = max(s.size for s in ds.samples)
-    with S5IterableDataset(ds, budget=largest * 3 // 2, staging_dir=staging_root) as small:
-        with pytest.raises(BudgetError, match="between 2 DataLoader workers"):
-            keys(DataLoader(small, batch_size=4, num_workers=2, collate_fn=collate))
+    with S5IterableDataset(ds, budget=largest * 3, staging_dir=staging_root, batch_size=2) as small:
+        got = keys(DataLoader(small, batch_size=2, num_workers=4, collate_fn=collate))
+    assert sorted(got) == keys_of(source)
+
+
+def test_with_the_batch_size_the_loader_yields_the_rank_order_exactly(pairs, staging_root: str) -> None:  # type: ignore[no-untyped-def]
+    store, source = pairs
+    with make(store, staging_root, seed=3, batch_size=2) as it:
+        got = keys(DataLoader(it, batch_size=2, num_workers=3, collate_fn=collate))
+        expected = [it.dataset.samples[i].key for i in Order(True, 3, 1, 0, False).indices(len(it.dataset), 0)]
+    assert got == expected  # the sampler's order: workers take turns a batch at a time
+    with make(store, staging_root, seed=3) as it:  # a sample at a time: the same samples, batched by worker
+        got = keys(DataLoader(it, batch_size=2, num_workers=3, collate_fn=collate))
+    assert sorted(got) == sorted(expected) and got != expected
+
+
+def test_the_feed_hands_each_worker_its_own_positions_and_a_host_gone_is_an_error() -> None:
+    import secrets
+    import threading
+
+    from s5loader import StallError
+    from s5loader._sampling import feed
+
+    def serve(hellos):  # type: ignore[no-untyped-def]
+        assert sorted(hellos) == [0, 1] and hellos[1].start == 2
+        for pos in range(10):
+            yield pos, (feed.INDEX, pos)
+
+    name = f"s5loader-test-{secrets.token_hex(4)}"
+    host = feed.FeedHost(name, feed.Hello(0, 2, 0, 0, ()), serve, lambda pos: pos % 2).start()
+    got: dict[int, list[object]] = {}
+    t = threading.Thread(target=lambda: got.__setitem__(1, list(feed.connect(name, feed.Hello(1, 2, 0, 2, ())))))
+    t.start()
+    got[0] = list(feed.local(host))
+    t.join(30)
+    host.close()
+    assert got[0] == [(feed.INDEX, p) for p in range(0, 10, 2)] + [(feed.END, None)]
+    assert got[1] == [(feed.INDEX, p) for p in range(1, 10, 2)] + [(feed.END, None)]
+
+    release = threading.Event()
+
+    def stalls(hellos):  # type: ignore[no-untyped-def]
+        yield 1, (feed.INDEX, 1)
+        release.wait(30)
+
+    name = f"s5loader-test-{secrets.token_hex(4)}"
+    host = feed.FeedHost(name, feed.Hello(0, 2, 0, 0, ()), stalls, lambda pos: pos % 2).start()
+    messages = feed.connect(name, feed.Hello(1, 2, 0, 0, ()))
+    assert next(messages) == (feed.INDEX, 1)
+    host.close()  # the host goes away mid-pass (its process ended)
+    release.set()
+    with pytest.raises(StallError, match="went away before the end of the pass"):
+        next(messages)
+    with pytest.raises(StallError, match="found no staging host"):
+        next(feed.connect(f"s5loader-test-{secrets.token_hex(4)}", feed.Hello(1, 2, 0, 0, ()), timeout=0.2))
+
+
+def slow_in_worker_1(sample):  # type: ignore[no-untyped-def]
+    import time
+
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    if info is not None and info.id == 1:
+        time.sleep(0.02)
+    return sample
+
+
+def test_workers_still_reading_when_the_hosting_worker_ends_read_staged_files(moto: Store, staging_root: str) -> None:
+    from support.faults import FaultProxy
+
+    source = moto.put(make_pairs(40, size=500))
+    proxy = FaultProxy(moto.endpoint)
+    try:
+        ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=proxy.endpoint, transform=slow_in_worker_1)
+        # worker 0 (the host) reads a third of the rank's order and ends long before worker 1,
+        # which the DataLoader then shuts down: its staged files must stay for worker 1
+        with S5IterableDataset(ds, staging_dir=staging_root, batch_size=10, shuffle=False) as it:
+            got = keys(DataLoader(it, batch_size=10, num_workers=2, collate_fn=collate))
+        gets = Counter(path.split("?")[0] for method, path, _ in proxy.requests if method == "GET" and "list-type" not in path)
+    finally:
+        proxy.close()
+    assert got == keys_of(source)  # the rank's order: key order, a batch per worker in turn
+    assert len(gets) == len(source) and set(gets.values()) == {1}, gets  # staged once, never fetched directly

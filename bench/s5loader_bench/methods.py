@@ -761,11 +761,12 @@ def run_s5loader_shards(ctx: Context) -> Recorder:
 
 
 def run_s5loader_iterable(ctx: Context) -> Recorder:
-    """S5IterableDataset(shuffle="block") over the same tar shards: no sampler; the shards are
-    split across the DataLoader's workers, each staging its own within its share of the budget."""
+    """S5IterableDataset over the same tar shards (``--shard-shuffle``): no sampler; the rank stages
+    its order once, within the whole budget, and the DataLoader's workers take turns along it a
+    batch at a time."""
     s = ctx.settings
     it = S5IterableDataset(shard_dataset(ctx), shuffle=SHARD_SHUFFLES[s.shard_shuffle][2], seed=s.seed, budget=s.budget,
-                           staging_dir=s.staging_dir, calls_in_flight=s.calls_in_flight)
+                           staging_dir=s.staging_dir, calls_in_flight=s.calls_in_flight, batch_size=s.batch_size)
     try:
         loader = ctx.loader(it)
         rec = ctx.recorder()

@@ -3,5 +3,7 @@ permutation, the rank split, block windows, the shuffle check), :mod:`.setup` (t
 options checked and its budget sized), :mod:`.resume` (saved states: checks and positions),
 :mod:`.units` (what a pass stages, as the engine asks it: samples or shard visits),
 :mod:`.passes` (one staging pass after another), :mod:`.run` (a staging run: area, passes,
-position, composed by the sampler and by each worker of the iterable dataset) and
-:mod:`.iterparts` (the iterable dataset's options, a worker's part of the epoch, its state)."""
+position, composed by the sampler and by the iterable dataset's rank host),
+:mod:`.iterparts` (the iterable dataset's options, the rank's order and how its workers share
+it, a worker's state), :mod:`.rankhost` (a rank's run in the process that hosts it) and
+:mod:`.feed` (the staged indices handed from the host to the workers)."""

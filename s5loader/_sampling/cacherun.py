@@ -243,7 +243,6 @@ def open_cache_run(
     window: int,
     options: StagingOptions,
     root: str,
-    keep: bool,
     orders: Callable[[int], list[list[int]]],
 ) -> CacheRun | None:
     """The epoch cache of a sampler (``order``, ``window``) and of the other local ranks of its
@@ -255,7 +254,7 @@ def open_cache_run(
     o = order
     name = cache_id(fingerprint, o.shuffle, o.seed, o.num_replicas, o.drop_last, window, ranks[0], len(ranks))
     return CacheRun(
-        dataset.samples, dataset.samples.sizes(), EpochCache(root, name, fingerprint, bool(keep)),
+        dataset.samples, dataset.samples.sizes(), EpochCache(root, name, fingerprint, options.keep_epoch_cache),
         options.epoch_cache, orders, ranks.index(o.rank), options.verify,
     )
 

@@ -59,11 +59,13 @@ class StagingPasses:
         epoch: Callable[[], int],
         report: Callable[[Stats, float, bool], None],
         cache: CacheRun | None = None,
-    ) -> Iterator[StagedIndex]:
+        skips: bool = False,
+    ) -> Iterator[StagedIndex | None]:
         """Stage ``order`` (shuffled as ``shuffle`` says) and yield its staged indices, counting
-        them in ``position``; a skipped sample is counted but not yielded. ``report`` gets the
-        pass's figures at its end. With an epoch ``cache``, its hits are not fetched and the
-        samples it keeps are handed back by their readers."""
+        them in ``position``; a skipped sample is counted but not yielded (``skips``: yielded as
+        None, so that every position yields). ``report`` gets the pass's figures at its end.
+        With an epoch ``cache``, its hits are not fetched and the samples it keeps are handed
+        back by their readers."""
         where = self._new_pass()
         hits, back = cache.begin_pass(epoch(), order, where.path) if cache is not None else (None, frozenset())
         keep = self.keep
@@ -101,6 +103,8 @@ class StagingPasses:
                 position.yielded += 1  # a skipped sample still counts as consumed
                 if ok:
                     yield StagedIndex(idx, where.path, keep, idx in back, self.frees)
+                elif skips:
+                    yield None
             units.finish(stager)
             finished = True
         finally:

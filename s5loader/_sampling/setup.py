@@ -9,12 +9,13 @@ from __future__ import annotations
 import warnings
 from dataclasses import replace
 from types import FrameType
+from typing import Any
 
 import numpy as np
 from torch.utils.data import BatchSampler
 
 from .._util.dist import rank_info
-from .._util.uri import format_size, parse_size
+from .._util.uri import format_size
 from ..config import StagingOptions
 from ..dataset import S5Dataset
 from ..engine.budget import check_sample_fits
@@ -26,75 +27,47 @@ from .units import units_of
 
 def configure(
     dataset: S5Dataset,
+    options: StagingOptions,
     *,
     shuffle: bool | str,
     seed: int,
-    samples_per_call: int,
-    block_size: int,
-    calls_in_flight: int,
-    staging_dir: str | None,
-    budget: int | str,
-    keep_staged: bool,
-    shrink_budget: bool,
-    stall_timeout: float,
-    retries: int,
-    on_error: str,
-    verify: bool,
     num_replicas: int | None,
     rank: int | None,
     drop_last: bool,
-    s5cmd_workers: int,
     batch_size: int | None,
-    buffers: int | None,
-    numworkers: int | None,
-    epoch_cache: int | str = 0,
 ) -> tuple[Order, int, StagingOptions, str]:
-    """Check :class:`S5Sampler`'s options: its order, its ``shuffle="block"`` window (over tar
-    shards with ``shuffle`` True or False: the shards open at once), the staging options with
-    the budget the staging root has room for, and that root."""
+    """Check :class:`S5Sampler`'s own options against the staging ``options``: its order, its
+    ``shuffle="block"`` window (over tar shards with ``shuffle`` True or False: the shards open
+    at once), the staging options with the budget the staging root has room for, and that root."""
     shuffle = check_shuffle(shuffle)
     check_seed(seed)
-    calls_in_flight = renamed("buffers", buffers, "calls_in_flight", calls_in_flight, 2)
-    s5cmd_workers = renamed("numworkers", numworkers, "s5cmd_workers", s5cmd_workers, 256)
     if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1):
         raise ConfigError(f"batch_size must be a positive int or None, got {batch_size!r}")
     r, world = rank_info(num_replicas, rank)
     units = units_of(dataset)
     order = Order(shuffle, seed, world, r, bool(drop_last), units.sharded)
-    budget_bytes = parse_size(budget, "budget")
     # From the options, not the space found: every rank must cut the same windows.
-    window = units.window(budget_bytes, calls_in_flight, shuffle)
-    if shuffle == "block" and isinstance(samples_per_call, int) and not isinstance(samples_per_call, bool) \
-            and samples_per_call > 0:  # an invalid value still fails in StagingOptions
-        samples_per_call = max(samples_per_call, window)
-    options = StagingOptions(
-        budget=budget_bytes,
-        samples_per_call=samples_per_call,
-        calls_in_flight=calls_in_flight,
-        s5cmd_workers=s5cmd_workers,
-        block_size=block_size,
-        stall_timeout=stall_timeout,
-        retries=retries,
-        on_error=on_error,
-        verify=verify,
-        keep_staged=bool(keep_staged),
-        shrink_budget=bool(shrink_budget),
-        staging_dir=staging_dir,
-        epoch_cache=parse_size(epoch_cache, "epoch_cache") if epoch_cache else 0,
-    )
+    window = units.window(options.budget, options.calls_in_flight, shuffle)
+    if shuffle == "block":
+        options = replace(options, samples_per_call=max(options.samples_per_call, window))
     options, root = fit_budget(dataset, options, batch_size)
     return order, window, options, root
 
 
-def renamed(old: str, old_value: int | None, new: str, new_value: int, default: int) -> int:
-    """The value of a renamed keyword: the old name still works for one release, with a
-    DeprecationWarning; both at once is a ConfigError."""
-    if old_value is None:
-        return new_value
-    if new_value != default:
-        raise ConfigError(f"{old}= is the former name of {new}=; give only {new}={new_value!r}")
-    warnings.warn(f"S5Sampler({old}=...) is deprecated; use {new}=", DeprecationWarning, stacklevel=4)
-    return old_value
+def staging_options(
+    options: StagingOptions | None, overrides: dict[str, Any], who: str, **renames: tuple[str, Any]
+) -> StagingOptions:
+    """A front end's one :class:`StagingOptions`: ``options`` with its keyword arguments
+    (``overrides``) applied; ``renames`` maps a former keyword to (its new name, the value given),
+    still accepted for one release with a ``DeprecationWarning``."""
+    overrides = dict(overrides)
+    for old, (new, value) in renames.items():
+        if value is not None:
+            if new in overrides:
+                raise ConfigError(f"{old}= is the former name of {new}=; give only {new}={overrides[new]!r}")
+            warnings.warn(f"{who}({old}=...) is deprecated; use {new}=", DeprecationWarning, stacklevel=4)
+            overrides[new] = value
+    return StagingOptions.merge(options, overrides, who)
 
 
 def fit_budget(

@@ -138,6 +138,16 @@ class ObjectUnits:
     def s5cmd_workers(self, options: StagingOptions) -> int:
         return options.s5cmd_workers
 
+    def frees_on_read(self, shuffle: bool | str, cached: bool) -> bool:
+        """Whether an order of these units counts the bytes each sample read gives back (see
+        :meth:`ShardUnits.order_cost`): never for raw objects, whose samples go whole."""
+        return False
+
+    def order_cost(self) -> Callable[[int], tuple[float, float]] | None:
+        """What a sample's unit holds and frees, for an order that counts it (see
+        :meth:`ShardUnits.order_cost`); None: raw objects count nothing."""
+        return None
+
     def open_pass(
         self, order: Sequence[int], folder: str, keep: bool, options: StagingOptions, shuffle: bool | str | None,
         frees: bool = False,
@@ -185,6 +195,11 @@ class ShardUnits(ObjectUnits):
         shards, samples = self.dataset.shards, self.dataset.samples
         assert shards is not None
         return shards.order_cost(samples[samples.largest()].size)
+
+    def frees_on_read(self, shuffle: bool | str, cached: bool) -> bool:
+        """A shard order (``shuffle=True``) counts what its samples free as they are read, unless an
+        epoch cache keeps the shards whole."""
+        return shuffle is True and not cached
 
     def block_size(self, options: StagingOptions) -> int:
         return 1  # a shard is fetched with one cp --raw line: no wildcard lines

@@ -1,0 +1,267 @@
+"""A rank's staging shared by its DataLoader workers: one process stages, every worker reads.
+
+An :class:`~s5loader.S5IterableDataset` stages once per rank. The rank's first DataLoader
+worker (or the process itself, without workers) *hosts*: it runs the rank's staging run and
+sends each staged index to the worker that reads it. The other workers connect to the host
+over a Unix socket in Linux's abstract namespace (no file, no path length limit), named after
+the data set and the loader's iteration, and say where they are (:class:`Hello`: the epoch and
+how far their share got). The host waits for every worker, then stages the positions still to
+come, in order, and sends each worker its own: a staged index, a skipped position, the end, or
+the error that stopped the pass (to every worker). A worker whose host is gone (the socket
+closed without an end) raises :class:`~s5loader.exceptions.StallError`.
+
+Sending never blocks the host: each connection has a writer thread of its own, so a worker that
+stopped reading (its DataLoader holds enough of its batches) never holds up the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import pickle
+import queue
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+from ..exceptions import S5LoaderError, StallError
+
+log = logging.getLogger(__name__)
+
+_LEN = struct.Struct(">I")
+# How long a worker keeps trying to reach its host before it gives up: the host is the loader's
+# first worker, which starts with the others.
+CONNECT_S = 120.0
+
+# Messages, host to worker: (kind, payload)
+INDEX, SKIP, END, ERROR = "i", "s", "e", "x"
+
+
+class Hello(NamedTuple):
+    """What a worker tells its host when its pass begins."""
+
+    worker: int
+    num_workers: int
+    epoch: int
+    start: int  # samples of the worker's share handed out (or skipped) before this pass
+    plan: tuple[Any, ...]  # the order's settings (shuffle, seed, shuffle_buffer, drop_last, chunk)
+
+
+def _frame(obj: Any) -> bytes:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return _LEN.pack(len(data)) + data
+
+
+def _read(f: Any) -> Any:
+    head = f.read(_LEN.size)
+    if len(head) < _LEN.size:
+        raise EOFError
+    size = _LEN.unpack(head)[0]
+    data = f.read(size)
+    if len(data) < size:
+        raise EOFError
+    return pickle.loads(data)
+
+
+class _Writer:
+    """One worker's connection: messages queued by the host, written by a thread of its own.
+    After the last message (the end, or an error) it waits for the worker to close its side,
+    which it does once it has read its last sample (or when its process ends)."""
+
+    def __init__(self, conn: socket.socket, worker: int) -> None:
+        self.conn = conn
+        self.q: queue.SimpleQueue[tuple[bytes, bool] | None] = queue.SimpleQueue()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f"s5loader-feed-{worker}", daemon=True)
+        self.thread.start()
+
+    def put(self, msg: tuple[str, Any]) -> None:
+        self.q.put((_frame(msg), msg[0] in (END, ERROR)))
+
+    def _run(self) -> None:
+        try:
+            while True:
+                item = self.q.get()
+                if item is None:
+                    break
+                self.conn.sendall(item[0])
+                if item[1]:
+                    while self.conn.recv(4096):  # the worker sends nothing more: wait for its close
+                        pass
+                    break
+        except OSError:
+            pass  # the worker is gone; its DataLoader reports it
+        finally:
+            self.done.set()
+            with contextlib.suppress(OSError):
+                self.conn.close()
+
+    def close(self) -> None:
+        self.q.put(None)
+
+
+class FeedHost:
+    """The host side: waits for the hellos of ``num_workers`` workers (the host's own worker is
+    ``local``), then sends what ``serve`` yields: ``(position, message)`` pairs, each to worker
+    ``owner(position)``.
+
+    Args:
+        name: the socket's name in the abstract namespace (unique per data set and iteration).
+        local: the host's own worker's hello; its messages go to :meth:`receive`.
+        serve: given every worker's hello (by worker number), yields ``(position, (kind,
+            payload))`` in order; an exception it raises goes to every worker.
+        owner: the worker that reads a position.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        local: Hello,
+        serve: Callable[[dict[int, Hello]], Iterator[tuple[int, tuple[str, Any]]]],
+        owner: Callable[[int], int],
+    ) -> None:
+        self.name = name
+        self.local = local
+        self.serve = serve
+        self.owner = owner
+        self.inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self.stop = threading.Event()
+        self._writers: dict[int, _Writer] = {}
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> FeedHost:
+        if self.local.num_workers > 1:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.bind("\0" + self.name)
+            sock.listen(self.local.num_workers)
+            sock.settimeout(0.2)
+            self._sock = sock
+        self._thread = threading.Thread(target=self._run, name="s5loader-feed", daemon=True)
+        self._thread.start()
+        return self
+
+    def _send(self, worker: int, msg: tuple[str, Any]) -> None:
+        if worker == self.local.worker:
+            self.inbox.put(msg)
+        else:
+            w = self._writers.get(worker)
+            if w is not None:
+                w.put(msg)
+
+    def _broadcast(self, msg: tuple[str, Any]) -> None:
+        for worker in range(self.local.num_workers):
+            self._send(worker, msg)
+
+    def _hellos(self) -> dict[int, Hello] | None:
+        hellos = {self.local.worker: self.local}
+        while len(hellos) < self.local.num_workers:
+            if self.stop.is_set():
+                return None
+            assert self._sock is not None
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            conn.settimeout(None)
+            try:
+                hello = Hello(*_read(conn.makefile("rb")))
+            except (EOFError, OSError, TypeError, pickle.UnpicklingError):
+                conn.close()
+                continue
+            hellos[hello.worker] = hello
+            self._writers[hello.worker] = _Writer(conn, hello.worker)
+        return hellos
+
+    def _run(self) -> None:
+        try:
+            hellos = self._hellos()
+            if hellos is None:
+                return
+            for pos, msg in self.serve(hellos):
+                if self.stop.is_set():
+                    return
+                self._send(self.owner(pos), msg)
+            self._broadcast((END, None))
+        except BaseException as exc:  # noqa: BLE001 - every worker raises it
+            if not isinstance(exc, S5LoaderError):
+                log.exception("staging for the DataLoader workers failed")
+            self._broadcast((ERROR, exc))
+        finally:
+            if self._sock is not None:
+                with contextlib.suppress(OSError):
+                    self._sock.close()
+
+    def wait_readers(self, timeout: float) -> bool:
+        """Wait until every other worker has read its last message and closed its connection
+        (or its process ended): the staged files must stay until then. False on ``timeout``."""
+        deadline = time.monotonic() + timeout
+        for w in list(self._writers.values()):
+            if not w.done.wait(max(0.0, deadline - time.monotonic())):
+                return False
+        return True
+
+    def close(self) -> None:
+        """Stop serving (the thread ends at its next message) and close the connections. Safe to
+        call twice."""
+        self.stop.set()
+        self.inbox.put((ERROR, StallError("this staging pass was stopped: a newer iteration or close() replaced it")))
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=5)
+        for w in self._writers.values():
+            w.close()
+        self._writers.clear()
+
+
+def connect(name: str, hello: Hello, timeout: float = CONNECT_S) -> Iterator[tuple[str, Any]]:
+    """A worker's side: connect to the host ``name``, say ``hello``, and yield its messages.
+
+    Raises:
+        StallError: the host cannot be reached within ``timeout`` seconds, or it went away
+            before the end of the pass.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while True:
+        try:
+            sock.connect("\0" + name)
+            break
+        except (ConnectionRefusedError, FileNotFoundError) as exc:
+            if time.monotonic() > deadline:
+                sock.close()
+                raise StallError(
+                    f"DataLoader worker {hello.worker} found no staging host (worker 0 of its loader) "
+                    f"within {timeout:.0f} s"
+                ) from exc
+            time.sleep(delay)
+            delay = min(2 * delay, 0.1)
+    try:
+        sock.sendall(_frame(tuple(hello)))
+        f = sock.makefile("rb", buffering=1 << 16)
+        while True:
+            try:
+                msg = _read(f)
+            except (EOFError, OSError) as exc:
+                raise StallError(
+                    f"the staging host of DataLoader worker {hello.worker} (worker 0 of its loader) went "
+                    "away before the end of the pass"
+                ) from exc
+            yield msg
+            if msg[0] in (END, ERROR):
+                return
+    finally:
+        sock.close()
+
+
+def local(host: FeedHost) -> Iterator[tuple[str, Any]]:
+    """The host's own worker's side: the messages :class:`FeedHost` put in its inbox."""
+    while True:
+        msg = host.inbox.get()
+        yield msg
+        if msg[0] in (END, ERROR):
+            return

@@ -1,0 +1,202 @@
+"""The staging of one rank of an :class:`~s5loader.S5IterableDataset`, in the process that hosts
+it (the DataLoader's first worker, or the process itself without workers): one
+:class:`~s5loader._sampling.run.StagingRun` over the rank's order, within the whole budget, whose
+staged indices :mod:`.feed` hands to the workers that read them."""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import logging
+import multiprocessing.util
+import os
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+from .._util.platform import HOLE_BLOCK, punches_holes
+from ..config import StagingOptions
+from ..dataset import S5Dataset
+from ..engine.metrics import Metrics
+from ..exceptions import StateError
+from ..staging.epochcache import EpochCache
+from .cacheplan import node_ranks
+from .cacherun import CacheRun
+from .feed import INDEX, SKIP, FeedHost, Hello
+from .iterparts import _Pass, owner, rank_order, remaining
+from .run import StagingRun
+from .units import units_of
+
+log = logging.getLogger("s5loader.iterable")
+# How long a host whose own worker ended waits for the rank's other workers to read their last
+# samples before it removes the staged files.
+READERS_S = 600.0
+
+
+class RankHost:
+    """A rank's staging run and the feed of its current pass.
+
+    Args:
+        dataset: the data set.
+        options: the staging options (the rank's whole budget).
+        root: the folder this host stages below (inside the iterable dataset's directory).
+        shuffle: the order's ``shuffle``.
+        cache: the epoch cache's folder (owned by the iterable dataset), with ``epoch_cache``.
+    """
+
+    def __init__(
+        self, dataset: S5Dataset, options: StagingOptions, root: str, shuffle: bool | str,
+        cache: EpochCache | None = None,
+    ) -> None:
+        self.dataset = dataset
+        self.cache = cache
+        units = units_of(dataset)
+        block = shuffle == "block"
+        # a block order's window; a shard order's shards open at once
+        self.window = units.window(options.budget, options.calls_in_flight, "block" if block else True)
+        if block:  # a call holds whole windows, so that each block is one request
+            options = replace(options, samples_per_call=max(options.samples_per_call, self.window))
+        # Over tar shards with shuffle=True the bytes of each sample read are freed at once (where
+        # the file system can) and the order counts them: a next shard opens as soon as there is
+        # room for it (see Order.shard_order).
+        frees = units.frees_on_read(shuffle, cache is not None) and punches_holes(root, HOLE_BLOCK)
+        self.cost = units.order_cost() if frees else None
+        self.run = StagingRun(dataset, options, root, frees=frees)
+        self.feed: FeedHost | None = None
+
+    def units(self) -> list[list[int]]:
+        """What a unit order permutes: tar shards, else key-prefix blocks."""
+        return self.run.units.order_units(self.run.blocks)
+
+    def open(self, name: str, p: _Pass) -> FeedHost:
+        """Begin a pass for ``p`` (this process's own worker) and its sibling workers, which
+        connect to ``name``; the pass before it, if any, stops."""
+        self.close_pass()
+        hello = Hello(p.worker, p.num_workers, p.epoch, p.yielded, p.plan)
+        nw, chunk = p.num_workers, p.chunk
+        self.feed = FeedHost(name, hello, lambda hellos: self._serve(p, hellos), lambda q: owner(q, nw, chunk))
+        return self.feed.start()
+
+    def _serve(self, p: _Pass, hellos: dict[int, Hello]) -> Iterator[tuple[int, tuple[str, Any]]]:
+        """The pass: stage what the workers still need of the rank's order, in order, and say
+        what became of each position."""
+        for h in hellos.values():
+            if (h.num_workers, h.epoch, h.plan) != (p.num_workers, p.epoch, p.plan):
+                raise StateError(
+                    f"DataLoader worker {h.worker} begins epoch {h.epoch} with {h.plan} while worker "
+                    f"{p.worker} begins epoch {p.epoch} with {p.plan}: resume every worker from states "
+                    "of one StatefulDataLoader"
+                )
+        n = len(self.dataset)
+        order, windows = rank_order(p.order, n, p.epoch, p.shuffle_buffer, self)
+        rest = remaining(len(order), [hellos[w].start for w in range(p.num_workers)], p.chunk)
+        if self.cache is not None and self.run.cache is None:
+            self.run.cache = self._cache_run(p)
+        wins = _windows_of(windows, rest)
+        staged = [order[q] for q in rest]
+        log.debug("rank %d epoch %d: staging %d of %d positions", p.rank, p.epoch, len(rest), len(order))
+        stream = self.run.stage(staged, wins, p.order.shuffle, lambda: p.epoch, skips=True)
+        try:
+            # the stream first: it yields one item per position, and is run to its end
+            for s, q in zip(stream, rest, strict=True):
+                yield q, ((INDEX, s) if s is not None else (SKIP, None))
+        finally:
+            stream.close()
+
+    def _cache_run(self, p: _Pass) -> CacheRun:
+        """The rank's use of the epoch cache it shares with the node's other local ranks: the
+        keep-set is planned over all their orders."""
+        ranks = node_ranks(p.rank, p.num_replicas)
+        ds = self.dataset
+        n = len(ds)
+
+        def orders(epoch: int) -> list[list[int]]:
+            return [rank_order(dataclasses.replace(p.order, rank=r), n, epoch, p.shuffle_buffer, self)[0] for r in ranks]
+
+        assert self.cache is not None
+        opts = self.run.options
+        return CacheRun(
+            ds.samples, ds.samples.sizes(), self.cache.sharer(), opts.epoch_cache, orders, ranks.index(p.rank), opts.verify
+        )
+
+    def metrics(self, epoch: int, samples: int) -> Metrics:
+        return self.run.metrics(epoch, samples)
+
+    def close_pass(self) -> None:
+        """Stop the current pass (its feed and its engine). Safe to call twice."""
+        feed, self.feed = self.feed, None
+        if feed is not None:
+            feed.stop.set()
+            self.run.passes.close_active()
+            feed.close()
+
+    def close(self) -> None:
+        """Stop staging, kill s5cmd, remove this host's folder once the other workers read what
+        was sent to them (a DataLoader ends the host's worker as soon as its own share is done,
+        while the others may still be reading). Safe to call twice."""
+        feed = self.feed
+        if feed is not None and not feed.wait_readers(READERS_S):
+            log.warning("DataLoader workers still reading after %.0f s; removing the staged files", READERS_S)
+        self.close_pass()
+        self.run.close()
+
+
+class Hosting:
+    """Where an iterable dataset's rank is hosted: the :class:`RankHost` of this process (made
+    on first use, kept across epochs by persistent workers), never carried to another process.
+
+    Args:
+        dataset, options, shuffle, cache: as for :class:`RankHost`; ``options.staging_dir`` is
+            the iterable dataset's own directory, which the host stages below.
+    """
+
+    def __init__(self, dataset: S5Dataset, options: StagingOptions, shuffle: bool | str, cache: EpochCache | None) -> None:
+        self.dataset = dataset
+        self.options = options
+        self.shuffle = shuffle
+        self.cache = cache
+        self.owner = os.getpid()  # the process that made the dataset (and removes its directory)
+        self._host: RankHost | None = None
+        self._key: tuple[int, ...] | None = None
+
+    def host(self, p: _Pass) -> RankHost:
+        """This process's host for rank ``p.rank``."""
+        key = (os.getpid(), p.rank, p.num_replicas)
+        if self._host is not None and self._key == key:
+            return self._host
+        self.close()
+        assert self.options.staging_dir is not None
+        host = RankHost(self.dataset, self.options, self.options.staging_dir, self.shuffle, self.cache)
+        self._host, self._key = host, key
+        if key[0] != self.owner:
+            # A DataLoader worker runs no atexit handlers; multiprocessing's finalizers do run.
+            multiprocessing.util.Finalize(None, host.close, exitpriority=10)
+        return host
+
+    def metrics(self, epoch: int, samples: int) -> Metrics | None:
+        host = self._host
+        if host is None or self._key is None or self._key[0] != os.getpid():
+            return None
+        return host.metrics(epoch, samples)
+
+    def close(self) -> None:
+        """Stop this process's host, if it runs one. Safe to call twice."""
+        host, self._host = self._host, None
+        if host is not None and self._key is not None and self._key[0] == os.getpid():
+            host.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # threads and s5cmd children never cross a process boundary
+        return {**self.__dict__, "_host": None, "_key": None}
+
+
+def _windows_of(windows: list[int] | None, rest: list[int]) -> list[int] | None:
+    """Where the windows of a block order begin among the positions ``rest`` still staged."""
+    if windows is None or not rest:
+        return None
+    if len(rest) == rest[-1] + 1:  # nothing read yet: the positions are the order's own
+        return windows
+    out = sorted({bisect.bisect_left(rest, w) for w in windows} - {len(rest)})
+    return out if out and out[0] == 0 else [0, *out]
+
+

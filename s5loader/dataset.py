@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -13,14 +12,13 @@ from torch.utils.data import Dataset
 from ._index import sources as _sources
 from ._index.compact import SampleIndex
 from ._index.sample import DISK, Sample
-from ._s3api.client import s3_client
 from ._shards.dataset import ShardSet
 from ._shards.index import load_shards
 from .config import Access
 from .decode import decode
 from .exceptions import EmptySourceError
-from .staging.layout import StagingLayout
-from .staging.reader import StagedIndex, fetch_fields, read_staged
+from .staging.reader import ObjectReader
+from .staging.reader import StagedIndex as StagedIndex  # the index type samplers yield
 
 log = logging.getLogger(__name__)
 
@@ -57,21 +55,22 @@ class S5Dataset(Dataset[Any]):
         access: Access | None = None,
         shards: ShardSet | None = None,
     ) -> None:
-        if shards is not None:
-            samples = shards.units  # the sampler stages and budgets whole shards
-        if not samples:
-            raise EmptySourceError(f"no sample in {source or 'the given objects'}")
-        self.shards = shards
-        self._samples = SampleIndex.from_samples(samples, {"source": source})
-        disk = shards.disk if shards is not None else None
-        if disk is not None:  # compressed shards: staged, they take more than their objects
-            self._samples.set_column(DISK, disk)
         #: How the store is reached, by the sampler's s5cmd calls and the direct GETs alike.
         self.access = Access.coerce(access, endpoint_url)
+        # What the engine stages (the index: samples, or one unit per shard) and how a sample
+        # is read: the one place where raw objects and tar shards part ways.
+        units = shards.units if shards is not None else samples
+        self._reader: ObjectReader | ShardSet = shards if shards is not None else ObjectReader(len(samples))
+        if not units:
+            raise EmptySourceError(f"no sample in {source or 'the given objects'}")
+        self.shards = shards
+        self._samples = SampleIndex.from_samples(units, {"source": source})
+        disk = self._reader.disk
+        if disk is not None:  # compressed shards: staged, they take more than their objects
+            self._samples.set_column(DISK, disk)
         self.transform = transform
         self.decode = bool(decode)
         self.source = source
-        self._warned_unstaged = False
         #: Class names (sorted folder names) with ``label="folder"``, as torchvision's ImageFolder.
         self.classes: list[str] = list(self._samples.meta.get("classes", []))
         #: Class name -> the int ``"label"`` of its samples.
@@ -255,13 +254,7 @@ class S5Dataset(Dataset[Any]):
         return self._samples
 
     def __len__(self) -> int:
-        return self.shards.samples if self.shards is not None else len(self._samples)
-
-    @property
-    def shard_units(self) -> list[list[int]] | None:
-        """Over tar shards, the samples of each shard (the blocks ``shuffle="block"``
-        permutes); ``None`` for objects."""
-        return self.shards.shard_units if self.shards is not None else None
+        return self._reader.samples
 
     @property
     def _listing(self) -> Sequence[str] | None:
@@ -273,45 +266,17 @@ class S5Dataset(Dataset[Any]):
         return self._samples.total_bytes
 
     def __getitem__(self, index: int) -> Any:
-        if self.shards is not None:
-            member, uri = self.shards.read(index, self._samples[self.shards.locate(index)[0]])
-            return self._finish(member, uri)
-        sample = self._samples[index]
-        data = None
-        if isinstance(index, StagedIndex):
-            folder = index.folder
-            data = read_staged(StagingLayout(folder), int(index), sample, keep=index.keep, back=index.back)
-            # A pass whose folder is gone was replaced: whoever asked will not use the sample
-            # (a worker of a loader that was shut down), so that is no staging fault to report.
-            if data is None and not self._warned_unstaged and os.path.isdir(folder):
-                self._warned_unstaged = True
-                log.warning(
-                    "sample %d (%s) was not staged in %s; fetching it directly (further "
-                    "cases are not logged)", index, sample.key, folder,
-                )
-        if data is None:
-            data = self._fetch(sample)
-        out: dict[str, Any] = {"__key__": sample.key}
-        for f, value in zip(sample.fields, data, strict=True):
-            out[f.name] = value
-        if sample.extra:
-            for k, v in sample.extra.items():
-                out.setdefault(k, v)
-        return self._finish(out, {f.name: f.uri for f in sample.fields})
+        member, where = self._reader.read(index, self._samples, self.access)
+        return self._finish(member, where)
 
     def _finish(self, out: dict[str, Any], where: str | dict[str, str] = "") -> Any:
         if self.decode:
             out = decode(out, where)
         return self.transform(out) if self.transform is not None else out
 
-    def _fetch(self, sample: Sample) -> list[bytes]:
-        return fetch_fields(s3_client(self.access), sample)
-
     def __getstate__(self) -> dict[str, Any]:
         return self.__dict__.copy()  # boto3 clients live in _s3api, one per process: none here
 
     def __repr__(self) -> str:
-        if self.shards is not None:
-            return f"S5Dataset({self.source!r}, {len(self)} samples in {len(self.shards)} shards)"
-        return f"S5Dataset({self.source!r}, {len(self)} samples)"
+        return f"S5Dataset({self.source!r}, {self._reader.describe()})"
 

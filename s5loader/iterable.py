@@ -27,7 +27,6 @@ from ._sampling.iterparts import buffer_shuffle as buffer_shuffle
 from ._sampling.iterparts import worker_length as worker_length
 from ._sampling.order import Order
 from ._sampling.rankhost import Hosting
-from ._sampling.units import units_of
 from ._util.dist import pytorch_worker_info, rank_info
 from ._util.platform import require_linux
 from ._util.uri import format_size
@@ -126,7 +125,6 @@ class S5IterableDataset(IterableDataset[Any]):
         self.shuffle_buffer = shuffle_buffer
         self.drop_last = drop_last
         self.budget = self._options.budget
-        self._sharded = units_of(dataset).sharded
         self._num_replicas = num_replicas
         self._rank = rank
         self.epoch = 0
@@ -230,7 +228,7 @@ class S5IterableDataset(IterableDataset[Any]):
                 "runs one, in the main process): give both the same count"
             )
         loaded, self._loaded = self._loaded, None
-        order = Order(self.shuffle, self.seed, world, rank, self.drop_last, self._sharded)
+        order = Order(self.shuffle, self.seed, world, rank, self.drop_last)
         return start_pass(
             loaded, order, self.shuffle_buffer, self.epoch, len(self.dataset), worker, nw, self._chunk,
             self.dataset.source or "the data set",

@@ -121,10 +121,9 @@ class S5Sampler(Sampler[int]):
 
     def _local_orders(self, epoch: int) -> list[list[int]]:
         """The whole order of ``epoch`` of each rank of this node (the epoch cache plans on them)."""
-        o = self._order
-        units = self._units() if o.per_rank else []
+        o, run = self._order, self._run
         return [
-            dataclasses.replace(o, rank=r).plan(len(self.dataset), epoch, 0, units, self._window)[0]
+            run.units.plan(dataclasses.replace(o, rank=r), epoch, 0, run.blocks, self._window)[0]
             for r in node_ranks(o.rank, o.num_replicas)
         ]
 
@@ -186,8 +185,8 @@ class S5Sampler(Sampler[int]):
 
     def _epoch_plan(self, epoch: int, start: int = 0) -> tuple[list[int], list[int] | None]:
         """This rank's order from ``start`` on, and (``shuffle="block"``) where its windows begin."""
-        units = self._units() if self._order.per_rank else []
-        return self._order.plan(len(self.dataset), epoch, start, units, self._window)
+        run = self._run
+        return run.units.plan(self._order, epoch, start, run.blocks, self._window)
 
     def _units(self) -> list[list[int]]:
         """The blocks a ``shuffle="block"`` order permutes: tar shards, else key-prefix blocks."""
@@ -262,7 +261,7 @@ class S5Sampler(Sampler[int]):
         means "epoch ``epoch`` is done": loading it makes the next pass a whole epoch, the one
         :meth:`set_epoch` names.
         """
-        return make_state(self._order, self.epoch, len(self.dataset), self._pos, self._window)
+        return make_state(self._order, self.epoch, len(self.dataset), self._pos, self._window, self._run.units.name)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict`, staging only what is left.
@@ -279,10 +278,11 @@ class S5Sampler(Sampler[int]):
             StateError: the state does not fit (another data set size, negative counts, an
                 unknown version, a missing key).
         """
-        saved = check_state(state, len(self.dataset))
+        units = self._run.units
+        saved = check_state(state, len(self.dataset), units)
         window = check_window(state, self._window)
-        self._order, self.epoch = resume(saved, self._order, self.epoch, self._pos, len(self.dataset))
-        self._window, self._run.options = resume_window(saved, window, self._window, self._options)
+        self._order, self.epoch = resume(saved, self._order, self.epoch, self._pos, len(self.dataset), units)
+        self._window, self._run.options = resume_window(saved, window, self._window, self._options, units)
 
     # -- lifetime -----------------------------------------------------------------------
     def close(self) -> None:

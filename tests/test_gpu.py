@@ -133,7 +133,7 @@ def test_a_pinned_loader_feeds_a_model_on_the_gpu_every_sample_once(moto: Store,
 def test_an_iterable_over_shards_feeds_pinned_batches_to_the_gpu_every_sample_once(
     moto: Store, staging_root: str
 ) -> None:
-    from test_shards import put_indexed, tar_of
+    from support.shards import put_indexed, tar_of
 
     from s5loader import S5IterableDataset
 

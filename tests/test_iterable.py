@@ -76,20 +76,18 @@ def test_workers_take_turns_along_the_rank_order_and_every_rank_gets_the_same_co
 
 
 def test_the_rank_order_through_a_buffer_is_the_plain_order_reshuffled() -> None:
-    class Layout:
-        window = 4
-        cost = None
+    from types import SimpleNamespace
 
-        @staticmethod
-        def units() -> list[list[int]]:
-            return uneven_units(23)
+    from s5loader._sampling.units import ObjectUnits
 
+    ds = S5Dataset([Sample(f"{i}", (Field("data", f"s3://b/{i}", 10, ""),)) for i in range(23)])
+    units, blocks = ObjectUnits(ds), SimpleNamespace(units=uneven_units(23))  # the blocks a block order permutes
     for shuffle in (True, False, "block"):
         o = Order(shuffle, 7, 2, 1, False)
-        plain, _ = rank_order(o, 23, 2, 0, Layout)
-        buffered, windows = rank_order(o, 23, 2, 5, Layout)
+        plain, _ = rank_order(units, o, 2, 0, blocks, 4)
+        buffered, windows = rank_order(units, o, 2, 5, blocks, 4)
         assert sorted(buffered) == sorted(plain) and windows is None
-        assert rank_order(o, 23, 2, 5, Layout)[0] == buffered  # seeded
+        assert rank_order(units, o, 2, 5, blocks, 4)[0] == buffered  # seeded
 
 
 def test_shuffle_buffer_is_webdatasets_draw() -> None:

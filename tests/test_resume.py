@@ -208,16 +208,18 @@ def test_staged_index_survives_pickling() -> None:
 
 def test_position_and_resume_arithmetic_without_a_server() -> None:
     from s5loader._sampling.resume import Position, check_state, make_state, resume
+    from s5loader._sampling.units import ObjectUnits
 
+    units = ObjectUnits(None)  # type: ignore[arg-type]
     order = Order(True, 7, 2, 1, False)
     mid = Position(start=3, yielded=5, pass_len=10)
-    saved = check_state(make_state(order, 4, 20, mid, 100), 20)
+    saved = check_state(make_state(order, 4, 20, mid, 100, units.name), 20, units)
     assert (saved.consumed, saved.complete) == (3 + 5 * 2, False)
     here = Position(yielded=2, epoch_done=True)
-    resumed, epoch = resume(saved, Order(False, 0, 4, 3, False), 9, here, 20)  # now 4 ranks
+    resumed, epoch = resume(saved, Order(False, 0, 4, 3, False), 9, here, 20, units)  # now 4 ranks
     assert (resumed.shuffle, resumed.seed, resumed.num_replicas, resumed.rank, epoch) == (True, 7, 4, 3, 4)
     assert (here.start, here.yielded, here.epoch_done) == (13, 0, False)
-    done = check_state(make_state(order, 4, 20, Position(start=3, yielded=10, pass_len=10), 100), 20)
+    done = check_state(make_state(order, 4, 20, Position(start=3, yielded=10, pass_len=10), 100, units.name), 20, units)
     assert done.complete
-    assert resume(done, order, 0, Position(), 20)[1] == 5  # the epoch after the saved one
-    assert resume(done, order, 8, Position(epoch_set=True), 20)[1] == 8  # unless set_epoch said
+    assert resume(done, order, 0, Position(), 20, units)[1] == 5  # the epoch after the saved one
+    assert resume(done, order, 8, Position(epoch_set=True), 20, units)[1] == 8  # unless set_epoch said

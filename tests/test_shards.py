@@ -18,6 +18,15 @@ from collections import Counter
 
 import psutil
 import pytest
+from support.shards import (
+    class_sorted_shards,
+    leftovers,
+    make_shards,
+    put_indexed,
+    sample_bytes,
+    shard_gets,
+    tar_of,
+)
 from support.stores import Store
 from torch.utils.data import DataLoader
 
@@ -40,54 +49,9 @@ from s5loader.decode import decode
 # -- helpers ------------------------------------------------------------------------------
 
 
-def sample_bytes(i: int, size: int = 300) -> bytes:
-    return hashlib.sha256(str(i).encode()).digest() * (size // 32 + 1)
-
-
-def tar_of(members: list[tuple[str, bytes]]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
-def make_shards(n_shards: int, per_shard: int, size: int = 300) -> tuple[dict[str, bytes], dict[str, dict[str, bytes]]]:
-    """``{shard name: tar bytes}`` and the expected samples ``{key: {field: bytes}}``."""
-    shards, expected = {}, {}
-    k = 0
-    for s in range(n_shards):
-        members = []
-        for _ in range(per_shard):
-            key = f"s{k:05d}"
-            fields = {"bin": sample_bytes(k, size), "cls": str(k % 7).encode()}
-            expected[key] = fields
-            members += [(f"{key}.{f}", v) for f, v in fields.items()]
-            k += 1
-        shards[f"shard-{s:03d}.tar"] = tar_of(members)
-    return shards, expected
-
-
-def put_indexed(store: Store, shards: dict[str, bytes]) -> str:
-    """Upload the shards and their index; returns the source prefix."""
-    store.put(shards)
-    _shards.build_index(store.uri(), store.endpoint)
-    return store.uri()
-
-
 def load_all(ds: S5Dataset, sampler: S5Sampler, workers: int = 2) -> list[dict]:
     loader = DataLoader(ds, sampler=sampler, batch_size=4, num_workers=workers, collate_fn=lambda b: b)
     return [x for b in loader for x in b]
-
-
-def leftovers(path: str) -> list[str]:
-    out = []
-    for root, dirs, files in os.walk(path):
-        dirs[:] = [d for d in dirs if d not in (".calls",)]
-        out += [os.path.join(root, f) for f in files if f not in (".lock", ".released")]
-    return out
 
 
 # -- fast tier: no server -----------------------------------------------------------------
@@ -781,24 +745,6 @@ def test_iterable_dataset_over_shards_every_sample_once_per_rank_split(moto: Sto
             keys += [x["__key__"] for x in got]
             assert leftovers(it._area.path) == []
     assert len(keys) == 30 and set(keys) == set(expected)  # 30 samples over 2 ranks: each once
-
-
-def class_sorted_shards(
-    store: Store, n_shards: int = 8, per_shard: int = 25, size: int = 2000
-) -> tuple[str, dict[str, bytes], int]:
-    """Shards of one class each (the class is the shard number), samples of ``size`` bytes;
-    returns the source, the shards, and the largest shard's size."""
-    shards = {
-        f"shard-{s:03d}.tar": tar_of([(f"c{s}-{j:03d}.{f}", data) for j in range(per_shard)
-                                       for f, data in (("bin", sample_bytes(s * 1000 + j, size)), ("cls", b"%d" % s))])
-        for s in range(n_shards)
-    }
-    return put_indexed(store, shards), shards, max(map(len, shards.values()))
-
-
-def shard_gets(requests: list) -> Counter:  # type: ignore[type-arg]
-    return Counter(path.split("?")[0].rsplit("/", 1)[-1] for method, path, _ in requests
-                   if method == "GET" and path.split("?")[0].endswith(".tar"))
 
 
 @pytest.mark.parametrize("shuffle", [True, False, "block"])

@@ -34,6 +34,7 @@ from ..staging.epochcache import EpochCache, index_fingerprint
 from ..staging.layout import HANDED_BACK, StagingLayout
 from .cacheplan import Admission, KeepPlan, keep_set, node_ranks, rank_capacity
 from .order import Order
+from .units import units_of
 
 log = logging.getLogger("s5loader.sampler")
 
@@ -47,6 +48,10 @@ class Hits(set[int]):
         super().__init__()
         self.run = run
         self.candidates = candidates
+
+    def has(self, idx: int) -> bool:
+        """Whether ``idx`` may be a hit, without taking it."""
+        return idx in self.candidates or idx in self.run.taken
 
     def __contains__(self, idx: object) -> bool:
         if not isinstance(idx, int):
@@ -63,13 +68,16 @@ class CacheRun:
     """A sampler's epoch cache of ``capacity`` bytes below ``root``.
 
     Args:
-        samples: the data set's samples.
+        samples: the data set's units (its samples, or one per tar shard), as the engine stages them.
         sizes: their sizes (bytes staged).
         cache: the cache folder.
         capacity: the cache's size for the node.
-        orders: the full orders of an epoch of the node's local ranks, one list per rank.
+        orders: the full orders of an epoch of the node's local ranks, one list of samples per rank.
         me: this rank's place among them.
         verify: check a hit's MD5 ETag as well as its sizes.
+        unit_of: the unit of a sample (a tar shard's sample: its shard); ``None``: each sample
+            is its own. The cache keeps, hits and hands back units.
+        cacheable: whether a unit can be kept at all (``None``: every one).
     """
 
     def __init__(
@@ -81,7 +89,11 @@ class CacheRun:
         orders: Callable[[int], list[list[int]]],
         me: int,
         verify: bool,
+        unit_of: Callable[[int], int] | None = None,
+        cacheable: Callable[[int], bool] | None = None,
     ) -> None:
+        self.unit_of = unit_of
+        self.cacheable = cacheable
         self.samples = samples
         self.sizes = sizes
         self.cache = cache
@@ -99,11 +111,21 @@ class CacheRun:
         self._plans: dict[int, KeepPlan] = {}
 
     # -- between passes (the caller's thread) ------------------------------------------------
+    def units(self, order: Sequence[int]) -> list[int]:
+        """The units of ``order`` in the order they are first met."""
+        unit_of = self.unit_of
+        if unit_of is None:
+            return list(order)
+        return list(dict.fromkeys(unit_of(i) for i in order))
+
+    def unit_orders(self, epoch: int) -> list[list[int]]:
+        return [self.units(o) for o in self.orders(epoch)]
+
     def plan(self, epoch: int) -> KeepPlan:
         """The keep-set for ``epoch`` (the start of its order, across the local ranks)."""
         found = self._plans.get(epoch)
         if found is None:
-            found = keep_set(self.orders(epoch), self.sizes, self.capacity)
+            found = keep_set(self.unit_orders(epoch), self.sizes, self.capacity)
             self._plans = {e: p for e, p in self._plans.items() if e >= epoch - 1}
             self._plans[epoch] = found
         return found
@@ -138,11 +160,11 @@ class CacheRun:
 
     def begin_pass(self, epoch: int, order: list[int], folder: str) -> tuple[Hits, frozenset[int]]:
         """Prepare the pass of ``epoch`` that stages ``order`` (this rank's, maybe resumed part
-        way) into ``folder``: the engine's hits, and the indices whose readers hand them back."""
+        way) into ``folder``: the engine's hits, and the units whose readers hand them back."""
         self.cache.open()
         now, nxt = self.plan(epoch), self.plan(epoch + 1)
-        full = self.orders(epoch)
-        rest = set(order)
+        full = self.unit_orders(epoch)
+        rest = set(self.units(order))
         consumed = set(full[self.me]) - rest
         everyone = set().union(*full) if self.me == 0 else set()
         candidates: set[int] = set()
@@ -162,7 +184,8 @@ class CacheRun:
                 continue  # another local rank's
             held += int(self.sizes[idx])
         self.admission = Admission(max(rank_capacity(now, self.me, self.capacity), 0), held)
-        self.back = frozenset(i for i in rest if i in nxt.keep)
+        ok = self.cacheable
+        self.back = frozenset(i for i in rest if i in nxt.keep and (ok is None or ok(i)))
         self.taken = set()
         self.layout = StagingLayout(folder)
         self.hits = 0
@@ -253,9 +276,19 @@ def open_cache_run(
     fingerprint = index_fingerprint(dataset.samples)
     o = order
     name = cache_id(fingerprint, o.shuffle, o.seed, o.num_replicas, o.drop_last, window, ranks[0], len(ranks))
+    cache = EpochCache(root, name, fingerprint, options.keep_epoch_cache)
+    return new_cache_run(dataset, cache, options.epoch_cache, orders, ranks.index(o.rank), options.verify)
+
+
+def new_cache_run(
+    dataset: S5Dataset, cache: EpochCache, capacity: int, orders: Callable[[int], list[list[int]]], me: int,
+    verify: bool,
+) -> CacheRun:
+    """A :class:`CacheRun` over ``dataset``'s units (samples, or tar shards: see
+    :meth:`ObjectUnits.cache_units <s5loader._sampling.units.ObjectUnits.cache_units>`)."""
+    unit_of, cacheable = units_of(dataset).cache_units()
     return CacheRun(
-        dataset.samples, dataset.samples.sizes(), EpochCache(root, name, fingerprint, options.keep_epoch_cache),
-        options.epoch_cache, orders, ranks.index(o.rank), options.verify,
+        dataset.samples, dataset.samples.sizes(), cache, capacity, orders, me, verify, unit_of, cacheable
     )
 
 

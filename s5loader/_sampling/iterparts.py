@@ -11,6 +11,7 @@ order exactly.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,19 +114,15 @@ def remaining(length: int, starts: list[int], chunk: int) -> list[int]:
     return [p for p in range(length) if (p // (chunk * k)) * chunk + p % chunk >= starts[owner(p, k, chunk)]]
 
 
-def rank_order(order: Order, n: int, epoch: int, shuffle_buffer: int, layout: Any) -> tuple[list[int], list[int] | None]:
-    """The rank's whole order of ``epoch`` (the sampler's: :meth:`Order.plan`), through the
+def rank_order(
+    units: Any, order: Order, epoch: int, shuffle_buffer: int, blocks: Any, window: int,
+    cost: Callable[[int], tuple[float, float]] | None = None,
+) -> tuple[list[int], list[int] | None]:
+    """The rank's whole order of ``epoch`` (the sampler's: :meth:`ObjectUnits.plan
+    <s5loader._sampling.units.ObjectUnits.plan>` of the data set's ``units``), through the
     shuffle buffer when there is one, and where its ``shuffle="block"`` windows begin (None
-    through a buffer, which mixes across them).
-
-    ``layout`` answers ``units()`` (what a unit order permutes), ``window`` and ``cost`` (see
-    :meth:`Order.shard_order`)."""
-    if order.shuffle != "block" and order.sharded:
-        mine = order.shard_order(n, epoch, 0, layout.units(), layout.window, cost=layout.cost)
-        windows: list[int] | None = None
-    else:
-        units = layout.units() if order.per_rank else []
-        mine, windows = order.plan(n, epoch, 0, units, layout.window)
+    through a buffer, which mixes across them)."""
+    mine, windows = units.plan(order, epoch, 0, blocks, window, cost)
     if shuffle_buffer > 1:
         rng = np.random.default_rng([order.seed & (2**64 - 1), epoch, order.rank])
         return buffer_shuffle(mine, shuffle_buffer, rng), None
@@ -234,7 +231,7 @@ def start_pass(
                 f"a state of {source} saved mid-epoch by {saved} cannot resume {where}: resume with "
                 "the same number of ranks and DataLoader workers, and the same batch_size"
             )
-        order = Order(loaded["shuffle"], loaded["seed"], world, rank, loaded["drop_last"], order.sharded)
+        order = Order(loaded["shuffle"], loaded["seed"], world, rank, loaded["drop_last"])
         buffer, epoch, start = loaded["shuffle_buffer"], loaded["epoch"], loaded["yielded"]
     length = worker_length(part_len(n, world, order.drop_last), worker, num_workers, chunk)
     if loaded is not None and loaded["complete"]:

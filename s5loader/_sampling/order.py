@@ -39,32 +39,16 @@ def check_seed(value: object) -> int:
 
 @dataclass(frozen=True)
 class Order:
-    """How one pass over the data is ordered and split across ranks."""
+    """How one pass over the data is ordered and split across ranks: the orders a data set's
+    units choose from (see :meth:`ObjectUnits.plan <s5loader._sampling.units.ObjectUnits.plan>`):
+    a permutation of samples (:meth:`indices`), a block order (:meth:`block_order`) or a unit
+    order that keeps units whole (:meth:`shard_order`)."""
 
     shuffle: bool | str  # True, False or "block"
     seed: int
     num_replicas: int
     rank: int
     drop_last: bool
-    sharded: bool = False  # over tar shards: True and False give shard orders (shard_order)
-
-    @property
-    def per_rank(self) -> bool:
-        """Positions count samples of this rank's part (a block or shard order), not of one
-        global order."""
-        return self.shuffle == "block" or self.sharded
-
-    def plan(
-        self, n: int, epoch: int, start: int, units: list[list[int]], window: int
-    ) -> tuple[list[int], list[int] | None]:
-        """This rank's order from ``start`` on, and (``shuffle="block"``) where its windows
-        begin: :meth:`block_order`, :meth:`shard_order` (``window`` shards open) or
-        :meth:`indices`."""
-        if self.shuffle == "block":
-            return self.block_order(n, epoch, start, units, window)
-        if self.sharded:
-            return self.shard_order(n, epoch, start, units, window), None
-        return self.indices(n, epoch, start), None
 
     def indices(
         self, n: int, epoch: int, start: int = 0, units: list[list[int]] | None = None, window: int = 1000
@@ -108,7 +92,8 @@ class Order:
         return self.block_order(n, epoch, start, units, window)[0]
 
     def block_order(
-        self, n: int, epoch: int, start: int, units: list[list[int]], window: int, run: tuple[int, int] = (0, 1)
+        self, n: int, epoch: int, start: int, units: list[list[int]], window: int, run: tuple[int, int] = (0, 1),
+        front_first: bool = False,
     ) -> tuple[list[int], list[int]]:
         """The ``shuffle="block"`` order of this rank from ``start`` on, and where its windows
         begin (positions in the returned list, ascending, the first 0).
@@ -127,7 +112,7 @@ class Order:
         the windows (an iterable dataset's worker), so that no window, and no unit but one
         cut by a run's edge, is shared by two runs; ``start`` counts samples of the run.
 
-        Over tar shards (``sharded``) the first shard of a part (or run) larger than the first
+        ``front_first`` (tar shards): the first unit of a part (or run) larger than the first
         window is cut into growing windows in its own order (32 samples, then 64, ... while
         under ``window``), as the shard is read while it downloads: the first batch waits for
         its first samples, not for one at random in the whole shard.
@@ -145,7 +130,7 @@ class Order:
             pieces = [seq[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
             for j in range(run[1]):
                 mine = cut(pieces, j, run[1]) if run[1] > 1 else pieces
-                if self.sharded and mine:
+                if front_first and mine:
                     # a tar shard larger than the first window is read in its own order in windows
                     # that grow as the first windows do: the first samples of the shard streamed
                     # first (see _shards/stream.py) are its first bytes, so the first batch does

@@ -69,7 +69,7 @@ class StagingPasses:
         where = self._new_pass()
         hits, back = cache.begin_pass(epoch(), order, where.path) if cache is not None else (None, frozenset())
         keep = self.keep
-        units = open_pass(self.dataset, order, where.path, keep, options, shuffle, self.frees)
+        units = open_pass(self.dataset, order, where.path, keep, options, shuffle, self.frees, hits)
         stager = Stager(
             self.dataset.samples,
             units.engine_order,
@@ -102,7 +102,7 @@ class StagingPasses:
                     later = False
                 position.yielded += 1  # a skipped sample still counts as consumed
                 if ok:
-                    yield StagedIndex(idx, where.path, keep, idx in back, self.frees)
+                    yield StagedIndex(idx, where.path, keep, bool(back) and units.unit_of(idx) in back, self.frees)
                 elif skips:
                     yield None
             units.finish(stager)

@@ -21,9 +21,10 @@ from ..engine.metrics import Metrics
 from ..exceptions import StateError
 from ..staging.epochcache import EpochCache
 from .cacheplan import node_ranks
-from .cacherun import CacheRun
+from .cacherun import CacheRun, new_cache_run
 from .feed import INDEX, SKIP, FeedHost, Hello
 from .iterparts import _Pass, owner, rank_order, remaining
+from .order import Order
 from .run import StagingRun
 from .units import units_of
 
@@ -64,9 +65,10 @@ class RankHost:
         self.run = StagingRun(dataset, options, root, frees=frees)
         self.feed: FeedHost | None = None
 
-    def units(self) -> list[list[int]]:
-        """What a unit order permutes: tar shards, else key-prefix blocks."""
-        return self.run.units.order_units(self.run.blocks)
+    def rank_order(self, order: Order, epoch: int, shuffle_buffer: int) -> tuple[list[int], list[int] | None]:
+        """``order``'s rank's whole order of ``epoch`` (see :func:`.iterparts.rank_order`)."""
+        run = self.run
+        return rank_order(run.units, order, epoch, shuffle_buffer, run.blocks, self.window, self.cost)
 
     def open(self, name: str, p: _Pass) -> FeedHost:
         """Begin a pass for ``p`` (this process's own worker) and its sibling workers, which
@@ -87,8 +89,7 @@ class RankHost:
                     f"{p.worker} begins epoch {p.epoch} with {p.plan}: resume every worker from states "
                     "of one StatefulDataLoader"
                 )
-        n = len(self.dataset)
-        order, windows = rank_order(p.order, n, p.epoch, p.shuffle_buffer, self)
+        order, windows = self.rank_order(p.order, p.epoch, p.shuffle_buffer)
         rest = remaining(len(order), [hellos[w].start for w in range(p.num_workers)], p.chunk)
         if self.cache is not None and self.run.cache is None:
             self.run.cache = self._cache_run(p)
@@ -108,16 +109,13 @@ class RankHost:
         keep-set is planned over all their orders."""
         ranks = node_ranks(p.rank, p.num_replicas)
         ds = self.dataset
-        n = len(ds)
 
         def orders(epoch: int) -> list[list[int]]:
-            return [rank_order(dataclasses.replace(p.order, rank=r), n, epoch, p.shuffle_buffer, self)[0] for r in ranks]
+            return [self.rank_order(dataclasses.replace(p.order, rank=r), epoch, p.shuffle_buffer)[0] for r in ranks]
 
         assert self.cache is not None
         opts = self.run.options
-        return CacheRun(
-            ds.samples, ds.samples.sizes(), self.cache.sharer(), opts.epoch_cache, orders, ranks.index(p.rank), opts.verify
-        )
+        return new_cache_run(ds, self.cache.sharer(), opts.epoch_cache, orders, ranks.index(p.rank), opts.verify)
 
     def metrics(self, epoch: int, samples: int) -> Metrics:
         return self.run.metrics(epoch, samples)

@@ -28,9 +28,9 @@ class SavedPosition(NamedTuple):
     num_replicas: int
     drop_last: bool
     epoch: int
-    consumed: int  # block or shard order: a position in the rank's part; otherwise in the global order
+    consumed: int  # a per-rank order (block, shards): a position in the rank's part; else in the global order
     complete: bool
-    sharded: bool = False  # a shard order (Order.shard_order) over tar shards
+    units: str = "sample"  # the kind of units the saving sampler staged (its units' name)
 
 
 def check_fields(
@@ -69,8 +69,10 @@ def check_fields(
     return state
 
 
-def check_state(state: Any, dataset_len: int) -> SavedPosition:
-    """Check a state for a data set of ``dataset_len`` samples and say where it resumes.
+def check_state(state: Any, dataset_len: int, units: Any) -> SavedPosition:
+    """Check a state for a data set of ``dataset_len`` samples whose ``units`` (its
+    :func:`~s5loader._sampling.units.units_of`) say how positions count, and say where it
+    resumes.
 
     Raises:
         StateError: the state does not fit (another data set size, negative counts, an
@@ -88,10 +90,11 @@ def check_state(state: Any, dataset_len: int) -> SavedPosition:
     n = dataset_len
     if state["start"] > n:
         raise StateError(f"state['start']={state['start']} is past the data set's {n} samples")
-    sharded = state.get("sharded", False)
-    if not isinstance(sharded, bool):
-        raise StateError(f"state['sharded'] must be a bool, got {sharded!r}")
-    block = state["shuffle"] == "block" or sharded
+    # "sharded": True is how states of version 2 said "tar shard"
+    kind = state.get("units", "tar shard" if state.get("sharded") is True else "sample")
+    if not isinstance(kind, str):
+        raise StateError(f"state['units'] must be a str, got {kind!r}")
+    block = units.per_rank(state["shuffle"])
     w, drop_last = state["num_replicas"], bool(state["drop_last"])
     consumed = state["start"] + state["yielded"] * (1 if block else w)
     if block:
@@ -101,7 +104,7 @@ def check_state(state: Any, dataset_len: int) -> SavedPosition:
     # version 1 did not say whether the epoch was complete: all of it consumed means it was
     complete = state["complete"] if "complete" in state else consumed >= end
     shuffle: bool | str = "block" if state["shuffle"] == "block" else bool(state["shuffle"])
-    return SavedPosition(shuffle, state["seed"], w, drop_last, state["epoch"], consumed, complete, sharded)
+    return SavedPosition(shuffle, state["seed"], w, drop_last, state["epoch"], consumed, complete, kind)
 
 
 @dataclass
@@ -130,8 +133,11 @@ class Position:
         return self.epoch_done or (self.pass_len is not None and self.yielded >= self.pass_len)
 
 
-def make_state(order: Order, epoch: int, dataset_len: int, position: Position, window: int) -> dict[str, Any]:
-    """The dict ``S5Sampler.state_dict()`` returns (read back by :func:`check_state`)."""
+def make_state(
+    order: Order, epoch: int, dataset_len: int, position: Position, window: int, units: str
+) -> dict[str, Any]:
+    """The dict ``S5Sampler.state_dict()`` returns (read back by :func:`check_state`); ``units``
+    names the kind of units staged."""
     return {
         "version": STATE_VERSION,
         "epoch": epoch,
@@ -144,7 +150,7 @@ def make_state(order: Order, epoch: int, dataset_len: int, position: Position, w
         "yielded": position.yielded,
         "complete": position.complete,
         "window": window,  # shuffle="block" and shard orders: the order depends on it
-        **({"sharded": True} if order.sharded else {}),
+        "units": units,
     }
 
 
@@ -157,14 +163,14 @@ def check_window(state: dict[str, Any], default: int) -> int:
 
 
 def resume_window(
-    saved: SavedPosition, window: int, current: int, options: StagingOptions
+    saved: SavedPosition, window: int, current: int, options: StagingOptions, units: Any
 ) -> tuple[int, StagingOptions]:
     """The ``shuffle="block"`` window (or a shard order's open shards) a resumed epoch uses:
     the saved order's, whatever this job's budget gives, with a block order's
     ``samples_per_call`` raised to hold it."""
-    if (saved.shuffle != "block" and not saved.sharded) or window == current:
+    if not units.per_rank(saved.shuffle) or window == current:
         return current, options
-    if saved.sharded and saved.shuffle != "block":
+    if saved.shuffle != "block":
         log.info("resuming a shard order with the saved %d open shard(s) (this budget gives %d)", window, current)
         return window, options
     log.info("shuffle='block': resuming with the saved window of %d samples (this budget gives %d)", window, current)
@@ -173,7 +179,9 @@ def resume_window(
     return window, options
 
 
-def resume(saved: SavedPosition, order: Order, epoch: int, position: Position, dataset_len: int) -> tuple[Order, int]:
+def resume(
+    saved: SavedPosition, order: Order, epoch: int, position: Position, dataset_len: int, units: Any
+) -> tuple[Order, int]:
     """The order and epoch a sampler with ``order`` (this job's ranks) continues ``saved`` with,
     setting ``position`` to where the next pass starts.
 
@@ -183,12 +191,11 @@ def resume(saved: SavedPosition, order: Order, epoch: int, position: Position, d
     """
     w, n, here = saved.num_replicas, dataset_len, order.num_replicas
     what = "a shuffle='block'" if saved.shuffle == "block" else "a shard-order"
-    if saved.sharded != order.sharded and not saved.complete:
+    if saved.units != units.name and not saved.complete:
         raise StateError(
-            f"the state was saved by a sampler {'over' if saved.sharded else 'not over'} tar shards; "
-            f"this one is {'over' if order.sharded else 'not over'} tar shards"
+            f"the state was saved mid-epoch by a sampler that staged {saved.units}s; this one stages {units.name}s"
         )
-    if (saved.shuffle == "block" or saved.sharded) and w != here and not saved.complete:
+    if units.per_rank(saved.shuffle) and w != here and not saved.complete:
         raise StateError(
             f"{what} epoch resumes only with the same number of ranks: the state "
             f"has {w}, this job {here}"
@@ -199,7 +206,7 @@ def resume(saved: SavedPosition, order: Order, epoch: int, position: Position, d
             "order at position %d of %d",
             here, w, min(saved.consumed, n), n,
         )
-    resumed = Order(saved.shuffle, saved.seed, here, order.rank, saved.drop_last, order.sharded)
+    resumed = Order(saved.shuffle, saved.seed, here, order.rank, saved.drop_last)
     if saved.complete:
         position.restart(0)
         return resumed, epoch if position.epoch_set else saved.epoch + 1

@@ -45,7 +45,7 @@ def configure(
         raise ConfigError(f"batch_size must be a positive int or None, got {batch_size!r}")
     r, world = rank_info(num_replicas, rank)
     units = units_of(dataset)
-    order = Order(shuffle, seed, world, r, bool(drop_last), units.sharded)
+    order = Order(shuffle, seed, world, r, bool(drop_last))
     # From the options, not the space found: every rank must cut the same windows.
     window = units.window(options.budget, options.calls_in_flight, shuffle)
     if shuffle == "block":

@@ -17,17 +17,18 @@ differs between the two is asked of one object, never checked by hand:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Protocol
 
 from .._index.blocks import BlockPlan
-from .._shards.passes import ShardPass
+from .._shards.passes import Hits, ShardPass
+from .._shards.tar import is_gzip
 from .._util.uri import format_size
 from ..config import StagingOptions
 from ..dataset import S5Dataset
 from ..engine import Stager
-from ..exceptions import BudgetError, ConfigError
-from .order import block_window, open_shards
+from ..exceptions import BudgetError
+from .order import Order, block_window, open_shards
 
 SHARD_WORKERS = 4  # tar shards of a call downloading at once
 
@@ -53,7 +54,11 @@ class PassUnits(Protocol):
 
     def engine_options(self, options: StagingOptions) -> StagingOptions: ...
 
-    def engine_kept(self, hits: set[int] | None) -> set[int] | None: ...
+    def engine_kept(self, hits: Hits | None) -> Container[int] | None: ...
+
+    def unit_of(self, index: int) -> int:
+        """The unit the engine staged sample ``index`` in."""
+        ...
 
     def engine_windows(self, windows: list[int] | None) -> list[int] | None: ...
 
@@ -82,8 +87,11 @@ class ObjectPass:
     def engine_options(self, options: StagingOptions) -> StagingOptions:
         return options
 
-    def engine_kept(self, hits: set[int] | None) -> set[int] | None:
+    def engine_kept(self, hits: Hits | None) -> Container[int] | None:
         return hits  # an epoch cache's hits: staged already, not fetched
+
+    def unit_of(self, index: int) -> int:
+        return index
 
     def engine_windows(self, windows: list[int] | None) -> list[int] | None:
         return windows
@@ -113,9 +121,7 @@ class ObjectUnits:
     prefix is fetched with one wildcard line, and a DataLoader batch of samples is held at once."""
 
     name = "sample"
-    sharded = False  # the order is a permutation of samples (Order.indices)
     holds_batches = True  # the budget must hold a batch of the largest samples
-    worker_runs = False  # an iterable's workers take every num_workers-th sample of the rank's part
 
     def __init__(self, dataset: S5Dataset) -> None:
         self.dataset = dataset
@@ -135,6 +141,23 @@ class ObjectUnits:
         """What a ``shuffle="block"`` order permutes: the key-prefix blocks of samples."""
         return blocks.units
 
+    def per_rank(self, shuffle: bool | str) -> bool:
+        """Whether positions in an order of ``shuffle`` count samples of a rank's part (a block
+        order), not of one global order that ranks deal among themselves."""
+        return shuffle == "block"
+
+    def plan(
+        self, order: Order, epoch: int, start: int, blocks: BlockPlan, window: int,
+        cost: Callable[[int], tuple[float, float]] | None = None,
+    ) -> tuple[list[int], list[int] | None]:
+        """This rank's order of ``epoch`` from ``start`` on, and (``shuffle="block"``) where
+        its windows begin: a block order of the key-prefix ``blocks``, else the permutation
+        (or key order) of all samples, dealt to the ranks."""
+        n = len(self.dataset)
+        if order.shuffle == "block":
+            return order.block_order(n, epoch, start, self.order_units(blocks), window)
+        return order.indices(n, epoch, start), None
+
     def s5cmd_workers(self, options: StagingOptions) -> int:
         return options.s5cmd_workers
 
@@ -143,6 +166,15 @@ class ObjectUnits:
         :meth:`ShardUnits.order_cost`): never for raw objects, whose samples go whole."""
         return False
 
+    def cache_units(self) -> tuple[Callable[[int], int] | None, Callable[[int], bool] | None]:
+        """How the epoch cache sees these units: the unit of a sample (``None``: each sample is
+        its own) and which units it may keep (``None``: all)."""
+        return None, None
+
+    def unit_of(self, index: int) -> int:
+        """The unit (what the engine stages) that holds sample ``index``: the sample itself."""
+        return index
+
     def order_cost(self) -> Callable[[int], tuple[float, float]] | None:
         """What a sample's unit holds and frees, for an order that counts it (see
         :meth:`ShardUnits.order_cost`); None: raw objects count nothing."""
@@ -150,10 +182,11 @@ class ObjectUnits:
 
     def open_pass(
         self, order: Sequence[int], folder: str, keep: bool, options: StagingOptions, shuffle: bool | str | None,
-        frees: bool = False,
+        frees: bool = False, hits: Hits | None = None,
     ) -> PassUnits:
         """The units of a pass of ``order`` (``frees``: over tar shards, the order counts the
-        bytes its samples free as they are read, see :meth:`ShardUnits.order_cost`)."""
+        bytes its samples free as they are read, see :meth:`ShardUnits.order_cost`; ``hits``:
+        the epoch cache's)."""
         return ObjectPass(order, keep)
 
 
@@ -163,15 +196,11 @@ class ShardUnits(ObjectUnits):
     and an iterable's worker takes a contiguous run of shards, which it alone stages."""
 
     name = "tar shard"
-    sharded = True  # shuffle True / False give shard orders (Order.shard_order)
     holds_batches = False  # the budget counts shards, never samples
-    worker_runs = True
 
     def check(self, options: StagingOptions) -> None:
-        """Raise :class:`ConfigError` for an epoch cache, :class:`BudgetError` for a shard larger
-        than the budget (it could never be staged)."""
-        if options.epoch_cache:
-            raise ConfigError("epoch_cache is not supported over tar shards (S5Dataset.from_shards) yet")
+        """Raise :class:`BudgetError` for a shard larger than the budget (it could never be
+        staged)."""
         samples = self.dataset.samples
         big = samples[samples.largest()]
         if big.size > options.budget:
@@ -198,7 +227,7 @@ class ShardUnits(ObjectUnits):
 
     def frees_on_read(self, shuffle: bool | str, cached: bool) -> bool:
         """A shard order (``shuffle=True``) counts what its samples free as they are read, unless an
-        epoch cache keeps the shards whole."""
+        epoch cache may keep the shards whole (a shard punched as it is read could not be kept)."""
         return shuffle is True and not cached
 
     def block_size(self, options: StagingOptions) -> int:
@@ -209,6 +238,35 @@ class ShardUnits(ObjectUnits):
         assert self.dataset.shards is not None
         return self.dataset.shards.shard_units
 
+    def per_rank(self, shuffle: bool | str) -> bool:
+        """Every order of shards counts positions in a rank's part: each rank reads runs of whole
+        shards."""
+        return True
+
+    def cache_units(self) -> tuple[Callable[[int], int] | None, Callable[[int], bool] | None]:
+        """The epoch cache keeps whole shards; not gzip-compressed ones, which are staged
+        decompressed in place and would no longer match their listing."""
+        shards = self.dataset.shards
+        assert shards is not None
+        return self.unit_of, lambda s: not is_gzip(shards[s].uri)
+
+    def unit_of(self, index: int) -> int:
+        """The shard that holds sample ``index``."""
+        assert self.dataset.shards is not None
+        return self.dataset.shards.locate(index)[0]
+
+    def plan(
+        self, order: Order, epoch: int, start: int, blocks: BlockPlan, window: int,
+        cost: Callable[[int], tuple[float, float]] | None = None,
+    ) -> tuple[list[int], list[int] | None]:
+        """This rank's order over the shards from ``start`` on: a block order whose first shard is
+        read from its front (it streams), else a shard order that keeps ``window`` shards open
+        (more with ``cost``, see :meth:`Order.shard_order`)."""
+        n = len(self.dataset)
+        if order.shuffle == "block":
+            return order.block_order(n, epoch, start, self.order_units(blocks), window, front_first=True)
+        return order.shard_order(n, epoch, start, self.order_units(blocks), window, cost=cost), None
+
     def s5cmd_workers(self, options: StagingOptions) -> int:
         """At most :data:`SHARD_WORKERS`, so that a call's shards land one after another (its
         first ones early, each fetched in parallel parts when large) instead of all together at
@@ -218,9 +276,9 @@ class ShardUnits(ObjectUnits):
 
     def open_pass(
         self, order: Sequence[int], folder: str, keep: bool, options: StagingOptions, shuffle: bool | str | None,
-        frees: bool = False,
+        frees: bool = False, hits: Hits | None = None,
     ) -> PassUnits:
-        shards = ShardPass(self.dataset, order, folder, keep, options.on_error, frees)
+        shards = ShardPass(self.dataset, order, folder, keep, options.on_error, frees, hits)
         if shuffle is not None:
             shards.check_budget(options.budget, shuffle)
         return shards
@@ -234,7 +292,7 @@ def units_of(dataset: S5Dataset) -> ObjectUnits:
 
 def open_pass(
     dataset: S5Dataset, order: Sequence[int], folder: str, keep: bool, options: StagingOptions,
-    shuffle: bool | str | None, frees: bool = False,
+    shuffle: bool | str | None, frees: bool = False, hits: Hits | None = None,
 ) -> PassUnits:
     """The units of a pass of ``order`` staged into ``folder`` (``shuffle``: the order's, for
     the budget check; ``None``: no check, for command files written without a run).
@@ -242,4 +300,4 @@ def open_pass(
     Raises:
         BudgetError: over shards, the order needs more shards at once than the budget holds.
     """
-    return units_of(dataset).open_pass(order, folder, keep, options, shuffle, frees)
+    return units_of(dataset).open_pass(order, folder, keep, options, shuffle, frees, hits)

@@ -115,6 +115,9 @@ class ShardSet(Sequence[Shard]):
         """The samples of each shard, for ``shuffle="block"`` (a shard is a block)."""
         return [list(self.shard_samples(s)) for s in range(len(self._shards))]
 
+    def describe(self) -> str:
+        return f"{self.samples} samples in {len(self._shards)} shards"
+
     def freed_per_sample(self, shard: int, block: int = HOLE_BLOCK) -> int:
         """The bytes of ``shard`` that reading one of its samples frees for certain when the
         readers punch it out (see :meth:`StagingLayout.release_shard_sample
@@ -145,14 +148,17 @@ class ShardSet(Sequence[Shard]):
             )
 
     # -- reading a sample -----------------------------------------------------------------
-    def read(self, index: int, unit: Sample) -> tuple[dict[str, Any], str]:
+    def read(self, index: int, units: Sequence[Sample], access: Access | None = None) -> tuple[dict[str, Any], str]:
         """Sample ``index`` (``{"__key__": ..., FIELD: bytes}``) and its shard's URI: from the
         staged shard when ``index`` is a :class:`StagedIndex` of a pass that staged it, else
-        from the shard fetched with one GET (kept in memory for the next samples)."""
+        from the shard fetched with one GET (kept in memory for the next samples). ``units`` are
+        the data set's units (:attr:`units`, as its index holds them); ``access`` (default: the
+        shards') reaches the store for a direct read."""
         s, j = self.locate(index)
+        unit = units[s]
         out = None
         if isinstance(index, StagedIndex):
-            out = self._read_staged_member(StagingLayout(index.folder), s, j, index.keep, unit, index.frees)
+            out = self._read_staged_member(StagingLayout(index.folder), s, j, index.keep, unit, index.frees, index.back)
             if out is None and not self._warned_unstaged and os.path.isdir(index.folder):
                 self._warned_unstaged = True
                 log.warning(
@@ -160,7 +166,7 @@ class ShardSet(Sequence[Shard]):
                     self._shards[s].uri, index.folder,
                 )
         if out is None:
-            out = self._fetch_member(s, j)
+            out = self._fetch_member(s, j, access or self.access)
         return out, self._shards[s].uri
 
     def _table(self, layout: StagingLayout, shard: int) -> _tar.Table | None:
@@ -184,7 +190,7 @@ class ShardSet(Sequence[Shard]):
         return table
 
     def _read_staged_member(
-        self, layout: StagingLayout, s: int, j: int, keep: bool, unit: Sample, frees: bool = False
+        self, layout: StagingLayout, s: int, j: int, keep: bool, unit: Sample, frees: bool = False, back: bool = False
     ) -> dict[str, Any] | None:
         table = self._table(layout, s)
         if table is not None and j >= len(table):  # a shard read while it downloads: look again
@@ -193,23 +199,24 @@ class ShardSet(Sequence[Shard]):
         if table is None or j >= len(table):
             return None
         sample = table[j]
-        fh = _open_staged(layout.path(s, unit, 0), write=frees and not keep)
+        # a shard kept whole (keep_staged) or for the epoch cache (back) is never punched
+        fh = _open_staged(layout.path(s, unit, 0), write=frees and not keep and not back)
         if fh is None:
             return None
         with fh:
             fields = _tar.read_sample(fh, sample)
             if not keep:
                 spans = [(m.offset, m.size) for m in sample.members] if fh.writable() else []
-                if layout.release_shard_sample(s, j, fh.fileno(), spans):
+                if layout.release_shard_sample(s, j, fh.fileno(), spans, back):
                     self._tables.pop((layout.folder, s), None)
         return {"__key__": sample.key, **fields}
 
-    def _fetch_member(self, s: int, j: int) -> dict[str, Any]:
+    def _fetch_member(self, s: int, j: int, access: Access) -> dict[str, Any]:
         if self._cached is None or self._cached[0] != s:
             sh = self._shards[s]
             u = parse_s3_uri(sh.uri)
             try:
-                data = s3_client(self.access).get_object(Bucket=u.bucket, Key=u.key)["Body"].read()
+                data = s3_client(access).get_object(Bucket=u.bucket, Key=u.key)["Body"].read()
             except Exception as exc:
                 raise boto3_error(exc, sh.uri) from exc
             if _tar.is_gzip(sh.uri):

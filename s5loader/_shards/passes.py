@@ -11,9 +11,10 @@ frees a shard when the readers dropped the claims of every sample of its visit.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .._util.uri import format_size
 from ..config import StagingOptions
@@ -28,6 +29,28 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
+class Hits(Protocol):
+    """An epoch cache's hits for a pass (see :class:`~s5loader._sampling.cacherun.Hits`): ``x in
+    hits`` takes unit ``x`` out of the cache into the pass folder; :meth:`has` only asks."""
+
+    def __contains__(self, unit: object) -> bool: ...
+
+    def has(self, unit: int) -> bool: ...
+
+
+class _Kept:
+    """The engine's ``kept`` units of a shard pass: ``streamed``, and the cache's hits among the
+    shards visited ``once``."""
+
+    def __init__(self, streamed: int, hits: Hits | None, once: set[int]) -> None:
+        self.streamed, self.hits, self.once = streamed, hits, once
+
+    def __contains__(self, shard: object) -> bool:
+        if shard == self.streamed:
+            return True
+        return self.hits is not None and shard in self.once and shard in self.hits
+
 _UNOPENED, _OPEN, _SKIPPED = 0, 1, 2
 
 
@@ -35,7 +58,8 @@ class ShardPass:
     """The visits of one pass, and the sampler's side of them (wait, check, claim)."""
 
     def __init__(
-        self, dataset: S5Dataset, order: Sequence[int], folder: str, keep: bool, on_error: str, frees: bool = False
+        self, dataset: S5Dataset, order: Sequence[int], folder: str, keep: bool, on_error: str, frees: bool = False,
+        hits: Hits | None = None,
     ) -> None:
         assert dataset.shards is not None, "a shard pass needs a dataset of shards"
         self.dataset = dataset
@@ -66,13 +90,19 @@ class ShardPass:
             self.visit_of.append(v)
         self.state = bytearray(len(self.shard_of_visit))
         self.order = order
+        # The epoch cache's hits: a shard in the cache is moved into the pass folder instead of
+        # fetched; one the pass visits twice (padding repeats samples) is fetched each time.
+        visits = Counter(self.shard_of_visit)
+        self.hits = hits
+        self.once = {s for s, k in visits.items() if k == 1}
         self.stream: ShardStream | None = None
         self.yielded: set[int] = set()  # samples of the streamed shard handed to the readers
         # The first shard of the pass is read while it downloads (see _shards/stream.py) when
         # it is a plain tar that the pass visits once and does not keep.
         first = self.shard_of_visit[0] if self.shard_of_visit else -1
         self.streamed = (
-            0 if first >= 0 and not keep and self.shard_of_visit.count(first) == 1 and not _tar.is_gzip(self.shards[first].uri)
+            0 if first in self.once and not keep and not _tar.is_gzip(self.shards[first].uri)
+            and not (hits is not None and hits.has(first))
             else None
         )
 
@@ -98,9 +128,13 @@ class ShardPass:
         """``samples_per_call`` counted in shards (see :meth:`calls`)."""
         return replace(options, samples_per_call=self.calls(options.samples_per_call))
 
-    def engine_kept(self, hits: set[int] | None) -> set[int]:
-        """The shards the engine must not stage: the one read while it downloads."""
-        return {self.shard_of_visit[0]} if self.streamed is not None else set()
+    def engine_kept(self, hits: Hits | None) -> _Kept:
+        """The shards the engine must not stage: the one read while it downloads, and the
+        epoch cache's hits (moved into the pass folder when the engine reaches them)."""
+        return _Kept(self.shard_of_visit[0] if self.streamed is not None else -1, hits, self.once)
+
+    def unit_of(self, index: int) -> int:
+        return self.shards.locate(index)[0]
 
     def engine_windows(self, windows: list[int] | None) -> None:
         return None  # the engine stages shard visits, cut anywhere

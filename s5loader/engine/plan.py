@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import bisect
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 
 from .._index.blocks import BlockPlan
@@ -58,7 +58,7 @@ def pick_call(
     spc: int,
     retried: Sequence[int],
     windows: Sequence[int],
-    kept: set[int] | None,
+    kept: Container[int] | None,
     mark: Callable[[int], None],
 ) -> Pick:
     """Take the positions from ``first`` that the next call stages after ``retried``: at most

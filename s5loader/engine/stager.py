@@ -24,7 +24,7 @@ import selectors
 import shutil
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 
 from .._index.blocks import BlockPlan
 from .._index.sample import Field, Sample
@@ -66,7 +66,7 @@ class Stager:
         s5cmd: S5cmd,
         options: StagingOptions,
         *,
-        kept: set[int] | None = None,
+        kept: Container[int] | None = None,
         is_released: Callable[[int], bool] | None = None,
         access: Access | str | None = None,
         layout: BlockPlan | None = None,

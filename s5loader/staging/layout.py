@@ -193,13 +193,17 @@ class StagingLayout:
         """One claim per sample of ``shard`` the pass needs; with none the shard is kept."""
         if needed:
             need = f"{self.sample_dir(shard)}/{NEED}"
+            shutil.rmtree(need, ignore_errors=True)  # the claims of an earlier pass (an epoch cache entry)
             os.mkdir(need)
             for j in needed:
                 os.close(os.open(f"{need}/{int(j)}", os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600))
 
-    def release_shard_sample(self, shard: int, j: int, fd: int = -1, spans: Sequence[tuple[int, int]] = ()) -> bool:
+    def release_shard_sample(
+        self, shard: int, j: int, fd: int = -1, spans: Sequence[tuple[int, int]] = (), back: bool = False
+    ) -> bool:
         """Sample ``j`` of ``shard`` was read: drop its claim; the reader that drops the last
-        deletes the shard and tells the engine. True for that reader.
+        deletes the shard (``back``: hands it back whole for the epoch cache, see
+        :meth:`hand_back_shard`) and tells the engine. True for that reader.
 
         Any other reader frees the sample's bytes in the shard at once: the whole blocks inside
         each ``(offset, size)`` of ``spans`` (its members' data) are punched out of the shard
@@ -220,8 +224,30 @@ class StagingLayout:
                 if freed:
                     self.notify(shard, freed)
             return False
-        self.drop_shard(shard)
+        if back:
+            self.hand_back_shard(shard)
+        else:
+            self.drop_shard(shard)
         return True
+
+    def hand_back_shard(self, shard: int) -> None:
+        """Rename a staged shard's folder (read, its claims gone) to :meth:`handed_back` and tell
+        the engine, which keeps it in its epoch cache or deletes it; if the rename fails the shard
+        is deleted."""
+        src, dest = self.sample_dir(shard), self.handed_back(shard)
+        for _ in range(2):
+            try:
+                os.rename(src, dest)
+            except FileNotFoundError:
+                if not os.path.isdir(src):
+                    break
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                continue
+            except OSError:
+                break
+            self.notify(shard)
+            return
+        self.drop_shard(shard)
 
     def drop_shard(self, shard: int) -> None:
         """Delete a staged shard and tell the engine its bytes are free."""

@@ -3,12 +3,19 @@ staged (then released), or directly from S3."""
 
 from __future__ import annotations
 
+import logging
+import os
+from collections.abc import Sequence
 from typing import Any
 
 from .._index.sample import Sample
+from .._s3api.client import s3_client
 from .._s3api.errors import boto3_error
 from .._util.uri import parse_s3_uri
+from ..config import Access
 from .layout import StagingLayout
+
+log = logging.getLogger("s5loader.dataset")
 
 
 class StagedIndex(int):
@@ -71,3 +78,45 @@ def fetch_fields(client: Any, sample: Sample) -> list[bytes]:
         except Exception as exc:
             raise boto3_error(exc, f.uri) from exc
     return out
+
+
+class ObjectReader:
+    """How an :class:`~s5loader.S5Dataset` of raw objects reads its samples (the counterpart of
+    :class:`~s5loader._shards.dataset.ShardSet` for tar shards): a sample is its own staging
+    unit, read from the files a pass staged (then released), else fetched with one GET per
+    field."""
+
+    disk = None  # a staged sample takes its objects' bytes
+
+    def __init__(self, count: int) -> None:
+        self.samples = count
+        self._warned_unstaged = False
+
+    def read(self, index: int, units: Sequence[Sample], access: Access) -> tuple[dict[str, Any], dict[str, str]]:
+        """Sample ``index`` of ``units`` as ``{"__key__": ..., FIELD: bytes, extra...}`` and
+        where each field came from (fetched through ``access`` when not staged)."""
+        sample = units[index]
+        data = None
+        if isinstance(index, StagedIndex):
+            folder = index.folder
+            data = read_staged(StagingLayout(folder), int(index), sample, keep=index.keep, back=index.back)
+            # A pass whose folder is gone was replaced: whoever asked will not use the sample
+            # (a worker of a loader that was shut down), so that is no staging fault to report.
+            if data is None and not self._warned_unstaged and os.path.isdir(folder):
+                self._warned_unstaged = True
+                log.warning(
+                    "sample %d (%s) was not staged in %s; fetching it directly (further "
+                    "cases are not logged)", index, sample.key, folder,
+                )
+        if data is None:
+            data = fetch_fields(s3_client(access), sample)
+        out: dict[str, Any] = {"__key__": sample.key}
+        for f, value in zip(sample.fields, data, strict=True):
+            out[f.name] = value
+        if sample.extra:
+            for k, v in sample.extra.items():
+                out.setdefault(k, v)
+        return out, {f.name: f.uri for f in sample.fields}
+
+    def describe(self) -> str:
+        return f"{self.samples} samples"

@@ -9,6 +9,7 @@ import pytest
 
 from s5loader._sampling.order import Order, open_shards, shuffle_quality
 from s5loader._sampling.resume import Position, check_state, make_state, resume
+from s5loader._sampling.units import ObjectUnits, ShardUnits
 from s5loader.exceptions import StateError
 
 
@@ -40,7 +41,7 @@ def most_open(order: list[int], unit_of: list[int]) -> int:
 @pytest.mark.parametrize("k", [1, 2, 3, 8])
 def test_class_sorted_shards_mix_from_the_first_sample_with_k_open(k: int) -> None:
     units, unit_of = shards([100] * 8)  # one class per shard
-    order = Order(True, 7, 1, 0, False, sharded=True).shard_order(800, 0, 0, units, k)
+    order = Order(True, 7, 1, 0, False).shard_order(800, 0, 0, units, k)
     assert sorted(order) == list(range(800))
     assert most_open(order, unit_of) == k
     assert len({unit_of[i] for i in order[:32]}) == k  # the first batch already draws from k shards
@@ -50,14 +51,14 @@ def test_class_sorted_shards_mix_from_the_first_sample_with_k_open(k: int) -> No
 
 def test_without_shuffle_shards_come_in_order_each_whole() -> None:
     units, _ = shards([5, 3, 4])
-    assert Order(False, 0, 1, 0, False, sharded=True).shard_order(12, 0, 0, units, 2) == list(range(12))
+    assert Order(False, 0, 1, 0, False).shard_order(12, 0, 0, units, 2) == list(range(12))
 
 
 @pytest.mark.parametrize("shuffle", [True, False])
 @pytest.mark.parametrize("world", [2, 4])
 def test_ranks_take_disjoint_whole_shards_and_every_sample_once(shuffle: bool, world: int) -> None:
     units, unit_of = shards([50] * 8)
-    parts = [Order(shuffle, 3, world, r, False, sharded=True).shard_order(400, 5, 0, units, 2) for r in range(world)]
+    parts = [Order(shuffle, 3, world, r, False).shard_order(400, 5, 0, units, 2) for r in range(world)]
     assert sorted(i for p in parts for i in p) == list(range(400))
     assert {len(p) for p in parts} == {400 // world}
     owned = [{unit_of[i] for i in p} for p in parts]
@@ -69,7 +70,7 @@ def test_uneven_shards_give_equal_parts_and_share_only_the_shards_cut_by_a_part_
     counts = [1, 6, 2, 5, 3, 9, 4]  # 30 samples
     units, unit_of = shards(counts)
     world = 4
-    parts = [Order(True, 1, world, r, drop_last, sharded=True).shard_order(30, 2, 0, units, 2) for r in range(world)]
+    parts = [Order(True, 1, world, r, drop_last).shard_order(30, 2, 0, units, 2) for r in range(world)]
     assert {len(p) for p in parts} == {7 if drop_last else 8}
     seen = [i for p in parts for i in p]
     if drop_last:
@@ -82,7 +83,7 @@ def test_uneven_shards_give_equal_parts_and_share_only_the_shards_cut_by_a_part_
 
 def test_the_same_seed_and_epoch_give_the_same_order_and_start_continues_it() -> None:
     units, _ = shards([30] * 6)
-    o = Order(True, 11, 2, 1, False, sharded=True)
+    o = Order(True, 11, 2, 1, False)
     a = o.shard_order(180, 4, 0, units, 2)
     assert a == o.shard_order(180, 4, 0, units, 2)
     assert a != o.shard_order(180, 5, 0, units, 2)
@@ -91,7 +92,7 @@ def test_the_same_seed_and_epoch_give_the_same_order_and_start_continues_it() ->
 
 def test_workers_take_contiguous_runs_of_the_rank_part_each_mixed() -> None:
     units, unit_of = shards([40] * 8)
-    o = Order(True, 2, 1, 0, False, sharded=True)
+    o = Order(True, 2, 1, 0, False)
     runs = [o.shard_order(320, 0, 0, units, 2, run=(w, 4)) for w in range(4)]
     assert sorted(i for r in runs for i in r) == list(range(320))
     owned = [{unit_of[i] for i in r} for r in runs]
@@ -104,7 +105,7 @@ def test_a_block_order_reads_its_first_big_shard_from_the_front_in_growing_windo
     # 100 MB shards (1000 samples) in a worker's (or rank's) part: the first shard is read while
     # it downloads, so its first windows are its first 32, 64, ... samples, each shuffled
     units, unit_of = shards([1000] * 4)
-    order, wins = Order("block", 5, 1, 0, False, sharded=True).block_order(4000, 0, 0, units, 1754, run=run)
+    order, wins = Order("block", 5, 1, 0, False).block_order(4000, 0, 0, units, 1754, run=run, front_first=True)
     first = units[unit_of[order[0]]]
     assert wins[:6] == [0, 32, 96, 224, 480, 992]
     for a, b in zip(wins[:5], wins[1:6], strict=True):
@@ -123,7 +124,7 @@ def test_a_shard_order_reads_its_first_shard_from_the_front(open_units: int, run
     # its own order by windows of 32, 64, ... samples, each shuffled; the others at random
     units, unit_of = shards([1000] * 8)
     cost = (lambda i: (1.0, 0.001)) if freeing else None
-    order = Order(True, 4, 1, 0, False, sharded=True).shard_order(8000, 0, 0, units, open_units, run=run, cost=cost)
+    order = Order(True, 4, 1, 0, False).shard_order(8000, 0, 0, units, open_units, run=run, cost=cost)
     assert sorted(order) == sorted(i for s in {unit_of[i] for i in order} for i in units[s])
     first = units[unit_of[order[0]]]
     mine = [i for i in order if unit_of[i] == unit_of[order[0]]]
@@ -140,19 +141,23 @@ def test_open_shards_follows_the_budget() -> None:
 
 
 def test_a_shard_order_state_resumes_in_the_rank_part_and_only_with_the_same_ranks() -> None:
-    o = Order(True, 0, 2, 1, False, sharded=True)
+    shard_units, object_units = ShardUnits(None), ObjectUnits(None)  # type: ignore[arg-type]
+    o = Order(True, 0, 2, 1, False)
     pos = Position(start=0, yielded=13)
-    state = make_state(o, 3, 100, pos, 4)
-    assert state["sharded"] is True and state["window"] == 4
-    saved = check_state(state, 100)
-    assert saved.consumed == 13 and saved.sharded  # a position in the rank's part, not x ranks
+    state = make_state(o, 3, 100, pos, 4, shard_units.name)
+    assert state["units"] == "tar shard" and state["window"] == 4
+    saved = check_state(state, 100, shard_units)
+    assert saved.consumed == 13 and saved.units == "tar shard"  # a position in the rank's part, not x ranks
     here = Position()
-    resumed, epoch = resume(saved, o, 0, here, 100)
-    assert (resumed.sharded, epoch, here.start) == (True, 3, 13)
+    resumed, epoch = resume(saved, o, 0, here, 100, shard_units)
+    assert (resumed, epoch, here.start) == (o, 3, 13)
     with pytest.raises(StateError, match="same number of ranks"):
-        resume(saved, Order(True, 0, 4, 1, False, sharded=True), 0, Position(), 100)
-    with pytest.raises(StateError, match="tar shards"):
-        resume(saved, Order(True, 0, 2, 1, False), 0, Position(), 100)
+        resume(saved, Order(True, 0, 4, 1, False), 0, Position(), 100, shard_units)
+    with pytest.raises(StateError, match="staged tar shards; this one stages samples"):
+        resume(saved, Order(True, 0, 2, 1, False), 0, Position(), 100, object_units)
+    # a state of version 2 said so with "sharded": read the same
+    old = {k: v for k, v in state.items() if k != "units"} | {"sharded": True}
+    assert check_state(old, 100, shard_units) == saved
 
 
 def held_at_most(order: list[int], unit_of: list[int], per: int, freed: float) -> float:
@@ -173,7 +178,7 @@ def held_at_most(order: list[int], unit_of: list[int], per: int, freed: float) -
 
 def test_a_freeing_order_opens_more_shards_within_the_same_room_and_keeps_every_sample() -> None:
     units, unit_of = shards([100] * 60)
-    order = Order(True, 3, 1, 0, False, True)
+    order = Order(True, 3, 1, 0, False)
     whole = order.shard_order(6000, 0, 0, units, 10)
     freeing = order.shard_order(6000, 0, 0, units, 10, cost=lambda i: (1.0, 0.0075))
     assert sorted(freeing) == list(range(6000))

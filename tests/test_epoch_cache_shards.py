@@ -1,0 +1,122 @@
+"""The epoch cache over tar shards, through the real path: s5cmd against SeaweedFS behind a proxy
+that counts GETs per shard; the sampler and the iterable dataset with DataLoader workers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from support.faults import FaultProxy
+from support.shards import class_sorted_shards, leftovers, shard_gets
+from support.stores import Peak, Store, staged_bytes
+from torch.utils.data import DataLoader
+
+from s5loader import S5Dataset, S5IterableDataset, S5Sampler
+
+SHARDS, PER_SHARD, SIZE = 8, 10, 3000
+
+
+def collate(batch):  # type: ignore[no-untyped-def]
+    return batch
+
+
+@pytest.fixture
+def proxy(seaweed: Store) -> Iterator[FaultProxy]:
+    p = FaultProxy(seaweed.endpoint)
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def shards(seaweed: Store, proxy: FaultProxy) -> tuple[S5Dataset, dict[str, bytes], int]:
+    source, tars, big = class_sorted_shards(seaweed, n_shards=SHARDS, per_shard=PER_SHARD, size=SIZE)
+    return S5Dataset.from_shards(source, endpoint_url=proxy.endpoint), tars, big
+
+
+def sampler_epoch(ds: S5Dataset, sampler: S5Sampler, e: int) -> list[str]:
+    sampler.set_epoch(e)
+    loader = DataLoader(ds, sampler=sampler, batch_size=4, num_workers=2, collate_fn=collate)
+    return [x["__key__"] for b in loader for x in b]
+
+
+def iterable_epoch(it: S5IterableDataset, e: int) -> list[str]:
+    it.set_epoch(e)
+    return [x["__key__"] for b in DataLoader(it, batch_size=4, num_workers=2, collate_fn=collate) for x in b]
+
+
+def every_key() -> list[str]:
+    return sorted(f"c{s}-{j:03d}" for s in range(SHARDS) for j in range(PER_SHARD))
+
+
+@pytest.mark.parametrize("form", ["sampler", "iterable"])
+def test_a_cache_that_holds_every_shard_fetches_nothing_after_the_first_epoch(
+    form: str, shards, proxy: FaultProxy, staging_root: str
+) -> None:
+    ds, tars, big = shards
+    total = sum(map(len, tars.values()))
+    opts = {"budget": 3 * big, "epoch_cache": total, "staging_dir": staging_root, "shuffle": "block", "seed": 3}
+    if form == "sampler":
+        with S5Sampler(ds, **opts) as sampler:
+            first = sampler_epoch(ds, sampler, 0)
+            mark = len(proxy.requests)
+            later = [sampler_epoch(ds, sampler, e) for e in (1, 2)]
+            assert sampler.metrics().epoch_cache_hits == SHARDS
+    else:
+        with S5IterableDataset(ds, **opts) as it:
+            first = iterable_epoch(it, 0)
+            mark = len(proxy.requests)
+            later = [iterable_epoch(it, e) for e in (1, 2)]
+    assert sorted(first) == every_key() and all(sorted(k) == every_key() for k in later)
+    assert shard_gets(proxy.requests[:mark]) == {name: 1 for name in tars}  # the first epoch: each shard once
+    assert shard_gets(proxy.requests[mark:]) == {}, shard_gets(proxy.requests[mark:])  # later epochs: none
+
+
+@pytest.mark.parametrize("form", ["sampler", "iterable"])
+def test_half_a_cache_keeps_half_the_shards_in_the_same_order_within_budget_plus_cache(
+    form: str, shards, proxy: FaultProxy, staging_root: str
+) -> None:
+    ds, tars, big = shards
+    total = sum(map(len, tars.values()))
+    budget, cache = 3 * big, total // 2
+
+    def run(epoch_cache: int) -> tuple[list[list[str]], int, int]:
+        opts = {"budget": budget, "epoch_cache": epoch_cache, "staging_dir": staging_root, "shuffle": True, "seed": 5}
+        mark = len(proxy.requests)
+        with Peak(lambda: staged_bytes(staging_root)) as peak:
+            if form == "sampler":
+                with S5Sampler(ds, **opts) as sampler:
+                    got = [sampler_epoch(ds, sampler, e) for e in (0, 1)]
+            else:
+                with S5IterableDataset(ds, **opts) as it:
+                    got = [iterable_epoch(it, e) for e in (0, 1)]
+        gets = shard_gets(proxy.requests[mark:])
+        return got, sum(gets.values()), peak.peak
+
+    plain, plain_gets, _ = run(0)
+    cached, cached_gets, peak = run(cache)
+    assert all(sorted(k) == every_key() for k in cached)
+    if form == "sampler":
+        assert cached == plain  # the cache never changes the order
+    # the second epoch fetches about half the shards: the other half comes from the cache
+    second = cached_gets - SHARDS
+    assert plain_gets == 2 * SHARDS and 0 < second <= SHARDS // 2 + 1, (plain_gets, cached_gets)
+    assert peak <= budget + cache + 4 * 4096, (peak, budget + cache)  # whole blocks on disk
+    assert leftovers(staging_root) == []
+
+
+def test_a_damaged_cached_shard_is_fetched_again(shards, proxy: FaultProxy, staging_root: str) -> None:
+    import glob
+    import os
+
+    ds, tars, big = shards
+    total = sum(map(len, tars.values()))
+    with S5Sampler(ds, budget=3 * big, epoch_cache=total, staging_dir=staging_root, shuffle=False) as sampler:
+        sampler_epoch(ds, sampler, 0)
+        # the first shard's entry (those read last are admitted when the next epoch begins)
+        entries = glob.glob(os.path.join(staging_root, "s5loader-cache-*", "0", "tar"))
+        assert len(entries) == 1
+        with open(entries[0], "r+b") as fh:  # cut short: no longer the object it was listed as
+            fh.truncate(100)
+        mark = len(proxy.requests)
+        assert sorted(sampler_epoch(ds, sampler, 1)) == every_key()
+    assert sum(shard_gets(proxy.requests[mark:]).values()) == 1

@@ -22,6 +22,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ._index.blocks import BlockPlan, plan_blocks
 from ._pack import plan as _plan
@@ -31,6 +32,7 @@ from ._pack.pipeline import Gate, Job, Packer, run_shards
 from ._pack.plan import PackOptions
 from ._pack.state import DestState
 from ._pack.workdir import open_work
+from ._shards.index import DEFAULT_INDEX, PACK_RECORD
 from ._util.args import ArgumentParser, positive_int, size_arg
 from ._util.dist import rank_info
 from ._util.uri import as_folder, format_size, parse_s3_uri
@@ -161,7 +163,8 @@ def pack(
         volumes, checkers = volumes_of([source], s5, verify)
         doc = {"version": _plan.VERSION, "fingerprint": archive_fingerprint(volumes, checkers, options.content()),
                "source": source, "options": options.content(), "shards": None}
-        state.claim(doc, r, index_timeout)
+        if (finished := state.claim(doc, r, index_timeout)) is not None:
+            return _finished(result, finished, dest, r, t0)
         total = 0
         with open_work(root) as work:
             packer = Packer(s5, store, state, work, missing, options.workers, shard_done)
@@ -176,7 +179,8 @@ def pack(
         cuts = _plan.cut(sizes, int(options.shard_size))
         doc = {"version": _plan.VERSION, "fingerprint": _plan.fingerprint([planned[i] for i in order], options),
                "source": source, "options": options.content(), "shards": len(cuts)}
-        state.claim(doc, r, index_timeout)
+        if (finished := state.claim(doc, r, index_timeout)) is not None:
+            return _finished(result, finished, dest, r, t0)
         done = state.done()
         jobs: list[Job] = []
         for i in _plan.rank_shards(len(cuts), r, world):
@@ -205,7 +209,19 @@ def pack(
                 f"{dest}: the shards' markers count {result.samples} samples and {len(result.skipped)} left out; "
                 f"the plan has {len(planned)}; no index written"
             )
-        result.index = state.write_index(entries, source)
+        result.index = state.write_index(entries, source, doc)
+        state.finish()
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+def _finished(result: PackResult, index: dict[str, Any], dest: str, rank: int, t0: float) -> PackResult:
+    """What a pack over a DEST that holds it finished returns: nothing packed, the index's counts."""
+    log.info("%s holds this pack, finished (%s%s): nothing to do", dest, dest, DEFAULT_INDEX)
+    result.shards = len(index["shardlist"])
+    result.samples = sum(int(e.get("nsamples", 0)) for e in index["shardlist"])
+    result.skipped = list(index[PACK_RECORD].get("skipped", []))
+    result.index = dest + DEFAULT_INDEX if rank == 0 else None
     result.seconds = time.monotonic() - t0
     return result
 

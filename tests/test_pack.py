@@ -44,6 +44,12 @@ def expected_samples(objects: dict[str, bytes]) -> dict[str, dict[str, bytes]]:
     return out
 
 
+def state_keys(store: Store, prefix: str) -> list[str]:
+    """The keys of a pack's state (``.s5pack/``) under ``prefix``."""
+    got = store.client.list_objects_v2(Bucket=store.bucket, Prefix=prefix + ".s5pack/").get("Contents", [])
+    return [o["Key"] for o in got]
+
+
 def read_back(dest: str, endpoint: str) -> list[dict]:
     ds = S5Dataset.from_shards(dest, endpoint_url=endpoint)
     return [ds[i] for i in range(len(ds))]
@@ -95,7 +101,8 @@ def test_packed_prefix_reads_back_byte_exact_with_index_md5(seaweed: Store, tmp_
         order += [s.key for s in samples]
     assert order != sorted(order)  # shuffled across shards
     assert 0 < r.peak_staged and peak.peak <= 100_000 + 40_000 + 10 * KiB  # the budget + one shard
-    assert not os.listdir(os.path.join(str(tmp_path), f"s5loader-pack-{os.getuid()}"))  # nothing left behind
+    assert os.listdir(tmp_path) == []  # nothing left behind, s5loader-pack-UID neither
+    assert index["s5loader_pack"]["source"] == src and not [k for k in files if k.startswith(".s5pack/")]
 
 
 def test_sigkill_midway_then_rerun_completes_without_redoing(seaweed: Store, tmp_path) -> None:
@@ -127,12 +134,15 @@ def test_sigkill_midway_then_rerun_completes_without_redoing(seaweed: Store, tmp
     r = s5loader.pack(src, dest, **kw)
     plan = json.loads(at_kill[".s5pack/plan.json"])
     assert r.shards == plan["shards"] and r.packed <= plan["shards"] - len(done)  # finished shards not packed again
+    assert state_keys(seaweed, dest_prefix) == []  # the plan and the markers, gone once the index is written
     got = as_dict(read_back(dest, seaweed.endpoint))
     assert got == expected_samples(listed(seaweed, seaweed.prefix))
-    # once more: nothing to do, the same index
+    # once more: the index says this pack is finished, so nothing to do, the same index
     index = listed(seaweed, dest_prefix)["wids.json"]
     again = s5loader.pack(src, dest, **kw)
     assert again.packed == 0 and listed(seaweed, dest_prefix)["wids.json"] == index
+    assert (again.shards, again.samples, again.index) == (r.shards, 48, dest + "wids.json")
+    assert state_keys(seaweed, dest_prefix) == [] and os.listdir(tmp_path) == []
 
 
 def put_volumes(store: Store, name: str, blob: bytes, volume: int) -> str:
@@ -215,6 +225,7 @@ def test_vanished_object_is_named_or_skipped_and_counted(moto: Store, tmp_path) 
         with pytest.raises(ObjectNotFoundError, match=f"s3://{moto.bucket}/{gone}"):
             s5loader.pack(src, "s3://data/out1/", endpoint_url=moto.endpoint, staging_dir=str(tmp_path))
         assert "wids.json" not in listed(moto, "out1/")
+        assert os.listdir(tmp_path) == []  # the work folder and s5loader-pack-UID, gone on an error too
         moto.client.put_object(Bucket=moto.bucket, Key=gone, Body=b"back")
         r = s5loader.pack(src, "s3://data/out2/", missing="skip", endpoint_url=moto.endpoint,
                           staging_dir=str(tmp_path))
@@ -261,6 +272,10 @@ def test_rank_0_names_the_missing_ranks_then_a_rerun_finishes(moto: Store, tmp_p
         assert s5loader.pack(moto.uri(), "s3://data/r/", rank=r, **kw).index is None  # only rank 0 indexes
     done = s5loader.pack(moto.uri(), "s3://data/r/", rank=0, **kw)
     assert done.packed == 0 and done.samples == 30
+    # the state is gone, and a rank run again over the finished pack sees it finished at once
+    assert state_keys(moto, "r/") == []
+    again = s5loader.pack(moto.uri(), "s3://data/r/", rank=1, index_timeout=0.5, **kw)
+    assert again.packed == 0 and again.index is None and again.samples == 30
     # key order: runs of samples under one key prefix came with one wildcard line each
     want = expected_samples({k[len(moto.prefix):]: v for k, v in objects.items()})
     assert as_dict(read_back("s3://data/r/", moto.endpoint)) == want

@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 WIDS_KIND = "wids-shard-index-v1"
 DEFAULT_INDEX = "wids.json"
+PACK_RECORD = "s5loader_pack"  # s5loader pack's key in the indexes it writes: its plan (see _pack/state.py)
 
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"(-?\d+)\.\.(-?\d+)")

@@ -13,7 +13,7 @@ from typing import Any
 from ._util.args import ArgumentParser
 from .exceptions import S5LoaderError
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 QUIET_LOGGERS = ("botocore", "boto3", "s3transfer", "urllib3")
 
 
@@ -118,8 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     except S5LoaderError as exc:
         print(f"s5loader {argv[0]}: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback; what it had under way is stopped and removed
+        print(f"s5loader {argv[0]}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -271,14 +271,16 @@ def main(argv: list[str]) -> int:
     Access.add_arguments(p)
     args = p.parse_args(argv)
     bar = Progress(f"packing into {args.dest}", unit="samples", final_line=False)
-    result = pack(
-        args.source, args.dest, shard_size=args.shard_size, group_by=args.group_by, label=args.label,
-        shuffle=args.shuffle, seed=args.seed, budget=args.budget, workers=args.workers,
-        from_archive=args.from_archive, verify=not args.no_verify,
-        missing="skip" if args.skip_missing else "raise", staging_dir=args.staging_dir,
-        index_timeout=args.index_timeout, access=Access.from_args(args), progress=bar,
-    )
-    bar.close()
+    try:
+        result = pack(
+            args.source, args.dest, shard_size=args.shard_size, group_by=args.group_by, label=args.label,
+            shuffle=args.shuffle, seed=args.seed, budget=args.budget, workers=args.workers,
+            from_archive=args.from_archive, verify=not args.no_verify,
+            missing="skip" if args.skip_missing else "raise", staging_dir=args.staging_dir,
+            index_timeout=args.index_timeout, access=Access.from_args(args), progress=bar,
+        )
+    finally:
+        bar.close()
     line = (f"packed {result.packed} of {result.shards} shards ({format_size(result.bytes)}) in "
             f"{result.seconds:.1f} s; peak local disk {format_size(result.peak_staged)} of a "
             f"{format_size(result.budget)} budget")

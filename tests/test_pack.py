@@ -16,7 +16,9 @@ import tarfile
 import time
 from collections import Counter
 
+import psutil
 import pytest
+from support.faults import FaultProxy, Rule
 from support.stores import Peak, Store
 
 import s5loader
@@ -332,3 +334,55 @@ def test_no_shard_of_a_volume_that_fails_its_check_is_marked_done(moto: Store, t
     r = s5loader.pack(source, "s3://data/v/", **kw)
     assert len(kept) < r.shards and r.packed == r.shards - len(kept)  # only shards marked done were kept
     assert as_dict(read_back("s3://data/v/", moto.endpoint)) == expected_samples(files)
+
+
+# -- Ctrl-C -----------------------------------------------------------------------------------
+
+CTRL_C = """
+import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even if started in the background
+from s5loader.cli import main
+sys.exit(main(["pack", *sys.argv[1:]]))
+"""
+
+
+@pytest.mark.parametrize("held", ["downloads", "uploads"])
+def test_ctrl_c_ends_the_command_with_one_line_and_leaves_nothing(moto: Store, tmp_path, held: str) -> None:
+    """SIGINT to the process group, as Ctrl-C sends it, while shards download (two under way and
+    more waiting their turn: each GET of an image is held) or upload (each part held): exit
+    130, one line, no traceback; no work folder, no s5cmd, no multipart upload left."""
+    if held == "downloads":  # six one-sample shards, all within the budget: two build, four wait
+        moto.put(dataset(6))
+        rule, count, extra = Rule(".image", "hold", method="GET"), 2, ["--shard-size", "3KB"]
+    else:  # two shards large enough for a multipart upload
+        moto.put({f"{i:04d}.bin": random.Random(i).randbytes(6 * 1024 * KiB) for i in range(2)})
+        rule, count, extra = Rule("partNumber=", "hold", method="PUT"), 1, ["--shard-size", "7MB"]
+    proxy = FaultProxy(moto.endpoint, [rule])
+    dest, stage = "s3://data/cc/", tmp_path / "stage"
+    stage.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CTRL_C, moto.uri(), dest, *extra, "--budget", "100MB", "--workers", "4",
+         "--endpoint-url", proxy.endpoint, "--staging-dir", str(stage)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    s5: list[psutil.Process] = []
+    try:
+        assert proxy.wait_held(rule.match, count, timeout=60), proc.communicate(timeout=30)
+        if held == "uploads":
+            assert moto.client.list_multipart_uploads(Bucket=moto.bucket, Prefix="cc/").get("Uploads")
+        s5 = [c for c in psutil.Process(proc.pid).children(recursive=True) if c.name() == "s5cmd"]
+        assert s5, "no s5cmd under way"
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proxy.close()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "Error" not in err, err
+    assert err.strip().splitlines()[-1] == "s5loader pack: interrupted" and out == ""
+    assert os.listdir(stage) == []  # the work folder and s5loader-pack-UID
+    _, alive = psutil.wait_procs(s5, timeout=10)
+    assert not alive
+    assert not moto.client.list_multipart_uploads(Bucket=moto.bucket, Prefix="cc/").get("Uploads")
+    assert not [k for k in listed(moto, "cc/") if k.endswith(".tar")]  # no shard got through

@@ -137,6 +137,8 @@ class ArchivePacker:
 
     def _ended(self, held: int, f: Future[None]) -> None:
         self.gate.release(held)
+        if f.cancelled():  # dropped before it began (an error, or Ctrl-C, stops the pack)
+            return
         exc = f.exception()
         if exc is not None:
             self._errors.append(exc)

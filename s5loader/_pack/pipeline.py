@@ -242,6 +242,8 @@ def run_shards(packer: Packer, jobs: Sequence[Job], gate: Gate, parallel: int) -
     lock = threading.Lock()
 
     def failed(f: Future[Any]) -> bool:
+        if f.cancelled():  # stopped before it began: by the first error, or Ctrl-C
+            return True
         exc = f.exception()
         if exc is not None:
             with lock:

@@ -7,8 +7,10 @@ source and groups it into samples as :meth:`S5Dataset.from_prefix` does, orders 
 or a seeded permutation), cuts them into shards, and packs the shards: each shard's objects are
 downloaded with parallel s5cmd GETs, written into ``shard-NNNNNN.tar`` (members ``KEY.FIELD``,
 samples consecutive), uploaded under its final name when complete, and marked done. At most
-``budget`` bytes of local disk are used at once (one shard more when a shard is larger). The
-index is written last. Killed at any point, the same call finishes the job without packing
+``budget`` bytes of local disk are used at once: a shard under way holds its tar and its
+largest object once more until its upload ends, and a sample or a shard that could not fit is
+refused before anything is written. The index is written last, and the pack's state under
+DEST is removed then. Killed at any point, the same call finishes the job without packing
 finished shards again (see :mod:`s5loader._pack.state`). Under ``torchrun`` or SLURM
 (``RANK``, ``WORLD_SIZE``) each rank packs every ``WORLD_SIZE``-th shard and rank 0 writes the
 index once every shard is there.
@@ -38,7 +40,7 @@ from ._util.dist import rank_info
 from ._util.uri import as_folder, format_size, parse_s3_uri
 from .config import Access
 from .dataset import S5Dataset
-from .exceptions import ConfigError, ShardIndexError
+from .exceptions import BudgetError, ConfigError, ShardIndexError
 from .progress import Progress
 from .s5cmd import S5cmd
 
@@ -61,7 +63,7 @@ class PackResult:
         bytes: bytes of the shards this process wrote.
         seconds: wall time.
         index: the ``wids.json`` URI (rank 0), else None.
-        peak_staged: the most bytes of local disk reserved at once.
+        peak_staged: the most bytes of local disk reserved at once (never more than the budget).
         budget: the budget.
         skipped: sample keys left out (objects gone, with ``missing="skip"``): on rank 0 of
             the whole pack, else of the shards this process wrote.
@@ -111,7 +113,9 @@ def pack(
         group_by, label: how objects make samples, as :meth:`S5Dataset.from_prefix`; with
             ``label="folder"`` each sample gets a ``cls`` member (its class index).
         shuffle, seed: shuffle the samples across and within shards, seeded.
-        budget: the most bytes of local disk at once (one shard more when a shard is larger).
+        budget: the most bytes of local disk at once, a limit: a shard under way holds its
+            tar and its largest object once more (copied into the tar, then deleted) until it
+            is uploaded; with ``from_archive`` half holds volumes, half shards.
         workers: parallel requests for downloads and uploads.
         from_archive: ``source`` is an archive (streamed member by member; key order only).
         verify: with ``from_archive``, check each volume against its ``.md5`` file or ETag.
@@ -128,6 +132,9 @@ def pack(
 
     Raises:
         ConfigError: bad options, DEST overlaps SOURCE, or DEST holds other shards.
+        BudgetError: a sample or a shard takes more local disk than ``budget`` (names it, what
+            it takes and the budget), before anything is written; with ``from_archive`` a
+            shard size more than half the budget, or, when it is read, a sample larger than that.
         UnsafeArchiveError: a key no tar member name can carry (names the object).
         ObjectNotFoundError: an object gone since it was listed (``missing="raise"``).
         ChecksumError: an archive volume does not match its ``.md5`` file.
@@ -160,6 +167,13 @@ def pack(
                 "(consecutive members sharing a key): drop shuffle, label, group_by and the other ranks"
             )
         _plan.check_places(source, dest)
+        half = int(options.budget) - int(options.budget) // 2
+        if int(options.shard_size) > half:
+            raise BudgetError(
+                f"{source}: packing an archive, half the budget ({format_size(half)}) holds the shards being "
+                f"written and uploaded, less than one shard ({format_size(int(options.shard_size))}): pass a budget "
+                f"of at least {format_size(2 * int(options.shard_size))} or a smaller shard size"
+            )
         volumes, checkers = volumes_of([source], s5, verify)
         doc = {"version": _plan.VERSION, "fingerprint": archive_fingerprint(volumes, checkers, options.content()),
                "source": source, "options": options.content(), "shards": None}
@@ -177,6 +191,7 @@ def pack(
         order = _plan.order(len(planned), shuffle, seed)
         sizes = [planned[i].tar_bytes for i in order]
         cuts = _plan.cut(sizes, int(options.shard_size))
+        _plan.check_budget(planned, order, cuts, int(options.budget), dest)
         doc = {"version": _plan.VERSION, "fingerprint": _plan.fingerprint([planned[i] for i in order], options),
                "source": source, "options": options.content(), "shards": len(cuts)}
         if (finished := state.claim(doc, r, index_timeout)) is not None:
@@ -187,13 +202,12 @@ def pack(
             if i not in done:
                 numbers = [int(order[k]) for k in range(*cuts[i])]
                 samples = [planned[n] for n in numbers]
-                jobs.append((i, numbers, samples, _plan.shard_bytes(samples)))
+                jobs.append((i, numbers, samples, _plan.disk_bytes(samples)))
         total = sum(len(s) for _, _, s, _ in jobs)
         log.info("packing %s into %s: %d samples, %d shards (%d done before; this rank packs %d)",
                  source, dest, len(planned), len(cuts), len(done), len(jobs))
         gate = Gate(int(options.budget))
-        need = min(int(options.budget), sum(j[3] for j in jobs)) + max((j[3] for j in jobs), default=0)
-        with open_work(root, need if jobs else 0) as work:
+        with open_work(root, min(int(options.budget), sum(j[3] for j in jobs))) as work:
             packer = Packer(s5, store, state, work, missing, max(4, options.workers // parallel), shard_done, blocks)
             entries = run_shards(packer, jobs, gate, parallel)
         result.peak_staged = gate.peak
@@ -261,7 +275,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--label", choices=["folder"], help="folder: a 'cls' member with each sample's class index")
     p.add_argument("--shuffle", action="store_true", help="shuffle samples across and within shards")
     p.add_argument("--seed", type=int, default=0, help="the shuffle's seed (default 0)")
-    p.add_argument("--budget", type=size_arg, default="1GiB", help="most local disk at once (default 1GiB)")
+    p.add_argument("--budget", type=size_arg, default="1GiB",
+                   help="most local disk at once, a limit: the shards under way, each its tar and its largest "
+                   "object once more; a sample or shard that cannot fit is refused at the start (default 1GiB)")
     p.add_argument("--workers", type=positive_int, default=64, help="parallel requests (default 64)")
     p.add_argument("--from-archive", action="store_true", help="SOURCE is a (split) tar archive, streamed")
     p.add_argument("--no-verify", action="store_true", help="with --from-archive: do not check volumes")

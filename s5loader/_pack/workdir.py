@@ -80,7 +80,7 @@ def open_work(root: str, need: int = 0) -> Iterator[FetchWork]:
         if need and need + margin(need) > free:
             raise StagingSpaceError(
                 f"packing through {folder} needs {format_size(need)} of local disk (the budget, or the shards "
-                f"if less, and one shard); {format_size(free)} free there: pass a smaller budget or another staging_dir"
+                f"if less); {format_size(free)} free there: pass a smaller budget or another staging_dir"
             )
         yield work
     finally:

@@ -404,6 +404,33 @@ def test_an_archive_is_packed_within_its_budget_or_refused_naming_the_member(mot
     assert as_dict(read_back("s3://data/a2/", moto.endpoint)) == expected_samples(files)
 
 
+# -- index-shards over what pack wrote ----------------------------------------------------------
+
+
+def test_index_shards_refuses_to_replace_the_index_pack_wrote_unless_forced(moto: Store, tmp_path) -> None:
+    moto.put(dataset(10))
+    s5loader.pack(moto.uri(), "s3://data/ix/", shard_size="10KB", endpoint_url=moto.endpoint,
+                  staging_dir=str(tmp_path))
+    index = listed(moto, "ix/")["wids.json"]
+    assert all(e["md5sum"] for e in json.loads(index)["shardlist"])
+
+    def index_shards(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "s5loader", "index-shards", "s3://data/ix/", *extra,
+                               "--endpoint-url", moto.endpoint], capture_output=True, text=True, timeout=120)
+
+    r = index_shards()
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "s3://data/ix/wids.json already exists (s5loader pack wrote it, with each shard's MD5" in r.stderr
+    assert "--force" in r.stderr and listed(moto, "ix/")["wids.json"] == index  # kept as it was
+    r = index_shards("--force")
+    assert r.returncode == 0, r.stderr
+    replaced = json.loads(listed(moto, "ix/")["wids.json"])
+    assert [e["nsamples"] for e in replaced["shardlist"]] == [e["nsamples"] for e in json.loads(index)["shardlist"]]
+    assert "md5sum" not in replaced["shardlist"][0]  # what --force gives up
+    # an index pack did not write is refused the same way, without the word about MD5s
+    assert "already exists; pass --force" in index_shards().stderr
+
+
 # -- Ctrl-C -----------------------------------------------------------------------------------
 
 CTRL_C = """

@@ -97,6 +97,8 @@ def save(
             message says how much is needed), or the disk filled up.
         AccessDeniedError, NoSuchBucketError, EndpointError, FetchError: the upload failed;
             no object was written under ``uri`` and no multipart upload is left.
+        KeyboardInterrupt: Ctrl-C, wherever the save was (torch's zip writer included, which
+            would report it as a ``RuntimeError``); the upload is aborted.
     """
     _transfer.object_uri(uri)
     part = _transfer.part_bytes(part_size)
@@ -118,7 +120,7 @@ def save(
             try:
                 serialise(writer)  # a binary file, write-only
             except Exception:
-                writer.raise_failure()  # a failed part, rather than torch's "unexpected pos" it leads to
+                writer.raise_failure()  # Ctrl-C or a failed part, rather than what torch's zip writer made of it
                 raise
             writer.commit()
         finally:

@@ -13,7 +13,7 @@ from typing import Any
 from ._util.args import ArgumentParser
 from .exceptions import S5LoaderError
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 QUIET_LOGGERS = ("botocore", "boto3", "s3transfer", "urllib3")
 
 
@@ -40,7 +40,7 @@ def _ls(argv: list[str]) -> int:
 
 
 def _index_shards(argv: list[str]) -> int:
-    from ._shards.index import build_index
+    from ._shards.indexing import build_index
     from .config import Access
     from .progress import Progress
 
@@ -55,6 +55,8 @@ def _index_shards(argv: list[str]) -> int:
         "('s3://b/train/shard-{000000..000999}.tar', quoted) or shard URIs",
     )
     p.add_argument("--output", help="where to write the index (s3 URI or local path)")
+    p.add_argument("--force", action="store_true",
+                   help="replace an index already there (else refused: s5loader pack's has each shard's MD5)")
     p.add_argument("--jobs", type=int, default=8, help="shards read at once (default 8)")
     Access.add_arguments(p)
     args = p.parse_args(argv)
@@ -62,7 +64,8 @@ def _index_shards(argv: list[str]) -> int:
     # a bar on a terminal, a line every few seconds otherwise (stderr)
     with Progress("indexing shards", unit="shards") as bar:
         where, shards = build_index(
-            source, Access.from_args(args), args.output, lambda done, total, _bytes: bar.set(done, total), args.jobs
+            source, Access.from_args(args), args.output, lambda done, total, _bytes: bar.set(done, total), args.jobs,
+            overwrite=args.force,
         )
     print(f"{len(shards)} shards, {sum(s.nsamples for s in shards)} samples: wrote {where}")
     return EXIT_OK
@@ -118,8 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     except S5LoaderError as exc:
         print(f"s5loader {argv[0]}: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback; what it had under way is stopped and removed
+        print(f"s5loader {argv[0]}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -7,8 +7,10 @@ source and groups it into samples as :meth:`S5Dataset.from_prefix` does, orders 
 or a seeded permutation), cuts them into shards, and packs the shards: each shard's objects are
 downloaded with parallel s5cmd GETs, written into ``shard-NNNNNN.tar`` (members ``KEY.FIELD``,
 samples consecutive), uploaded under its final name when complete, and marked done. At most
-``budget`` bytes of local disk are used at once (one shard more when a shard is larger). The
-index is written last. Killed at any point, the same call finishes the job without packing
+``budget`` bytes of local disk are used at once: a shard under way holds its tar and its
+largest object once more until its upload ends, and a sample or a shard that could not fit is
+refused before anything is written. The index is written last, and the pack's state under
+DEST is removed then. Killed at any point, the same call finishes the job without packing
 finished shards again (see :mod:`s5loader._pack.state`). Under ``torchrun`` or SLURM
 (``RANK``, ``WORLD_SIZE``) each rank packs every ``WORLD_SIZE``-th shard and rank 0 writes the
 index once every shard is there.
@@ -22,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ._index.blocks import BlockPlan, plan_blocks
 from ._pack import plan as _plan
@@ -31,12 +34,13 @@ from ._pack.pipeline import Gate, Job, Packer, run_shards
 from ._pack.plan import PackOptions
 from ._pack.state import DestState
 from ._pack.workdir import open_work
+from ._shards.index import DEFAULT_INDEX, PACK_RECORD
 from ._util.args import ArgumentParser, positive_int, size_arg
 from ._util.dist import rank_info
 from ._util.uri import as_folder, format_size, parse_s3_uri
 from .config import Access
 from .dataset import S5Dataset
-from .exceptions import ConfigError, ShardIndexError
+from .exceptions import BudgetError, ConfigError, ShardIndexError
 from .progress import Progress
 from .s5cmd import S5cmd
 
@@ -59,7 +63,7 @@ class PackResult:
         bytes: bytes of the shards this process wrote.
         seconds: wall time.
         index: the ``wids.json`` URI (rank 0), else None.
-        peak_staged: the most bytes of local disk reserved at once.
+        peak_staged: the most bytes of local disk reserved at once (never more than the budget).
         budget: the budget.
         skipped: sample keys left out (objects gone, with ``missing="skip"``): on rank 0 of
             the whole pack, else of the shards this process wrote.
@@ -109,7 +113,9 @@ def pack(
         group_by, label: how objects make samples, as :meth:`S5Dataset.from_prefix`; with
             ``label="folder"`` each sample gets a ``cls`` member (its class index).
         shuffle, seed: shuffle the samples across and within shards, seeded.
-        budget: the most bytes of local disk at once (one shard more when a shard is larger).
+        budget: the most bytes of local disk at once, a limit: a shard under way holds its
+            tar and its largest object once more (copied into the tar, then deleted) until it
+            is uploaded; with ``from_archive`` half holds volumes, half shards.
         workers: parallel requests for downloads and uploads.
         from_archive: ``source`` is an archive (streamed member by member; key order only).
         verify: with ``from_archive``, check each volume against its ``.md5`` file or ETag.
@@ -126,6 +132,9 @@ def pack(
 
     Raises:
         ConfigError: bad options, DEST overlaps SOURCE, or DEST holds other shards.
+        BudgetError: a sample or a shard takes more local disk than ``budget`` (names it, what
+            it takes and the budget), before anything is written; with ``from_archive`` a
+            shard size more than half the budget, or, when it is read, a sample larger than that.
         UnsafeArchiveError: a key no tar member name can carry (names the object).
         ObjectNotFoundError: an object gone since it was listed (``missing="raise"``).
         ChecksumError: an archive volume does not match its ``.md5`` file.
@@ -158,10 +167,18 @@ def pack(
                 "(consecutive members sharing a key): drop shuffle, label, group_by and the other ranks"
             )
         _plan.check_places(source, dest)
+        half = int(options.budget) - int(options.budget) // 2
+        if int(options.shard_size) > half:
+            raise BudgetError(
+                f"{source}: packing an archive, half the budget ({format_size(half)}) holds the shards being "
+                f"written and uploaded, less than one shard ({format_size(int(options.shard_size))}): pass a budget "
+                f"of at least {format_size(2 * int(options.shard_size))} or a smaller shard size"
+            )
         volumes, checkers = volumes_of([source], s5, verify)
         doc = {"version": _plan.VERSION, "fingerprint": archive_fingerprint(volumes, checkers, options.content()),
                "source": source, "options": options.content(), "shards": None}
-        state.claim(doc, r, index_timeout)
+        if (finished := state.claim(doc, r, index_timeout)) is not None:
+            return _finished(result, finished, dest, r, t0)
         total = 0
         with open_work(root) as work:
             packer = Packer(s5, store, state, work, missing, options.workers, shard_done)
@@ -174,22 +191,23 @@ def pack(
         order = _plan.order(len(planned), shuffle, seed)
         sizes = [planned[i].tar_bytes for i in order]
         cuts = _plan.cut(sizes, int(options.shard_size))
+        _plan.check_budget(planned, order, cuts, int(options.budget), dest)
         doc = {"version": _plan.VERSION, "fingerprint": _plan.fingerprint([planned[i] for i in order], options),
                "source": source, "options": options.content(), "shards": len(cuts)}
-        state.claim(doc, r, index_timeout)
+        if (finished := state.claim(doc, r, index_timeout)) is not None:
+            return _finished(result, finished, dest, r, t0)
         done = state.done()
         jobs: list[Job] = []
         for i in _plan.rank_shards(len(cuts), r, world):
             if i not in done:
                 numbers = [int(order[k]) for k in range(*cuts[i])]
                 samples = [planned[n] for n in numbers]
-                jobs.append((i, numbers, samples, _plan.shard_bytes(samples)))
+                jobs.append((i, numbers, samples, _plan.disk_bytes(samples)))
         total = sum(len(s) for _, _, s, _ in jobs)
         log.info("packing %s into %s: %d samples, %d shards (%d done before; this rank packs %d)",
                  source, dest, len(planned), len(cuts), len(done), len(jobs))
         gate = Gate(int(options.budget))
-        need = min(int(options.budget), sum(j[3] for j in jobs)) + max((j[3] for j in jobs), default=0)
-        with open_work(root, need if jobs else 0) as work:
+        with open_work(root, min(int(options.budget), sum(j[3] for j in jobs))) as work:
             packer = Packer(s5, store, state, work, missing, max(4, options.workers // parallel), shard_done, blocks)
             entries = run_shards(packer, jobs, gate, parallel)
         result.peak_staged = gate.peak
@@ -205,7 +223,19 @@ def pack(
                 f"{dest}: the shards' markers count {result.samples} samples and {len(result.skipped)} left out; "
                 f"the plan has {len(planned)}; no index written"
             )
-        result.index = state.write_index(entries, source)
+        result.index = state.write_index(entries, source, doc)
+        state.finish()
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+def _finished(result: PackResult, index: dict[str, Any], dest: str, rank: int, t0: float) -> PackResult:
+    """What a pack over a DEST that holds it finished returns: nothing packed, the index's counts."""
+    log.info("%s holds this pack, finished (%s%s): nothing to do", dest, dest, DEFAULT_INDEX)
+    result.shards = len(index["shardlist"])
+    result.samples = sum(int(e.get("nsamples", 0)) for e in index["shardlist"])
+    result.skipped = list(index[PACK_RECORD].get("skipped", []))
+    result.index = dest + DEFAULT_INDEX if rank == 0 else None
     result.seconds = time.monotonic() - t0
     return result
 
@@ -245,7 +275,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--label", choices=["folder"], help="folder: a 'cls' member with each sample's class index")
     p.add_argument("--shuffle", action="store_true", help="shuffle samples across and within shards")
     p.add_argument("--seed", type=int, default=0, help="the shuffle's seed (default 0)")
-    p.add_argument("--budget", type=size_arg, default="1GiB", help="most local disk at once (default 1GiB)")
+    p.add_argument("--budget", type=size_arg, default="1GiB",
+                   help="most local disk at once, a limit: the shards under way, each its tar and its largest "
+                   "object once more; a sample or shard that cannot fit is refused at the start (default 1GiB)")
     p.add_argument("--workers", type=positive_int, default=64, help="parallel requests (default 64)")
     p.add_argument("--from-archive", action="store_true", help="SOURCE is a (split) tar archive, streamed")
     p.add_argument("--no-verify", action="store_true", help="with --from-archive: do not check volumes")
@@ -255,14 +287,16 @@ def main(argv: list[str]) -> int:
     Access.add_arguments(p)
     args = p.parse_args(argv)
     bar = Progress(f"packing into {args.dest}", unit="samples", final_line=False)
-    result = pack(
-        args.source, args.dest, shard_size=args.shard_size, group_by=args.group_by, label=args.label,
-        shuffle=args.shuffle, seed=args.seed, budget=args.budget, workers=args.workers,
-        from_archive=args.from_archive, verify=not args.no_verify,
-        missing="skip" if args.skip_missing else "raise", staging_dir=args.staging_dir,
-        index_timeout=args.index_timeout, access=Access.from_args(args), progress=bar,
-    )
-    bar.close()
+    try:
+        result = pack(
+            args.source, args.dest, shard_size=args.shard_size, group_by=args.group_by, label=args.label,
+            shuffle=args.shuffle, seed=args.seed, budget=args.budget, workers=args.workers,
+            from_archive=args.from_archive, verify=not args.no_verify,
+            missing="skip" if args.skip_missing else "raise", staging_dir=args.staging_dir,
+            index_timeout=args.index_timeout, access=Access.from_args(args), progress=bar,
+        )
+    finally:
+        bar.close()
     line = (f"packed {result.packed} of {result.shards} shards ({format_size(result.bytes)}) in "
             f"{result.seconds:.1f} s; peak local disk {format_size(result.peak_staged)} of a "
             f"{format_size(result.budget)} budget")

@@ -43,6 +43,7 @@ from s5loader import (
     UnsafeArchiveError,
 )
 from s5loader._shards import index as _shards
+from s5loader._shards import indexing as _indexing
 from s5loader._shards import tar as _tar
 from s5loader.decode import decode
 
@@ -507,7 +508,7 @@ def test_decode_and_the_direct_read_without_a_sampler(moto: Store) -> None:
     assert by_key["train/shard-000"]["tar"] == shards["shard-000.tar"]
     # a field that is not what its extension says names the field, the key and its URI
     moto.put({"bad/shard-000.tar": tar_of([("x.json", b"{nope")]), "rawbad/y.json": b"{nope"})
-    _shards.build_index(moto.uri("bad/"), moto.endpoint)
+    _indexing.build_index(moto.uri("bad/"), moto.endpoint)
     with pytest.raises(DecodeError, match=r"s3://\S+/bad/shard-000.tar: field 'json' of sample 'x' cannot be decoded"):
         S5Dataset.from_shards(moto.uri("bad/"), endpoint_url=moto.endpoint, decode=True)[0]
     with pytest.raises(DecodeError, match=r"s3://\S+/rawbad/y.json: field 'json' of sample '\S*y'"):
@@ -1051,7 +1052,7 @@ def test_gzip_shard_errors_say_what_is_wrong_and_what_to_run(seaweed: Store, sta
     # a damaged one: index-shards names it, and so does staging it
     seaweed.put({"shard-001.tgz": shards["shard-001.tgz"][:-40]})
     with pytest.raises(ShardError, match=r"shard-001.tgz is a gzip-compressed shard that does not decompress"):
-        _shards.build_index(source, seaweed.endpoint)
+        _indexing.build_index(source, seaweed.endpoint, overwrite=True)  # over the index put above
     seaweed.put({"wids.json": json.dumps({"shardlist": [{**e, "tarsize": 10240} for e in listed]}).encode()})
     ds = S5Dataset.from_shards(source, endpoint_url=seaweed.endpoint)
     with S5Sampler(ds, shuffle=False, staging_dir=staging_root) as sampler:

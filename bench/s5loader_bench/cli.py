@@ -238,8 +238,10 @@ def generate(source: str, n: int, *, sample_size: int = 100_000, label_size: int
         upload(os.path.join(sdir, "*"), dest, endpoint, progress)
         upload(os.path.join(tdir, "*"), shards, endpoint, progress)
         progress.close()
-    # the shards' wids index, as a user would build it, so no measured run builds it
-    argv = [sys.executable, "-m", "s5loader", "index-shards", shards, *(["--endpoint-url", endpoint] if endpoint else [])]
+    # the shards' wids index, as a user would build it, so no measured run builds it (replacing
+    # the index of shards generated there before)
+    argv = [sys.executable, "-m", "s5loader", "index-shards", shards, "--force",
+            *(["--endpoint-url", endpoint] if endpoint else [])]
     proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"{shlex.join(argv)} exited with code {proc.returncode}: {proc.stderr[-2000:]}")

@@ -114,6 +114,7 @@ class MultipartWriter(io.RawIOBase):
         self._upload_id: str | None = None
         self._etags: dict[int, str] = {}
         self._error: BaseException | None = None
+        self._interrupt: KeyboardInterrupt | None = None  # Ctrl-C inside write(), which torch's writer swallows
         self._lock = threading.RLock()  # SIGTERM's close() runs in the main thread, maybe inside close()
         self._state = "open"  # open | committed | aborted
         self.written = 0
@@ -123,6 +124,13 @@ class MultipartWriter(io.RawIOBase):
         return True
 
     def write(self, b: Any) -> int:
+        try:
+            return self._write(b)
+        except KeyboardInterrupt as exc:
+            self._interrupt = exc  # torch's zip writer turns it into an "unexpected pos" RuntimeError
+            raise
+
+    def _write(self, b: Any) -> int:
         view = memoryview(b).cast("B")
         n = len(view)
         while view:
@@ -151,9 +159,12 @@ class MultipartWriter(io.RawIOBase):
             raise FetchError(f"{self.uri}: an upload thread stopped ({exc!r})") from exc
 
     def raise_failure(self) -> None:
-        """Raise the error of a part that failed, if one did (naming the object, as
-        :meth:`write` would). For the caller of a writer that broke off mid-write: torch's
-        zip writer reports the short write it was left with, not its cause."""
+        """Raise the ``KeyboardInterrupt`` that stopped a :meth:`write`, else the error of a
+        part that failed, if one did (naming the object, as :meth:`write` would). For the
+        caller of a writer that broke off mid-write: torch's zip writer reports the short
+        write it was left with, not its cause."""
+        if self._interrupt is not None:
+            raise self._interrupt from None  # torch's report of it says nothing more
         if self._error is not None:
             self._raise_if_failed()
 

@@ -27,10 +27,11 @@ from .._largeobj.archive import is_zstd
 from .._largeobj.sources import checker_for, resolve
 from .._largeobj.volumes import FetchWork, Volumes
 from .._shards.tar import split_name
-from ..exceptions import ConfigError, FetchError
+from .._util.uri import format_size
+from ..exceptions import BudgetError, ConfigError, FetchError
 from ..s5cmd import S5cmd
 from .pipeline import Gate, Packer
-from .plan import SHARD_NAME, VERSION, check_member
+from .plan import BLOCK, RECORD, SHARD_NAME, VERSION, check_member, member_bytes
 from .shard import ShardWriter
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class ArchivePacker:
         self._unmarked: list[tuple[int, int, dict[str, Any]]] = []
         self._lock = threading.Lock()
         self._stream: Any = None
+        self._held = 0  # the gate's bytes that the shard being written holds
 
     def run(self, stream: Any) -> int:
         """Read the archive from ``stream``; returns the number of shards."""
@@ -99,6 +101,7 @@ class ArchivePacker:
                         shard += 1
                         writer = self._open(shard)
                     key = k
+                    self._room(shard, writer, member)
                     writer.add(member.name, k, member.size, src.extractfile(member))
                     self.mark(final=False)
         except (tarfile.TarError, EOFError, zlib.error) as exc:
@@ -117,26 +120,54 @@ class ArchivePacker:
     def _open(self, shard: int) -> ShardWriter:
         if self._errors:
             raise self._errors[0]
+        self._held = 0
         if shard in self.done:
             return ShardWriter(None)  # measured only: it is already in DEST
         if not self.gate.acquire(self.shard_size, lambda: bool(self._errors)):
             raise self._errors[0]
+        self._held = self.shard_size
         return ShardWriter(os.path.join(self.packer.work.path, f"{shard:06d}.tar"))
+
+    def _room(self, shard: int, writer: ShardWriter, member: tarfile.TarInfo) -> None:
+        """Hold more of the gate when ``member`` takes the shard past what it holds (a sample
+        larger than the shard size, or the last members of one that began near its end).
+
+        Raises:
+            BudgetError: the shard would take more than the gate's whole share of the budget;
+                names the member, both sizes and the budget to pass.
+        """
+        if writer.path is None:
+            return
+        need = -(-(writer.offset + member_bytes(member.name, member.size) + 2 * BLOCK) // RECORD) * RECORD
+        if need <= self._held:
+            return
+        if need > self.gate.budget:
+            raise BudgetError(
+                f"{self.archive}: its member {member.name!r} ({format_size(member.size)}) makes "
+                f"{self.packer.shard_uri(shard)} take {format_size(need)} ({need} bytes) of local disk, more "
+                f"than the {format_size(self.gate.budget)} that half the budget holds for shards; a sample is "
+                f"never split: pass a budget of at least {format_size(2 * need)} ({2 * need} bytes)"
+            )
+        if not self.gate.acquire(need - self._held, lambda: bool(self._errors)):
+            raise self._errors[0]
+        self._held = need
 
     def _finish(self, shard: int, writer: ShardWriter) -> None:
         writer.close()
         if writer.path is None:
             return
-        if writer.size < self.shard_size:  # the disk it holds now
-            self.gate.release(self.shard_size - writer.size)
+        self.gate.release(self._held - writer.size)  # what it holds now: its tar
+        self._held = 0
         path = writer.path
         volume = int(getattr(self._stream, "index", 0))  # its last bytes came from this volume, or earlier
         f = self._pool.submit(self._upload, shard, path, writer, volume)
-        f.add_done_callback(functools.partial(self._ended, min(writer.size, self.shard_size)))
+        f.add_done_callback(functools.partial(self._ended, writer.size))
         self._uploads.append(f)
 
     def _ended(self, held: int, f: Future[None]) -> None:
         self.gate.release(held)
+        if f.cancelled():  # dropped before it began (an error, or Ctrl-C, stops the pack)
+            return
         exc = f.exception()
         if exc is not None:
             self._errors.append(exc)
@@ -186,11 +217,13 @@ def pack_archive(
     """Pack the split archive whose volumes (:func:`volumes_of`) are ``objects`` into shards;
     returns how many shards it makes, and the most bytes of local disk it held at once.
 
-    Half the budget holds volumes ahead of the reader, half the shards behind it (one shard
-    more when a shard is larger).
+    Half the budget holds volumes ahead of the reader (a larger volume is streamed, not
+    staged), half the shards behind it: each holds the shard size, or more while a sample
+    larger than that is written into it.
 
     Raises:
         ChecksumError: a volume does not match its ``.md5`` file or ETag; names it.
+        BudgetError: a sample that half the budget cannot hold in a shard; names its member.
         UnsafeArchiveError: a member name with ``..``, an absolute path, or one a reader
             would not split back into its key and field.
         FetchError: not a readable tar archive.

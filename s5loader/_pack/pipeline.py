@@ -21,8 +21,9 @@ from typing import Any, NamedTuple
 from .._index.blocks import BlockPlan
 from .._largeobj import transfer as _transfer
 from .._largeobj.volumes import FetchWork
+from .._util.uri import format_size
 from ..config import Access
-from ..exceptions import ObjectNotFoundError
+from ..exceptions import BudgetError, ObjectNotFoundError
 from ..s5cmd import (
     MIN_PART_SIZE,
     S5cmd,
@@ -43,8 +44,9 @@ log = logging.getLogger(__name__)
 
 
 class Gate:
-    """Bytes of local disk the shards under way hold. A shard waits until its bytes fit the
-    budget beside the others; alone, it always goes (a shard larger than the budget)."""
+    """Bytes of local disk the shards under way hold, never more than the budget: a shard
+    waits until its bytes fit beside the others'. What could never fit is refused before the
+    pack begins (:func:`~s5loader._pack.plan.check_budget`)."""
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
@@ -52,9 +54,16 @@ class Gate:
         self._cond = threading.Condition()
 
     def acquire(self, n: int, give_up: Callable[[], object]) -> bool:
-        """Reserve ``n`` bytes; False if ``give_up()`` turned true while waiting."""
+        """Reserve ``n`` bytes; False if ``give_up()`` turned true while waiting.
+
+        Raises:
+            BudgetError: ``n`` alone is more than the budget (the callers check first).
+        """
+        if n > self.budget:
+            raise BudgetError(f"{format_size(n)} ({n} bytes) of local disk at once, more than the budget of "
+                              f"{format_size(self.budget)} ({self.budget} bytes)")
         with self._cond:
-            while self.reserved and self.reserved + n > self.budget:
+            while self.reserved + n > self.budget:
                 if give_up():
                     return False
                 self._cond.wait(0.2)
@@ -242,6 +251,8 @@ def run_shards(packer: Packer, jobs: Sequence[Job], gate: Gate, parallel: int) -
     lock = threading.Lock()
 
     def failed(f: Future[Any]) -> bool:
+        if f.cancelled():  # stopped before it began: by the first error, or Ctrl-C
+            return True
         exc = f.exception()
         if exc is not None:
             with lock:

@@ -19,8 +19,8 @@ import numpy as np
 
 from .._index.sample import GROUP_BY, Sample
 from .._shards.tar import split_name
-from .._util.uri import parse_s3_uri, parse_size
-from ..exceptions import ConfigError, UnsafeArchiveError
+from .._util.uri import format_size, parse_s3_uri, parse_size
+from ..exceptions import BudgetError, ConfigError, UnsafeArchiveError
 
 VERSION = 1
 SHARD_NAME = "shard-{:06d}.tar"
@@ -40,8 +40,9 @@ class PackOptions:
         label: ``"folder"``: the class index of each sample's first folder, as a ``cls`` member.
         shuffle: shuffle the samples across shards (seeded) before they are cut into shards.
         seed: the shuffle's seed.
-        budget: the most bytes of local disk the pack takes at once (one shard more when a
-            single shard is larger).
+        budget: the most bytes of local disk the pack takes at once, a limit it keeps (see
+            :func:`disk_bytes`); a sample or a shard that cannot fit is refused before
+            anything is written (:func:`check_budget`).
         workers: parallel requests of the downloads and uploads.
         missing: an object gone between listing and download: ``"raise"`` (default) or
             ``"skip"`` its sample (logged by URI; the index counts what was written).
@@ -206,6 +207,49 @@ def shard_bytes(samples: Sequence[PlannedSample]) -> int:
     """An upper bound of a shard's tar size (members, end blocks, record padding)."""
     body = sum(s.tar_bytes for s in samples) + 2 * BLOCK
     return -(-body // RECORD) * RECORD
+
+
+def disk_bytes(samples: Sequence[PlannedSample]) -> int:
+    """The most local disk that building a shard of ``samples`` takes: its tar (an upper bound,
+    :func:`shard_bytes`) and its largest object once more, since a staged object is deleted
+    only once it has been copied into the tar. Until its upload ends the shard holds it."""
+    largest = max((m.size for s in samples for m in s.members if m.data is None), default=0)
+    return shard_bytes(samples) + largest
+
+
+def check_budget(
+    planned: Sequence[PlannedSample], order: Sequence[int] | np.ndarray, cuts: Sequence[tuple[int, int]], budget: int,
+    dest: str,
+) -> None:
+    """Refuse, before anything is written, a plan that the disk budget cannot hold: a sample
+    (never split) or a shard whose :func:`disk_bytes` exceed ``budget``.
+
+    Raises:
+        BudgetError: names the sample's object (its first) or the shard's URI, what it takes
+            and the budget, and what to change.
+    """
+    alone = [disk_bytes((s,)) for s in planned]
+    big = max(range(len(alone)), key=alone.__getitem__, default=None)
+    if big is not None and (need := alone[big]) > budget:
+        s = planned[big]
+        first = next((m.uri for m in s.members if m.uri), s.key)
+        raise BudgetError(
+            f"{first}: its sample {s.key!r} takes {_size(need)} of local disk to pack (its tar and its largest "
+            f"object once more, while it is copied in), more than the budget of {_size(budget)}; a sample is "
+            f"never split: pass a budget of at least {format_size(need)} ({need} bytes)"
+        )
+    needs = [disk_bytes([planned[order[k]] for k in range(a, b)]) for a, b in cuts]
+    worst = max(range(len(needs)), key=needs.__getitem__, default=None)
+    if worst is not None and needs[worst] > budget:
+        raise BudgetError(
+            f"{dest}{SHARD_NAME.format(worst)} takes {_size(needs[worst])} of local disk to build (its tar and "
+            f"its largest object once more), more than the budget of {_size(budget)}: pass a smaller "
+            f"--shard-size (shard_size) or a budget of at least {format_size(needs[worst])} ({needs[worst]} bytes)"
+        )
+
+
+def _size(n: int) -> str:
+    return f"{format_size(n)} ({n} bytes)"
 
 
 def fingerprint(planned: Sequence[PlannedSample], options: PackOptions) -> str:

@@ -5,12 +5,18 @@ again, and so that no reader ever sees half a result::
                                         complete (an S3 PUT or multipart upload is atomic)
     DEST/.s5pack/plan.json              the plan's fingerprint, written before any shard
     DEST/.s5pack/done/shard-000000.json one per finished shard: samples, size, MD5
-    DEST/wids.json                      the shard index, written last, once every shard is done
+    DEST/wids.json                      the shard index, written last, once every shard is done;
+                                        it records the plan (key ``s5loader_pack``)
 
 A rerun with the same arguments finds the plan, skips the shards that have a ``done`` marker
 and packs the others again (a shard uploaded but not yet marked is made again, to the same
 bytes). Under several ranks, rank 0 writes the plan and the index; the other ranks wait for
 the plan before they upload anything.
+
+Once the index is written, ``.s5pack/`` is removed (the plan first): the index's record of
+the plan is what tells a rerun that DEST holds this very pack, finished, so it does nothing.
+A pack stopped while it removes them leaves a plan (it finishes as before) or markers without
+a plan (the next run sees the pack finished and removes them).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from typing import Any
 from .._index.listing import list_prefix
 from .._s3api.client import s3_client
 from .._s3api.errors import boto3_error
-from .._shards.index import DEFAULT_INDEX, WIDS_KIND
+from .._shards.index import DEFAULT_INDEX, PACK_RECORD, WIDS_KIND
 from .._util.uri import SHARD_SUFFIXES, parse_s3_uri
 from ..config import Access
 from ..exceptions import ConfigError, EmptySourceError, ObjectNotFoundError, ShardIndexError
@@ -74,16 +80,19 @@ class DestState:
             return []
 
     # -- the plan ----------------------------------------------------------------------
-    def claim(self, doc: dict[str, Any], rank: int, timeout: float) -> None:
+    def claim(self, doc: dict[str, Any], rank: int, timeout: float) -> dict[str, Any] | None:
         """Check that DEST is empty or holds this very pack; rank 0 records the plan first.
 
+        Returns:
+            the index, where DEST holds this pack finished (nothing is left to do); else None.
+
         Raises:
-            ConfigError: DEST holds shards or an index of something else, or the plan of
-                another pack (other samples, other options); names what is there.
+            ConfigError: DEST holds shards or an index of something else, or the plan or
+                the finished index of another pack (other samples, other options); names
+                what is there.
         """
         if rank != 0:
-            self._wait_plan(doc, timeout)
-            return
+            return self._wait_plan(doc, timeout)
         listed = self.listed()  # listed before the plan is read: see the module docstring
         theirs = self._plan()
         if theirs is not None:
@@ -92,7 +101,12 @@ class DestState:
             if foreign:
                 raise ConfigError(f"{self.dest} holds {self.dest}{foreign[0]}, which this pack does not write; "
                                   "pack into a prefix of its own")
-            return
+            return None
+        finished = self._finished(doc) if DEFAULT_INDEX in listed else None
+        if finished is not None:
+            if any(k.startswith(STATE) for k in listed):
+                self.finish()  # a pack stopped while it removed them
+            return finished
         other = [k for k in listed if k.endswith(SHARD_SUFFIXES) or k == DEFAULT_INDEX]
         if other:
             raise ConfigError(
@@ -100,6 +114,7 @@ class DestState:
                 "which no pack of this source wrote; pack into an empty prefix"
             )
         self._put(PLAN, json.dumps(doc, sort_keys=True).encode())
+        return None
 
     def _plan(self) -> dict[str, Any] | None:
         data = self._get(PLAN)
@@ -119,14 +134,36 @@ class DestState:
                 "options to finish it, or pack into an empty prefix"
             )
 
-    def _wait_plan(self, doc: dict[str, Any], timeout: float) -> None:
+    def _finished(self, doc: dict[str, Any]) -> dict[str, Any] | None:
+        """The index, where a pack wrote it and that pack is this one; None where no pack
+        wrote it (or there is none).
+
+        Raises:
+            ConfigError: the index of a pack of other samples or options.
+        """
+        data = self._get(DEFAULT_INDEX)
+        try:
+            index = json.loads(data) if data is not None else None
+        except ValueError:
+            return None
+        if not isinstance(index, dict) or not isinstance(index.get(PACK_RECORD), dict):
+            return None
+        if not isinstance(index.get("shardlist"), list):
+            return None
+        self._same(index[PACK_RECORD], doc)
+        return index
+
+    def _wait_plan(self, doc: dict[str, Any], timeout: float) -> dict[str, Any] | None:
         deadline, pause = time.monotonic() + timeout, _POLL
         while (theirs := self._plan()) is None:
+            if (finished := self._finished(doc)) is not None:
+                return finished
             if time.monotonic() > deadline:
                 raise ShardIndexError(f"waited {timeout:g}s for rank 0 to write the plan {self.dest}{PLAN}")
             time.sleep(pause)
             pause = min(_POLL_MAX, pause * 1.5)
         self._same(theirs, doc)
+        return None
 
     # -- finished shards ---------------------------------------------------------------
     def mark_done(self, shard: int, entry: dict[str, Any]) -> None:
@@ -177,13 +214,33 @@ class DestState:
         with ThreadPoolExecutor(max_workers=16) as pool:
             return list(pool.map(one, range(nshards)))
 
-    def write_index(self, entries: list[dict[str, Any]], name: str) -> str:
-        """Write ``DEST/wids.json`` (sizes, sample counts and MD5 of every shard); last."""
+    def write_index(self, entries: list[dict[str, Any]], name: str, plan: dict[str, Any]) -> str:
+        """Write ``DEST/wids.json`` (sizes, sample counts and MD5 of every shard, and the
+        ``plan`` with the keys of the samples left out); last."""
         shardlist = [{"url": e["url"], "nsamples": e["nsamples"], "filesize": e["filesize"], "md5sum": e["md5sum"]}
                      for e in entries]
-        doc = {"__kind__": WIDS_KIND, "wids_version": 1, "name": name, "shardlist": shardlist}
+        record = {**plan, "skipped": [k for e in entries for k in e.get("skipped", [])]}
+        doc = {"__kind__": WIDS_KIND, "wids_version": 1, "name": name, "shardlist": shardlist, PACK_RECORD: record}
         self._put(DEFAULT_INDEX, (json.dumps(doc, indent=1) + "\n").encode())
         return self.dest + DEFAULT_INDEX
+
+    def finish(self) -> None:
+        """Remove ``DEST/.s5pack/`` once the index is written, the plan first (see the module
+        docstring). A key that cannot be removed is named in a warning: the pack is done."""
+        keys = sorted((k for k in self.listed() if k.startswith(STATE)), key=lambda k: k != PLAN)
+        try:
+            if keys[:1] == [PLAN]:
+                self.client.delete_object(Bucket=self.bucket, Key=self.key + PLAN)
+                keys = keys[1:]
+            for i in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
+                batch = [{"Key": self.key + k} for k in keys[i:i + 1000]]
+                out = self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+                for e in out.get("Errors", []) or []:
+                    log.warning("could not remove %s (%s); the pack is finished: remove it by hand",
+                                f"s3://{self.bucket}/{e.get('Key')}", e.get("Message") or e.get("Code"))
+        except Exception as exc:  # noqa: BLE001 - the index is written: the pack is done
+            log.warning("could not remove %s%s (%s); the pack is finished: remove it by hand", self.dest, STATE,
+                        boto3_error(exc, self.dest + STATE))
 
 
 def _ours(key: str, nshards: int | None) -> bool:

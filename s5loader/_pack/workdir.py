@@ -1,6 +1,7 @@
 """The local folder of a pack: ``ROOT/s5loader-pack-UID/<work>/``, removed at the end, on
-errors, KeyboardInterrupt and SIGTERM (its transfers killed first); the folders of packs that
-were killed (SIGKILL) are removed by the next pack that finds their process gone."""
+errors, KeyboardInterrupt and SIGTERM (its transfers killed first), and ``s5loader-pack-UID``
+with it unless another pack works there; the folders of packs that were killed (SIGKILL) are
+removed by the next pack that finds their process gone."""
 
 from __future__ import annotations
 
@@ -47,6 +48,19 @@ def clean_stale(folder: str) -> list[str]:
     return gone
 
 
+class _PackWork(FetchWork):
+    """A pack's work folder: closing it (at the end, on errors, KeyboardInterrupt, SIGTERM and
+    exit) also removes ``s5loader-pack-UID`` where no other pack works."""
+
+    def close(self) -> None:
+        super().close()
+        if os.getpid() == self._pid:
+            try:
+                os.rmdir(os.path.dirname(self.path))
+            except OSError:  # another pack works there, or it is gone already
+                pass
+
+
 @contextlib.contextmanager
 def open_work(root: str, need: int = 0) -> Iterator[FetchWork]:
     """A fresh work folder below ``root``, with room for ``need`` bytes checked first.
@@ -56,18 +70,18 @@ def open_work(root: str, need: int = 0) -> Iterator[FetchWork]:
     """
     folder = os.path.join(root, f"s5loader-pack-{os.getuid()}")
     os.makedirs(folder, mode=0o700, exist_ok=True)
-    for path in clean_stale(folder):
-        log.info("removed %s, left by a pack that was killed", path)
-    free = free_bytes(folder)
-    if need and need + margin(need) > free:
-        raise StagingSpaceError(
-            f"packing through {folder} needs {format_size(need)} of local disk (the budget, or the shards "
-            f"if less, and one shard); {format_size(free)} free there: pass a smaller budget or another staging_dir"
-        )
-    work = FetchWork(folder)
+    work = _PackWork(folder)  # before anything else: the folder is not empty, so no other pack removes it
     try:
         with open(os.path.join(work.path, PID_FILE), "w", encoding="ascii") as f:
             f.write(str(os.getpid()))
+        for path in clean_stale(folder):
+            log.info("removed %s, left by a pack that was killed", path)
+        free = free_bytes(folder)
+        if need and need + margin(need) > free:
+            raise StagingSpaceError(
+                f"packing through {folder} needs {format_size(need)} of local disk (the budget, or the shards "
+                f"if less); {format_size(free)} free there: pass a smaller budget or another staging_dir"
+            )
         yield work
     finally:
         work.close()

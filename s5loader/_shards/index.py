@@ -18,8 +18,7 @@ import json
 import logging
 import posixpath
 import re
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from .._index.listing import list_prefix, stat_objects
@@ -36,12 +35,12 @@ from ..exceptions import (
     ShardIndexError,
 )
 from ..s5cmd import ObjectInfo, S5cmd
-from . import tar as _tar
 
 log = logging.getLogger(__name__)
 
 WIDS_KIND = "wids-shard-index-v1"
 DEFAULT_INDEX = "wids.json"
+PACK_RECORD = "s5loader_pack"  # s5loader pack's key in the indexes it writes: its plan (see _pack/state.py)
 
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"(-?\d+)\.\.(-?\d+)")
@@ -260,33 +259,26 @@ def format_index(shards: Sequence[Shard], index_uri: str, name: str = "") -> byt
 def read_index(where: str, access: Access | str | None) -> dict[str, tuple[int, int]] | None:
     """The shard list at an s3 URI or a local path (as :func:`parse_entries`); None when
     there is none."""
+    body = read_bytes(where, access)
+    return None if body is None else parse_entries(body, where)
+
+
+def read_bytes(where: str, access: Access | str | None) -> bytes | None:
+    """The bytes of the file at an s3 URI or a local path; None when there is none."""
     if not where.startswith("s3://"):
         try:
             with open(where, "rb") as fh:
-                return parse_entries(fh.read(), where)
+                return fh.read()
         except FileNotFoundError:
             return None
     u = parse_s3_uri(where)
     try:
-        body = s3_client(access).get_object(Bucket=u.bucket, Key=u.key)["Body"].read()
+        return bytes(s3_client(access).get_object(Bucket=u.bucket, Key=u.key)["Body"].read())
     except Exception as exc:
         err = boto3_error(exc, where)
         if isinstance(err, ObjectNotFoundError):
             return None
         raise err from exc
-    return parse_entries(body, where)
-
-
-def write_index(data: bytes, where: str, access: Access | str | None) -> None:
-    if not where.startswith("s3://"):
-        with open(where, "wb") as fh:
-            fh.write(data)
-        return
-    u = parse_s3_uri(where)
-    try:
-        s3_client(access).put_object(Bucket=u.bucket, Key=u.key, Body=data)
-    except Exception as exc:
-        raise boto3_error(exc, where) from exc
 
 
 def load_shards(
@@ -323,77 +315,3 @@ def _quote_source(source: str | Sequence[str]) -> str:
     if isinstance(source, str):
         return f"'{source}'" if "{" in source else source
     return " ".join(source)
-
-
-# -- index-shards -------------------------------------------------------------------------
-class _Body:
-    """A streamed GET body as the file object tarfile's stream mode reads."""
-
-    def __init__(self, body: Any) -> None:
-        self._body = body
-
-    def read(self, n: int = -1) -> bytes:
-        return bytes(self._body.read(n if n is not None and n >= 0 else None))
-
-
-def count_samples(obj: ObjectInfo, access: Access | str | None, client: Any = None) -> tuple[int, int]:
-    """The number of samples in one shard, read with one streamed GET (headers are parsed,
-    data is skipped as it streams by; memory stays small), and for a gzip-compressed shard
-    the size of its tar (else 0).
-
-    Raises:
-        ShardError, UnsafeArchiveError: the shard is not a readable tar (names it and the member).
-    """
-    u = parse_s3_uri(obj.uri)
-    client = client or s3_client(access)
-    try:
-        body = client.get_object(Bucket=u.bucket, Key=u.key)["Body"]
-    except Exception as exc:
-        raise boto3_error(exc, obj.uri) from exc
-    try:
-        if _tar.is_gzip(obj.uri):
-            samples, tarsize = _tar.scan_gzip(_Body(body), obj.uri)
-            return len(samples), tarsize
-        return len(_tar.scan(_Body(body), obj.size, obj.uri, stream=True)), 0
-    finally:
-        body.close()
-
-
-def build_index(
-    source: str | Sequence[str],
-    access: Access | str | None,
-    output: str | None = None,
-    progress: Callable[[int, int, int], None] | None = None,
-    jobs: int = 8,
-) -> tuple[str, list[Shard]]:
-    """Count the samples of every shard of ``source`` and write the wids shard list to
-    ``output`` (an s3 URI or a local path; default ``FOLDER/wids.json`` next to the shards).
-
-    Args:
-        progress: called with (shards done, shards in all, bytes read) after each shard.
-        jobs: shards read at once.
-
-    Returns:
-        Where the index went, and the shards with their counts.
-    """
-    objects, folder = resolve(source, access)
-    where = output or folder + DEFAULT_INDEX
-    client = s3_client(access)
-    done = nbytes = 0
-    counts: list[tuple[int, int]] = []
-
-    def one(o: ObjectInfo) -> tuple[int, int]:
-        return count_samples(o, access, client)
-
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for o, n in zip(objects, pool.map(one, objects), strict=True):
-            counts.append(n)
-            done += 1
-            nbytes += o.size
-            if progress is not None:
-                progress(done, len(objects), nbytes)
-    shards = [Shard(o.uri, o.size, o.etag, n, t) for o, (n, t) in zip(objects, counts, strict=True)]
-    name = source if isinstance(source, str) else folder
-    write_index(format_index(shards, where, name), where, access)
-    log.info("indexed %d shards (%d samples) of %s into %s", len(shards), sum(s.nsamples for s in shards), name, where)
-    return where, shards

@@ -9,7 +9,7 @@ import os
 import tarfile
 from collections import Counter
 
-from s5loader._shards import index as _shards
+from s5loader._shards import indexing as _indexing
 from support.stores import Store
 
 
@@ -46,7 +46,7 @@ def make_shards(n_shards: int, per_shard: int, size: int = 300) -> tuple[dict[st
 def put_indexed(store: Store, shards: dict[str, bytes]) -> str:
     """Upload the shards and their index; returns the source prefix."""
     store.put(shards)
-    _shards.build_index(store.uri(), store.endpoint)
+    _indexing.build_index(store.uri(), store.endpoint)
     return store.uri()
 
 

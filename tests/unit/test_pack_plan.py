@@ -4,12 +4,13 @@ the fingerprint, the rank split; the shard writer's bytes; the disk gate."""
 from __future__ import annotations
 
 import io
+import os
 import threading
 import time
 
 import pytest
 
-from s5loader import ConfigError, UnsafeArchiveError
+from s5loader import BudgetError, ConfigError, UnsafeArchiveError
 from s5loader._index.sample import Field, Sample
 from s5loader._pack import plan as _plan
 from s5loader._pack.pipeline import Gate
@@ -145,19 +146,62 @@ def test_overlapping_source_and_dest_are_refused() -> None:
     _plan.check_places("s3://bk/raw/", "s3://ck/raw/")
 
 
-def test_gate_holds_shards_within_the_budget_one_alone_beyond_it() -> None:
+def test_gate_holds_shards_within_the_budget_and_refuses_more_than_it() -> None:
     gate = Gate(100)
-    assert gate.acquire(250, lambda: False)  # alone: it goes
+    with pytest.raises(BudgetError, match="more than the budget"):
+        gate.acquire(250, lambda: False)  # never alone beyond it: the plan refused such a shard first
+    assert gate.acquire(60, lambda: False)
     got: list[bool] = []
-    t = threading.Thread(target=lambda: got.append(gate.acquire(10, lambda: False)))
+    t = threading.Thread(target=lambda: got.append(gate.acquire(50, lambda: False)))
     t.start()
     time.sleep(0.05)
-    assert not got  # waits while the big one holds the disk
-    gate.release(250)
+    assert not got  # 60 + 50 > 100: waits while the first holds the disk
+    gate.release(60)
     t.join(5)
-    assert got == [True] and gate.peak == 250
-    assert gate.acquire(90, lambda: False)
+    assert got == [True] and gate.peak == 60
+    assert gate.acquire(50, lambda: False) and gate.peak == 100
     assert not gate.acquire(50, lambda: True)  # told to give up
+
+
+def test_a_shard_takes_its_tar_and_its_largest_object_once_more(tmp_path) -> None:
+    """What a shard takes while it is built: every staged object, and the tar growing as they
+    are copied in; each is deleted only once copied, so the largest is there twice at worst."""
+    from s5loader._pack.shard import ShardWriter
+    from s5loader.staging.area import tree_bytes
+
+    sizes = [3000, 700, 9000, 40]
+    planned = [_plan.PlannedSample(f"{i:04d}", (_plan.Member(f"{i:04d}.bin", "", n, ""),)) for i, n in enumerate(sizes)]
+    assert _plan.disk_bytes(planned) == _plan.shard_bytes(planned) + 9000
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    for i, n in enumerate(sizes):
+        (staged / f"{i}").write_bytes(b"x" * n)
+    most = tree_bytes(str(tmp_path))
+    with ShardWriter(str(tmp_path / "s.tar")) as w:
+        for i, p in enumerate(planned):
+            path = str(staged / f"{i}")
+            with open(path, "rb") as f:
+                w.add(p.members[0].name, p.key, sizes[i], f)
+                most = max(most, tree_bytes(str(tmp_path)))  # copied in, not yet deleted
+            os.unlink(path)
+    assert most <= _plan.disk_bytes(planned) and most > _plan.shard_bytes(planned) - 9000
+
+
+def test_budget_check_names_the_sample_or_the_shard_that_cannot_fit() -> None:
+    samples = [sample(f"{i:03d}", ("jpg", 3000), ("cls", 1)) for i in range(10)] + [sample("big", ("bin", 50_000))]
+    planned = _plan.plan_samples(samples, "")
+    order = _plan.order(len(planned), False, 0)
+    cuts = _plan.cut([planned[i].tar_bytes for i in order], 20_000)
+    need = _plan.disk_bytes(planned[-1:])
+    with pytest.raises(BudgetError, match=rf"s3://b/big.bin: its sample 'big' takes .*\({need} bytes\).*"
+                                          r"budget of 48.8 KiB \(50000 bytes\)"):
+        _plan.check_budget(planned, order, cuts, 50_000, "s3://b/out/")
+    small = planned[:10]
+    cuts = _plan.cut([p.tar_bytes for p in small], 20_000)
+    worst = max(_plan.disk_bytes(small[a:b]) for a, b in cuts)
+    with pytest.raises(BudgetError, match=r"s3://b/out/shard-00000\d.tar takes .*smaller --shard-size"):
+        _plan.check_budget(small, order[:10], cuts, worst - 1, "s3://b/out/")
+    _plan.check_budget(small, order[:10], cuts, worst, "s3://b/out/")  # fits exactly
 
 
 def test_whole_blocks_and_lone_samples_come_with_wildcard_lines() -> None:

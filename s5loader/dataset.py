@@ -12,6 +12,7 @@ from torch.utils.data import Dataset
 from ._index import sources as _sources
 from ._index.compact import SampleIndex
 from ._index.sample import DISK, Sample
+from ._index.share import shared_object
 from ._shards.dataset import ShardSet
 from ._shards.index import load_shards
 from .config import Access
@@ -207,7 +208,9 @@ class S5Dataset(Dataset[Any]):
             EmptySourceError: no shard, or no sample in the shards.
         """
         store = Access.coerce(access, endpoint_url)
-        shards, where = load_shards(source, index, store)
+        # one process of the job reads the index (and lists a prefix); the others receive it
+        what = ["shards", repr(source), index, store.endpoint()]
+        shards, where = shared_object(lambda: load_shards(source, index, store), what)
         name = source if isinstance(source, str) else f"{len(shards)} shards"
         shard_set = ShardSet(shards, store, name, where)
         return cls([], access=store, transform=transform, decode=decode, source=name, shards=shard_set)

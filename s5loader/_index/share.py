@@ -1,4 +1,5 @@
-"""Listing once per job: one process builds the sample index, the others of the job receive it.
+"""Listing once per job: one process builds the sample index (or reads the tar shards' index),
+the others of the job receive it.
 
 - Under an initialized ``torch.distributed`` process group, rank 0 builds the index and
   broadcasts its saved form (``broadcast_object_list``); an error on rank 0 is broadcast too
@@ -19,10 +20,11 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from .. import exceptions
 from ..exceptions import IndexShareError, S5LoaderError
@@ -30,10 +32,37 @@ from .compact import SampleIndex
 from .saved import index_bytes, load, loads, save
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 ENV_TIMEOUT = "S5LOADER_INDEX_TIMEOUT"
 ENV_SHARE = "S5LOADER_SHARE_INDEX"  # "0": every process builds its own index
 _POLL = 0.05
+
+
+class _Form(Generic[T]):
+    """How a shared value travels: to bytes and back, and into a file and back."""
+
+    def __init__(
+        self, dumps: Callable[[T], bytes], loads: Callable[[bytes, str], T], save: Callable[[T, str], None],
+        load: Callable[[str], T],
+    ) -> None:
+        self.dumps, self.loads, self.save, self.load = dumps, loads, save, load
+
+
+def _pickle_save(value: object, path: str) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        pickle.dump(value, f, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(tmp, path)
+
+
+def _pickle_load(path: str) -> Any:
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
+_INDEX: _Form[SampleIndex] = _Form(index_bytes, loads, save, load)
+_OBJECT: _Form[Any] = _Form(pickle.dumps, lambda data, _: pickle.loads(data), _pickle_save, _pickle_load)
 
 
 def shared_index(build: Callable[[], SampleIndex], what: list[str | None]) -> SampleIndex:
@@ -43,19 +72,29 @@ def shared_index(build: Callable[[], SampleIndex], what: list[str | None]) -> Sa
         build: makes the index (lists the prefix, reads the manifest).
         what: what the index is of (source, endpoint, grouping): names the shared file.
     """
+    return _share(build, what, _INDEX)
+
+
+def shared_object(build: Callable[[], T], what: list[str | None]) -> T:
+    """As :func:`shared_index`, for any value that pickles (a list of tar shards and their
+    index's URI): built by one process of the job, received by the others."""
+    return _share(build, what, _OBJECT)
+
+
+def _share(build: Callable[[], T], what: list[str | None], form: _Form[T]) -> T:
     import torch.distributed as dist
 
     if os.environ.get(ENV_SHARE, "1") == "0":
         return build()
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return _broadcast(build, what)
+        return _broadcast(build, what, form)
     local_rank, local_world = os.environ.get("LOCAL_RANK"), os.environ.get("LOCAL_WORLD_SIZE")
     if local_rank is not None and local_world is not None and int(local_world) > 1:
-        return _through_file(build, what, int(local_rank), int(local_world))
+        return _through_file(build, what, int(local_rank), int(local_world), form)
     return build()
 
 
-def _broadcast(build: Callable[[], SampleIndex], what: list[str | None]) -> SampleIndex:
+def _broadcast(build: Callable[[], T], what: list[str | None], form: _Form[T]) -> T:
     import torch.distributed as td
 
     if td.get_rank() == 0:
@@ -64,7 +103,7 @@ def _broadcast(build: Callable[[], SampleIndex], what: list[str | None]) -> Samp
         except S5LoaderError as exc:
             td.broadcast_object_list([("error", exc, what)], src=0)
             raise
-        td.broadcast_object_list([("index", index_bytes(index), what)], src=0)
+        td.broadcast_object_list([("index", form.dumps(index), what)], src=0)
         return index
     box: list[Any] = [None]
     td.broadcast_object_list(box, src=0)
@@ -75,7 +114,7 @@ def _broadcast(build: Callable[[], SampleIndex], what: list[str | None]) -> Samp
     if kind == "error":
         raise payload
     log.debug("received the sample index from rank 0 (%d bytes)", len(payload))
-    return loads(payload, "the index broadcast by rank 0")
+    return form.loads(payload, "the index broadcast by rank 0")
 
 
 def _folder() -> str:
@@ -87,7 +126,9 @@ def _folder() -> str:
     return path
 
 
-def _through_file(build: Callable[[], SampleIndex], what: list[str | None], local_rank: int, local_world: int) -> SampleIndex:
+def _through_file(
+    build: Callable[[], T], what: list[str | None], local_rank: int, local_world: int, form: _Form[T]
+) -> T:
     run = [os.environ.get(v) for v in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")]
     # the torchrun agent is the parent of every local rank: a new launch, a new file
     name = hashlib.sha256(json.dumps([what, run, os.getppid()]).encode()).hexdigest()[:32]
@@ -105,7 +146,7 @@ def _through_file(build: Callable[[], SampleIndex], what: list[str | None], loca
             with open(failed, "w", encoding="utf-8") as f:
                 json.dump({"type": type(exc).__name__, "message": str(exc)}, f)
             raise
-        save(index, path)
+        form.save(index, path)
         return index
     limit = float(os.environ.get(ENV_TIMEOUT, "3600"))
     deadline = time.monotonic() + limit
@@ -123,7 +164,7 @@ def _through_file(build: Callable[[], SampleIndex], what: list[str | None], loca
                 f"index of {what[1]} into {path}; set {ENV_TIMEOUT} to wait longer"
             )
         time.sleep(_POLL)
-    index = load(path)
+    index = form.load(path)
     _done(path, local_rank, local_world)
     return index
 

@@ -26,7 +26,7 @@ from ._sampling.iterparts import _Pass, check_count, check_options, check_state,
 from ._sampling.iterparts import buffer_shuffle as buffer_shuffle
 from ._sampling.iterparts import worker_length as worker_length
 from ._sampling.order import Order
-from ._sampling.rankhost import Hosting
+from ._sampling.rankhost import Hosting, read_board
 from ._util.dist import pytorch_worker_info, rank_info
 from ._util.platform import require_linux
 from ._util.uri import format_size
@@ -260,11 +260,17 @@ class S5IterableDataset(IterableDataset[Any]):
             if close is not None:
                 close()
 
-    def metrics(self) -> Metrics | None:
-        """Live figures of the rank's staging (see :meth:`S5Sampler.metrics
-        <s5loader.S5Sampler.metrics>`), where this process hosts it (``num_workers=0``, or
-        inside a DataLoader worker); None elsewhere."""
-        return self._hosting.metrics(self.epoch, len(self))
+    def metrics(self) -> Metrics:
+        """Live figures of this rank's staging (see :meth:`S5Sampler.metrics
+        <s5loader.S5Sampler.metrics>`), from any thread of the training process: read from the
+        run itself where this process hosts it (``num_workers=0``), else as the hosting worker
+        last wrote them (at most every half second, and when a pass ends); before any, zeros
+        and the budget."""
+        here = self._hosting.metrics(self.epoch, len(self))
+        if here is not None:
+            return here
+        rank, _ = rank_info(self._num_replicas, self._rank)
+        return read_board(self._area.path, rank) or Metrics(epoch=self.epoch, samples=len(self), budget=self.budget)
 
     # -- resume (torchdata's Stateful protocol) ------------------------------------------
     def state_dict(self) -> dict[str, Any]:

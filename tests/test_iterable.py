@@ -246,11 +246,14 @@ def test_a_rank_stages_once_in_one_folder_within_its_whole_budget(seaweed: Store
             folders.update(n for n in os.listdir(area) if not n.startswith("."))
             return staged_bytes(staging_root)
 
+        assert it.metrics().fetched_bytes == 0 and it.metrics().budget == budget  # before any pass
         with Peak(look) as watcher:
             got = keys(DataLoader(it, batch_size=4, num_workers=2, collate_fn=collate))
+        m = it.metrics()  # the hosting worker's figures, read in this process
     assert sorted(got) == keys_of(source)
     assert watcher.looks > 10 and 0 < watcher.peak <= budget, (watcher.peak, budget)
     assert len(folders) == 1  # one staging run for the rank, not one per worker
+    assert (m.fetched_bytes, m.samples, m.budget) == (ds.total_bytes, len(ds), budget), m
     # the whole budget is the rank's: one that holds a few of the largest samples serves 4 workers
     largest = max(s.size for s in ds.samples)
     with S5IterableDataset(ds, budget=largest * 3, staging_dir=staging_root, batch_size=2) as small:

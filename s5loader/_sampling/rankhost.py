@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import json
 import logging
 import multiprocessing.util
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -29,6 +31,8 @@ from .run import StagingRun
 from .units import units_of
 
 log = logging.getLogger("s5loader.iterable")
+# How often a host writes its figures for the dataset's own process (S5IterableDataset.metrics).
+PUBLISH_S = 0.5
 # How long a host whose own worker ended waits for the rank's other workers to read their last
 # samples before it removes the staged files.
 READERS_S = 600.0
@@ -97,12 +101,29 @@ class RankHost:
         staged = [order[q] for q in rest]
         log.debug("rank %d epoch %d: staging %d of %d positions", p.rank, p.epoch, len(rest), len(order))
         stream = self.run.stage(staged, wins, p.order.shuffle, lambda: p.epoch, skips=True)
+        board = metrics_board(self.run.area.root, p.rank)
+        published = 0.0
         try:
             # the stream first: it yields one item per position, and is run to its end
             for s, q in zip(stream, rest, strict=True):
                 yield q, ((INDEX, s) if s is not None else (SKIP, None))
+                if time.monotonic() - published > PUBLISH_S:
+                    published = time.monotonic()
+                    self._publish(board, p.epoch, len(order))
         finally:
             stream.close()
+            self._publish(board, p.epoch, len(order))
+
+    def _publish(self, board: str, epoch: int, samples: int) -> None:
+        """Write the pass's figures where the process that made the dataset reads them."""
+        figures = self.metrics(epoch, samples).as_dict()
+        tmp = f"{board}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(figures, f)
+            os.replace(tmp, board)
+        except OSError:
+            pass  # the dataset's directory is gone: nobody reads the figures
 
     def _cache_run(self, p: _Pass) -> CacheRun:
         """The rank's use of the epoch cache it shares with the node's other local ranks: the
@@ -137,6 +158,22 @@ class RankHost:
             log.warning("DataLoader workers still reading after %.0f s; removing the staged files", READERS_S)
         self.close_pass()
         self.run.close()
+
+
+def metrics_board(area: str, rank: int) -> str:
+    """Where the host of ``rank`` writes its figures, in the dataset's directory ``area``."""
+    return os.path.join(area, f".metrics-r{rank}.json")
+
+
+def read_board(area: str, rank: int) -> Metrics | None:
+    """The figures the host of ``rank`` last wrote, or None before any."""
+    try:
+        with open(metrics_board(area, rank), encoding="utf-8") as f:
+            figures = json.load(f)
+    except (OSError, ValueError):
+        return None
+    names = {f.name for f in dataclasses.fields(Metrics)}
+    return Metrics(**{k: v for k, v in figures.items() if k in names})
 
 
 class Hosting:

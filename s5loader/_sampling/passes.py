@@ -23,6 +23,7 @@ from ..engine.metrics import Metrics
 from ..engine.plan import write_plan_files
 from ..s5cmd import S5cmd
 from ..staging.area import PassArea, StagingArea
+from ..staging.layout import StagingLayout
 from .cacherun import CacheRun
 from .resume import Position
 from .units import PassUnits, open_pass
@@ -48,6 +49,11 @@ class StagingPasses:
         self.units: PassUnits | None = None  # the running pass's units (a download of its own to stop)
         self.last_stats: Stats | None = None
         self.last_metrics: Metrics | None = None
+        # A front end whose consumer releases samples its own way (the prefetch daemon's):
+        # whether key ``k`` of a pass is released (the engine then looks instead of reading
+        # release events), and what to tell each pass's engine when it is made.
+        self.released: Callable[[int, StagingLayout], bool] | None = None
+        self.on_stager: Callable[[Stager], None] | None = None
 
     def run(
         self,
@@ -70,6 +76,7 @@ class StagingPasses:
         hits, back = cache.begin_pass(epoch(), order, where.path) if cache is not None else (None, frozenset())
         keep = self.keep
         units = open_pass(self.dataset, order, where.path, keep, options, shuffle, self.frees, hits)
+        released, folders = self.released, StagingLayout(where.path)
         stager = Stager(
             self.dataset.samples,
             units.engine_order,
@@ -81,7 +88,10 @@ class StagingPasses:
             layout=self.layout,
             windows=units.engine_windows(windows),
             first_call=units.first_call,
+            is_released=(lambda k: released(k, folders)) if released is not None else None,
         )
+        if self.on_stager is not None:
+            self.on_stager(stager)
         units.start(stager, options)
         if cache is not None:
             stager.budget.on_release = cache.on_release

@@ -783,6 +783,30 @@ def test_iterable_dataset_over_shards_every_sample_once_per_rank_split(moto: Sto
     assert len(keys) == 30 and set(keys) == set(expected)  # 30 samples over 2 ranks: each once
 
 
+def test_iterable_shuffle_buffer_too_big_for_a_workers_share_names_the_buffer_and_a_budget(
+    moto: Store, staging_root: str
+) -> None:
+    # a buffer of 60 samples keeps samples of more shards staged than three shards' share holds
+    from s5loader import S5IterableDataset
+
+    shards, _ = make_shards(12, 10)
+    source = put_indexed(moto, shards)
+    share = 3 * max(map(len, shards.values()))
+    opts = {"endpoint_url": moto.endpoint, "shuffle": True, "shuffle_buffer": 60, "budget": 2 * share,
+            "staging_dir": staging_root}
+    # told the workers' count: refused in this process when made, before any worker starts
+    with pytest.raises(BudgetError, match=r"shuffle_buffer=60 over the tar shards .* budget of .* Give shuffle_buffer="):
+        S5IterableDataset.from_shards(source, num_workers=2, **opts)
+    assert os.listdir(staging_root) == []
+    # not told: each worker checks its part when it starts, with the same words
+    with S5IterableDataset.from_shards(source, **opts) as it:
+        loader = DataLoader(it, batch_size=4, num_workers=2, collate_fn=lambda b: b)
+        with pytest.raises(BudgetError, match=r"shuffle_buffer=60 over the tar shards .* Give shuffle_buffer="):
+            next(iter(loader))
+        del loader
+    assert os.listdir(staging_root) == []
+
+
 def class_sorted_shards(
     store: Store, n_shards: int = 8, per_shard: int = 25, size: int = 2000
 ) -> tuple[str, dict[str, bytes], int]:
@@ -866,7 +890,7 @@ def test_an_iterable_frees_each_sample_it_reads_so_more_shards_mix_within_the_bu
     from support.stores import Peak
 
     from s5loader import S5IterableDataset
-    from s5loader._sampling import iterparts
+    from s5loader._sampling import workerorder
 
     source, shards, big = class_sorted_shards(seaweed, n_shards=12, per_shard=20, size=100_000)
     budget = 4 * big  # read in this process: 3 shards open beside one being staged, when nothing is freed
@@ -901,7 +925,7 @@ def test_an_iterable_frees_each_sample_it_reads_so_more_shards_mix_within_the_bu
         return most
 
     with monkeypatch.context() as m:
-        m.setattr(iterparts, "punches_holes", lambda folder, most: False)  # a file system that cannot
+        m.setattr(workerorder, "punches_holes", lambda folder, most: False)  # a file system that cannot
         whole, peak_whole = run()
     freeing, peak = run()
     everything = sorted(s for s in range(12) for _ in range(20))

@@ -512,6 +512,38 @@ def test_wids_reads_the_index_that_index_shards_writes(moto: Store, tmp_path) ->
     assert got == {k: v["bin"] for k, v in expected.items()}
 
 
+def test_a_source_that_names_no_shard_says_what_exists_near_it(moto: Store) -> None:
+    from s5loader import NoSuchBucketError, ObjectNotFoundError
+
+    shards, _ = make_shards(3, 2)
+    put_indexed(moto, shards)  # train/shard-000.tar ... beside the folder train/shard/ that does not exist
+    moto.put({"jpegs/0001.jpg": b"j", "jpegs/0001.cls": b"1"})
+    # a prefix without its slash, and with it: the folder is empty, its neighbours are named
+    for given in (moto.uri("shard"), moto.uri("shard/")):
+        with pytest.raises(EmptySourceError) as empty:
+            S5Dataset.from_shards(given, endpoint_url=moto.endpoint)
+        message = str(empty.value)
+        assert f"no object under {moto.uri('shard/')}" in message
+        assert f"such as {moto.uri('shard-000.tar')}" in message and f"name the folder they are in ({moto.uri()})" in message
+    assert "a prefix names a folder" in str(pytest.raises(EmptySourceError, S5Dataset.from_shards, moto.uri("shard"),
+                                                          endpoint_url=moto.endpoint).value)
+    # a folder of objects that are not shards says what it holds
+    with pytest.raises(EmptySourceError, match=r"it holds 2 other object\(s\), such as s3://\S+/jpegs/0001\.cls"):
+        S5Dataset.from_shards(moto.uri("jpegs/"), endpoint_url=moto.endpoint)
+    # a brace pattern that matches nothing names the shards nearest to it by name
+    with pytest.raises(ObjectNotFoundError) as braces:
+        S5Dataset.from_shards(moto.uri("shard-{0000..0002}.tar"), endpoint_url=moto.endpoint)
+    assert "3 of the 3 shards" in str(braces.value)
+    assert f"nearest to it by name: {moto.uri('shard-000.tar')}" in str(braces.value)
+    # a list, and one shard: the same, and an empty folder or a missing bucket is said
+    with pytest.raises(ObjectNotFoundError, match=r"shard-003.tar: no such shard; the keys nearest to it by name: "):
+        S5Dataset.from_shards([moto.uri("shard-000.tar"), moto.uri("shard-003.tar")], endpoint_url=moto.endpoint)
+    with pytest.raises(ObjectNotFoundError, match=r"nothing exists under s3://\S+/train/none/$"):
+        S5Dataset.from_shards(moto.uri("none/shard-000.tar"), endpoint_url=moto.endpoint)
+    with pytest.raises(NoSuchBucketError, match=r"has no bucket 'no-such-bucket'"):
+        S5Dataset.from_shards("s3://no-such-bucket/train/shard-000.tar", endpoint_url=moto.endpoint)
+
+
 def put_indexed_with(store: Store, shards: dict[str, bytes], counts: dict[str, int]) -> str:
     """Upload shards (some unreadable) with an index that gives ``counts`` for the bad ones."""
     store.put(shards)

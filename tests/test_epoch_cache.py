@@ -80,7 +80,7 @@ def test_a_data_set_that_fits_is_fetched_once(data, proxy: FaultProxy, staging_r
         for e in (1, 2):
             check(epoch(sampler, ds, e), source)
             m = sampler.metrics()
-            assert (m.epoch_cache_hits, m.fetched_bytes, m.fetched_samples) == (N, 0, 0)
+            assert (m.epoch_cache_hits, m.fetched_bytes, m.fetched_units) == (N, 0, 0)
         assert object_reads(proxy, mark) == []  # not one request after the first epoch
         assert m.epoch_cache_bytes == ds.total_bytes
         cache_dirs = glob.glob(os.path.join(staging_root, "s5loader-cache-*"))

@@ -99,7 +99,7 @@ def test_two_samplers_on_one_dataset(moto: Store, staging_root: str, no_direct_f
         check(got["eval"], expected(ds, False, 0, 0), source)
         for s in (train, evaluation):
             assert staged_samples(s.staging_dir) == []  # every staged file read and released
-            assert s.stats is not None and s.stats.skipped == [] and s.stats.staged_samples == 30
+            assert s.stats is not None and s.stats.skipped == [] and s.stats.staged_units == 30
     assert no_direct_fetch.connections == 0  # nothing was fetched around the staging directories
     assert not os.path.exists(train.staging_dir) and not os.path.exists(evaluation.staging_dir)
 

@@ -327,7 +327,7 @@ def test_webdataset_and_gnu_tar_shards_load_byte_exact_through_both_datasets_and
             for x in got:
                 assert {k: v for k, v in x.items() if k != "__key__"} == expected[x["__key__"]]
             assert leftovers(sampler.staging_dir) == []  # every shard deleted once read
-            assert sampler.stats is not None and sampler.stats.staged_samples == 4  # one cp per shard
+            assert sampler.stats is not None and sampler.stats.staged_units == 4  # one cp per shard
     # the same shards through the iterable dataset (two workers) and the daemon
     from s5loader import S5IterableDataset, consume
 
@@ -410,7 +410,7 @@ def test_budget_and_shuffle_rules_over_shards(moto: Store, staging_root: str) ->
         for epoch in range(2):
             s.set_epoch(epoch)
             assert len(load_all(ds, s)) == 12
-            assert s.stats is not None and (s.stats.staged_samples, s.stats.calls > 0) == ((3, True) if epoch == 0 else (0, False))
+            assert s.stats is not None and (s.stats.staged_units, s.stats.calls > 0) == ((3, True) if epoch == 0 else (0, False))
 
 
 def test_staged_shard_bytes_never_exceed_the_budget_and_shards_go_once_read(moto: Store, staging_root: str) -> None:
@@ -510,6 +510,22 @@ def test_wids_reads_the_index_that_index_shards_writes(moto: Store, tmp_path) ->
     assert len(wds) == 6
     got = {wds[i]["__key__"]: wds[i][".bin"].read() for i in range(6)}
     assert got == {k: v["bin"] for k, v in expected.items()}
+
+
+def test_over_shards_the_metrics_count_shards_as_units_and_the_old_name_warns(moto: Store, staging_root: str) -> None:
+    shards, expected = make_shards(3, 5)  # 15 samples in 3 shards
+    source = put_indexed(moto, shards)
+    ds = S5Dataset.from_shards(source, endpoint_url=moto.endpoint)
+    with S5Sampler(ds, shuffle=False, budget=400_000, staging_dir=staging_root) as sampler:
+        assert len(load_all(ds, sampler)) == 15
+        m = sampler.metrics()
+        assert (m.position, m.fetched_units) == (15, 3)  # 15 samples read, 3 shards staged
+        assert sampler.stats is not None and sampler.stats.staged_units == 3
+        with pytest.warns(DeprecationWarning, match="fetched_units"):
+            assert m.fetched_samples == 3
+        with pytest.warns(DeprecationWarning, match="staged_units"):
+            assert sampler.stats.staged_samples == 3
+        assert m.as_dict()["fetched_units"] == m.as_dict()["fetched_samples"] == 3  # JSON readers: one release
 
 
 def test_a_source_that_names_no_shard_says_what_exists_near_it(moto: Store) -> None:
@@ -1233,7 +1249,7 @@ def test_the_first_shard_of_a_pass_is_read_while_it_downloads(seaweed: Store, st
                     proxy.release.set()
                 got += batch
             assert leftovers(sampler.staging_dir) == []
-            assert sampler.stats is not None and sampler.stats.staged_samples == 3
+            assert sampler.stats is not None and sampler.stats.staged_units == 3
         gets = [(m, p, h) for m, p, h in proxy.requests if "shard-000.tar" in p]
     finally:
         guard.cancel()

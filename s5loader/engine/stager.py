@@ -282,8 +282,8 @@ class Stager:
     def _field_done(self, pos: int) -> None:
         if not self.fields.done(pos):
             return
-        self.stats.staged_samples += 1
-        self.throughput.add(time.monotonic(), self.stats.staged_bytes, self.stats.staged_samples)
+        self.stats.staged_units += 1
+        self.throughput.add(time.monotonic(), self.stats.staged_bytes, self.stats.staged_units)
         self.ready.mark(pos)
 
     def _discard(self, call: Call) -> None:

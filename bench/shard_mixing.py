@@ -72,8 +72,8 @@ def webdataset_batches(paths: list[str], workers: int, batch: int, buffer: int, 
 
 def s5loader_batches(n_shards: int, per_shard: int, workers: int, batch: int, budget_shards: int, seed: int,
                      iterable: bool, sample_bytes: int = 0) -> tuple[list[list[int]], int]:
-    from s5loader._sampling.iterparts import worker_order
     from s5loader._sampling.order import Order, open_shards
+    from s5loader._sampling.workerorder import worker_order
     from s5loader._shards.dataset import ShardSet
     from s5loader._shards.index import Shard
     from s5loader.config import Access

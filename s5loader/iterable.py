@@ -18,21 +18,14 @@ from typing import Any
 
 from torch.utils.data import IterableDataset
 
+from ._sampling.iterchecks import check_options, check_workers_buffer, worker_share
 from ._sampling.iterparts import STATE_VERSION as STATE_VERSION
-from ._sampling.iterparts import (
-    WorkerStaging,
-    _Pass,
-    check_options,
-    check_state,
-    check_workers,
-    start_pass,
-    worker_share,
-)
-from ._sampling.iterparts import buffer_shuffle as buffer_shuffle
-from ._sampling.iterparts import worker_length as worker_length
-from ._sampling.iterparts import worker_order as worker_order
+from ._sampling.iterparts import WorkerStaging, _Pass, check_state, resumed_epoch, start_pass
 from ._sampling.order import Order
 from ._sampling.units import units_of
+from ._sampling.workerorder import buffer_shuffle as buffer_shuffle
+from ._sampling.workerorder import worker_length as worker_length
+from ._sampling.workerorder import worker_order as worker_order
 from ._util.dist import pytorch_worker_info, rank_info
 from ._util.platform import require_linux
 from ._util.uri import format_size
@@ -66,25 +59,20 @@ class S5IterableDataset(IterableDataset[Any]):
         dataset: the samples (an :class:`S5Dataset`; its ``transform`` applies).
         shuffle: ``True``, ``False`` or ``"block"``, as for :class:`~s5loader.S5Sampler`.
         seed: the seed of the permutation and of the shuffle buffer.
-        shuffle_buffer: ``0`` (default): no buffer. ``k > 1``: each worker passes its part of
-            the epoch through a buffer of ``k`` samples, as WebDataset's ``shuffle(k)``: the
-            first ``k`` samples fill it; then each next sample out is drawn uniformly at random
-            from the buffer and its place taken by the next sample in; at the end the buffer
-            empties in random order. A sample thus comes out at most ``k - 1`` places before
-            its position in the unbuffered order, or any number of places after it; the draw is
-            seeded by ``(seed, epoch, rank, worker)``. The draw is made on the indices before staging,
-            so the engine stages samples in the order they come out: the buffer costs no
-            staging space, and a resumed epoch continues the same draw. Useful with
-            ``shuffle=False`` or ``"block"`` (which already shuffles within each
-            ``samples_per_call`` window).
+        shuffle_buffer: ``0`` (default): none. ``k > 1``: each worker's part goes through
+            WebDataset's ``shuffle(k)``, drawn on the indices (seeded by ``(seed, epoch, rank,
+            worker)``), so samples are staged in the order they come out and a resume continues
+            the draw. Over tar shards a sample it holds back keeps its shard staged: with
+            ``num_workers``, what each worker then needs at once is checked against its share
+            here and at :meth:`set_epoch` (see the guide's "Iterable dataset").
         budget: most bytes staged and not yet read by this rank at any instant (``"2GiB"``,
             ``"500MB"`` or an int), shared equally by its DataLoader workers; each share must
             hold the largest sample (over tar shards: the largest shard).
         num_workers: the ``num_workers`` of the DataLoader that will read this dataset. Given,
             the budget's split between the workers is checked here, in the main process, before
             any worker starts (a DataLoader with another count is then a ``ConfigError``).
-            ``None`` (default): the split is checked by each worker when it starts, and a share
-            too small is a ``BudgetError`` raised through the DataLoader.
+            ``None`` (default): each worker checks its share when it starts, and a share too
+            small is a ``BudgetError`` raised through the DataLoader.
         staging_dir: the staging root; ``None`` picks ``/dev/shm`` when it has room for the
             budget, else the system temp directory. This dataset stages into a directory of its
             own below it, one folder per worker, removed by :meth:`close`, garbage collection
@@ -98,7 +86,8 @@ class S5IterableDataset(IterableDataset[Any]):
 
     Raises:
         ConfigError: an invalid option.
-        BudgetError: a sample larger than the budget, or a budget larger than the free space.
+        BudgetError: a sample larger than the budget (or a worker's share: see ``num_workers``
+            and ``shuffle_buffer``), or a budget larger than the free space.
         PlatformError: not Linux.
     """
 
@@ -132,20 +121,18 @@ class S5IterableDataset(IterableDataset[Any]):
             "stall_timeout": stall_timeout, "retries": retries, "on_error": on_error,
             "verify": verify, "s5cmd_workers": s5cmd_workers, "epoch_cache": epoch_cache,
         }
-        budget_bytes, root, self._cache = check_options(
+        budget_bytes, root, self._cache, self._num_workers = check_options(
             dataset, shuffle, seed, shuffle_buffer, drop_last, num_replicas, rank, budget, staging_dir,
-            shrink_budget, engine_options, keep_epoch_cache,
+            shrink_budget, engine_options, keep_epoch_cache, num_workers,
         )
-        self._num_workers = check_workers(dataset, budget_bytes, num_workers)
         self.dataset = dataset
         self.shuffle: bool | str = shuffle if shuffle == "block" else bool(shuffle)
         self.seed = seed
         self.shuffle_buffer = shuffle_buffer
         self.drop_last = drop_last
         self.budget = budget_bytes
-        # over tar shards a worker takes a contiguous run of the rank's shards (mixed across the
-        # shards its share holds open with shuffle=True), so that its shards are
-        # staged by it alone (interleaved samples would have every worker fetch every shard)
+        # over tar shards a worker takes a contiguous run of the rank's shards, so that it alone
+        # stages them (interleaved samples would have every worker fetch every shard)
         self._runs = units_of(dataset).worker_runs
         self._num_replicas = num_replicas
         self._rank = rank
@@ -219,11 +206,22 @@ class S5IterableDataset(IterableDataset[Any]):
         DataLoader workers get a copy of this dataset at ``iter(loader)``; with
         ``persistent_workers=True`` they keep theirs, so call it before the loader's first
         iteration only, or do without persistent workers.
+
+        Raises:
+            ConfigError: not an int >= 0. BudgetError: with ``num_workers``, over tar shards,
+                ``shuffle_buffer`` keeps more staged in this epoch than a worker's share holds.
         """
         if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise ConfigError(f"epoch must be an int >= 0, got {epoch!r}")
+        if self._num_workers is not None:  # each epoch draws its buffer anew
+            check_workers_buffer(self.dataset, self._order(), self.shuffle_buffer, epoch, self.budget, self._num_workers,
+                                 self._engine_options["calls_in_flight"], self._cache is not None, self._area.path)
         self.epoch = epoch
         self._epoch_set = True
+
+    def _order(self) -> Order:
+        rank, world = rank_info(self._num_replicas, self._rank)
+        return Order(self.shuffle, self.seed, world, rank, self.drop_last, self._runs)
 
     def __iter__(self) -> Iterator[Any]:
         # The pass is fixed here, not at the first next(): StatefulDataLoader takes a state
@@ -233,11 +231,10 @@ class S5IterableDataset(IterableDataset[Any]):
         return self._generate(p)
 
     def _start_pass(self) -> _Pass:
-        rank, world, worker, nw = pytorch_worker_info(self._num_replicas, self._rank)
+        _, _, worker, nw = pytorch_worker_info(self._num_replicas, self._rank)
         loaded, self._loaded = self._loaded, None
-        order = Order(self.shuffle, self.seed, world, rank, self.drop_last, self._runs)
         return start_pass(
-            loaded, order, self.shuffle_buffer, self.epoch, len(self.dataset), worker, nw, self._runs,
+            loaded, self._order(), self.shuffle_buffer, self.epoch, len(self.dataset), worker, nw, self._runs,
             self.dataset.source or "the data set",
         )
 
@@ -268,7 +265,8 @@ class S5IterableDataset(IterableDataset[Any]):
             self._engine.close()
         share = worker_share(self.dataset, self.budget, self._num_workers, p.num_workers)
         options = StagingOptions(budget=share, staging_dir=self._area.path, **self._engine_options)
-        engine = WorkerStaging(self.dataset, options, self._area.path, self._runs, self.shuffle, self._cache)
+        told = self._num_workers is not None  # then the buffer was checked before the workers started
+        engine = WorkerStaging(self.dataset, options, self._area.path, self._runs, self.shuffle, self._cache, told)
         self._engine, self._engine_key = engine, key
         if key[0] != self._area._owner:
             # A DataLoader worker runs no atexit handlers; multiprocessing's finalizers do run.
@@ -288,8 +286,7 @@ class S5IterableDataset(IterableDataset[Any]):
         p = self._pass
         if p is None:
             rank, world, worker, nw = pytorch_worker_info(self._num_replicas, self._rank)
-            p = _Pass(self.epoch, Order(self.shuffle, self.seed, world, rank, self.drop_last, self._runs),
-                      self.shuffle_buffer, rank, world, worker, nw, 1, 0)
+            p = _Pass(self.epoch, self._order(), self.shuffle_buffer, rank, world, worker, nw, 1, 0)
         return p.state(len(self.dataset))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -308,11 +305,7 @@ class S5IterableDataset(IterableDataset[Any]):
             self._loaded = check_state(state, len(self.dataset))
         except StateError as exc:
             raise StateError(f"cannot resume {self.dataset.source or 'the data set'}: {exc}") from exc
-        if self._loaded["complete"]:
-            if not self._epoch_set:
-                self.epoch = self._loaded["epoch"] + 1
-        else:
-            self.epoch = self._loaded["epoch"]
+        self.epoch = resumed_epoch(self._loaded, self.epoch, self._epoch_set)
 
     # -- lifetime -----------------------------------------------------------------------
     def close(self) -> None:

@@ -22,6 +22,7 @@ import hashlib
 import logging
 import os
 import shutil
+import weakref
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -247,7 +248,9 @@ def open_cache_run(
     orders: Callable[[int], list[list[int]]],
 ) -> CacheRun | None:
     """The epoch cache of a sampler (``order``, ``window``) and of the other local ranks of its
-    node, below ``root``; None without ``options.epoch_cache``."""
+    node, below ``root``; None without ``options.epoch_cache``. ``orders``, a method of the
+    sampler, is held weakly: the sampler closes its run, and so this cache, when it is collected,
+    which a run holding it would prevent."""
     if not options.epoch_cache:
         return None
     ranks = node_ranks(order.rank, order.num_replicas)
@@ -256,8 +259,23 @@ def open_cache_run(
     name = cache_id(fingerprint, o.shuffle, o.seed, o.num_replicas, o.drop_last, window, ranks[0], len(ranks))
     return CacheRun(
         dataset.samples, dataset.samples.sizes(), EpochCache(root, name, fingerprint, bool(keep)),
-        options.epoch_cache, orders, ranks.index(o.rank), options.verify,
+        options.epoch_cache, _weakly(orders), ranks.index(o.rank), options.verify,
     )
+
+
+def _weakly(method: Callable[[int], list[list[int]]]) -> Callable[[int], list[list[int]]]:
+    """``method``, not keeping the object it is bound to alive (a plain function as it is)."""
+    if not hasattr(method, "__self__"):
+        return method
+    ref = weakref.WeakMethod(method)
+
+    def call(epoch: int) -> list[list[int]]:
+        bound = ref()
+        if bound is None:
+            raise ReferenceError("the sampler of this epoch cache is gone")
+        return bound(epoch)
+
+    return call
 
 
 def open_iterable_cache(

@@ -1,81 +1,31 @@
-"""The parts of :class:`~s5loader.S5IterableDataset`: the checks of its options, one worker's
-pass through an epoch (:class:`_Pass`, its order and length, the shuffle buffer), the staging
-of a worker (:class:`WorkerStaging`, a :class:`~s5loader._sampling.run.StagingRun` of its own) and the
-resume state."""
+"""The parts of :class:`~s5loader.S5IterableDataset`: one worker's pass through an epoch
+(:class:`_Pass`: its order, length and position), the staging of a worker
+(:class:`WorkerStaging`, a :class:`~s5loader._sampling.run.StagingRun` of its own) and the
+resume state. The worker's order is in :mod:`.workerorder`, the checks of the options in
+:mod:`.iterchecks`."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
-
-from .._util.dist import rank_info
-from .._util.platform import HOLE_BLOCK, punches_holes
-from .._util.uri import format_size, parse_size
 from ..config import StagingOptions
 from ..dataset import S5Dataset, StagedIndex
-from ..exceptions import BudgetError, ConfigError, StateError
+from ..exceptions import StateError
 from ..staging.epochcache import EpochCache
 from .cacheplan import node_ranks
-from .cacherun import CacheRun, open_iterable_cache
-from .order import Order, check_seed, check_shuffle
+from .cacherun import CacheRun
+from .order import Order
 from .resume import check_fields
 from .run import StagingRun
-from .setup import fit_budget
-from .units import ShardUnits, units_of
+from .workerorder import check_buffer, worker_frees, worker_length, worker_order, worker_window
 
 STATE_VERSION = 1
 _STATE_KEYS = (
     "version", "epoch", "seed", "shuffle", "shuffle_buffer", "drop_last", "num_replicas", "rank",
     "num_workers", "worker", "dataset_len", "yielded", "complete",
 )
-
-
-def check_options(
-    dataset: S5Dataset,
-    shuffle: bool | str,
-    seed: int,
-    shuffle_buffer: int,
-    drop_last: bool,
-    num_replicas: int | None,
-    rank: int | None,
-    budget: int | str,
-    staging_dir: str | None,
-    shrink_budget: bool,
-    engine_options: dict[str, Any],
-    keep_epoch_cache: bool = False,
-) -> tuple[int, str, EpochCache | None]:
-    """Check :class:`~s5loader.S5IterableDataset`'s options in the process that makes it;
-    return the budget (less where the staging root has less room), the staging root and, with
-    ``epoch_cache``, the epoch cache's folder, opened (see :func:`open_iterable_cache`).
-
-    Raises:
-        ConfigError, BudgetError: as :class:`~s5loader.S5IterableDataset`.
-    """
-    if not isinstance(dataset, S5Dataset):
-        raise ConfigError(f"S5IterableDataset needs an S5Dataset, got {type(dataset).__name__}")
-    check_shuffle(shuffle)
-    check_seed(seed)
-    if not isinstance(shuffle_buffer, int) or isinstance(shuffle_buffer, bool) or shuffle_buffer < 0:
-        raise ConfigError(f"shuffle_buffer must be an int >= 0 (0: no buffer), got {shuffle_buffer!r}")
-    if not isinstance(drop_last, bool):
-        raise ConfigError(f"drop_last must be a bool, got {drop_last!r}")
-    if num_replicas is not None or rank is not None:
-        rank_info(num_replicas, rank)  # a bad explicit split fails here, not in a worker
-    # Every engine option and the budget are checked now, in the main process, as the
-    # sampler's are (the same checks, the same messages).
-    options = StagingOptions(
-        budget=parse_size(budget, "budget"), staging_dir=staging_dir, shrink_budget=shrink_budget, **engine_options
-    )
-    options, root = fit_budget(dataset, options, None)
-    cache = open_iterable_cache(
-        dataset, options.epoch_cache, (shuffle, seed, shuffle_buffer, drop_last), num_replicas, rank, root,
-        keep_epoch_cache,
-    )
-    return options.budget, root, cache
 
 
 @dataclass
@@ -157,65 +107,12 @@ def start_pass(
     return _Pass(epoch, order, buffer, rank, world, worker, num_workers, length, min(start, length))
 
 
-def check_workers(dataset: S5Dataset, budget: int, num_workers: int | None) -> int | None:
-    """Check ``S5IterableDataset(num_workers=)`` (None, or the DataLoader's int >= 0) and,
-    when given, the budget's split between that many workers, in the process that asks.
-
-    Raises:
-        ConfigError: not such a count. BudgetError: as :func:`check_share`.
-    """
-    if num_workers is None:
-        return None
-    if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
-        raise ConfigError(f"num_workers must be None or the DataLoader's num_workers (an int >= 0), got {num_workers!r}")
-    check_share(dataset, budget, max(1, num_workers))
-    return num_workers
-
-
-def worker_share(dataset: S5Dataset, budget: int, told: int | None, num_workers: int) -> int:
-    """A worker's share of ``budget`` among the ``num_workers`` its DataLoader runs, the
-    count ``told`` to the dataset (if any) being that one.
-
-    Raises:
-        ConfigError: the DataLoader runs another count than ``told``. BudgetError: as
-            :func:`check_share`.
-    """
-    if told is not None and max(1, told) != num_workers:
-        raise ConfigError(
-            f"S5IterableDataset over {dataset.source or 'the data set'} was made with "
-            f"num_workers={told}, but its DataLoader runs {num_workers} worker(s) (num_workers=0 "
-            "runs one, in the main process): give both the same count"
-        )
-    return check_share(dataset, budget, num_workers, told is not None)
-
-
-def check_share(dataset: S5Dataset, budget: int, num_workers: int, told: bool = True) -> int:
-    """Each worker's share of ``budget``: ``budget // num_workers``.
-
-    Args:
-        told: the worker count was given to the dataset (``num_workers=``), so this check runs
-            before any worker starts; else the message says how to make it so.
-
-    Raises:
-        BudgetError: the largest sample (or tar shard) does not fit in a share; the message
-            names the budget, the share, the sample and the budget that would do.
-    """
-    share = budget // num_workers
-    largest = dataset.samples[dataset.samples.largest()]
-    if largest.size > share:
-        what = units_of(dataset).name
-        where = ", ".join(f.uri for f in largest.fields[:3])
-        early = "" if told else (
-            "; pass num_workers= to S5IterableDataset to have this checked before the workers start"
-        )
-        raise BudgetError(
-            f"the budget of {format_size(budget)} split between {num_workers} DataLoader "
-            f"workers leaves {format_size(share)} each, less than the largest {what} "
-            f"({where}, {format_size(largest.size)}): every worker stages whole {what}s of its "
-            f"own, so raise the budget to at least {format_size(largest.size * num_workers)} "
-            f"or use fewer workers{early}"
-        )
-    return share
+def resumed_epoch(loaded: dict[str, Any], epoch: int, epoch_set: bool) -> int:
+    """The epoch after loading the state ``loaded``: a state saved mid-epoch resumes its epoch;
+    one saved after its epoch ended, the epoch ``set_epoch`` named (``epoch_set``), else the next."""
+    if not loaded["complete"]:
+        return int(loaded["epoch"])
+    return epoch if epoch_set else int(loaded["epoch"]) + 1
 
 
 class WorkerStaging:
@@ -230,32 +127,36 @@ class WorkerStaging:
             staged by one worker), not every ``num_workers``-th sample.
         shuffle: the order's ``shuffle``.
         cache: the epoch cache's folder (owned by the iterable dataset), with ``epoch_cache``.
+        checked: a shuffle buffer over tar shards was checked against this worker's share
+            before the workers started; else each pass checks it (:func:`check_buffer`).
     """
 
     def __init__(
         self, dataset: S5Dataset, options: StagingOptions, root: str, runs: bool, shuffle: bool | str,
-        cache: EpochCache | None = None,
+        cache: EpochCache | None = None, checked: bool = False,
     ) -> None:
         self.dataset = dataset
         self.cache = cache
         self.runs = runs
-        # a block order windows the worker's own run with the window its share of the budget
-        # holds (a shard order: the shards the worker's share holds open at once)
-        units = units_of(dataset)
-        block = shuffle == "block"
-        self.window = units.window(options.budget, options.calls_in_flight, "block" if block else True)
-        if block:  # a call holds whole windows, so that each block is one request
+        self.checked = checked
+        self.frees = frees = worker_frees(dataset, shuffle, cache is not None, root)
+        self.window, self.cost = worker_window(dataset, options.budget, options.calls_in_flight, shuffle, frees)
+        if shuffle == "block":  # a call holds whole windows, so that each block is one request
             options = replace(options, samples_per_call=max(options.samples_per_call, self.window))
-        # Over tar shards, shuffle=True: this worker reads what it stages, so the bytes of each
-        # sample read are freed at once (where the file system can) and the order counts them:
-        # a next shard opens as soon as there is room for it (see Order.shard_order).
-        frees = isinstance(units, ShardUnits) and shuffle is True and cache is None and punches_holes(root, HOLE_BLOCK)
-        self.cost = units.order_cost() if frees and isinstance(units, ShardUnits) else None
         self.staging = StagingRun(dataset, options, root, frees=frees)
 
     def run(self, p: _Pass) -> Generator[StagedIndex, None, None]:
-        """Stage and yield ``p``'s samples from its position on."""
+        """Stage and yield ``p``'s samples from its position on.
+
+        Raises:
+            BudgetError: not ``checked``: a shuffle buffer over tar shards keeps more staged at
+                once than the worker's share holds (see :func:`check_buffer`).
+        """
         run = self.staging
+        if not self.checked:
+            opts = run.options
+            check_buffer(self.dataset, p.order, p.shuffle_buffer, p.epoch, opts.budget, p.num_workers, [p.worker],
+                         opts.calls_in_flight, self.frees, p.yielded)
         if self.cache is not None and run.cache is None:
             run.cache = self._cache_run(p, self.cache)
         run.passes.close_active()
@@ -299,79 +200,6 @@ class WorkerStaging:
 
     def close(self) -> None:
         self.staging.close()
-
-
-def worker_order(
-    order: Order,
-    n: int,
-    epoch: int,
-    worker: int,
-    num_workers: int,
-    shuffle_buffer: int = 0,
-    units: list[list[int]] | None = None,
-    window: int = 1000,
-    runs: bool = False,
-    cost: Callable[[int], tuple[float, float]] | None = None,
-) -> list[int]:
-    """One DataLoader worker's part of a rank's epoch, in the order it yields it.
-
-    The rank's part is :meth:`Order.indices` (every rank the same count). Worker ``w`` of
-    ``num_workers`` takes every ``num_workers``-th sample from the ``w``-th on, or, with
-    ``shuffle="block"`` or ``runs`` (tar shards), the ``w``-th of ``num_workers`` contiguous
-    runs (blocks and shards stay with one worker, which stages them alone). With
-    ``shuffle="block"`` the run is cut from the rank's units before the windows, and windowed
-    on its own (:meth:`Order.block_order`), so no window straddles two workers; over tar shards
-    with ``shuffle`` True or False it is cut from :meth:`Order.shard_order`'s rank part
-    and mixed across ``window`` open shards (more, as samples read free room, with ``cost``:
-    see :meth:`Order.shard_order`). Then the shuffle buffer (see
-    :class:`S5IterableDataset`) reorders it.
-    """
-    if order.shuffle == "block":
-        # a contiguous run of the rank's blocks (shards), in windows of the worker's own
-        mine = order.block_order(n, epoch, 0, units or [[i] for i in range(n)], window, run=(worker, num_workers))[0]
-    elif order.sharded:
-        # a contiguous run of the rank's shards, mixed across the shards the worker has open
-        mine = order.shard_order(n, epoch, 0, units or [], window, run=(worker, num_workers), cost=cost)
-    else:
-        part = order.indices(n, epoch, 0)
-        mine = part[len(part) * worker // num_workers : len(part) * (worker + 1) // num_workers] if runs else part[worker::num_workers]
-    if shuffle_buffer > 1:
-        rng = np.random.default_rng([order.seed & (2**64 - 1), epoch, order.rank, worker])
-        mine = buffer_shuffle(mine, shuffle_buffer, rng)
-    return mine
-
-
-def worker_length(order: Order, n: int, worker: int, num_workers: int, runs: bool = False) -> int:
-    """How many samples :func:`worker_order` gives ``worker`` (without computing the order)."""
-    w = order.num_replicas
-    part = n // w if order.drop_last else math.ceil(n / w)
-    if order.shuffle == "block" or runs:
-        return part * (worker + 1) // num_workers - part * worker // num_workers
-    return len(range(worker, part, num_workers))
-
-
-def buffer_shuffle(seq: list[int], k: int, rng: np.random.Generator) -> list[int]:
-    """``seq`` through a shuffle buffer of ``k`` (see :class:`S5IterableDataset`)."""
-    if k <= 1 or len(seq) <= 1:
-        return list(seq)
-    draws = rng.random(len(seq))
-    buf: list[int] = []
-    out: list[int] = []
-    t = 0
-    for x in seq:
-        if len(buf) < k:
-            buf.append(x)
-            continue
-        j = int(draws[t] * k)
-        t += 1
-        out.append(buf[j])
-        buf[j] = x
-    while buf:
-        j = int(draws[t] * len(buf))
-        t += 1
-        buf[j], buf[-1] = buf[-1], buf[j]
-        out.append(buf.pop())
-    return out
 
 
 def check_state(state: Any, dataset_len: int) -> dict[str, Any]:

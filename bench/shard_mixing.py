@@ -79,7 +79,7 @@ def s5loader_batches(n_shards: int, per_shard: int, workers: int, batch: int, bu
 
     n = n_shards * per_shard
     units = [list(range(s * per_shard, (s + 1) * per_shard)) for s in range(n_shards)]
-    order = Order(True, seed, 1, 0, False, True)
+    order = Order(True, seed, 1, 0, False)
     if not iterable:
         window = open_shards(budget_shards, 1, n_shards, n_shards)
         idx = order.shard_order(n, 0, 0, units, window)

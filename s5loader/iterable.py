@@ -21,8 +21,9 @@ from typing import Any
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ._sampling.feed import END, ERROR, INDEX, SKIP, Hello, connect, local
+from ._sampling.iterchecks import check_buffer, check_count, check_options
 from ._sampling.iterparts import STATE_VERSION as STATE_VERSION
-from ._sampling.iterparts import _Pass, check_count, check_options, check_state, start_pass
+from ._sampling.iterparts import _Pass, check_state, resumed_epoch, start_pass
 from ._sampling.iterparts import buffer_shuffle as buffer_shuffle
 from ._sampling.iterparts import worker_length as worker_length
 from ._sampling.order import Order
@@ -202,8 +203,15 @@ class S5IterableDataset(IterableDataset[Any]):
         """
         if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise ConfigError(f"epoch must be an int >= 0, got {epoch!r}")
+        # each epoch draws its buffer anew: over tar shards, check what it keeps staged
+        check_buffer(self.dataset, self._order(), self.shuffle_buffer, epoch, self._options,
+                     self._cache is not None, self._area.path)
         self.epoch = epoch
         self._epoch_set = True
+
+    def _order(self) -> Order:
+        rank, world = rank_info(self._num_replicas, self._rank)
+        return Order(self.shuffle, self.seed, world, rank, self.drop_last)
 
     def __iter__(self) -> Iterator[Any]:
         # The pass is fixed here, not at the first next(): StatefulDataLoader takes a state
@@ -228,9 +236,8 @@ class S5IterableDataset(IterableDataset[Any]):
                 "runs one, in the main process): give both the same count"
             )
         loaded, self._loaded = self._loaded, None
-        order = Order(self.shuffle, self.seed, world, rank, self.drop_last)
         return start_pass(
-            loaded, order, self.shuffle_buffer, self.epoch, len(self.dataset), worker, nw, self._chunk,
+            loaded, Order(self.shuffle, self.seed, world, rank, self.drop_last), self.shuffle_buffer, self.epoch, len(self.dataset), worker, nw, self._chunk,
             self.dataset.source or "the data set",
         )
 
@@ -304,11 +311,7 @@ class S5IterableDataset(IterableDataset[Any]):
             self._loaded = check_state(state, len(self.dataset))
         except StateError as exc:
             raise StateError(f"cannot resume {self.dataset.source or 'the data set'}: {exc}") from exc
-        if self._loaded["complete"]:
-            if not self._epoch_set:
-                self.epoch = self._loaded["epoch"] + 1
-        else:
-            self.epoch = self._loaded["epoch"]
+        self.epoch = resumed_epoch(self._loaded, self.epoch, self._epoch_set)
 
     # -- lifetime -----------------------------------------------------------------------
     def close(self) -> None:

@@ -25,8 +25,8 @@ from .config import StagingOptions
 from .dataset import S5Dataset, StagedIndex
 from .engine import Stats
 from .engine.metrics import Metrics
+from .engine.stager import close_off_engine
 from .exceptions import ConfigError
-from .staging.area import StagingArea
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class S5Sampler(Sampler[int]):
         self.keep_staged = options.keep_staged
         self.epoch = 0
         self._pos = self._run.position  # where this rank is in self.epoch (see state_dict)
-        self._finalizer = weakref.finalize(self, StagingArea.remove, self._run.area)
+        self._finalizer = weakref.finalize(self, close_off_engine, self._run.close)  # a pass stops first
 
     def _local_orders(self, epoch: int) -> list[list[int]]:
         """The whole order of ``epoch`` of each rank of this node (the epoch cache plans on them)."""

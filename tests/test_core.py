@@ -46,7 +46,7 @@ def test_every_sample_once_with_right_bytes(store: Store, staging_root: str, num
             # the releaser deleted every staged file as it was read
             assert staged_samples(sampler.staging_dir) == []
         stats = sampler.stats
-        assert stats is not None and stats.staged_samples == 40 and stats.calls >= 6
+        assert stats is not None and stats.staged_units == 40 and stats.calls >= 6
         staging = sampler.staging_dir
     assert not os.path.exists(staging)
 

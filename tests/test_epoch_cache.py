@@ -8,7 +8,7 @@ import json
 import os
 import threading
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from support.faults import FaultProxy
@@ -80,7 +80,7 @@ def test_a_data_set_that_fits_is_fetched_once(data, proxy: FaultProxy, staging_r
         for e in (1, 2):
             check(epoch(sampler, ds, e), source)
             m = sampler.metrics()
-            assert (m.epoch_cache_hits, m.fetched_bytes, m.fetched_samples) == (N, 0, 0)
+            assert (m.epoch_cache_hits, m.fetched_bytes, m.fetched_units) == (N, 0, 0)
         assert object_reads(proxy, mark) == []  # not one request after the first epoch
         assert m.epoch_cache_bytes == ds.total_bytes
         cache_dirs = glob.glob(os.path.join(staging_root, "s5loader-cache-*"))
@@ -266,3 +266,76 @@ def test_the_daemon_keeps_samples_for_the_next_epoch(data, proxy: FaultProxy, tm
     else:
         assert last["epoch_cache_hits"] > 0 and 0 < last["epoch_fetched_bytes"] <= 0.52 * ds.total_bytes
     assert not (cache / EPOCH_DIR).exists() or not os.listdir(cache / EPOCH_DIR)  # removed after the last epoch
+
+
+def _rank_opens_the_cache(ds: S5Dataset, root: str, env: dict[str, str], start, out) -> None:  # type: ignore[no-untyped-def]
+    """One rank of a job that a launcher other than torchrun started: its variables set, the
+    node's ranks opening the epoch cache at once (a forked child)."""
+    try:
+        os.environ.update(env)
+        with S5Sampler(ds, budget=ds.total_bytes // 4, epoch_cache=ds.total_bytes, samples_per_call=4,
+                       staging_dir=root) as sampler:
+            start.wait(60)
+            got = [s["__key__"] for b in DataLoader(ds, sampler=sampler, batch_size=2, collate_fn=collate) for s in b]
+            assert sampler._run.cache is not None
+            out.put((env["RANK"], sampler._run.cache.cache.path, sorted(got), ""))
+    except BaseException as exc:  # noqa: BLE001 - reported to the test
+        out.put((env.get("RANK"), "", [], repr(exc)))
+        raise
+
+
+def _launch(ds: S5Dataset, root: str, local: Callable[[int], dict[str, str]], ranks: int = 8) -> list[tuple]:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    start, out = ctx.Barrier(ranks), ctx.Queue()
+    procs = [
+        ctx.Process(target=_rank_opens_the_cache,
+                    args=(ds, root, {"RANK": str(r), "WORLD_SIZE": str(ranks), **local(r)}, start, out))
+        for r in range(ranks)
+    ]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=240) for _ in procs]
+    for p in procs:
+        p.join(60)
+    assert [(r, err) for r, _, _, err in results if err] == []
+    assert [p.exitcode for p in procs] == [0] * ranks
+    return results
+
+
+NOT_TORCHRUN = ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE",
+                "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_NODEID")
+
+
+@pytest.mark.parametrize("launcher", ["srun", "mpirun"])
+def test_eight_ranks_that_srun_or_mpirun_started_open_one_cache_at_once(
+    launcher: str, data, staging_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source, ds = data
+    for var in NOT_TORCHRUN:
+        monkeypatch.delenv(var, raising=False)
+
+    def local(r: int) -> dict[str, str]:
+        if launcher == "srun":
+            return {"SLURM_LOCALID": str(r), "SLURM_STEP_TASKS_PER_NODE": "8", "SLURM_NODEID": "0"}
+        return {"OMPI_COMM_WORLD_LOCAL_RANK": str(r), "OMPI_COMM_WORLD_LOCAL_SIZE": "8"}
+
+    for _ in range(2):  # again: the first round's cache is gone, and nothing else was left
+        results = _launch(ds, staging_root, local)
+        assert len({path for _, path, _, _ in results}) == 1  # one cache for the node
+        assert sorted(k for _, _, keys, _ in results for k in keys) == sorted({k.rsplit(".", 1)[0] for k in source})
+        assert os.listdir(staging_root) == []
+
+
+def test_eight_ranks_without_local_variables_never_crash_and_keep_a_cache_each(
+    data, staging_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, ds = data
+    for var in NOT_TORCHRUN:
+        monkeypatch.delenv(var, raising=False)
+    for _ in range(2):
+        results = _launch(ds, staging_root, lambda r: {})
+        assert len({path for _, path, _, _ in results}) == 8  # no launcher says which ranks share a node
+        assert os.listdir(staging_root) == []

@@ -155,13 +155,13 @@ def test_one_hung_request_among_many_is_retried_alone(
             # ... and delivers every other sample of it meanwhile.
             stats = sampler.stats
             assert stats is not None
-            assert wait_until(lambda: stats.staged_samples == 58, 30), stats
+            assert wait_until(lambda: stats.staged_units == 58, 30), stats
             assert slow.hits == 1 and not got  # the consumer still waits for the first sample
         finally:
             proxy.release.set()
             consumer.join(60)
         assert not failed, failed
-        assert stats.staged_samples == 60 and stats.stalls >= 1 and 1 <= stats.retries <= 5
+        assert stats.staged_units == 60 and stats.stalls >= 1 and 1 <= stats.retries <= 5
         # the given-up copy stayed on the budget while it could still land in its old call
         hung_size = len(source["train/0000.bin"])
         assert ds.total_bytes + hung_size <= stats.peak_reserved <= ds.total_bytes + stats.retries * hung_size

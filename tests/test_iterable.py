@@ -15,8 +15,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from s5loader import BudgetError, ConfigError, S5Dataset, S5IterableDataset, StateError
 from s5loader._index.sample import Field, Sample
-from s5loader._sampling.order import Order
 from s5loader._sampling.iterparts import owner, rank_order, remaining, worker_position
+from s5loader._sampling.order import Order
 from s5loader._sampling.pieces import part_len
 from s5loader.iterable import buffer_shuffle, check_state, worker_length
 

@@ -99,7 +99,7 @@ def test_two_samplers_on_one_dataset(moto: Store, staging_root: str, no_direct_f
         check(got["eval"], expected(ds, False, 0, 0), source)
         for s in (train, evaluation):
             assert staged_samples(s.staging_dir) == []  # every staged file read and released
-            assert s.stats is not None and s.stats.skipped == [] and s.stats.staged_samples == 30
+            assert s.stats is not None and s.stats.skipped == [] and s.stats.staged_units == 30
     assert no_direct_fetch.connections == 0  # nothing was fetched around the staging directories
     assert not os.path.exists(train.staging_dir) and not os.path.exists(evaluation.staging_dir)
 
@@ -280,3 +280,49 @@ def test_a_fork_while_s5cmd_starts_does_not_hold_the_start() -> None:
             os.waitpid(pid, 0)
         starter.join()
     assert len(starts) > 1 and max(starts) < 10
+
+
+def _until(check: Any, timeout: float = 30.0) -> Any:
+    """``check()`` once it is true (polled), else its last value after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (found := check()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return found
+
+
+def _s5cmd_children() -> list[int]:
+    import psutil
+
+    return [p.pid for p in psutil.Process().children(recursive=True) if p.name() == "s5cmd"]
+
+
+def test_a_notebook_that_retries_a_loader_whose_transform_raises_leaves_nothing(
+    moto: Store, staging_root: str
+) -> None:
+    import gc
+
+    moto.put(make_pairs(200, size=2000))
+
+    def transform(sample: dict[str, Any]) -> dict[str, Any]:
+        if sample["__key__"].endswith("0009"):
+            raise ValueError("a bad sample")
+        return sample
+
+    ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint, transform=transform)
+    runs = []
+    for _ in range(3):  # no with, no close(): as a notebook cell run again after each error
+        sampler = S5Sampler(ds, staging_dir=staging_root, shuffle=False, budget=40_000, samples_per_call=16)
+        loader = DataLoader(ds, sampler=sampler, batch_size=4, num_workers=2, collate_fn=collate)
+        try:
+            for _batch in loader:
+                pass
+        except ValueError:
+            pass
+        runs.append(weakref.ref(sampler))
+        # the samplers of earlier tries were collected when this one was made: one folder
+        assert os.listdir(staging_root) == [os.path.basename(sampler.staging_dir)]
+    del loader, sampler
+    gc.collect()  # torch's re-raise holds the last try's loader in a reference cycle until then
+    assert all(r() is None for r in runs)
+    assert _until(lambda: os.listdir(staging_root) == [])
+    assert _until(lambda: _s5cmd_children() == [])

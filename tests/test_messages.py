@@ -1,21 +1,23 @@
 """Messages a first run meets: no starvation warning on a short run, a budget below one batch
-fails at once with the numbers."""
+fails at once with the numbers, missing credentials and a missing bucket say what to check."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 from support.stores import Store, make_pairs
 from torch.utils.data import DataLoader
 
 from s5loader import S5Dataset, S5Sampler
 from s5loader.engine import Stats
-from s5loader.exceptions import BudgetError, ConfigError
+from s5loader.exceptions import AccessDeniedError, BudgetError, ConfigError, NoSuchBucketError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,3 +60,54 @@ def test_budget_below_one_batch_fails_at_once(moto: Store, staging_root: str) ->
     # a budget of exactly one batch of the largest samples is enough, and loads everything
     with S5Sampler(ds, budget=4 * one, staging_dir=staging_root, batch_size=4) as sampler:
         assert sum(len(b["__key__"]) for b in DataLoader(ds, sampler=sampler, batch_size=4)) == 12
+
+
+def _stage_manifest(uri: str, root: str, endpoint: str) -> None:
+    """Stage one object a manifest names with its size (so nothing asks the store before the
+    sampler's s5cmd does), through a DataLoader."""
+    manifest = os.path.join(root, "m.jsonl")
+    with open(manifest, "w") as f:
+        f.write(json.dumps({"uri": uri, "size": 10, "etag": "0" * 32}) + "\n")
+    ds = S5Dataset.from_manifest(manifest, endpoint_url=endpoint)
+    with S5Sampler(ds, budget="1MB", staging_dir=os.path.join(root, "staging")) as sampler:
+        list(DataLoader(ds, sampler=sampler, batch_size=1))
+
+
+def _no_s5cmd_left() -> None:
+    assert [p.name() for p in psutil.Process().children(recursive=True) if p.name() == "s5cmd"] == []
+
+
+def test_missing_credentials_say_what_to_set_when_listing_and_staging(
+    moto: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    moto.put(make_pairs(2))
+    for var in [v for v in os.environ if v.startswith("AWS_")]:
+        monkeypatch.delenv(var)
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.aws either
+    with pytest.raises(AccessDeniedError) as listing:
+        S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
+    with pytest.raises(AccessDeniedError) as staging:
+        _stage_manifest(moto.uri("0000.image"), str(tmp_path), moto.endpoint)
+    for exc, uri in ((listing.value, moto.uri()), (staging.value, moto.uri("0000.image"))):
+        message = str(exc)
+        assert uri in message and "no credentials were found" in message
+        assert "AWS_ACCESS_KEY_ID" in message and "AWS_PROFILE" in message and "anonymous=True" in message
+        assert "no valid providers in chain" not in message and "Deprecated" not in message
+    _no_s5cmd_left()
+
+
+def test_a_missing_bucket_names_the_bucket_and_the_endpoint_when_listing_and_staging(
+    store: Store, tmp_path: Path
+) -> None:
+    with pytest.raises(NoSuchBucketError) as listing:
+        S5Dataset.from_prefix("s3://no-such-bucket/train/", endpoint_url=store.endpoint)
+    with pytest.raises(NoSuchBucketError) as staging:
+        _stage_manifest("s3://no-such-bucket/train/0.bin", str(tmp_path), store.endpoint)
+    for exc, uri in ((listing.value, "s3://no-such-bucket/train/"), (staging.value, "s3://no-such-bucket/train/0.bin")):
+        message = str(exc)
+        assert uri in message
+        assert f"the store at {store.endpoint} has no bucket 'no-such-bucket'" in message
+        assert "check the bucket's name" in message and "endpoint_url=" in message
+        assert "request id" not in message and "host id" not in message
+    _no_s5cmd_left()

@@ -84,7 +84,7 @@ def test_sampler_metrics_match_a_known_run(moto: Store, staging_root: str) -> No
                     # the engine fills the budget ahead of the loader, then waits for a release
                     assert wait_for(lambda: sampler.metrics().ready_ahead == 3 and sampler.metrics().calls_in_flight == 0)
                     m = sampler.metrics()
-                    assert (m.position, m.staged_bytes, m.objects_in_flight, m.fetched_samples) == (1, budget, 0, 4)
+                    assert (m.position, m.staged_bytes, m.objects_in_flight, m.fetched_units) == (1, budget, 0, 4)
                     assert m.fetched_bytes == 4 * SIZE
                 keys.append(ds[idx]["__key__"])
             watcher.join()
@@ -93,7 +93,7 @@ def test_sampler_metrics_match_a_known_run(moto: Store, staging_root: str) -> No
         proxy.close()
     assert keys == [f"train/{i:04d}" for i in range(20) if i not in (12, 13)]
     assert len(held) == 1 and held[0].calls_in_flight >= 1 and held[0].objects_in_flight >= 1
-    assert (end.position, end.samples, end.fetched_samples, end.fetched_bytes) == (20, 20, 18, 18 * SIZE)
+    assert (end.position, end.samples, end.fetched_units, end.fetched_bytes) == (20, 20, 18, 18 * SIZE)
     assert (end.retries, end.skips, end.epoch) == (2, 2, 0)
     assert (end.ready_ahead, end.calls_in_flight, end.objects_in_flight) == (0, 0, 0)
     assert end.waited_s > 0 and end.samples_s > 0 and end.mb_s > 0
@@ -114,6 +114,6 @@ def test_daemon_json_log_carries_the_metrics(moto: Store, tmp_path) -> None:
     assert progress and all(set(Metrics().as_dict()) <= set(e) for e in progress)
     done = events[-1]
     assert done["event"] == "done"
-    assert (done["position"], done["samples"], done["fetched_samples"], done["fetched_bytes"]) == (12, 12, 12, 12 * SIZE)
+    assert (done["position"], done["samples"], done["fetched_units"], done["fetched_bytes"]) == (12, 12, 12, 12 * SIZE)
     assert (done["epoch"], done["budget"], done["skips"], done["retries"], done["calls_in_flight"]) == (1, 12 * SIZE, 0, 0, 0)
     assert done["staged_bytes"] == 12 * SIZE  # nothing was consumed: the cache is full

@@ -292,7 +292,7 @@ def test_webdataset_and_gnu_tar_shards_load_byte_exact_through_both_datasets_and
             for x in got:
                 assert {k: v for k, v in x.items() if k != "__key__"} == expected[x["__key__"]]
             assert leftovers(sampler.staging_dir) == []  # every shard deleted once read
-            assert sampler.stats is not None and sampler.stats.staged_samples == 4  # one cp per shard
+            assert sampler.stats is not None and sampler.stats.staged_units == 4  # one cp per shard
     # the same shards through the iterable dataset (two workers) and the daemon
     from s5loader import S5IterableDataset, consume
 
@@ -375,7 +375,7 @@ def test_budget_and_shuffle_rules_over_shards(moto: Store, staging_root: str) ->
         for epoch in range(2):
             s.set_epoch(epoch)
             assert len(load_all(ds, s)) == 12
-            assert s.stats is not None and (s.stats.staged_samples, s.stats.calls > 0) == ((3, True) if epoch == 0 else (0, False))
+            assert s.stats is not None and (s.stats.staged_units, s.stats.calls > 0) == ((3, True) if epoch == 0 else (0, False))
 
 
 def test_staged_shard_bytes_never_exceed_the_budget_and_shards_go_once_read(moto: Store, staging_root: str) -> None:
@@ -475,6 +475,54 @@ def test_wids_reads_the_index_that_index_shards_writes(moto: Store, tmp_path) ->
     assert len(wds) == 6
     got = {wds[i]["__key__"]: wds[i][".bin"].read() for i in range(6)}
     assert got == {k: v["bin"] for k, v in expected.items()}
+
+
+def test_over_shards_the_metrics_count_shards_as_units_and_the_old_name_warns(moto: Store, staging_root: str) -> None:
+    shards, expected = make_shards(3, 5)  # 15 samples in 3 shards
+    source = put_indexed(moto, shards)
+    ds = S5Dataset.from_shards(source, endpoint_url=moto.endpoint)
+    with S5Sampler(ds, shuffle=False, budget=400_000, staging_dir=staging_root) as sampler:
+        assert len(load_all(ds, sampler)) == 15
+        m = sampler.metrics()
+        assert (m.position, m.fetched_units) == (15, 3)  # 15 samples read, 3 shards staged
+        assert sampler.stats is not None and sampler.stats.staged_units == 3
+        with pytest.warns(DeprecationWarning, match="fetched_units"):
+            assert m.fetched_samples == 3
+        with pytest.warns(DeprecationWarning, match="staged_units"):
+            assert sampler.stats.staged_samples == 3
+        assert m.as_dict()["fetched_units"] == m.as_dict()["fetched_samples"] == 3  # JSON readers: one release
+
+
+def test_a_source_that_names_no_shard_says_what_exists_near_it(moto: Store) -> None:
+    from s5loader import NoSuchBucketError, ObjectNotFoundError
+
+    shards, _ = make_shards(3, 2)
+    put_indexed(moto, shards)  # train/shard-000.tar ... beside the folder train/shard/ that does not exist
+    moto.put({"jpegs/0001.jpg": b"j", "jpegs/0001.cls": b"1"})
+    # a prefix without its slash, and with it: the folder is empty, its neighbours are named
+    for given in (moto.uri("shard"), moto.uri("shard/")):
+        with pytest.raises(EmptySourceError) as empty:
+            S5Dataset.from_shards(given, endpoint_url=moto.endpoint)
+        message = str(empty.value)
+        assert f"no object under {moto.uri('shard/')}" in message
+        assert f"such as {moto.uri('shard-000.tar')}" in message and f"name the folder they are in ({moto.uri()})" in message
+    assert "a prefix names a folder" in str(pytest.raises(EmptySourceError, S5Dataset.from_shards, moto.uri("shard"),
+                                                          endpoint_url=moto.endpoint).value)
+    # a folder of objects that are not shards says what it holds
+    with pytest.raises(EmptySourceError, match=r"it holds 2 other object\(s\), such as s3://\S+/jpegs/0001\.cls"):
+        S5Dataset.from_shards(moto.uri("jpegs/"), endpoint_url=moto.endpoint)
+    # a brace pattern that matches nothing names the shards nearest to it by name
+    with pytest.raises(ObjectNotFoundError) as braces:
+        S5Dataset.from_shards(moto.uri("shard-{0000..0002}.tar"), endpoint_url=moto.endpoint)
+    assert "3 of the 3 shards" in str(braces.value)
+    assert f"nearest to it by name: {moto.uri('shard-000.tar')}" in str(braces.value)
+    # a list, and one shard: the same, and an empty folder or a missing bucket is said
+    with pytest.raises(ObjectNotFoundError, match=r"shard-003.tar: no such shard; the keys nearest to it by name: "):
+        S5Dataset.from_shards([moto.uri("shard-000.tar"), moto.uri("shard-003.tar")], endpoint_url=moto.endpoint)
+    with pytest.raises(ObjectNotFoundError, match=r"nothing exists under s3://\S+/train/none/$"):
+        S5Dataset.from_shards(moto.uri("none/shard-000.tar"), endpoint_url=moto.endpoint)
+    with pytest.raises(NoSuchBucketError, match=r"has no bucket 'no-such-bucket'"):
+        S5Dataset.from_shards("s3://no-such-bucket/train/shard-000.tar", endpoint_url=moto.endpoint)
 
 
 def put_indexed_with(store: Store, shards: dict[str, bytes], counts: dict[str, int]) -> str:
@@ -748,6 +796,23 @@ def test_iterable_dataset_over_shards_every_sample_once_per_rank_split(moto: Sto
     assert len(keys) == 30 and set(keys) == set(expected)  # 30 samples over 2 ranks: each once
 
 
+def test_iterable_shuffle_buffer_too_big_for_the_budget_names_the_buffer_and_a_budget(
+    moto: Store, staging_root: str
+) -> None:
+    # a buffer of 60 samples keeps samples of more shards staged than a budget of three holds
+    from s5loader import S5IterableDataset
+
+    shards, _ = make_shards(12, 10)
+    source = put_indexed(moto, shards)
+    big = max(map(len, shards.values()))
+    opts = {"endpoint_url": moto.endpoint, "shuffle": True, "shuffle_buffer": 60, "budget": 3 * big,
+            "staging_dir": staging_root}
+    # refused in this process when made, before any worker starts
+    with pytest.raises(BudgetError, match=r"shuffle_buffer=60 over the tar shards .* budget of .* Give shuffle_buffer="):
+        S5IterableDataset.from_shards(source, **opts)
+    assert os.listdir(staging_root) == []
+
+
 @pytest.mark.parametrize("shuffle", [True, False, "block"])
 def test_two_ranks_fetch_each_shard_once_per_epoch_and_class_sorted_shards_mix_from_the_first_batch(
     shuffle: bool | str, seaweed: Store, staging_root: str
@@ -813,7 +878,7 @@ def test_an_iterable_frees_each_sample_it_reads_so_more_shards_mix_within_the_bu
     from support.stores import Peak
 
     from s5loader import S5IterableDataset
-    from s5loader._sampling import rankhost
+    from s5loader._sampling import iterparts
 
     source, shards, big = class_sorted_shards(seaweed, n_shards=12, per_shard=20, size=100_000)
     budget = 4 * big  # read in this process: 3 shards open beside one being staged, when nothing is freed
@@ -848,7 +913,7 @@ def test_an_iterable_frees_each_sample_it_reads_so_more_shards_mix_within_the_bu
         return most
 
     with monkeypatch.context() as m:
-        m.setattr(rankhost, "punches_holes", lambda folder, most: False)  # a file system that cannot
+        m.setattr(iterparts, "punches_holes", lambda folder, most: False)  # a file system that cannot
         whole, peak_whole = run()
     freeing, peak = run()
     everything = sorted(s for s in range(12) for _ in range(20))
@@ -1117,7 +1182,7 @@ def test_the_first_shard_of_a_pass_is_read_while_it_downloads(seaweed: Store, st
                     proxy.release.set()
                 got += batch
             assert leftovers(sampler.staging_dir) == []
-            assert sampler.stats is not None and sampler.stats.staged_samples == 3
+            assert sampler.stats is not None and sampler.stats.staged_units == 3
         gets = [(m, p, h) for m, p, h in proxy.requests if "shard-000.tar" in p]
     finally:
         guard.cancel()

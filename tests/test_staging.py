@@ -271,7 +271,7 @@ def test_keep_staged_fetches_once_across_epochs(seaweed: Store, staging_root: st
             assert all(s["image"] == source[s["__key__"] + ".image"] for s in got)
             stats = sampler.stats
             assert stats is not None
-            assert (stats.calls, stats.staged_samples) == ((4, 30) if epoch == 0 else (0, 0))
+            assert (stats.calls, stats.staged_units) == ((4, 30) if epoch == 0 else (0, 0))
         assert len(staged_samples(sampler.staging_dir)) == 30
         staging = sampler.staging_dir
     assert not os.path.exists(staging)

@@ -55,7 +55,7 @@ def test_lightning_example_data_path(moto: Store, staging_root: str) -> None:
         with sampler:
             labels = [int(x) for batch in loader for x in batch["label"]]
             assert sorted(labels) == sorted(i % 3 for i in range(10))
-            assert sampler.metrics().fetched_samples == 10
+            assert sampler.metrics().fetched_units == 10
         if example.HAVE_LIGHTNING:  # the DataModule itself, where Lightning is installed
             dm = example.S5DataModule(moto.uri(), endpoint_url=moto.endpoint, batch_size=4, staging_dir=staging_root)
             dm.setup("fit")

@@ -4,7 +4,8 @@ the others of the job receive it.
 - Under an initialized ``torch.distributed`` process group, rank 0 builds the index and
   broadcasts its saved form (``broadcast_object_list``); an error on rank 0 is broadcast too
   and raised on every rank. Every rank must build the data set (a collective call).
-- Without one, under ``torchrun`` (``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` set), local rank 0
+- Without one, under ``torchrun``, ``srun`` or ``mpirun`` (their variables for a local rank,
+  :func:`~s5loader._util.dist.local_rank_info`), local rank 0
   builds it and writes an index file into a private folder of the temporary directory, named
   after the source, the endpoint and the run; the other local ranks wait for it (at most
   ``S5LOADER_INDEX_TIMEOUT`` seconds, default 3600) and read it. The last reader deletes it.
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from .. import exceptions
+from .._util.dist import local_rank_info, local_world_size
 from ..exceptions import IndexShareError, S5LoaderError
 from .compact import SampleIndex
 from .saved import index_bytes, load, loads, save
@@ -88,9 +90,9 @@ def _share(build: Callable[[], T], what: list[str | None], form: _Form[T]) -> T:
         return build()
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         return _broadcast(build, what, form)
-    local_rank, local_world = os.environ.get("LOCAL_RANK"), os.environ.get("LOCAL_WORLD_SIZE")
-    if local_rank is not None and local_world is not None and int(local_world) > 1:
-        return _through_file(build, what, int(local_rank), int(local_world), form)
+    local = local_rank_info()  # torchrun's, mpirun's or srun's variables
+    if local is not None and local[0] is not None and local_world_size() > 1:
+        return _through_file(build, what, local[0], local[1], form)
     return build()
 
 

@@ -15,30 +15,12 @@ every rank computes alike, so the shares add up to the cache's size.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..staging.area import local_world_size
-
-
-def node_ranks(rank: int, world: int) -> list[int]:
-    """The ranks of this node (``LOCAL_WORLD_SIZE`` of them, this rank's place among them from
-    ``LOCAL_RANK``, else ``rank % LOCAL_WORLD_SIZE``), which share one staging root; only this
-    rank when the variables do not describe a node of this job."""
-    local = local_world_size()
-    if local <= 1:
-        return [rank]
-    try:
-        local_rank = int(os.environ.get("LOCAL_RANK", rank % local))
-    except ValueError:
-        local_rank = rank % local
-    base = rank - local_rank
-    if not 0 <= local_rank < local or base < 0 or base + local > world:
-        return [rank]
-    return list(range(base, base + local))
+from .._util.dist import node_ranks as node_ranks  # the node's ranks share one cache
 
 
 @dataclass(frozen=True)

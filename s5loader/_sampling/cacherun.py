@@ -22,6 +22,7 @@ import hashlib
 import logging
 import os
 import shutil
+import weakref
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -269,7 +270,9 @@ def open_cache_run(
     orders: Callable[[int], list[list[int]]],
 ) -> CacheRun | None:
     """The epoch cache of a sampler (``order``, ``window``) and of the other local ranks of its
-    node, below ``root``; None without ``options.epoch_cache``."""
+    node, below ``root``; None without ``options.epoch_cache``. ``orders``, a method of the
+    sampler, is held weakly: the sampler closes its run, and so this cache, when it is collected,
+    which a run holding it would prevent."""
     if not options.epoch_cache:
         return None
     ranks = node_ranks(order.rank, order.num_replicas)
@@ -277,7 +280,7 @@ def open_cache_run(
     o = order
     name = cache_id(fingerprint, o.shuffle, o.seed, o.num_replicas, o.drop_last, window, ranks[0], len(ranks))
     cache = EpochCache(root, name, fingerprint, options.keep_epoch_cache)
-    return new_cache_run(dataset, cache, options.epoch_cache, orders, ranks.index(o.rank), options.verify)
+    return new_cache_run(dataset, cache, options.epoch_cache, _weakly(orders), ranks.index(o.rank), options.verify)
 
 
 def new_cache_run(
@@ -290,6 +293,21 @@ def new_cache_run(
     return CacheRun(
         dataset.samples, dataset.samples.sizes(), cache, capacity, orders, me, verify, unit_of, cacheable
     )
+
+
+def _weakly(method: Callable[[int], list[list[int]]]) -> Callable[[int], list[list[int]]]:
+    """``method``, not keeping the object it is bound to alive (a plain function as it is)."""
+    if not hasattr(method, "__self__"):
+        return method
+    ref = weakref.WeakMethod(method)
+
+    def call(epoch: int) -> list[list[int]]:
+        bound = ref()
+        if bound is None:
+            raise ReferenceError("the sampler of this epoch cache is gone")
+        return bound(epoch)
+
+    return call
 
 
 def open_iterable_cache(

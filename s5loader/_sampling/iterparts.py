@@ -1,6 +1,7 @@
-"""The parts of :class:`~s5loader.S5IterableDataset`: the checks of its options, the rank's order
-of an epoch (with the shuffle buffer), how the rank's DataLoader workers share its positions, one
-worker's walk through an epoch (:class:`_Pass`) and its resume state.
+"""The parts of :class:`~s5loader.S5IterableDataset`: the rank's order of an epoch (its layout,
+the shuffle buffer), how the rank's DataLoader workers share its positions, one worker's walk
+through an epoch (:class:`_Pass`) and its resume state. The checks of its options are in
+:mod:`.iterchecks`.
 
 A rank stages its order once (see :mod:`.feed` and :mod:`.rankhost`); its workers take turns
 along it, ``chunk`` positions at a time: worker ``w`` of ``k`` reads the positions ``p`` with
@@ -17,16 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from .._util.dist import rank_info
-from ..config import StagingOptions
+from .._util.platform import HOLE_BLOCK, punches_holes
 from ..dataset import S5Dataset
-from ..exceptions import ConfigError, StateError
-from ..staging.epochcache import EpochCache
-from .cacherun import open_iterable_cache
-from .order import Order, check_seed, check_shuffle
+from ..exceptions import StateError
+from .order import Order
 from .pieces import part_len
 from .resume import check_fields
-from .setup import fit_budget
+from .units import units_of
 
 # 2: the rank's workers share one order, a chunk at a time ("chunk"); 1 (each worker an order of
 # its own) is read for states taken at an epoch's end only
@@ -37,55 +35,18 @@ _STATE_KEYS = (
 )
 
 
-def check_options(
-    dataset: S5Dataset,
-    options: StagingOptions,
-    shuffle: bool | str,
-    seed: int,
-    shuffle_buffer: int,
-    drop_last: bool,
-    num_replicas: int | None,
-    rank: int | None,
-) -> tuple[StagingOptions, str, EpochCache | None]:
-    """Check :class:`~s5loader.S5IterableDataset`'s options in the process that makes it;
-    return the staging options (the budget less where the staging root has less room), the
-    staging root and, with ``epoch_cache``, the epoch cache's folder, opened (see
-    :func:`open_iterable_cache`).
-
-    Raises:
-        ConfigError, BudgetError: as :class:`~s5loader.S5IterableDataset`.
-    """
-    if not isinstance(dataset, S5Dataset):
-        raise ConfigError(f"S5IterableDataset needs an S5Dataset, got {type(dataset).__name__}")
-    check_shuffle(shuffle)
-    check_seed(seed)
-    if not isinstance(shuffle_buffer, int) or isinstance(shuffle_buffer, bool) or shuffle_buffer < 0:
-        raise ConfigError(f"shuffle_buffer must be an int >= 0 (0: no buffer), got {shuffle_buffer!r}")
-    if not isinstance(drop_last, bool):
-        raise ConfigError(f"drop_last must be a bool, got {drop_last!r}")
-    if options.keep_staged:
-        raise ConfigError("keep_staged is S5Sampler's alone; S5IterableDataset has epoch_cache for later epochs")
-    if num_replicas is not None or rank is not None:
-        rank_info(num_replicas, rank)  # a bad explicit split fails here, not in a worker
-    # The budget is checked now, in the main process, as the sampler's is (the same checks, the
-    # same messages).
-    options, root = fit_budget(dataset, options, None)
-    cache = open_iterable_cache(
-        dataset, options.epoch_cache, (shuffle, seed, shuffle_buffer, drop_last), num_replicas, rank, root,
-        options.keep_epoch_cache,
-    )
-    return options, root, cache
-
-
-def check_count(name: str, value: int | None, least: int) -> int | None:
-    """``None`` or an int of at least ``least``, named ``name`` in the error.
-
-    Raises:
-        ConfigError: anything else.
-    """
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
-        raise ConfigError(f"{name} must be None or an int >= {least}, got {value!r}")
-    return value
+def rank_layout(
+    dataset: S5Dataset, budget: int, calls_in_flight: int, shuffle: bool | str, cached: bool, root: str
+) -> tuple[int, Callable[[int], tuple[float, float]] | None]:
+    """The window of a rank's order staged within ``budget`` below ``root`` (a block order's
+    samples; a shard order's open shards) and, where that order counts the bytes its samples
+    free as they are read (over tar shards with ``shuffle=True``, no epoch cache (``cached``),
+    on a file system that punches holes), the costs it counts (see
+    :meth:`ShardUnits.order_cost <s5loader._sampling.units.ShardUnits.order_cost>`)."""
+    units = units_of(dataset)
+    window = units.window(budget, calls_in_flight, "block" if shuffle == "block" else True)
+    frees = units.frees_on_read(shuffle, cached) and punches_holes(root, HOLE_BLOCK)
+    return window, units.order_cost() if frees else None
 
 
 # -- how the rank's workers share its positions -------------------------------------------------
@@ -239,6 +200,14 @@ def start_pass(
         # and the next one is the epoch after it (or the one set_epoch named).
         epoch, start = loaded["epoch"], length
     return _Pass(epoch, order, buffer, rank, world, worker, num_workers, chunk, length, min(start, length))
+
+
+def resumed_epoch(loaded: dict[str, Any], epoch: int, epoch_set: bool) -> int:
+    """The epoch after loading the state ``loaded``: a state saved mid-epoch resumes its epoch;
+    one saved after its epoch ended, the epoch ``set_epoch`` named (``epoch_set``), else the next."""
+    if not loaded["complete"]:
+        return int(loaded["epoch"])
+    return epoch if epoch_set else int(loaded["epoch"]) + 1
 
 
 def check_state(state: Any, dataset_len: int) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from ..dataset import S5Dataset, StagedIndex
 from ..engine import Stager, Stats
 from ..engine.metrics import Metrics
 from ..engine.plan import write_plan_files
+from ..engine.stager import close_off_engine
 from ..s5cmd import S5cmd
 from ..staging.area import PassArea, StagingArea
 from ..staging.layout import StagingLayout
@@ -120,7 +121,7 @@ class StagingPasses:
         finally:
             units.close()
             superseded = self.active is not stager  # a newer pass owns the sampler now
-            stager.close()
+            close_off_engine(stager.close)  # a generator closed by a collector on the engine's thread
             if not superseded:
                 self.active = None
             self.last_stats = stager.stats

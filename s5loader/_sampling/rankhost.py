@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-from .._util.platform import HOLE_BLOCK, punches_holes
 from ..config import StagingOptions
 from ..dataset import S5Dataset
 from ..engine.metrics import Metrics
@@ -25,10 +24,9 @@ from ..staging.epochcache import EpochCache
 from .cacheplan import node_ranks
 from .cacherun import CacheRun, new_cache_run
 from .feed import INDEX, SKIP, FeedHost, Hello
-from .iterparts import _Pass, owner, rank_order, remaining
+from .iterparts import _Pass, owner, rank_layout, rank_order, remaining
 from .order import Order
 from .run import StagingRun
-from .units import units_of
 
 log = logging.getLogger("s5loader.iterable")
 # How often a host writes its figures for the dataset's own process (S5IterableDataset.metrics).
@@ -55,18 +53,15 @@ class RankHost:
     ) -> None:
         self.dataset = dataset
         self.cache = cache
-        units = units_of(dataset)
-        block = shuffle == "block"
-        # a block order's window; a shard order's shards open at once
-        self.window = units.window(options.budget, options.calls_in_flight, "block" if block else True)
-        if block:  # a call holds whole windows, so that each block is one request
+        # a block order's window; a shard order's shards open at once, and (over tar shards with
+        # shuffle=True, where the file system punches holes) what each sample read frees: a next
+        # shard opens as soon as there is room for it (see Order.shard_order)
+        self.window, self.cost = rank_layout(
+            dataset, options.budget, options.calls_in_flight, shuffle, cache is not None, root
+        )
+        if shuffle == "block":  # a call holds whole windows, so that each block is one request
             options = replace(options, samples_per_call=max(options.samples_per_call, self.window))
-        # Over tar shards with shuffle=True the bytes of each sample read are freed at once (where
-        # the file system can) and the order counts them: a next shard opens as soon as there is
-        # room for it (see Order.shard_order).
-        frees = units.frees_on_read(shuffle, cache is not None) and punches_holes(root, HOLE_BLOCK)
-        self.cost = units.order_cost() if frees else None
-        self.run = StagingRun(dataset, options, root, frees=frees)
+        self.run = StagingRun(dataset, options, root, frees=self.cost is not None)
         self.feed: FeedHost | None = None
 
     def rank_order(self, order: Order, epoch: int, shuffle_buffer: int) -> tuple[list[int], list[int] | None]:

@@ -6,7 +6,10 @@ Neither reaches into the other: both compose this."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
+import os
+import weakref
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -52,6 +55,7 @@ class StagingRun:
         self.position = Position()
         self.passes = StagingPasses(dataset, self.area, self.s5cmd, self.blocks, keep, frees)
         self._reporter = PassReport(log)
+        collect_abandoned()
 
     def stage(
         self, order: list[int], windows: list[int] | None, shuffle: bool | str, epoch: Callable[[], int],
@@ -62,6 +66,7 @@ class StagingRun:
         ``skips``, yielded as None)."""
         self.area.create()
         register_cleanup(self)
+        _RUNS.add(self)
         # The earlier passes' folders go now, not when they were abandoned: DataLoader workers
         # read their queued samples (persistent workers do so in iter(loader), before this
         # pass begins), and those reads must find their files.
@@ -116,3 +121,29 @@ class StagingRun:
 
     def __getstate__(self) -> dict[str, Any]:
         return self.__dict__.copy()  # the running pass stays behind (see StagingPasses)
+
+
+# The runs of this process that staged (held weakly), for collect_abandoned.
+_RUNS: weakref.WeakSet[StagingRun] = weakref.WeakSet()
+
+
+def collect_abandoned() -> None:
+    """Run Python's cycle collector when a run of this process has a pass under way.
+
+    A sampler whose DataLoader raised (a transform failing in a worker) is not freed when the
+    program drops it: torch re-raises the worker's error from a frame that holds it, so the
+    error, its traceback, the loader's iterator and through it the sampler form a reference
+    cycle, and its pass goes on staging until the cycle collector runs, which can be long. A
+    new run (a notebook's next try) collects such cycles first, so their samplers close
+    instead of piling up staged files; a pass still in use loses nothing (its sampler is
+    reachable).
+    """
+    if any(run.passes.active is not None for run in list(_RUNS)):
+        gc.collect()
+
+
+def _forget_after_fork() -> None:
+    _RUNS.clear()  # a forked DataLoader worker owns none of its parent's runs
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)

@@ -175,6 +175,12 @@ class ObjectUnits:
         """The unit (what the engine stages) that holds sample ``index``: the sample itself."""
         return index
 
+    def peak_bytes(self, order: Sequence[int], frees: bool) -> int | None:
+        """The most bytes of units that ``order`` needs staged at once, where that depends on
+        the order (over tar shards: a shard stays from its first sample to its last); None for
+        raw objects, whose samples go as they are read."""
+        return None
+
     def order_cost(self) -> Callable[[int], tuple[float, float]] | None:
         """What a sample's unit holds and frees, for an order that counts it (see
         :meth:`ShardUnits.order_cost`); None: raw objects count nothing."""
@@ -254,6 +260,11 @@ class ShardUnits(ObjectUnits):
         """The shard that holds sample ``index``."""
         assert self.dataset.shards is not None
         return self.dataset.shards.locate(index)[0]
+
+    def peak_bytes(self, order: Sequence[int], frees: bool) -> int | None:
+        """The most bytes of shards ``order`` needs staged at once (see
+        :meth:`ShardPass.peak_bytes <s5loader._shards.passes.ShardPass.peak_bytes>`)."""
+        return ShardPass(self.dataset, order, "", False, "raise", frees).peak_bytes()[0]
 
     def plan(
         self, order: Order, epoch: int, start: int, blocks: BlockPlan, window: int,

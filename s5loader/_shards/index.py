@@ -17,33 +17,22 @@ from __future__ import annotations
 import json
 import logging
 import posixpath
-import re
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from .._index.listing import list_prefix, stat_objects
 from .._s3api.client import s3_client
 from .._s3api.errors import boto3_error
-from .._util.uri import COMPRESSED_TAR, GZIP_TAR, SHARD_SUFFIXES, as_folder, parse_s3_uri
+from .._util.uri import GZIP_TAR, parse_s3_uri
 from ..config import Access
-from ..exceptions import (
-    ConfigError,
-    EmptySourceError,
-    ObjectNotFoundError,
-    S5LoaderError,
-    ShardError,
-    ShardIndexError,
-)
-from ..s5cmd import ObjectInfo, S5cmd
+from ..exceptions import ObjectNotFoundError, ShardIndexError
+from .source import expand_braces as expand_braces
+from .source import folder_of, resolve
 
 log = logging.getLogger(__name__)
 
 WIDS_KIND = "wids-shard-index-v1"
 DEFAULT_INDEX = "wids.json"
 PACK_RECORD = "s5loader_pack"  # s5loader pack's key in the indexes it writes: its plan (see _pack/state.py)
-
-_BRACE = re.compile(r"\{([^{}]*)\}")
-_RANGE = re.compile(r"(-?\d+)\.\.(-?\d+)")
 
 
 class Shard(NamedTuple):
@@ -61,115 +50,6 @@ class Shard(NamedTuple):
         """The most bytes the shard takes when staged: a compressed shard and its tar lie
         side by side while it is decompressed."""
         return self.size + self.tarsize
-
-
-def expand_braces(pattern: str) -> list[str]:
-    """Expand WebDataset brace notation: ``shard-{000..002}.tar`` (zero padding kept),
-    ``{a,b}``; several braces multiply.
-
-    Raises:
-        ConfigError: an empty or reversed range.
-    """
-    m = _BRACE.search(pattern)
-    if m is None:
-        return [pattern]
-    head, tail, body = pattern[: m.start()], pattern[m.end() :], m[1]
-    r = _RANGE.fullmatch(body)
-    if r is not None:
-        lo, hi = int(r[1]), int(r[2])
-        if hi < lo:
-            raise ConfigError(f"the range {{{body}}} in {pattern!r} runs backwards")
-        width = len(r[1]) if r[1].lstrip("-").startswith("0") else 0
-        choices = [f"{i:0{width}d}" for i in range(lo, hi + 1)]
-    else:
-        choices = body.split(",")
-    return [head + c + rest for c in choices for rest in expand_braces(tail)]
-
-
-def _refuse_compressed(uri: str) -> None:
-    """A shard compressed other than with gzip is named as such before anything else is said
-    about it (its index, its listing): no later step could read it."""
-    if uri.endswith(COMPRESSED_TAR) and not uri.endswith(GZIP_TAR):
-        raise ShardError(
-            f"{uri} is a compressed tar shard that s5loader cannot read; it reads .tar and "
-            f"gzip-compressed .tar.gz/.tgz shards: decompress it (zstd -d, xz -d, ...) into a "
-            f".tar or recompress it with gzip, then run s5loader index-shards on those"
-        )
-
-
-def _folder(uri: str) -> str:
-    return uri[: uri.rfind("/") + 1]
-
-
-def resolve(source: str | Sequence[str], access: Access | str | None) -> tuple[list[ObjectInfo], str]:
-    """The shards a source names, with sizes and ETags, and the folder for its default index.
-
-    Args:
-        source: ``s3://b/train/`` (every ``*.tar``, ``*.tar.gz`` and ``*.tgz`` below it, in key order), a brace pattern
-            (``s3://b/train/shard-{000000..000999}.tar``, in pattern order), one shard URI,
-            or a list of shard URIs (in list order).
-
-    Raises:
-        S3URIError, EmptySourceError, ObjectNotFoundError (a shard the pattern or list
-        names does not exist), and the listing's errors.
-    """
-    if not isinstance(source, str):
-        uris = [str(u) for u in source]
-        if not uris:
-            raise EmptySourceError("the shard list is empty")
-        for u in uris:
-            parse_s3_uri(u)
-            _refuse_compressed(u)
-        folders = {_folder(u) for u in uris}
-        folder = folders.pop() if len(folders) == 1 else _folder(posixpath.commonprefix(uris))
-        return stat_objects(uris, access), folder
-    parse_s3_uri(source)
-    _refuse_compressed(source)
-    if "{" in source:
-        uris = expand_braces(source)
-        for u in uris:
-            _refuse_compressed(u)
-        literal = source[: source.index("{")]
-        try:
-            found = {o.uri: o for o in list_prefix(literal, S5cmd(access=Access.coerce(access)))}
-        except EmptySourceError:
-            found = {}
-        missing = [u for u in uris if u not in found]
-        if missing:
-            raise ObjectNotFoundError(
-                f"{missing[0]}: no such shard ({len(missing)} of the {len(uris)} shards {source} names are missing)"
-            )
-        return [found[u] for u in uris], _folder(literal)
-    if source.endswith(SHARD_SUFFIXES):
-        return stat_objects([source], access), _folder(source)
-    given, source = source, as_folder(source)  # a prefix names a folder, never its siblings
-    try:
-        listed = list_prefix(source, S5cmd(access=Access.coerce(access)))
-    except EmptySourceError:
-        if given != source and _is_object(given, access):
-            raise ShardError(
-                f"{given} is an object, not a tar shard (a .tar) nor a folder of them: name its "
-                "shards, a brace pattern of them, or their folder"
-            ) from None
-        raise
-    objects = sorted((o for o in listed if o.key.endswith(SHARD_SUFFIXES)), key=lambda o: o.key)
-    if not objects:
-        packed = [o.uri for o in listed if o.key.endswith(COMPRESSED_TAR)]
-        if packed:
-            raise EmptySourceError(
-                f"no *.tar or *.tar.gz shard under {source}, only other compressed ones such as "
-                f"{packed[0]}; s5loader reads .tar and gzip-compressed .tar.gz/.tgz shards"
-            )
-        raise EmptySourceError(f"no *.tar or *.tar.gz shard under {source}")
-    return objects, _folder(source)
-
-
-def _is_object(uri: str, access: Access | str | None) -> bool:
-    try:
-        stat_objects([uri], access)
-    except S5LoaderError:
-        return False
-    return True
 
 
 # -- the shard list ---------------------------------------------------------------------
@@ -196,7 +76,7 @@ def parse_entries(data: bytes, where: str) -> dict[str, tuple[int, int]]:
     kind = doc.get("__kind__", WIDS_KIND)
     if kind != WIDS_KIND:
         raise ShardIndexError(f"the shard index {where} is a {kind!r}, not a {WIDS_KIND!r}")
-    base = _folder(where) if where.startswith("s3://") else ""
+    base = folder_of(where) if where.startswith("s3://") else ""
     extra = doc.get("base")
     if isinstance(extra, str) and extra and (extra.startswith("s3://") or "://" not in extra):
         # widsindex's "base": the folder relative URLs are below (an s3 URL, or relative to
@@ -244,7 +124,7 @@ def _join(base: str, url: str, where: str, what: str) -> str:
 
 def format_index(shards: Sequence[Shard], index_uri: str, name: str = "") -> bytes:
     """A wids JSON shard list; URLs below the index's folder are written relative to it."""
-    base = _folder(index_uri) if index_uri.startswith("s3://") else ""
+    base = folder_of(index_uri) if index_uri.startswith("s3://") else ""
     entries = []
     for s in shards:
         url = s.uri[len(base) :] if base and s.uri.startswith(base) else s.uri

@@ -18,7 +18,8 @@ from ..config import Access
 from ..exceptions import ConfigError
 from ..s5cmd import ObjectInfo
 from . import tar as _tar
-from .index import DEFAULT_INDEX, PACK_RECORD, Shard, format_index, read_bytes, resolve
+from .index import DEFAULT_INDEX, PACK_RECORD, Shard, format_index, read_bytes
+from .source import resolve
 
 log = logging.getLogger(__name__)
 

@@ -163,7 +163,7 @@ class ShardPass:
             self._stream_failed(stream, stream.error, stager)
         else:
             with stager.ready.cond:  # staged like any other shard, by another way
-                stager.stats.staged_samples += 1
+                stager.stats.staged_units += 1
                 stager.stats.staged_bytes += stream.shard.size
 
     def close(self) -> None:

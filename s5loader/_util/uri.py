@@ -24,15 +24,39 @@ TLS_HINT = (
 )
 
 
-def endpoint_hint(endpoint: str | None) -> str:
-    """What to check when the store cannot be reached, for the end of an error message."""
+# Where the endpoint is set, as error messages say it.
+_ENDPOINT_FROM = f"endpoint_url= (--endpoint-url), else {', '.join(ENDPOINT_VARS[:-1])} or {ENDPOINT_VARS[-1]}"
+
+
+def _store(endpoint: str | None) -> str:
+    """The store an endpoint (default: the environment's) names, in words."""
     if endpoint is None:
         endpoint = next((os.environ[v] for v in ENDPOINT_VARS if os.environ.get(v)), None)
-    where = f"the store at {endpoint}" if endpoint else "AWS S3 (no endpoint is set)"
+    return f"the store at {endpoint}" if endpoint else "AWS S3 (no endpoint is set)"
+
+
+def endpoint_hint(endpoint: str | None) -> str:
+    """What to check when the store cannot be reached, for the end of an error message."""
     return (
-        f"; check that {where} is up and reachable. The endpoint is endpoint_url= (--endpoint-url), "
-        f"else {', '.join(ENDPOINT_VARS[:-1])} or {ENDPOINT_VARS[-1]}; for the local test server, "
-        'run eval "$(bin/s3-local start)" in this shell first'
+        f"; check that {_store(endpoint)} is up and reachable. The endpoint is {_ENDPOINT_FROM}; for the "
+        'local test server, run eval "$(bin/s3-local start)" in this shell first'
+    )
+
+
+CREDENTIALS_HINT = (
+    "; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or name a profile of "
+    "~/.aws/credentials with AWS_PROFILE or Access(profile=...) (--profile), or another credentials file "
+    "with Access(credentials_file=...) (--credentials-file); a public bucket needs none: Access(anonymous=True) "
+    "(--no-sign-request)"
+)
+
+
+def bucket_hint(uri: str, endpoint: str | None) -> str:
+    """What to check when the bucket of ``uri`` does not exist, for the end of an error message."""
+    bucket = uri[5:].split("/", 1)[0] if uri.startswith("s3://") else uri
+    return (
+        f"; {_store(endpoint)} has no bucket {bucket!r}: check the bucket's name in the URI, and that the "
+        f"endpoint is the store that holds it ({_ENDPOINT_FROM})"
     )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -55,7 +56,8 @@ class Metrics:
         retries: sample retries so far in the pass.
         skips: samples skipped (``on_error="skip"``) so far in the pass.
         fetched_bytes: bytes staged in the pass so far.
-        fetched_samples: samples staged in the pass so far.
+        fetched_units: what the pass staged so far, in the units it stages: samples over raw
+            objects, tar shards over shards (a shard staged twice in a pass counts twice).
         epoch_cache_hits: samples of the pass read from the epoch cache (not fetched) so far.
         epoch_cache_bytes: bytes this rank holds in the epoch cache now (kept for a later epoch,
             or taken from it into the pass and not yet read).
@@ -75,13 +77,24 @@ class Metrics:
     retries: int = 0
     skips: int = 0
     fetched_bytes: int = 0
-    fetched_samples: int = 0
+    fetched_units: int = 0
     epoch_cache_hits: int = 0
     epoch_cache_bytes: int = 0
 
+    @property
+    def fetched_samples(self) -> int:
+        """Deprecated (removed in the next release): :attr:`fetched_units`, which it always was;
+        over tar shards it counts shards, not samples."""
+        warnings.warn(
+            "Metrics.fetched_samples is deprecated: it counts what was staged, which over tar shards is "
+            "shards; use Metrics.fetched_units", DeprecationWarning, stacklevel=2,
+        )
+        return self.fetched_units
+
     def as_dict(self) -> dict[str, Any]:
-        """The fields as a dict (for JSON, or a logger's ``add_scalars``)."""
-        return {name: getattr(self, name) for name in _FIELDS}
+        """The fields as a dict (for JSON, or a logger's ``add_scalars``); for one more release
+        also ``fetched_samples``, the old name of ``fetched_units``."""
+        return {**{name: getattr(self, name) for name in _FIELDS}, "fetched_samples": self.fetched_units}
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(Metrics))
@@ -129,7 +142,7 @@ def snapshot(
 ) -> Metrics:
     """The :class:`Metrics` of a pass at ``now`` from the engine's counters, read once each
     and without its lock; ``calls`` and ``objects`` are those in flight (0 once it stopped)."""
-    fetched, staged = stats.staged_bytes, stats.staged_samples
+    fetched, staged = stats.staged_bytes, stats.staged_units
     mb_s, samples_s = throughput.rates(now, fetched, staged)
     if waited_s is None:
         since = ready.consumer_waiting
@@ -149,7 +162,7 @@ def snapshot(
         retries=stats.retries,
         skips=len(stats.skipped),
         fetched_bytes=fetched,
-        fetched_samples=staged,
+        fetched_units=staged,
     )
 
 
@@ -174,7 +187,7 @@ class PassReport:
             "waited %.2fs for staging (%.2fs before the first sample)"
         )
         args = (
-            epoch, "" if finished else " (stopped early)", stats.staged_samples,
+            epoch, "" if finished else " (stopped early)", stats.staged_units,
             format_size(stats.staged_bytes), stats.calls, stats.retries, len(stats.skipped),
             elapsed, stats.wait_s, stats.first_wait_s,
         )

@@ -4,6 +4,7 @@ there."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 from ..exceptions import S5LoaderError
@@ -13,10 +14,13 @@ __all__ = ["Stats"]
 
 @dataclass
 class Stats:
-    """What one pass of the engine did."""
+    """What one pass of the engine did.
+
+    ``samples`` and ``staged_units`` count the units the pass stages: samples over raw objects,
+    tar shard visits over shards (``staged_samples`` is their old, deprecated name)."""
 
     samples: int = 0
-    staged_samples: int = 0
+    staged_units: int = 0
     staged_bytes: int = 0
     calls: int = 0
     retries: int = 0
@@ -26,3 +30,12 @@ class Stats:
     wait_s: float = 0.0
     first_wait_s: float = 0.0
     peak_reserved: int = 0
+
+    @property
+    def staged_samples(self) -> int:
+        """Deprecated (removed in the next release): :attr:`staged_units`."""
+        warnings.warn(
+            "Stats.staged_samples is deprecated: it counts what was staged, which over tar shards is shards; "
+            "use Stats.staged_units", DeprecationWarning, stacklevel=2,
+        )
+        return self.staged_units

@@ -45,6 +45,20 @@ from .watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
+THREAD_NAME = "s5loader-stager"  # every engine's thread
+
+
+def close_off_engine(close: Callable[[], None]) -> None:
+    """Call ``close`` (an engine's, or that of what owns one) now, or from a new thread when
+    this is an engine's thread: a garbage collector runs on whichever thread allocates and
+    finalizes what it collects there, and the engine's loop, which the collector only paused,
+    would go on using what ``close`` releases (and recreate folders it removed) until it sees
+    the stop; from another thread, ``close`` waits for the loop to end first."""
+    if threading.current_thread().name == THREAD_NAME:
+        threading.Thread(target=close, name="s5loader-close", daemon=True).start()
+    else:
+        close()
+
 
 class Stager:
     """Stages ``order`` (indices into ``samples``) into ``area``; see the module docstring
@@ -121,7 +135,7 @@ class Stager:
                     log.debug("no release FIFO in %s (%s); polling for released samples", self.area.path, exc)
                     events.close()
                     self.budget.events = None
-            self._thread = threading.Thread(target=self._run, name="s5loader-stager", daemon=True)
+            self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
             self._thread.start()
         return self
 
@@ -268,8 +282,8 @@ class Stager:
     def _field_done(self, pos: int) -> None:
         if not self.fields.done(pos):
             return
-        self.stats.staged_samples += 1
-        self.throughput.add(time.monotonic(), self.stats.staged_bytes, self.stats.staged_samples)
+        self.stats.staged_units += 1
+        self.throughput.add(time.monotonic(), self.stats.staged_bytes, self.stats.staged_units)
         self.ready.mark(pos)
 
     def _discard(self, call: Call) -> None:

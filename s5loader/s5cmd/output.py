@@ -4,10 +4,11 @@ which destination a failure is about, and the exception each kind of error becom
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from .._util.uri import TLS_HINT, endpoint_hint
+from .._util.uri import CREDENTIALS_HINT, TLS_HINT, bucket_hint, endpoint_hint
 from ..exceptions import (
     AccessDeniedError,
     EndpointError,
@@ -68,9 +69,36 @@ def classify(error: str) -> str:
     return "transient"
 
 
+# s5cmd's words (the AWS Go SDK's) for errors a user can fix, from their code to the end of
+# s5cmd's message (the end of the text, or the exit code that follows it): they are cut to their
+# code, and the message ends with what to check.
+_NO_CREDENTIALS = re.compile(r"NoCredentialProviders:.*?\s*(?=\(s5cmd exit code|\Z)", re.DOTALL)
+_NO_BUCKET = re.compile(r"NoSuchBucket:.*?\s*(?=\(s5cmd exit code|\Z)", re.DOTALL)
+_URI = re.compile(r"s3://[^\s/]+")
+
+
+def explain(message: str, endpoint: str | None = None) -> str:
+    """``message`` (about an ``s3://`` URI, holding s5cmd's error) with s5cmd's words for missing
+    credentials or a missing bucket cut to their code, and what to check at its end (as
+    :func:`~s5loader._s3api.errors.boto3_error` says it for boto3's errors)."""
+    for words, what in ((_NO_CREDENTIALS, "no credentials were found (NoCredentialProviders)"),
+                        (_NO_BUCKET, "no such bucket (NoSuchBucket)")):
+        found = words.search(message)
+        if found is None:
+            continue
+        cut = message[: found.start()] + what + (" " if found.end() < len(message) else "") + message[found.end():]
+        if words is _NO_CREDENTIALS:
+            return cut + CREDENTIALS_HINT
+        uri = _URI.search(message)
+        return cut + (bucket_hint(uri.group(0), endpoint) if uri else "")
+    return message
+
+
 def error_for(kind: str, message: str, endpoint: str | None = None) -> S5LoaderError:
-    """The exception type for an error kind from :func:`classify`; an unreachable store's
-    message ends with what to check about ``endpoint`` (default: the environment's)."""
+    """The exception type for an error kind from :func:`classify`; the message ends with what
+    to check for an unreachable store (about ``endpoint``, default: the environment's), for
+    missing credentials and for a missing bucket (see :func:`explain`)."""
+    message = explain(message, endpoint)
     if kind == "endpoint":
         message += endpoint_hint(endpoint)
     types: dict[str, type[S5LoaderError]] = {

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from .._util.dist import local_world_size
 from .._util.uri import format_size
 from ..exceptions import BudgetError, ConfigError
 
@@ -37,21 +38,12 @@ def free_bytes(path: str) -> int:
     return st.f_bavail * st.f_frsize
 
 
-def local_world_size() -> int:
-    """How many ranks of this job share this node, and so its staging file system
-    (``LOCAL_WORLD_SIZE``, which torchrun sets; 1 without it)."""
-    try:
-        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
-    except ValueError:
-        return 1
-
-
 def choose_root(
     staging_dir: str | None, need: int, shrink: bool = False, footprint: float = 1.0, shared: int = 0
 ) -> tuple[str, int]:
     """Pick the staging root and check that ``need`` bytes fit in it, for every rank of the node.
 
-    The ranks of one node (``LOCAL_WORLD_SIZE``) stage into the same file system, each up to
+    The ranks of one node (:func:`local_world_size`) stage into the same file system, each up to
     its own budget, so the check is against ``need`` times their number. A file takes whole
     blocks on disk (4 KiB pages on tmpfs), so ``need`` bytes of objects take ``need *
     footprint`` bytes of the file system (see :func:`disk_footprint`). ``staging_dir=None``
@@ -67,7 +59,7 @@ def choose_root(
             is false.
     """
     local = local_world_size()
-    ranks = f" x {local} ranks on this node (LOCAL_WORLD_SIZE)" if local > 1 else ""
+    ranks = f" x {local} ranks on this node" if local > 1 else ""
     on_disk = math.ceil(need * max(1.0, footprint))
     if on_disk > need * 1.05:
         ranks += f" (taking {format_size(on_disk)} on disk in whole blocks)"

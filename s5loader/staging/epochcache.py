@@ -18,6 +18,12 @@ The folder outlives a crash (a restarted run on the same staging root finds it),
 removed by the last sampler that closes it, unless it is to be kept. A cache folder that no
 live process uses and nobody meant to keep (a killed run's, whose job then changed its seed or
 data) is removed when another cache is opened below the same root.
+
+Opening a cache (creating its folder, checking its manifest, removing stale caches, taking the
+user lock) and leaving it (the last user removing the folder) happen under an exclusive
+``flock`` on the staging root itself (:func:`node_lock`), which every process of the node that
+stages there takes, whatever launched it: no opener meets a folder half made or removed under
+it, and no sweep takes a cache whose opener has not locked its user file yet for a dead one's.
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from .._index.sample import Sample
@@ -101,9 +108,14 @@ class EpochCache:
 
     def open(self) -> None:
         """Create the folder (or take it over), check its manifest, register this process as
-        a user. A manifest of another index empties the folder first. Idempotent."""
+        a user, under the node's lock (see the module docstring). A manifest of another index
+        empties the folder first. Idempotent."""
         if self._fd is not None and os.path.isdir(self.path):
             return
+        with node_lock(self.root):
+            self._open()
+
+    def _open(self) -> None:
         os.makedirs(os.path.join(self.path, USERS), mode=0o700, exist_ok=True)
         man = os.path.join(self.path, MANIFEST)
         want = {"version": _VERSION, "fingerprint": self.fingerprint}
@@ -213,14 +225,34 @@ class EpochCache:
                 with open(os.path.join(self.path, KEPT), "w", encoding="utf-8"):
                     pass
             return
-        if _live_users(os.path.join(self.path, USERS)):
-            return
-        shutil.rmtree(self.path, ignore_errors=True)
+        with node_lock(self.root):  # no other process is opening it meanwhile
+            if not _live_users(os.path.join(self.path, USERS)):
+                shutil.rmtree(self.path, ignore_errors=True)
+
+
+@contextmanager
+def node_lock(root: str) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on the directory ``root`` (the staging root the node's
+    processes share); nothing is created for it, and a process that dies lets it go. A file
+    system that cannot lock a directory is run without it."""
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        yield  # no root yet, or not ours to open: the caller's own steps say what is wrong
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            log.debug("cannot lock %s (%s); opening the epoch cache without the node's lock", root, exc)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def clean_stale_caches(root: str, keep: str) -> list[str]:
     """Remove the cache folders below ``root`` but ``keep`` that no live process uses and that
-    were not left on purpose; returns their paths."""
+    were not left on purpose; returns their paths. Call it under :func:`node_lock`."""
     removed: list[str] = []
     try:
         names = os.listdir(root)

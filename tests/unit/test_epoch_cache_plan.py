@@ -86,6 +86,86 @@ def test_node_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     assert node_ranks(1, 8) == [1]  # does not describe this job's node: no sharing
 
 
+LAUNCHER_VARIABLES = (
+    "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALRANKID",
+    "MPI_LOCALNRANKS", "SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE",
+    "SLURM_NODEID", "RANK", "WORLD_SIZE",
+)
+
+
+@pytest.mark.parametrize(
+    ("env", "local"),
+    [
+        ({"SLURM_LOCALID": "2", "SLURM_STEP_TASKS_PER_NODE": "4(x2)", "SLURM_NODEID": "1"}, (2, 4)),
+        ({"SLURM_LOCALID": "1", "SLURM_TASKS_PER_NODE": "4,3", "SLURM_NODEID": "1"}, (1, 3)),
+        ({"SLURM_LOCALID": "3", "SLURM_NTASKS_PER_NODE": "4"}, (3, 4)),
+        ({"OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, (1, 4)),
+        ({"MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2"}, (0, 2)),
+        # torchrun's describe its own processes, also when it runs under srun
+        ({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "SLURM_LOCALID": "0", "SLURM_NTASKS_PER_NODE": "1"}, (1, 2)),
+        ({"SLURM_LOCALID": "0"}, None),
+        ({}, None),
+    ],
+)
+def test_the_node_is_found_from_every_launchers_variables(
+    env: dict[str, str], local: tuple[int, int] | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from s5loader._util.dist import local_rank_info
+
+    for var in LAUNCHER_VARIABLES:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    assert local_rank_info() == local
+
+
+def test_srun_and_mpirun_ranks_share_a_node_and_a_batch_scripts_process_does_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from s5loader._util.dist import local_world_size
+
+    for var in LAUNCHER_VARIABLES:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "4(x2)")
+    monkeypatch.setenv("SLURM_NODEID", "1")
+    assert node_ranks(5, 8) == [4, 5, 6, 7]
+    # a lone process in a batch script sees the allocation's tasks: no node of ranks for it
+    monkeypatch.setenv("SLURM_LOCALID", "0")
+    assert node_ranks(0, 1) == [0] and local_world_size() == 1
+    monkeypatch.setenv("RANK", "4")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    assert local_world_size() == 4
+    for var in ("SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID"):
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "2")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "4")
+    assert node_ranks(6, 8) == [4, 5, 6, 7] and local_world_size() == 4
+
+
+def test_an_opener_and_a_sweep_wait_for_each_other(tmp_path) -> None:
+    import fcntl
+    import threading
+
+    from s5loader.staging.epochcache import node_lock
+
+    other = EpochCache(str(tmp_path), "other", "fp")
+    with node_lock(str(tmp_path)):  # another process of the node opening or leaving a cache
+        opened = threading.Thread(target=other.open)
+        opened.start()
+        opened.join(0.5)
+        assert opened.is_alive() and not os.path.exists(other.path)  # it waits for the lock
+    opened.join(10)
+    assert os.path.isdir(os.path.join(other.path, ".users")) and other._fd is not None
+    fd = os.open(str(tmp_path), os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # and let it go
+    finally:
+        os.close(fd)
+    other.close()
+    assert os.listdir(tmp_path) == []
+
+
 def sample(key: str, size: int, etag: str = "") -> Sample:
     return Sample(key, (Field("image", f"s3://b/{key}.image", size, etag),))
 

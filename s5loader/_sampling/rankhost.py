@@ -156,8 +156,10 @@ class RankHost:
 
 
 def metrics_board(area: str, rank: int) -> str:
-    """Where the host of ``rank`` writes its figures, in the dataset's directory ``area``."""
-    return os.path.join(area, f".metrics-r{rank}.json")
+    """Where the host of ``rank`` writes its figures: among the control files of the dataset's
+    directory ``area`` (see :attr:`StagingArea.control_dir
+    <s5loader.staging.area.StagingArea.control_dir>`)."""
+    return os.path.join(area, ".calls", f"metrics-r{rank}.json")
 
 
 def read_board(area: str, rank: int) -> Metrics | None:

@@ -14,7 +14,7 @@ from .._util.uri import for_cli
 from ..exceptions import DaemonError, S5LoaderError
 from .progress import ProgressReporter, open_reporter
 from .protocol import CLAIMED_DIR, ERROR_MARKER, ERROR_TMP, LOCK_FILE, STATE_FILE
-from .state import check_unused, remove_end
+from .state import check_unused, remove_end, wipe
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +109,9 @@ class CacheLock:
 
 
 def take_cache(cache: str, fresh: bool) -> CacheLock:
-    """Make the cache directory and lock it for this daemon: the first thing a daemon does,
-    before it loads torch, so that a consumer that probes the lock sees it at once.
+    """Make the cache directory and lock it for this daemon (with ``fresh``, then empty it: the
+    old run's ``END`` first): the first thing a daemon does, before it loads torch, so that a
+    consumer that probes the lock sees it at once.
 
     Raises:
         DaemonError: the directory cannot be made, holds other files and no daemon state, or
@@ -125,6 +126,7 @@ def take_cache(cache: str, fresh: bool) -> CacheLock:
     lock = CacheLock(cache).acquire()
     if fresh:
         remove_end(cache)  # first: a consumer must not take the old run's END for this run's
+        wipe(cache)
     return lock
 
 

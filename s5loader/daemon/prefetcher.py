@@ -38,7 +38,6 @@ from .state import (
     clear_staging,
     recover_pending,
     remove_end,
-    wipe,
 )
 
 log = logging.getLogger(__name__)
@@ -92,12 +91,9 @@ class PrefetchDaemon:
         """
         if not self._lock.held:
             self._lock = take_cache(self.cache, self.opts.fresh)
-        old = DaemonState.load(self._state_path)
+        old = DaemonState.load(self._state_path)  # none after --fresh (take_cache wiped it)
         if old is None:
             check_unused(self.cache)  # again, under the lock
-        if self.opts.fresh:
-            wipe(self.cache)
-            old = None
         take_over(self.cache)
         samples, listing, total, self._shards = _index(self.opts)
         order = Order(self.opts.shuffle, self.opts.seed, 1, 0, False)

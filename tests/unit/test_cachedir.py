@@ -95,7 +95,7 @@ def test_a_consumer_gives_a_missing_daemon_its_grace(tmp_path: Path) -> None:
     names = []
     timer = threading.Timer(0.3, restart)
     timer.start()
-    for s in consume(tmp_path, grace=30, poll_interval=0.01):
+    for s in consume(tmp_path, grace=30, poll_interval=0.01, timeout=60):
         names.append(s.name)
     timer.join()
     assert names == ["000000000000-a"]

@@ -7,11 +7,12 @@
 
 from __future__ import annotations
 
-from . import checkpoint, fetch
+import importlib
+from typing import TYPE_CHECKING
+
 from ._util.uri import parse_size
 from .config import Access, StagingOptions
-from .consume import consume
-from .dataset import S5Dataset
+from .consume import consume  # here, not lazily: the function's name is its module's too
 from .exceptions import (
     AccessDeniedError,
     BudgetError,
@@ -38,13 +39,29 @@ from .exceptions import (
     StateError,
     UnsafeArchiveError,
 )
-from .iterable import S5IterableDataset
-from .metrics import Metrics, log_metrics
-from .packing import PackResult, pack
-from .prefetch import Prefetcher
-from .progress import Progress
-from .s5cmd import find_s5cmd
-from .sampler import S5Sampler
+
+if TYPE_CHECKING:
+    from . import checkpoint, dcp, fetch
+    from .dataset import S5Dataset
+    from .iterable import S5IterableDataset
+    from .metrics import Metrics, log_metrics
+    from .packing import PackResult, pack
+    from .prefetch import Prefetcher
+    from .progress import Progress
+    from .s5cmd import find_s5cmd
+    from .sampler import S5Sampler
+
+# The names that need torch (or s5cmd's plumbing) come from their modules when first asked for:
+# ``import s5loader`` and the command line start in a fraction of the time, so the ``s5loader``
+# command takes its signals (and answers ``prefetch --status``) before torch is loaded.
+_LAZY = {
+    "checkpoint": ("checkpoint", None), "dcp": ("dcp", None), "fetch": ("fetch", None),
+    "S5Dataset": ("dataset", "S5Dataset"),
+    "S5IterableDataset": ("iterable", "S5IterableDataset"), "Metrics": ("metrics", "Metrics"),
+    "log_metrics": ("metrics", "log_metrics"), "PackResult": ("packing", "PackResult"), "pack": ("packing", "pack"),
+    "Prefetcher": ("prefetch", "Prefetcher"), "Progress": ("progress", "Progress"),
+    "find_s5cmd": ("s5cmd", "find_s5cmd"), "S5Sampler": ("sampler", "S5Sampler"),
+}
 
 __version__ = "0.1.0"
 
@@ -94,9 +111,14 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    # s5loader.dcp imports torch.distributed.checkpoint: only when it is asked for.
-    if name == "dcp":
-        import importlib
+    found = _LAZY.get(name)
+    if found is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(f".{found[0]}", __name__)
+    value = module if found[1] is None else getattr(module, found[1])
+    globals()[name] = value
+    return value
 
-        return importlib.import_module(".dcp", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

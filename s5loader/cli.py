@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import importlib
 import logging
+import signal
 import sys
+import threading
+from types import FrameType
 from typing import Any
 
 from ._util.args import ArgumentParser
+from ._util.uri import for_cli
 from .exceptions import S5LoaderError
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -80,6 +84,17 @@ COMMANDS = {
     "pack": ("pack objects or a split archive into WebDataset tar shards with an index", "s5loader.packing:main"),
 }
 BENCH_INSTALL = "pip install 's5loader[bench]'"
+# Commands that end with exit code 0 on SIGTERM and SIGINT from their very start, while their
+# modules (torch among them) are still loading; each takes the signals over once it runs.
+STOP_CLEANLY = ("prefetch",)
+
+
+class _StoppedEarly(BaseException):
+    """A stop signal arrived before the command took the signals over."""
+
+
+def _stop_early(signum: int, frame: FrameType | None) -> None:
+    raise _StoppedEarly(signal.Signals(signum).name)
 
 
 def _load(command: str) -> Any:
@@ -113,17 +128,26 @@ def main(argv: list[str] | None = None) -> int:
     # once per client); the terminal shows only what they warn about.
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
-    handler = _load(argv[0])
-    if handler is None:
-        return EXIT_ERROR
+    previous = {}
+    if argv[0] in STOP_CLEANLY and threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, _stop_early) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
+        handler = _load(argv[0])
+        if handler is None:
+            return EXIT_ERROR
         return int(handler(argv[1:]) or 0)
+    except _StoppedEarly as stop:
+        logging.getLogger(f"s5loader.{argv[0]}").info("stopped by %s before it began", stop)
+        return EXIT_OK
     except S5LoaderError as exc:
-        print(f"s5loader {argv[0]}: error: {exc}", file=sys.stderr)
+        print(f"s5loader {argv[0]}: error: {for_cli(str(exc))}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:  # Ctrl-C: one line, no traceback; what it had under way is stopped and removed
         print(f"s5loader {argv[0]}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 if __name__ == "__main__":  # pragma: no cover

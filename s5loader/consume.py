@@ -1,16 +1,19 @@
-"""Reading what ``s5loader prefetch`` delivers: the hand-over protocol and :func:`consume`.
+"""Reading what ``s5loader prefetch`` delivers: :func:`consume`.
 
-The protocol (see docs/daemon.md) needs nothing but a file system:
+The protocol (see docs/daemon.md and :mod:`s5loader.handover`) needs nothing but a file system:
 
 * a sample appears in the cache directory only when it is complete, as one folder named
   ``SEQUENCE-KEY`` where ``SEQUENCE`` is a zero-padded delivery number
   (:data:`SEQ_WIDTH` digits), so plain ``ls`` order is the delivery order;
 * the files in the folder are named by the sample's fields (``image``, ``label``,
-  ``text.txt``, ``video.mp4``), and a small file :data:`KEY_FILE` holds the sample's full key
-  (the folder name carries it shortened and made file-name-safe);
-* the consumer deletes the folder when done with it, and the daemon refills the cache;
+  ``text.txt``, ``video.mp4``); small files :data:`KEY_FILE` and :data:`EPOCH_FILE` hold the
+  sample's full key (the folder name carries it shortened and made file-name-safe) and epoch;
+* a consumer claims a sample by renaming its folder into ``.claimed/`` (so several consumers
+  share a cache, each sample going to one of them), and deletes it there when done with it;
+  the daemon refills the cache;
 * the file :data:`END_MARKER` appears once every sample has been delivered; it names the run
   (a new one with every ``--fresh`` start), so an old run's end can be told from a new one's;
+  :data:`ERROR_MARKER` holds the daemon's message when it failed;
 * everything else in the cache (the daemon's lock, state and staging area) is hidden
   (a name starting with ``.``).
 
@@ -21,25 +24,39 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
-from .exceptions import ConfigError, StallError
+from .exceptions import ConfigError, DaemonError, StallError
+from .handover import (
+    CONTROL_FILES,
+    END_MARKER,
+    EPOCH_FILE,
+    ERROR_MARKER,
+    KEY_FILE,
+    SEQ_WIDTH,
+    claim,
+    daemon_status,
+    parse_seq,
+    ready_names,
+    unclaim,
+)
+
+__all__ = [
+    "END_MARKER", "EPOCH_FILE", "ERROR_MARKER", "KEY_FILE", "SEQ_WIDTH", "ReadySample", "consume", "parse_seq",
+    "ready_names",
+]
 
 log = logging.getLogger(__name__)
 
-#: Digits of the delivery number that starts every sample folder's name.
-SEQ_WIDTH = 12
-#: The file the daemon writes into the cache once every sample has been delivered.
-END_MARKER = "END"
-#: The file in each delivered folder that holds the sample's full key (UTF-8, no newline; a
-#: tar member name that is not UTF-8 keeps its own bytes).
-KEY_FILE = "__key__"
-_SAMPLE_RE = re.compile(rf"^(\d{{{SEQ_WIDTH}}})-")
+#: Seconds a consumer waits for a daemon to (re)appear on a cache before it gives up (a daemon
+#: takes the cache's lock about a second after it starts, before it loads torch).
+GRACE_S = 10.0
+# How often a waiting consumer probes the daemon's lock.
+_PROBE_S = 0.25
 
 
 def _read_end(cache: str) -> str | None:
@@ -51,32 +68,17 @@ def _read_end(cache: str) -> str | None:
         return None
 
 
-def parse_seq(name: str) -> int | None:
-    """The delivery number of a sample folder's name, or None if ``name`` is not one."""
-    m = _SAMPLE_RE.match(name)
-    return int(m.group(1)) if m else None
-
-
-def ready_names(cache: str) -> list[str]:
-    """The sample folders ready in ``cache``, in delivery order (empty if it does not exist)."""
-    try:
-        names = os.listdir(cache)
-    except FileNotFoundError:
-        return []
-    return sorted(n for n in names if _SAMPLE_RE.match(n))
-
-
 @dataclass(frozen=True)
 class ReadySample:
-    """One delivered sample.
+    """One delivered sample, claimed by this consumer.
 
     Attributes:
         seq: its delivery number (the order of delivery over all epochs).
         name: the folder's name, ``SEQUENCE-KEY`` (the key shortened and made safe).
-        path: the folder's path.
+        path: the folder's path (in the cache's ``.claimed/`` once claimed).
         files: field name -> file path, e.g. ``{"image": ".../image", "label": ...}``;
             fields of folder samples keep their path inside the folder (``sub/x.txt``).
-            The ``__key__`` file is not a field.
+            The ``__key__`` and ``__epoch__`` files are not fields.
     """
 
     seq: int
@@ -94,6 +96,16 @@ class ReadySample:
         except FileNotFoundError:
             return self.name.split("-", 1)[1]
 
+    @cached_property
+    def epoch(self) -> int | None:
+        """The epoch the sample was delivered in (from 0), from the folder's ``__epoch__``
+        file; None from a daemon that wrote none."""
+        try:
+            with open(os.path.join(self.path, EPOCH_FILE), encoding="ascii") as f:
+                return int(f.read())
+        except (FileNotFoundError, ValueError):
+            return None
+
     def read(self, field: str) -> bytes:
         """The bytes of one field.
 
@@ -104,18 +116,15 @@ class ReadySample:
             return f.read()
 
 
-def _load(cache: str, name: str) -> ReadySample | None:
-    path = os.path.join(cache, name)
+def _load(name: str, path: str) -> ReadySample:
     files: dict[str, str] = {}
     for root, dirs, filenames in os.walk(path):
         dirs.sort()
         for fn in sorted(filenames):
             full = os.path.join(root, fn)
             rel = os.path.relpath(full, path)
-            if rel != KEY_FILE:
+            if rel not in CONTROL_FILES:
                 files[rel] = full
-    if not files and not os.path.isdir(path):
-        return None  # removed under us (by another consumer)
     seq = parse_seq(name)
     assert seq is not None
     return ReadySample(seq, name, path, files)
@@ -128,6 +137,35 @@ def _remove(path: str) -> None:
         pass  # the loop body removed it already
 
 
+class _Liveness:
+    """Whether the daemon of a cache is alive, asked while no sample is ready: a daemon that
+    failed or is gone, and that no daemon replaced within ``grace`` seconds, is an error; one
+    that failed while this consumer watched (an ``ERROR`` it did not find when it began) at
+    once. A cache no daemon has run on yet is waited on."""
+
+    def __init__(self, cache: str, grace: float | None) -> None:
+        self.cache, self.grace = cache, grace
+        self.away_since: float | None = None
+        self._last = 0.0
+        self._stale_error = daemon_status(cache).error  # a failure from before this consumer
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if self.grace is None or (self.away_since is None and now - self._last < _PROBE_S):
+            return
+        self._last = now
+        status = daemon_status(self.cache)
+        if status.alive or status.state == "absent":  # absent: not started yet (any order)
+            self.away_since = None
+            self._stale_error = None  # a daemon took over: any failure from now on is news
+            return
+        if self.away_since is None:
+            self.away_since = now
+        fresh_failure = status.state == "failed" and status.error != self._stale_error
+        if fresh_failure or now - self.away_since >= self.grace:
+            raise DaemonError(status.describe())
+
+
 def consume(
     cache: str | os.PathLike[str],
     *,
@@ -135,15 +173,25 @@ def consume(
     timeout: float | None = None,
     delete: bool = True,
     finished: Callable[[], bool] | None = None,
+    grace: float | None = GRACE_S,
 ) -> Iterator[ReadySample]:
     """Yield the samples a prefetch daemon delivers into ``cache``, in order, until its end.
 
-    Waits while the daemon is behind (or not started yet: the consumer and the daemon may be
-    started in any order, in different processes). A sample's folder is deleted when the
-    loop asks for the next one, which frees its bytes for the daemon to refill. When the
-    loop is left early (``break``, an exception), the current sample is left in the cache,
-    so the next consumer starts with it. The iteration ends at the end marker, once every
-    sample before it has been consumed. One consumer per cache.
+    Each sample is claimed before it is yielded (its folder renamed into the cache's
+    ``.claimed/``), so several consumers, in any processes, may share one cache: each sample
+    goes to exactly one of them. A sample's folder is deleted when the loop asks for the next
+    one, which frees its bytes for the daemon to refill. When the loop is left early
+    (``break``, an exception), the current sample is handed back (renamed into the cache
+    again), so the next consumer starts with it. The iteration ends at the end marker, once
+    every sample before it has been claimed.
+
+    Waits while the daemon is behind, or not started yet: the consumer and the daemon may be
+    started in any order, in different processes. A daemon that failed (the cache's ``ERROR``
+    marker) or is gone (killed, or stopped by a signal, before the end), and that no daemon
+    replaced within ``grace`` seconds, is a :class:`~s5loader.DaemonError` once every sample
+    delivered before has been yielded; the grace lets a restarted daemon take over. A daemon
+    that fails while the consumer runs (an ``ERROR`` that was not there when it began) is the
+    error at once.
 
     A cache that holds nothing but a finished run's end marker when the iteration starts
     (every sample consumed) has nothing for this consumer: it waits for the next run
@@ -156,54 +204,71 @@ def consume(
         poll_interval: seconds between looks at the cache while waiting.
         timeout: raise :class:`~s5loader.StallError` when no sample arrives for this many
             seconds; None (default) waits for ever.
-        delete: delete each sample when the loop moves on (False leaves that to you; the
-            daemon refills only what is deleted).
+        delete: delete each sample when the loop moves on (False leaves that to you: the
+            folders stay claimed at ``sample.path`` until you delete them, and the daemon
+            refills only what is deleted).
         finished: asked while no sample is ready: True ends the iteration (the producer has
             ended, so nothing more will come); an exception from it propagates (the
             producer failed). :class:`~s5loader.Prefetcher` passes its daemon's state.
+        grace: seconds a failed or missing daemon may take to be replaced before the error
+            (a daemon takes the cache's lock about a second after it starts); None waits for
+            ever.
 
     Yields:
         :class:`ReadySample`: the folder path and the paths of its files.
 
     Raises:
+        DaemonError: the daemon failed (its message) or is gone, and none took its place
+            within ``grace`` seconds; the message names the cache.
         StallError: ``timeout`` passed without a new sample.
-        ConfigError: ``poll_interval`` or ``timeout`` is not positive.
+        ConfigError: ``poll_interval``, ``timeout`` or ``grace`` is not positive.
     """
     if not poll_interval > 0:
         raise ConfigError(f"poll_interval must be positive, got {poll_interval!r}")
     if timeout is not None and not timeout > 0:
         raise ConfigError(f"timeout must be positive or None, got {timeout!r}")
+    if grace is not None and not grace >= 0:
+        raise ConfigError(f"grace must be >= 0 or None, got {grace!r}")
     cache = os.fspath(cache)
-    last = -1
     since = time.monotonic()
     stale = _read_end(cache) if not ready_names(cache) else None
     if stale is not None:
         log.info("%s holds only the end of a finished run: waiting for the next run", cache)
-    while True:
-        end = _read_end(cache)  # before listing: no race
-        ended = end is not None and end != stale
-        names = ready_names(cache)
-        if not delete:  # what was yielded stays: never yield it again
-            names = [n for n in names if (parse_seq(n) or 0) > last]
-        sample = _load(cache, names[0]) if names else None
-        if sample is not None:
-            yield sample
-            last = sample.seq
-            since = time.monotonic()
-            if delete:
-                _remove(sample.path)
-            continue
-        if names:
-            continue  # the folder vanished between listing and reading: look again
-        if ended or (finished is not None and finished() and not ready_names(cache)):
-            return
-        if timeout is not None and time.monotonic() - since > timeout:
-            why = (
-                "only the end marker of a finished run, whose samples were all consumed, is there"
-                if stale is not None and end == stale else "the end marker is not there"
-            )
-            raise StallError(
-                f"no sample arrived in {cache} for {timeout:g}s and {why}; "
-                "is 's5loader prefetch --cache' running on it?"
-            )
-        time.sleep(poll_interval)
+    daemon = _Liveness(cache, grace)
+    held: ReadySample | None = None  # claimed and yielded, not yet done with
+    try:
+        while True:
+            end = _read_end(cache)  # before listing: no race
+            ended = end is not None and end != stale
+            names = ready_names(cache)
+            path = None
+            for name in names:  # the first one no other consumer claimed first
+                path = claim(cache, name)
+                if path is not None:
+                    break
+            if path is not None:
+                held = _load(name, path)
+                yield held
+                sample, held = held, None
+                since = time.monotonic()
+                if delete:
+                    _remove(sample.path)
+                continue
+            if names:
+                continue  # all claimed by other consumers meanwhile: look again
+            if ended or (finished is not None and finished() and not ready_names(cache)):
+                return
+            daemon.check()
+            if timeout is not None and time.monotonic() - since > timeout:
+                why = (
+                    "only the end marker of a finished run, whose samples were all consumed, is there"
+                    if stale is not None and end == stale else "the end marker is not there"
+                )
+                raise StallError(
+                    f"no sample arrived in {cache} for {timeout:g}s and {why}; "
+                    "is 's5loader prefetch --cache' running on it?"
+                )
+            time.sleep(poll_interval)
+    finally:
+        if held is not None and delete:
+            unclaim(cache, held.name)  # left early: the next consumer starts with it

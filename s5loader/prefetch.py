@@ -4,6 +4,7 @@ cache without a second terminal."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -13,7 +14,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+import weakref
+from collections.abc import Generator, Iterator, Sequence
 
 from ._sampling.order import check_shuffle
 from ._util.platform import die_with_parent
@@ -107,6 +109,7 @@ class Prefetcher:
         self.stop_timeout = stop_timeout
         self.proc: subprocess.Popen[bytes] | None = None
         self._workdir: str | None = None
+        self._loops: weakref.WeakSet[Generator[ReadySample, None, None]] = weakref.WeakSet()
 
     @property
     def pid(self) -> int | None:
@@ -181,14 +184,18 @@ class Prefetcher:
 
     def samples(self, *, timeout: float | None = None) -> Iterator[ReadySample]:
         """Yield the delivered samples in order, deleting each when the loop moves on (as
-        :func:`~s5loader.consume`), until the daemon has delivered everything.
+        :func:`~s5loader.consume`), until the daemon has delivered everything. :meth:`close`
+        ends the loops still open, which hands their current samples back to the cache.
 
         Raises:
             DaemonError: the daemon failed (its exit code and the end of its log).
             StallError: ``timeout`` seconds passed without a sample.
         """
         self.start()
-        return consume(self.cache, timeout=timeout, finished=self._finished)
+        loop = consume(self.cache, timeout=timeout, finished=self._finished)
+        assert isinstance(loop, Generator)
+        self._loops.add(loop)
+        return loop
 
     def _finished(self) -> bool:
         """For :func:`consume` while no sample is ready: True once the daemon has ended."""
@@ -222,7 +229,11 @@ class Prefetcher:
 
     # -- stopping ----------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop the daemon: SIGTERM, then SIGKILL after ``stop_timeout``. Safe to call twice."""
+        """Stop the daemon: SIGTERM, then SIGKILL after ``stop_timeout``; end the loops over
+        its samples still open (their current samples go back to the cache). Safe to call twice."""
+        for loop in list(self._loops):
+            with contextlib.suppress(ValueError):  # running in another thread: it ends with the daemon
+                loop.close()
         proc = self.proc
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGTERM)

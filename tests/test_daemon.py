@@ -23,6 +23,7 @@ from s5loader.consume import END_MARKER, consume, ready_names
 from s5loader.daemon import STAGING_DIR, STATE_FILE, PrefetchDaemon, PrefetchOptions, sample_folder_name
 from s5loader.dataset import S5Dataset
 from s5loader.exceptions import StallError
+from s5loader.handover import sample_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIR = 2017  # bytes of one make_pairs(n, 2000) sample: a 2016-byte image and a 1-byte label
@@ -95,43 +96,10 @@ def expected_names(store: Store, group_by: str = "stem", shuffle: bool = False, 
 
 
 def cache_bytes(cache: Path) -> int:
-    """Sample bytes in the cache now: delivered folders and .staging (not lock/state files).
-
-    ``.staging`` is looked at first and files are counted once per inode, so a sample renamed
-    into place during the look is not counted twice. Only files still there once the look is
-    over count: a look is not instantaneous, and a sample the consumer deleted meanwhile must
-    not be added to the one the daemon fetched in its place (a look that stalled between
-    ``.staging`` and the folders counted both, over the budget the cache never exceeded). So
-    every file counted existed when the look ended: a lower bound of the bytes at that moment.
-    """
-    seen: dict[tuple[int, int], tuple[str, int]] = {}
-
-    def walk(top: str) -> None:
-        for root, _, files in os.walk(top):
-            if "/.calls" in root:
-                continue
-            for fn in files:
-                if fn in (".lock", "__key__"):  # control files, not sample bytes
-                    continue
-                path = os.path.join(root, fn)
-                try:
-                    st = os.lstat(path)
-                except OSError:
-                    continue
-                seen[(st.st_dev, st.st_ino)] = (path, st.st_size)
-
-    walk(str(cache / STAGING_DIR))
-    for name in ready_names(str(cache)):
-        walk(str(cache / name))
-    total = 0
-    for (dev, ino), (path, size) in seen.items():
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue
-        if (st.st_dev, st.st_ino) == (dev, ino):
-            total += size
-    return total
+    """Sample bytes in the cache now, as ``s5loader prefetch --status`` counts them: delivered
+    folders (claimed or not) and ``.staging``, not the lock, state and key files; a lower bound
+    of the bytes at the end of the look (see :func:`s5loader.handover.sample_bytes`)."""
+    return sample_bytes(cache)
 
 
 def wait_for(cond, timeout: float = 20.0, what: str = "condition") -> None:

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 from s5loader import S5Dataset, S5IterableDataset, S5Sampler, consume
 from s5loader.daemon import PrefetchDaemon, PrefetchOptions
 from s5loader.daemon.protocol import EPOCH_DIR
+from s5loader.handover import sample_bytes
 
 N = 40
 SIZE = 2000
@@ -248,8 +249,9 @@ def test_the_daemon_keeps_samples_for_the_next_epoch(data, proxy: FaultProxy, tm
 
     t = threading.Thread(target=run)
     t.start()
-    got = [(s.key, s.read("image")) for s in consume(cache, timeout=30, finished=lambda: not t.is_alive())]
-    t.join(30)
+    with Peak(lambda: sample_bytes(cache) if cache.exists() else 0, interval=0.002) as peak:
+        got = [(s.key, s.read("image")) for s in consume(cache, timeout=30, finished=lambda: not t.is_alive())]
+        t.join(30)
     assert not errors, errors
     assert len(got) == 3 * N
     assert all(image == source[key + ".image"] for key, image in got)
@@ -265,7 +267,14 @@ def test_the_daemon_keeps_samples_for_the_next_epoch(data, proxy: FaultProxy, tm
         assert (last["epoch_cache_hits"], last["epoch_fetched_bytes"]) == (N, 0)
     else:
         assert last["epoch_cache_hits"] > 0 and 0 < last["epoch_fetched_bytes"] <= 0.52 * ds.total_bytes
-    assert not (cache / EPOCH_DIR).exists() or not os.listdir(cache / EPOCH_DIR)  # removed after the last epoch
+    assert not (cache / EPOCH_DIR).exists()  # removed after the last epoch, folder and all
+    # The folder holds the budget's samples and the epoch cache's, no more; the log says which
+    # is which: what the budget limits, and the delivered hits beside it.
+    budget = opts.budget
+    assert peak.looks > 10 and peak.peak <= budget + size, (peak.peak, budget, size)
+    progress = [e for e in map(json.loads, log.read_text().splitlines()) if "cache_bytes" in e]
+    assert all(e["cache_bytes"] - e["epoch_hit_bytes"] <= budget for e in progress)
+    assert all(e["cache_bytes"] <= budget + size for e in progress)
 
 
 def _rank_opens_the_cache(ds: S5Dataset, root: str, env: dict[str, str], start, out) -> None:  # type: ignore[no-untyped-def]

@@ -76,7 +76,7 @@ def test_fresh_with_a_consumer_started_at_once(seaweed: Store, tmp_path: Path) -
 
 def doc_shell_consumer() -> str:
     text = (ROOT / "docs" / "daemon.md").read_text()
-    block = re.search(r"```bash\n(cd /data/cache\n.*?)```", text, re.S)
+    block = re.search(r"```bash\n(mkdir -p /data/cache && cd /data/cache .*?)```", text, re.S)
     assert block is not None
     return block.group(1)
 
@@ -93,7 +93,7 @@ def test_doc_shell_consumer_with_fresh_and_a_crash(seaweed: Store, tmp_path: Pat
     script = doc_shell_consumer().replace("/data/cache", str(cache))
     done = tmp_path / "done"
     done.mkdir()
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}")  # s5loader too
     shell = subprocess.Popen(["bash", "-c", script], env=env)
     daemon = run_daemon(daemon_argv(seaweed, cache, 3 * PAIR, "--samples-per-call", "2", "--fresh"), tmp_path / "d.log")
     assert daemon.wait(60) == 0, (tmp_path / "d.log").read_text()

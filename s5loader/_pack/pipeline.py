@@ -60,8 +60,8 @@ class Gate:
             BudgetError: ``n`` alone is more than the budget (the callers check first).
         """
         if n > self.budget:
-            raise BudgetError(f"{format_size(n)} ({n} bytes) of local disk at once, more than the budget of "
-                              f"{format_size(self.budget)} ({self.budget} bytes)")
+            raise BudgetError(f"{format_size(n, exact=True)} of local disk at once, more than the budget of "
+                              f"{format_size(self.budget, exact=True)}")
         with self._cond:
             while self.reserved + n > self.budget:
                 if give_up():

@@ -236,7 +236,7 @@ def check_budget(
         raise BudgetError(
             f"{first}: its sample {s.key!r} takes {_size(need)} of local disk to pack (its tar and its largest "
             f"object once more, while it is copied in), more than the budget of {_size(budget)}; a sample is "
-            f"never split: pass a budget of at least {format_size(need)} ({need} bytes)"
+            f"never split: pass a budget of at least {format_size(need, exact=True)}"
         )
     needs = [disk_bytes([planned[order[k]] for k in range(a, b)]) for a, b in cuts]
     worst = max(range(len(needs)), key=needs.__getitem__, default=None)
@@ -244,12 +244,12 @@ def check_budget(
         raise BudgetError(
             f"{dest}{SHARD_NAME.format(worst)} takes {_size(needs[worst])} of local disk to build (its tar and "
             f"its largest object once more), more than the budget of {_size(budget)}: pass a smaller "
-            f"--shard-size (shard_size) or a budget of at least {format_size(needs[worst])} ({needs[worst]} bytes)"
+            f"--shard-size (shard_size) or a budget of at least {format_size(needs[worst], exact=True)}"
         )
 
 
 def _size(n: int) -> str:
-    return f"{format_size(n)} ({n} bytes)"
+    return format_size(n, exact=True)
 
 
 def fingerprint(planned: Sequence[PlannedSample], options: PackOptions) -> str:

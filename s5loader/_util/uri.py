@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from typing import NamedTuple
@@ -58,6 +59,21 @@ def bucket_hint(uri: str, endpoint: str | None) -> str:
         f"; {_store(endpoint)} has no bucket {bucket!r}: check the bucket's name in the URI, and that the "
         f"endpoint is the store that holds it ({_ENDPOINT_FROM})"
     )
+
+
+# The Python API's words in the hints above, and the command line's for the same thing: an
+# error the CLI prints names only the flag.
+_CLI_WORDS = (
+    ("endpoint_url= (--endpoint-url)", "--endpoint-url"),
+    ("Access(verify_ssl=False) (--no-verify-ssl)", "--no-verify-ssl"),
+)
+
+
+def for_cli(message: str) -> str:
+    """``message`` as the command line says it: its flags without the Python arguments."""
+    for python, flag in _CLI_WORDS:
+        message = message.replace(python, flag)
+    return message
 
 
 class S3URI(NamedTuple):
@@ -141,10 +157,28 @@ def parse_size(value: int | str, name: str = "size") -> int:
     return n
 
 
-def format_size(n: float) -> str:
-    """Format bytes for people: ``1.5 GiB``."""
+def format_size(n: float, exact: bool = False) -> str:
+    """Format bytes for people: ``1.5 GiB``; a size that reads round in decimal units (as one
+    typed ``"300kB"``) in those too: ``293.0 KiB (300 kB)``; ``exact``: with the count of bytes
+    instead, ``293.0 KiB (300000 bytes)``."""
+    decimal = f"{int(n)} bytes" if exact else _decimal(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+            text = f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+            return f"{text} ({decimal})" if decimal else text
         n /= 1024
     return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def _decimal(n: float) -> str | None:
+    """``n`` bytes in decimal units when that reads round (at most two decimals: ``1.5 MB``) and
+    the binary units do not (``2 GiB`` stays as it is)."""
+    if n != int(n) or n < 1024:
+        return None
+    level = 1024 ** min(4, int(math.log(n, 1024)))
+    if n % level == 0:
+        return None  # a whole number of KiB, MiB, ...: as typed
+    for scale, unit in ((1000**4, "TB"), (1000**3, "GB"), (1000**2, "MB"), (1000, "kB")):
+        if n >= scale:
+            return None if n % (scale // 100 or 1) else f"{n / scale:g} {unit}"
+    return None

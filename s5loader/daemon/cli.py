@@ -6,16 +6,23 @@ import argparse
 import logging
 import os
 import signal
+import sys
 import threading
+import time
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._index.sample import GROUP_BY
 from .._util.args import ArgumentParser, non_negative_int, positive_float, positive_int, size_arg
-from ..cli import EXIT_OK
+from .._util.uri import format_size
+from ..cli import EXIT_ERROR, EXIT_OK
 from ..config import ON_ERROR, Access
-from .options import PrefetchOptions
-from .prefetcher import PrefetchDaemon
+from ..handover import daemon_status, sample_bytes
+from .lock import CacheLock, record_failure, take_cache
+
+if TYPE_CHECKING:
+    from .options import PrefetchOptions
+    from .prefetcher import PrefetchDaemon
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
             "for any consumer: each sample appears complete as a folder SEQUENCE-KEY/ (ls order "
             "is the delivery order), the consumer deletes it when done, END marks the end."
         ),
-        epilog="exit codes: 0 done or stopped by SIGTERM/SIGINT, 1 error, 2 usage. See docs/daemon.md.",
+        epilog=(
+            "exit codes: 0 done or stopped by SIGTERM/SIGINT, 1 error, 2 usage. "
+            "'s5loader prefetch --status CACHE [--grace S]' says whether a daemon is alive on CACHE "
+            "(exit code 0) or failed or is gone (1). See docs/daemon.md."
+        ),
     )
     p.add_argument("source", help="s3://bucket/prefix/, or a JSON Lines manifest (local path or s3 URI)")
     p.add_argument("--cache", required=True, help="the cache directory consumers read from")
@@ -146,6 +157,8 @@ def _renamed(args: argparse.Namespace, old: str, new: str) -> int:
 
 
 def options_from_args(args: argparse.Namespace) -> PrefetchOptions:
+    from .options import PrefetchOptions  # loads torch (the order's permutations): after the lock
+
     return PrefetchOptions(
         source=args.source, cache=args.cache, budget=args.budget, group_by=args.group_by,
         shuffle=args.shuffle, seed=args.seed, epochs=args.epochs, access=Access.from_args(args),
@@ -157,19 +170,75 @@ def options_from_args(args: argparse.Namespace) -> PrefetchOptions:
     )
 
 
+def _daemon(args: argparse.Namespace, stop: threading.Event, lock: CacheLock) -> PrefetchDaemon:
+    from .prefetcher import PrefetchDaemon  # loads torch: after the lock is taken
+
+    return PrefetchDaemon(options_from_args(args), stop=stop, lock=lock)
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= v < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text}")
+    return v
+
+
+def status(argv: list[str]) -> int:
+    """``s5loader prefetch --status CACHE [--grace S]``: whether a daemon is alive on CACHE.
+
+    Prints what it found and the bytes of samples in the cache; returns 0 while a daemon runs
+    (or it delivered everything), 1 when it failed (its message) or is gone and no daemon took
+    the cache within ``--grace`` seconds. It probes the lock without disturbing a daemon.
+    """
+    p = ArgumentParser(
+        prog="s5loader prefetch --status",
+        description="Whether a prefetch daemon is alive on a cache: exit code 0 while one runs or after it "
+        "delivered everything, 1 when it failed (its message) or is gone (killed, stopped, never started).",
+    )
+    p.add_argument("--status", metavar="CACHE", required=True, help="the daemon's --cache directory")
+    p.add_argument(
+        "--grace", type=_seconds, default=0.0,
+        help="seconds to wait for a daemon to take the cache before saying that it failed or is gone (default: 0)",
+    )
+    args = p.parse_args(argv)
+    deadline = time.monotonic() + args.grace
+    while True:
+        found = daemon_status(args.status)
+        if found.alive or time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+    if not found.alive:
+        print(f"s5loader prefetch: error: {found.describe()}", file=sys.stderr)
+        return EXIT_ERROR
+    held = sample_bytes(args.status)
+    print(f"{found.state}: {found.describe()}; {held} bytes of samples in the cache ({format_size(held)})")
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
     """``s5loader prefetch``: returns the exit code (0 done or stopped by a signal).
 
     Raises:
-        S5LoaderError: an error (``s5loader`` prints it and exits with 1).
+        S5LoaderError: an error (``s5loader`` prints it and exits with 1; the cache's ``ERROR``
+            holds it too once the daemon had taken the cache).
         SystemExit: a usage error (exit code 2).
     """
+    if argv and "--status" in argv:
+        return status(argv)
     args = build_parser().parse_args(argv)
-    opts = options_from_args(args)
+    cache = os.path.abspath(args.cache)
     with _Signals() as signals:
-        prefetcher = PrefetchDaemon(opts, stop=signals.event)
+        lock: CacheLock | None = None
+        prefetcher: PrefetchDaemon | None = None
         try:
             try:
+                # The cache's lock first, before torch loads (seconds on a busy machine): a
+                # consumer that probes the lock sees this daemon at once.
+                lock = take_cache(cache, args.fresh)
+                prefetcher = _daemon(args, signals.event, lock)
                 prefetcher.open()
             finally:
                 signals.interruptible = False
@@ -179,8 +248,18 @@ def main(argv: list[str] | None = None) -> int:
         except _Interrupted:
             log.info("stopped by %s before the first delivery", signals.received)
             return EXIT_OK
+        except Exception as exc:
+            # ERROR in the cache (once this daemon holds it), for its consumers
+            if prefetcher is not None:
+                prefetcher.fail(exc)
+            else:
+                record_failure(cache, exc, lock or CacheLock(cache), args.json_log, None)
+            raise
         finally:
-            prefetcher.close()
+            if prefetcher is not None:
+                prefetcher.close()
+            elif lock is not None:
+                lock.release()
     if summary.stopped:
         log.info(
             "stopped by %s: %d samples delivered in this run, %d of %d in all; a restart continues",

@@ -1,5 +1,5 @@
 """The daemon's delivery side: a staged sample renamed into the cache as ``SEQUENCE-KEY/``
-with its key file, one state write per delivery (so a restart completes a rename cut short),
+with its key and epoch files, one state write per delivery (so a restart completes a rename cut short),
 skips, the ``END`` marker, and the watch for a consumer that waits on the source."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from ..engine import Stager
 from ..staging.area import StagingArea
 from .epochcache import DaemonEpochCache
 from .progress import ProgressReporter
-from .protocol import END_MARKER, KEY_FILE, sample_folder_name
+from .protocol import END_MARKER, EPOCH_FILE, KEY_FILE, sample_folder_name
 from .shards import Unpacker
 from .state import DaemonState, Ledger, write_end
 
@@ -59,6 +59,7 @@ class Deliveries:
         dst = os.path.join(self.cache, name)
         hit = self.keeper.delivering(seq, src) if self.keeper is not None else 0
         self._write_key(src, key)
+        self._write_control(src, EPOCH_FILE, str(seq // max(1, st.samples)))
         # the one write of this delivery: a restart completes the rename if it did not happen
         st.delivered, st.pending = seq + 1, {"seq": seq, "from": src, "to": dst}
         st.save(self.state_path)
@@ -75,14 +76,20 @@ class Deliveries:
     def _write_key(self, folder: str, key: str) -> None:
         """The sample's full key into its folder, before the folder is renamed into place (a
         control file of a few bytes, not counted in the budget)."""
-        path = os.path.join(folder, KEY_FILE)
-        if os.path.lexists(path):  # a field of the sample has that name
-            if not self._key_clash_warned:
-                self._key_clash_warned = True
-                log.warning("sample %r has a field named %s; its folders carry no %s file", key, KEY_FILE, KEY_FILE)
-            return
+        if not self._write_control(folder, KEY_FILE, key) and not self._key_clash_warned:
+            self._key_clash_warned = True
+            log.warning("sample %r has a field named %s; its folders carry no %s file", key, KEY_FILE, KEY_FILE)
+
+    @staticmethod
+    def _write_control(folder: str, name: str, text: str) -> bool:
+        """A control file into a sample's folder; False when a field of the sample has its name
+        (the field stays)."""
+        path = os.path.join(folder, name)
+        if os.path.lexists(path):
+            return False
         with open(path, "w", encoding="utf-8", errors="surrogateescape") as f:  # a tar name's own bytes
-            f.write(key)
+            f.write(text)
+        return True
 
     def skip(self, seq: int) -> None:
         if self.keeper is not None:

@@ -18,6 +18,7 @@ epoch is delivered, or by ``--fresh``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Sequence
 
@@ -69,6 +70,8 @@ class DaemonEpochCache:
         self.layout = StagingLayout(staging)
         self.admission = Admission(capacity)
         self.taken: dict[int, int] = {}  # seq -> bytes: hits not yet deleted by the consumer
+        self.held_hits: dict[int, int] = {}  # seq -> bytes: hits delivered, held in the staging budget
+        self.held_hit_bytes = 0  # their sum (read by the daemon's thread while the engine's changes them)
         self.hits: dict[int, int] = {}  # epoch -> samples delivered from the cache
         self.fetched: dict[int, int] = {}  # epoch -> bytes delivered that came from S3
         self._keep: dict[int, frozenset[int]] = {}
@@ -163,6 +166,8 @@ class DaemonEpochCache:
                 # room in the cache is free for the next epoch's samples at once
                 self.admission.remove(self.taken.pop(seq))
                 self.passed(seq)
+                self.held_hits[seq] = size
+                self.held_hit_bytes += size
                 return size
             del self.taken[seq]  # its bytes, counted already, are the entry's now (the same blocks)
         else:
@@ -189,6 +194,7 @@ class DaemonEpochCache:
     def on_release(self, released: list[int]) -> None:
         """The consumer deleted ``released``: a hit's bytes left the cache (the engine's thread)."""
         for seq in released:
+            self.held_hit_bytes -= self.held_hits.pop(seq, 0)
             size = self.taken.pop(seq, None)
             if size is not None:
                 self.admission.remove(size)
@@ -200,12 +206,17 @@ class DaemonEpochCache:
             "epoch_cache_hits": self.hits.get(epoch, 0),
             "epoch_cache_bytes": self.admission.held,
             "epoch_fetched_bytes": self.fetched.get(epoch, 0),
+            "epoch_hit_bytes": self.held_hit_bytes,
         }
 
     def close(self, done: bool) -> None:
-        """Leave the folder; remove it once every epoch was delivered (``done``)."""
+        """Leave the folder; remove it, ``.epoch-cache/`` with it, once every epoch was
+        delivered (``done``)."""
         self.cache.keep = not done
         self.cache.close()
+        if done:
+            with contextlib.suppress(OSError):  # not empty: another daemon's entries (it will remove them)
+                os.rmdir(self.cache.root)
 
 
 def epoch_cache_room(opts: PrefetchOptions, samples: Sequence[Sample]) -> int:

@@ -24,12 +24,12 @@ from ..staging.area import StagingArea
 from .delivery import Deliveries, StarvationWatch, Summary
 from .epochcache import DaemonEpochCache, epoch_cache_room, open_epoch_cache
 from .epochs import EpochSamples, index_fingerprint
+from .lock import CacheLock, record_failure, take_cache, take_over
 from .options import PrefetchOptions
 from .progress import ProgressReporter, open_reporter
 from .protocol import STAGING_DIR, STATE_FILE
 from .shards import ShardDeliveries, Unpacker
 from .state import (
-    CacheLock,
     DaemonState,
     Ledger,
     adopt_delivered,
@@ -38,7 +38,6 @@ from .state import (
     clear_staging,
     recover_pending,
     remove_end,
-    wipe,
 )
 
 log = logging.getLogger(__name__)
@@ -57,12 +56,14 @@ class PrefetchDaemon:
     releases the cache's lock; delivered samples stay for the consumer.
     """
 
-    def __init__(self, options: PrefetchOptions, stop: threading.Event | None = None) -> None:
+    def __init__(
+        self, options: PrefetchOptions, stop: threading.Event | None = None, lock: CacheLock | None = None
+    ) -> None:
         require_linux("the prefetch daemon")
         self.opts = options
         self.cache = os.path.abspath(options.cache)
         self.stop = stop or threading.Event()
-        self._lock = CacheLock(self.cache)
+        self._lock = lock or CacheLock(self.cache)  # taken already by the command line
         self._state_path = os.path.join(self.cache, STATE_FILE)
         self._ledger = Ledger(self.cache)
         self._stager: Stager | None = None
@@ -88,21 +89,12 @@ class PrefetchDaemon:
             BudgetError: a sample larger than the budget, or a budget the disk cannot hold.
             S5LoaderError: the source cannot be listed.
         """
-        try:
-            os.makedirs(self.cache, exist_ok=True)
-        except OSError as exc:
-            raise DaemonError(f"cannot create the cache {self.cache}: {exc.strerror}") from exc
-        if not os.path.exists(self._state_path):
-            check_unused(self.cache)  # before leaving a .lock in someone else's directory
-        self._lock.acquire()
-        if self.opts.fresh:
-            remove_end(self.cache)  # first: a consumer must not take the old run's END for this run's
-        old = DaemonState.load(self._state_path)
+        if not self._lock.held:
+            self._lock = take_cache(self.cache, self.opts.fresh)
+        old = DaemonState.load(self._state_path)  # none after --fresh (take_cache wiped it)
         if old is None:
             check_unused(self.cache)  # again, under the lock
-        if self.opts.fresh:
-            wipe(self.cache)
-            old = None
+        take_over(self.cache)
         samples, listing, total, self._shards = _index(self.opts)
         order = Order(self.opts.shuffle, self.opts.seed, 1, 0, False)
         units = None
@@ -197,15 +189,16 @@ class PrefetchDaemon:
         Raises:
             S5LoaderError: staging failed (FetchError, StallError, StagingSpaceError, ...).
         """
-        st, stager, rep = self._state, self._stager, self._reporter
-        assert st is not None and stager is not None and rep is not None and self._view is not None
+        st, stager, rep, delivery = self._state, self._stager, self._reporter, self._delivery
+        assert st is not None and stager is not None and rep is not None and self._view is not None and delivery
         rep.event(
             "start", source=self.opts.source, cache=self.cache, total=len(self._view),
-            budget=self.opts.budget, resumed_from=st.delivered, pid=os.getpid(),
+            epochs=self.opts.epochs, per_epoch=len(self._view) // self.opts.epochs,
+            budget=self.opts.budget, epoch_cache=self.opts.epoch_cache, resumed_from=st.delivered, pid=os.getpid(),
         )
         if st.delivered < len(self._view):
             log.info(
-                "prefetching %d samples into %s (budget %s)%s",
+                "prefetching %d samples into %s within a budget of %s%s",
                 len(self._view) - st.delivered, self.cache, format_size(self.opts.budget),
                 f", resuming at {st.delivered}" if st.delivered else "",
             )
@@ -221,9 +214,9 @@ class PrefetchDaemon:
             if ready:
                 self._deliver(seq)
             else:
-                self._skip(seq)
+                delivery.skip(seq)
         else:
-            self._finish()
+            delivery.finish()
         rep.tick(self._snapshot(), force=True)
         rep.close()
         end = "stopped" if self.summary.stopped else "done"
@@ -253,7 +246,7 @@ class PrefetchDaemon:
     def _await_pos(self, seq: int, pos: int) -> bool | None:
         stager = self._stager
         assert stager is not None
-        ready = stager.poll(pos, 0)
+        ready = None if self.stop.is_set() else stager.poll(pos, 0)  # a stop is seen however fast samples come
         if ready is not None:
             self._tick()
             return ready
@@ -284,14 +277,6 @@ class PrefetchDaemon:
         assert self._delivery is not None and self._stager is not None
         self._delivery.deliver(seq, self._stager)
         self._watch.fed()
-
-    def _skip(self, seq: int) -> None:
-        assert self._delivery is not None
-        self._delivery.skip(seq)
-
-    def _finish(self) -> None:
-        assert self._delivery is not None
-        self._delivery.finish()
 
     def _consumed(self) -> int:
         assert self._delivery is not None
@@ -327,6 +312,10 @@ class PrefetchDaemon:
             self._reporter.tick(self._snapshot())
 
     # -- closing ----------------------------------------------------------------------------
+    def fail(self, exc: BaseException) -> str:
+        """Tell consumers that this daemon failed (:func:`.lock.record_failure`); the message."""
+        return record_failure(self.cache, exc, self._lock, self.opts.json_log, self._reporter)
+
     def close(self) -> None:
         """Kill s5cmd, remove partially staged files, release the lock. Safe to call twice."""
         stager, self._stager = self._stager, None
@@ -347,7 +336,9 @@ class PrefetchDaemon:
     def __enter__(self) -> PrefetchDaemon:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, Exception):
+            self.fail(exc)
         self.close()
 
 

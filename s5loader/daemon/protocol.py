@@ -1,27 +1,40 @@
 """The cache directory's names: what the daemon writes and a consumer reads (docs/daemon.md).
 
-The consumer's side of the protocol (sample folders in delivery order, ``END``) is
-:mod:`s5loader.consume`, which depends on nothing of the daemon; its names are re-exported
-here so the daemon's modules take them from one place.
+The names a consumer sees (sample folders in delivery order, ``END``, ``ERROR``, ``.claimed/``,
+the lock) are :mod:`s5loader.handover`'s, which depends on nothing of the daemon; they are
+re-exported here with the daemon's own, so the daemon's modules take them from one place.
 """
 
 from __future__ import annotations
 
 import re
 
-from ..consume import END_MARKER, KEY_FILE, SEQ_WIDTH, parse_seq, ready_names
+from ..handover import (
+    CLAIMED_DIR,
+    CONTROL_FILES,
+    END_MARKER,
+    EPOCH_FILE,
+    ERROR_MARKER,
+    KEY_FILE,
+    LOCK_FILE,
+    SEQ_WIDTH,
+    STAGING_DIR,
+    STATE_FILE,
+    claimed_names,
+    parse_seq,
+    ready_names,
+)
 
 __all__ = [
-    "END_MARKER", "END_TMP", "EPOCH_DIR", "KEY_FILE", "LOCK_FILE", "SEQ_WIDTH", "STAGING_DIR", "STATE_FILE", "STATE_TMP",
-    "parse_seq", "ready_names", "sample_folder_name",
+    "CLAIMED_DIR", "CONTROL_FILES", "END_MARKER", "END_TMP", "EPOCH_DIR", "EPOCH_FILE", "ERROR_MARKER", "ERROR_TMP", "KEY_FILE",
+    "LOCK_FILE", "SEQ_WIDTH", "STAGING_DIR", "STATE_FILE", "STATE_TMP", "claimed_names", "parse_seq", "ready_names",
+    "sample_folder_name",
 ]
 
-STATE_FILE = ".state.json"
 STATE_TMP = f"{STATE_FILE}.tmp"
-LOCK_FILE = ".lock"
-STAGING_DIR = ".staging"
 EPOCH_DIR = ".epoch-cache"
 END_TMP = f".{END_MARKER}.tmp"
+ERROR_TMP = f".{ERROR_MARKER}.tmp"
 _KEY_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 _KEY_LEN = 64
 

@@ -1,12 +1,10 @@
-"""The daemon's state in the cache directory: the lock, the state file (how far delivery
-got, written atomically), the ledger of delivered samples not yet consumed, and the steps
-that recover a cache a stopped daemon left."""
+"""The daemon's state in the cache directory: the state file (how far delivery got, written
+atomically), the ledger of delivered samples not yet consumed, and the steps that recover a
+cache a stopped daemon left. The lock is :mod:`.lock`'s."""
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import json
 import logging
 import os
@@ -23,13 +21,18 @@ from ..engine.budget import check_sample_fits
 from ..exceptions import DaemonError
 from ..staging.area import room_for, tree_bytes
 from .protocol import (
+    CLAIMED_DIR,
+    CONTROL_FILES,
     END_MARKER,
     END_TMP,
     EPOCH_DIR,
+    ERROR_MARKER,
+    ERROR_TMP,
     LOCK_FILE,
     STAGING_DIR,
     STATE_FILE,
     STATE_TMP,
+    claimed_names,
     parse_seq,
     ready_names,
 )
@@ -42,46 +45,6 @@ STATE_VERSION = 1
 _LOOK_S = 0.05
 _MTIME_MARGIN_NS = 1_000_000_000
 _RELIST_S = 5.0
-
-
-class CacheLock:
-    """An exclusive ``flock`` on ``CACHE/.lock`` for the daemon's lifetime; holds its pid."""
-
-    def __init__(self, cache: str) -> None:
-        self.cache = cache
-        self.path = os.path.join(cache, LOCK_FILE)
-        self._fd: int | None = None
-
-    def acquire(self) -> CacheLock:
-        """Take the lock.
-
-        Raises:
-            DaemonError: another daemon holds it (the message names the cache and its pid).
-        """
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            try:
-                other = os.read(fd, 64).decode("ascii", "replace").strip() or "unknown"
-            finally:
-                os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise DaemonError(
-                    f"another s5loader prefetch daemon (pid {other}) is running on the cache "
-                    f"{self.cache}; stop it first or use another --cache"
-                ) from None
-            raise DaemonError(f"cannot lock the cache {self.cache}: {exc.strerror}") from exc
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._fd = fd
-        return self
-
-    def release(self) -> None:
-        """Release the lock (the file stays: removing it would race a starting daemon)."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
 
 
 def write_atomic(path: str, text: str, tmp: str | None = None) -> None:
@@ -163,32 +126,47 @@ class DaemonState:
 
 
 class Ledger:
-    """Delivered samples not yet consumed: a sample is consumed once its folder is gone.
+    """Delivered samples not yet consumed: a sample is consumed once its folder is gone, from
+    the cache and from ``.claimed/`` (where consumers move the samples they claim).
 
     Looks at the cache at most every 50 ms, under a lock so a delivery is never mistaken for
-    a consumption. A look costs one ``stat`` of the cache directory while nothing in it
-    changed (a folder deleted or renamed changes the directory's modification time), and a
-    ``listdir`` only when something did, so a daemon that waits on a full cache of many
+    a consumption. A look costs one ``stat`` of each of the two directories while nothing in
+    them changed (a folder deleted or renamed changes its directory's modification time), and
+    a ``listdir`` only when something did, so a daemon that waits on a full cache of many
     samples (its engine asks about every one of them several times a second) spends next to
-    no CPU. The listing is trusted only once it was taken :data:`_MTIME_MARGIN_NS` after the
-    directory's last change (file system timestamps are coarse), and repeated every
+    no CPU. The listings are trusted only once taken :data:`_MTIME_MARGIN_NS` after the
+    directories' last change (file system timestamps are coarse), and repeated every
     :data:`_RELIST_S` whatever the timestamps say (a clock or file system that does not keep
-    them can delay a release by that much, never lose it).
+    them can delay a release by that much, never lose it). The cache is listed before
+    ``.claimed/``, so a sample claimed meanwhile is in one listing or the other; one in neither
+    is looked for by name before it counts as consumed (a consumer may hand a claim back).
     """
 
     def __init__(self, cache: str) -> None:
         self.cache = cache
+        self.claimed = os.path.join(cache, CLAIMED_DIR)
         self._present: dict[int, tuple[str, int]] = {}
         self._lock = threading.Lock()
         self._last = 0.0  # when the cache was last looked at (monotonic)
         self._listed = 0.0  # when it was last listed (monotonic)
         self._listed_ns = 0  # ... by the wall clock, which file system timestamps follow
-        self._dir: tuple[int, int, int] | None = None  # the directory's (inode, mtime, ctime) then
+        self._dir: tuple[tuple[int, int, int] | None, ...] | None = None  # the directories' (inode, mtime, ctime)
         self.listings = 0  # listdir calls so far (for tests and the curious)
 
     def add(self, seq: int, name: str, size: int) -> None:
         with self._lock:
             self._present[seq] = (name, size)
+
+    @staticmethod
+    def _stamp(path: str) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+
+    def _there(self, name: str) -> bool:
+        return any(os.path.lexists(os.path.join(d, name)) for d in (self.cache, self.claimed, self.cache))
 
     def refresh(self, force: bool = False) -> None:
         """Forget the samples whose folders are gone (``force``: even within 50 ms of the last
@@ -200,21 +178,21 @@ class Ledger:
             self._last = now
             if not self._present:
                 return
-            try:
-                st = os.stat(self.cache)
-            except OSError:
-                st = None
-            stamp = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns) if st is not None else None
+            stamp = (self._stamp(self.cache), self._stamp(self.claimed))
+            changed = max((max(s[1], s[2]) for s in stamp if s is not None), default=0)
             if (
-                stamp is not None and stamp == self._dir and now - self._listed < _RELIST_S
-                and self._listed_ns - max(stamp[1], stamp[2]) > _MTIME_MARGIN_NS
+                stamp[0] is not None and stamp == self._dir and now - self._listed < _RELIST_S
+                and self._listed_ns - changed > _MTIME_MARGIN_NS
             ):
                 return  # unchanged since a listing that saw every change before it
             self._dir, self._listed, self._listed_ns = stamp, now, time.time_ns()
             names = set(os.listdir(self.cache))
+            with contextlib.suppress(FileNotFoundError):
+                names.update(os.listdir(self.claimed))
             self.listings += 1
             for seq in [s for s, (n, _) in self._present.items() if n not in names]:
-                del self._present[seq]
+                if not self._there(self._present[seq][0]):
+                    del self._present[seq]
 
     def is_released(self, seq: int) -> bool:
         # Asked for every delivered sample on each look of the engine: a dict lookup, and a
@@ -235,7 +213,7 @@ class Ledger:
 
 def check_unused(cache: str) -> None:
     """Refuse a directory that holds anything but a daemon's files."""
-    ours = {LOCK_FILE, STAGING_DIR, EPOCH_DIR, END_MARKER, STATE_TMP, END_TMP}
+    ours = {LOCK_FILE, STAGING_DIR, EPOCH_DIR, END_MARKER, STATE_TMP, END_TMP, ERROR_MARKER, ERROR_TMP, CLAIMED_DIR}
     other = sorted(n for n in os.listdir(cache) if n not in ours)
     if other:
         raise DaemonError(
@@ -246,11 +224,12 @@ def check_unused(cache: str) -> None:
 
 
 def wipe(cache: str) -> None:
-    """Remove the delivered samples, the staging folder, the state and END (``--fresh``)."""
+    """Remove the delivered samples (claimed or not), the staging folder, the state and END
+    (``--fresh``)."""
     log.info("--fresh: removing the samples and state in %s", cache)
     for name in os.listdir(cache):
         path = os.path.join(cache, name)
-        if parse_seq(name) is not None or name in (STAGING_DIR, EPOCH_DIR):
+        if parse_seq(name) is not None or name in (STAGING_DIR, EPOCH_DIR, CLAIMED_DIR):
             shutil.rmtree(path, ignore_errors=True)
         elif name in (STATE_FILE, END_MARKER, STATE_TMP, END_TMP):
             os.unlink(path)
@@ -300,16 +279,27 @@ def clear_staging(cache: str) -> int:
 
 
 def adopt_delivered(cache: str, ledger: Ledger) -> int:
-    """Count samples a previous run delivered and nobody consumed yet; their bytes."""
+    """Count samples a previous run delivered and nobody consumed yet (claimed or not); their
+    bytes."""
     total = 0
-    for name in ready_names(cache):
+    found = [(name, os.path.join(cache, name)) for name in ready_names(cache)]
+    found += [(name, os.path.join(cache, CLAIMED_DIR, name)) for name in claimed_names(cache)]
+    for name, path in found:
         seq = parse_seq(name)
         assert seq is not None
-        size = tree_bytes(os.path.join(cache, name))
+        size = tree_bytes(path) - _control_bytes(path)
         ledger.add(seq, name, size)
         total += size
     if total:
         log.info("%d delivered samples (%s) wait in %s", ledger.count, format_size(total), cache)
+    return total
+
+
+def _control_bytes(folder: str) -> int:
+    total = 0
+    for name in CONTROL_FILES:
+        with contextlib.suppress(OSError):
+            total += os.lstat(os.path.join(folder, name)).st_size
     return total
 
 

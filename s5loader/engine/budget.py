@@ -7,18 +7,23 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 
 from .._index.sample import Sample
 from .._util.uri import format_size
 from ..exceptions import BudgetError
 from ..staging.layout import ReleaseEvents
+from .ready import Readiness
 
 log = logging.getLogger(__name__)
 
 # Without release events: how soon a blocked budget looks for releases again, at first and at
 # most (the longest a consumer's release can wait to be seen after a long idle spell).
 _POLL_MIN, _POLL_MAX = 0.005, 0.25
+# A call the budget cuts short waits until this share of the budget is free (a low-water mark),
+# while the consumer released something within the last _PATIENCE_S seconds.
+_LOW_WATER = 0.25
+_PATIENCE_S = 2.0
 
 
 def check_sample_fits(sample: Sample, budget: int, fix: str = "raise the budget") -> None:
@@ -66,6 +71,29 @@ class Budget:
         # Told the indices that consumers released, before their bytes come back (the epoch
         # cache keeps or deletes what readers handed back), in the engine's thread.
         self.on_release: Callable[[list[int]], None] | None = None
+
+    def put_off(self, new: int, want: int, calls: Sized, ready: Readiness) -> bool:
+        """Whether a call the budget cut short, to ``new`` of the ``want`` samples it could take,
+        waits for releases instead of starting now (it then counts as blocked, so releases are
+        looked for as when nothing fits).
+
+        While another call is in flight, a call of less than half its samples waits. Otherwise,
+        while less than a quarter of the budget is free, the call waits for the consumer to
+        free that much (each s5cmd process costs a start and its bookkeeping: a slow consumer
+        that frees one sample at a time would otherwise get one process per sample), unless
+        nothing would free it: nothing held, a consumer waiting in :meth:`Stager.wait
+        <s5loader.engine.stager.Stager.wait>` for a sample not staged, or no release for
+        :data:`_PATIENCE_S` seconds (a consumer that needs more samples than it has before it
+        frees any).
+        """
+        if len(calls):
+            return new < max(1, want // 2)
+        if not self.reserved or ready.consumer_waiting or self.limit - self.reserved >= self.limit * _LOW_WATER:
+            return False
+        if time.monotonic() - self.last_release >= _PATIENCE_S:
+            return False
+        self.blocked = True
+        return True
 
     def check_fits(self, sample: Sample) -> None:
         """Raise :class:`BudgetError` for a sample that can never fit."""

@@ -231,7 +231,7 @@ class Stager:
             if pick.cut and not retried and not pick.whole:
                 if self.windows and budget.reserved:
                     return  # wait for releases rather than split a window that the budget holds
-                if self.calls and new < max(1, want // 2):
+                if budget.put_off(new, want, self.calls, self.ready):
                     return  # wait for releases rather than start a sliver of a call
             if retried:
                 self.retries.started(retried)

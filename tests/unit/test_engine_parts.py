@@ -11,8 +11,9 @@ import pytest
 from s5loader import BudgetError
 from s5loader._index.sample import Field, Sample
 from s5loader.engine.budget import Budget
+from s5loader.engine.options import Stats
 from s5loader.engine.plan import call_end, pick_call
-from s5loader.engine.ready import Outstanding
+from s5loader.engine.ready import Outstanding, Readiness
 
 
 def _samples(*sizes: int) -> list[Sample]:
@@ -145,3 +146,24 @@ def test_a_shard_sample_read_is_punched_out_and_the_engine_counts_what_that_free
         assert budget.reserved == 0 and 7 not in budget.held
     finally:
         events.close()
+
+
+def test_a_call_the_budget_cuts_short_waits_until_a_quarter_is_free() -> None:
+    b = _budget(100)
+    ready = Readiness(10, Stats())
+    b.reserve(1, 80)  # 20 free: a call of what fits would be a sliver
+    assert b.put_off(1, 10, [], ready) and b.blocked  # waits for releases, and counts as blocked
+    b.free(1)
+    b.reserve(1, 75)  # a quarter free: worth a call
+    assert not b.put_off(1, 10, [], ready)
+    b.reserve(2, 5)
+    ready.consumer_waiting = 1.0  # a consumer waits for a sample not staged: start now
+    assert not b.put_off(1, 10, [], ready)
+    ready.consumer_waiting = 0.0
+    b.last_release -= 60  # no release for a minute: nothing would free the room
+    assert not b.put_off(1, 10, [], ready)
+    b.last_release += 60
+    assert b.put_off(1, 10, [], ready)
+    assert b.put_off(4, 10, ["a call in flight"], ready) and not b.put_off(5, 10, ["a call in flight"], ready)
+    nothing = _budget(100)  # nothing held: nothing would free room
+    assert not nothing.put_off(1, 10, [], ready)

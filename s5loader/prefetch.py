@@ -16,12 +16,13 @@ import threading
 import time
 import weakref
 from collections.abc import Generator, Iterator, Sequence
+from typing import Any
 
 from ._sampling.order import check_shuffle
 from ._util.platform import die_with_parent
-from ._util.uri import parse_size
-from .config import Access
+from .config import Access, StagingOptions
 from .consume import ReadySample, consume
+from .daemon.flags import staging_to_args
 from .exceptions import ConfigError, DaemonError
 
 log = logging.getLogger(__name__)
@@ -42,21 +43,23 @@ class Prefetcher:
 
     Args:
         source: ``s3://bucket/prefix/`` or a JSON Lines manifest (local path or s3 URI).
+        options: the staging options (:class:`~s5loader.StagingOptions`, the object every front
+            end takes; ``budget`` is the most bytes in the cache); ``staging_dir``,
+            ``keep_staged``, ``shrink_budget`` and ``keep_epoch_cache`` are not the daemon's.
         cache: the cache directory (created if needed; empty, or a cache of this source).
-        budget: most bytes in the cache (``"2GiB"``, ``"500MB"`` or an int).
-        group_by, shuffle, seed, epochs, samples_per_call, calls_in_flight, s5cmd_workers,
-            block_size, retries, stall_timeout, on_error, verify, fresh: the daemon's options
-            of the same names (None: the daemon's default); ``shuffle`` is True, False or
-            ``"block"``.
+        group_by, shuffle, seed, epochs, fresh: the daemon's options of the same names;
+            ``shuffle`` is True, False or ``"block"``.
         access: how to reach the store (:class:`~s5loader.Access`), passed as the daemon's
             access flags; ``endpoint_url`` alone is a shorthand for it.
         extra_args: more command-line options for ``s5loader prefetch``, passed as they are.
         start_timeout: seconds to wait for the daemon to run (listing a large prefix takes
             a while).
         stop_timeout: seconds between SIGTERM and SIGKILL on exit.
+        **staging: any field of :class:`~s5loader.StagingOptions`, overriding ``options``'
+            (``budget="8GiB"``, ``samples_per_call=100``, ...).
 
     Raises:
-        ConfigError: an invalid budget or timeout.
+        ConfigError: an invalid option or timeout.
         DaemonError: from :meth:`start`, the daemon exited or did not start in time (with
             its exit code and the end of its log); from iteration or :meth:`wait`, it failed.
     """
@@ -64,46 +67,33 @@ class Prefetcher:
     def __init__(
         self,
         source: str,
+        options: StagingOptions | None = None,
         *,
         cache: str | os.PathLike[str],
-        budget: int | str,
         group_by: str = "stem",
         shuffle: bool | str = False,
         seed: int = 0,
         epochs: int = 1,
         endpoint_url: str | None = None,
         access: Access | None = None,
-        samples_per_call: int | None = None,
-        calls_in_flight: int | None = None,
-        s5cmd_workers: int | None = None,
-        block_size: int | None = None,
-        retries: int | None = None,
-        stall_timeout: float | None = None,
-        on_error: str = "raise",
-        verify: bool = False,
         fresh: bool = False,
         extra_args: Sequence[str] = (),
         start_timeout: float = 300.0,
         stop_timeout: float = 10.0,
+        **staging: Any,
     ) -> None:
         if not start_timeout > 0 or not stop_timeout > 0:
             raise ConfigError(f"start_timeout and stop_timeout must be positive, got {start_timeout!r}, {stop_timeout!r}")
         self.source = source
         self.cache = os.path.abspath(os.fspath(cache))
-        self.budget = parse_size(budget, "budget")
-        argv = [source, "--cache", self.cache, "--budget", str(self.budget), "--group-by", group_by,
-                "--seed", str(int(seed)), "--epochs", str(int(epochs)), "--on-error", on_error, "--no-progress"]
+        self.options = StagingOptions.merge(options, staging, "Prefetcher")
+        self.budget = self.options.budget
         check_shuffle(shuffle)
+        argv = [source, "--cache", self.cache, "--group-by", group_by, "--seed", str(int(seed)),
+                "--epochs", str(int(epochs)), "--no-progress", *staging_to_args(self.options)]
         argv += Access.coerce(access, endpoint_url).to_args()
-        for flag, value in (
-            ("--samples-per-call", samples_per_call), ("--calls-in-flight", calls_in_flight),
-            ("--s5cmd-workers", s5cmd_workers), ("--block-size", block_size),
-            ("--retries", retries), ("--stall-timeout", stall_timeout),
-        ):
-            if value is not None:
-                argv += [flag, str(value)]
         argv += ["--shuffle", "block"] if shuffle == "block" else ["--shuffle"] if shuffle else []
-        argv += [flag for flag, on in (("--verify", verify), ("--fresh", fresh)) if on]
+        argv += ["--fresh"] if fresh else []
         self.argv = argv + list(extra_args)
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout

@@ -261,7 +261,7 @@ def test_restart_completes_a_delivery_cut_by_a_crash(
     source = seaweed.put(make_pairs(4, size=2000))
     want = expected_names(seaweed)
     argv = daemon_argv(seaweed.uri(), cache, 2 * PAIR, "--endpoint-url", seaweed.endpoint)
-    opts = PrefetchOptions(seaweed.uri(), str(cache), 2 * PAIR, endpoint_url=seaweed.endpoint)
+    opts = PrefetchOptions.of(seaweed.uri(), str(cache), 2 * PAIR, endpoint_url=seaweed.endpoint)
     with PrefetchDaemon(opts) as p:  # lays the cache out and writes the state of this run
         p.open()
     name0, sample0 = want[0]

@@ -21,11 +21,11 @@ def test_staging_options_reach_the_engine(moto: Store, tmp_path: Path) -> None:
         "--verify", "--retries", "0", "--stall-timeout", "7.5", "--samples-per-call", "2",
     ])
     opts = options_from_args(args)
-    assert (opts.verify, opts.retries, opts.stall_timeout) == (True, 0, 7.5)
+    assert (opts.staging.verify, opts.staging.retries, opts.staging.stall_timeout) == (True, 0, 7.5)
     with PrefetchDaemon(opts) as p:
         p.open()
-        assert p._stager is not None
-        engine = p._stager.opts
+        assert p._stream is not None
+        engine = p._stream.run.options
         assert (engine.verify, engine.retries, engine.stall_timeout) == (True, 0, 7.5)
         summary = p.run()
     assert summary.delivered == 6  # verified against the listing: every file matches
@@ -38,7 +38,7 @@ def test_staging_options_reach_the_engine(moto: Store, tmp_path: Path) -> None:
 )
 def test_staging_options_checked_as_the_samplers(tmp_path: Path, change: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        PrefetchOptions("s3://b/p/", str(tmp_path), 10**6, **change)
+        PrefetchOptions.of("s3://b/p/", str(tmp_path), 10**6, **change)
 
 
 @pytest.mark.parametrize("bad", [["--retries", "-1"], ["--stall-timeout", "0"]])

@@ -32,7 +32,7 @@ def test_state_file_written_once_per_delivery_and_synced(
 
     monkeypatch.setattr(os, "replace", replace)
     monkeypatch.setattr(os, "fsync", fsync)
-    opts = PrefetchOptions(moto.uri(), str(cache), 10**6, endpoint_url=moto.endpoint, samples_per_call=5)
+    opts = PrefetchOptions.of(moto.uri(), str(cache), 10**6, endpoint_url=moto.endpoint, samples_per_call=5)
     with PrefetchDaemon(opts) as p:
         p.open()
         before, synced_before = replaced.count(state_path), len(synced)

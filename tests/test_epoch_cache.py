@@ -235,7 +235,7 @@ def test_the_daemon_keeps_samples_for_the_next_epoch(data, proxy: FaultProxy, tm
     source, ds = data
     cache, log = tmp_path / "cache", tmp_path / "progress.jsonl"
     size = int(ds.total_bytes * share)
-    opts = PrefetchOptions(ds.source, str(cache), ds.total_bytes // 4, endpoint_url=proxy.endpoint, shuffle=True,
+    opts = PrefetchOptions.of(ds.source, str(cache), ds.total_bytes // 4, endpoint_url=proxy.endpoint, shuffle=True,
                            epochs=3, samples_per_call=8, epoch_cache=size, json_log=str(log))
     errors: list[BaseException] = []
 

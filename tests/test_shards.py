@@ -576,10 +576,13 @@ with open(sys.argv[2], "a") as out:
 """
 
 
-def test_the_daemon_delivers_shard_samples_as_folders_within_budget(seaweed: Store, tmp_path) -> None:
+def test_the_daemon_delivers_shard_samples_as_folders_within_budget(
+    seaweed: Store, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from support.stores import Peak
 
     from s5loader._sampling.order import Order
+    from s5loader._sampling.units import units_of
     from s5loader.consume import END_MARKER, ready_names
     from s5loader.daemon import sample_folder_name
 
@@ -592,6 +595,8 @@ def test_the_daemon_delivers_shard_samples_as_folders_within_budget(seaweed: Sto
     consumer = subprocess.Popen([sys.executable, "-c", CONSUMER, str(cache), str(out)], env=env)
 
     def cache_bytes() -> int:
+        # bytes of samples: a staged shard's less what was punched out of it (the blocks it takes,
+        # at most its size), a delivered file's size
         seen = {}
         for root, _, files in os.walk(cache):
             for f in files:
@@ -600,7 +605,8 @@ def test_the_daemon_delivers_shard_samples_as_folders_within_budget(seaweed: Sto
                         st = os.lstat(os.path.join(root, f))
                     except OSError:
                         continue
-                    seen[st.st_ino] = st.st_size
+                    staged = "/.staging/" in root + "/" and f == "tar"
+                    seen[st.st_ino] = min(st.st_size, st.st_blocks * 512) if staged else st.st_size
         return sum(seen.values())
 
     with Peak(cache_bytes, interval=0.002) as peak:
@@ -612,25 +618,31 @@ def test_the_daemon_delivers_shard_samples_as_folders_within_budget(seaweed: Sto
         )
         assert r.returncode == 0, r.stderr
         assert consumer.wait(60) == 0
-    keys = sorted(expected)
+    # the sampler's shard order (as many shards open as the daemon's state says), every epoch
+    ds = S5Dataset.from_shards(source, endpoint_url=seaweed.endpoint)
+    window = json.loads((cache / ".state.json").read_text())["window"]
     want = []
     for epoch in range(2):
-        for s in Order(True, 3, 1, 0, False).indices(4, epoch):
-            for k in keys[5 * s : 5 * s + 5]:
-                want.append(sample_folder_name(len(want), k))
+        for i in units_of(ds).plan(Order(True, 3, 1, 0, False), epoch, 0, None, window)[0]:
+            want.append(sample_folder_name(len(want), ds[i]["__key__"]))
     got = [json.loads(line) for line in out.read_text().splitlines()]
     assert [g["name"] for g in got] == want
+    epoch_keys = [sorted(n.split("-", 1)[1] for n in want[e * 20 : (e + 1) * 20]) for e in range(2)]
+    assert epoch_keys[0] == epoch_keys[1] == sorted(expected)  # each sample once an epoch
     for g in got:
         key = g["name"].split("-", 1)[1]
         assert g["files"] == {f: hashlib.sha256(v).hexdigest() for f, v in expected[key].items()}
     assert peak.peak <= budget, (peak.peak, budget)
     assert ready_names(str(cache)) == [] and (cache / END_MARKER).exists()
-    # a budget that cannot hold a shard and its unpacked samples is refused before any download
-    from s5loader.daemon import PrefetchDaemon, PrefetchOptions
+    # a budget that cannot hold a shard and its unpacked samples (on a file system that cannot
+    # punch them out of it) is refused before any download
+    from s5loader.daemon import PrefetchDaemon, PrefetchOptions, stream
 
-    opts = PrefetchOptions(source, str(tmp_path / "c2"), big + 10, endpoint_url=seaweed.endpoint, shards=True)
-    with PrefetchDaemon(opts) as p, pytest.raises(BudgetError, match=r"shard s3://.*shard-00\d.tar.*twice the largest shard"):
-        p.open()
+    opts = PrefetchOptions.of(source, str(tmp_path / "c2"), big + 10, endpoint_url=seaweed.endpoint, shards=True)
+    with monkeypatch.context() as m:
+        m.setattr(stream, "punches_holes", lambda folder, most: False)
+        with PrefetchDaemon(opts) as p, pytest.raises(BudgetError, match=r"shard s3://.*shard-00\d.tar.*twice the largest shard"):
+            p.open()
     assert not list((tmp_path / "c2" / ".staging").glob("*/tar"))
 
 
@@ -644,17 +656,17 @@ def test_a_shard_daemon_cut_mid_shard_continues_without_loss_or_repeat(moto: Sto
     source = put_indexed(moto, shards)
     big = max(len(v) for v in shards.values())
     cache = tmp_path / "cache"
-    opts = PrefetchOptions(source, str(cache), 2 * big + 2000, endpoint_url=moto.endpoint, shards=True,
+    opts = PrefetchOptions.of(source, str(cache), 2 * big + 2000, endpoint_url=moto.endpoint, shards=True,
                            samples_per_call=1)
 
     class Cut(Exception):
         pass
 
     class CutAtSeven(PrefetchDaemon):
-        def _deliver(self, seq: int) -> None:
+        def _deliver(self, seq: int, staged) -> None:  # type: ignore[no-untyped-def]
             if seq == 7:  # the third sample of the second shard: the process dies here
                 raise Cut()
-            super()._deliver(seq)
+            super()._deliver(seq, staged)
 
     got: list[tuple[str, dict[str, bytes]]] = []
 
@@ -686,7 +698,7 @@ def test_a_member_name_that_is_not_utf8_keeps_its_bytes_through_the_daemon(moto:
     name = b"caf\xe9".decode("utf-8", "surrogateescape")
     data = tar_of([(f"{name}.cls", b"1"), (f"{name}.txt", b"t"), ("plain.cls", b"2")])
     source = put_indexed(moto, {"shard-000.tar": data})
-    opts = PrefetchOptions(source, str(tmp_path / "cache"), 4 * len(data), endpoint_url=moto.endpoint, shards=True)
+    opts = PrefetchOptions.of(source, str(tmp_path / "cache"), 4 * len(data), endpoint_url=moto.endpoint, shards=True)
     with PrefetchDaemon(opts) as daemon:
         daemon.open()
         assert daemon.run().delivered == 2
@@ -1152,9 +1164,11 @@ def test_the_daemon_unpacks_gzip_shards_within_a_budget_that_counts_their_tar(se
         assert {k.rsplit(".", 1)[-1]: v for k, v in g["files"].items()} == {
             f: hashlib.sha256(v).hexdigest() for f, v in fields.items()}
     assert 0 < peak.peak <= budget, (peak.peak, budget)
+    # a budget that cannot hold the largest shard with its tar beside it
+    staged = max(len(d) + tars[n] for n, d in shards.items())
     r = subprocess.run(
         [sys.executable, "-m", "s5loader", "prefetch", "--shards", source, "--cache", str(tmp_path / "c2"),
-         "--budget", str(budget - 1), "--endpoint-url", seaweed.endpoint],
+         "--budget", str(staged - 1), "--endpoint-url", seaweed.endpoint],
         capture_output=True, text=True, timeout=120,
     )
     assert r.returncode != 0 and "decompressed" in r.stderr and "raise --budget" in r.stderr, r.stderr[-2000:]

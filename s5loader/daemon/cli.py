@@ -13,11 +13,13 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from .._index.sample import GROUP_BY
-from .._util.args import ArgumentParser, non_negative_int, positive_float, positive_int, size_arg
+from .._util.args import ArgumentParser, positive_int
+from .._util.platform import require_linux
 from .._util.uri import format_size
 from ..cli import EXIT_ERROR, EXIT_OK
-from ..config import ON_ERROR, Access
+from ..config import Access
 from ..handover import daemon_status, sample_bytes
+from .flags import NOT_DAEMON, add_staging_arguments, staging_from_args
 from .lock import CacheLock, record_failure, take_cache
 
 if TYPE_CHECKING:
@@ -99,7 +101,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("source", help="s3://bucket/prefix/, or a JSON Lines manifest (local path or s3 URI)")
     p.add_argument("--cache", required=True, help="the cache directory consumers read from")
-    p.add_argument("--budget", required=True, type=size_arg, help="most bytes in the cache (e.g. 2GiB)")
     p.add_argument("--group-by", default="stem", choices=list(GROUP_BY), help="how objects form samples")
     p.add_argument(
         "--shards", action="store_true",
@@ -112,23 +113,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--shuffle", nargs="?", const=True, default=False, type=_shuffle_arg, metavar="block",
         help="a seeded permutation per epoch; '--shuffle block' permutes blocks of samples that share a key prefix",
     )
-    p.add_argument("--block-size", type=positive_int, default=64, help="most samples in a block, with --shuffle block")
     p.add_argument("--seed", type=int, default=0, help="the permutation's seed")
     p.add_argument("--epochs", type=positive_int, default=1, help="passes over the source")
-    p.add_argument("--samples-per-call", type=positive_int, default=1000, help="samples per s5cmd call")
-    p.add_argument("--calls-in-flight", type=positive_int, default=2, help="s5cmd calls running at once")
-    p.add_argument("--s5cmd-workers", type=positive_int, default=256, help="s5cmd --numworkers (parallel requests per call)")
-    # The former names, accepted for one release.
+    # The former names of --calls-in-flight and --s5cmd-workers, accepted for one release.
     p.add_argument("--buffers", type=positive_int, dest="old_buffers", help=argparse.SUPPRESS)
     p.add_argument("--numworkers", type=positive_int, dest="old_numworkers", help=argparse.SUPPRESS)
-    p.add_argument("--on-error", default="raise", choices=list(ON_ERROR), help="a sample that cannot be fetched")
-    p.add_argument("--stall-timeout", type=positive_float, default=60.0, help="seconds without progress before a call or a copy counts as stalled")
-    p.add_argument("--retries", type=non_negative_int, default=3, help="retries of a sample that failed for a transient reason")
-    p.add_argument("--verify", action="store_true", help="check each staged file against the listing's size and MD5 ETag")
-    p.add_argument(
-        "--epoch-cache", type=size_arg, default=0,
-        help="bytes of samples kept from one epoch for the next, beside --budget (e.g. 8GiB): read locally, not fetched again",
-    )
+    add_staging_arguments(p, exclude=NOT_DAEMON, required=("budget",), help={
+        "budget": "most bytes in the cache: samples delivered and not yet consumed, and those being fetched (e.g. 2GiB)",
+        "epoch_cache": "bytes of samples kept from one epoch for the next, beside --budget (e.g. 8GiB): read locally, "
+        "not fetched again",
+    })
     p.add_argument("--fresh", action="store_true", help="discard the cache's samples and progress first")
     p.add_argument(
         "--json-log", nargs="?", const="-", metavar="PATH",
@@ -159,14 +153,14 @@ def _renamed(args: argparse.Namespace, old: str, new: str) -> int:
 def options_from_args(args: argparse.Namespace) -> PrefetchOptions:
     from .options import PrefetchOptions  # loads torch (the order's permutations): after the lock
 
+    staging = staging_from_args(
+        args, calls_in_flight=_renamed(args, "buffers", "calls_in_flight"),
+        s5cmd_workers=_renamed(args, "numworkers", "s5cmd_workers"),
+    )
     return PrefetchOptions(
-        source=args.source, cache=args.cache, budget=args.budget, group_by=args.group_by,
-        shuffle=args.shuffle, seed=args.seed, epochs=args.epochs, access=Access.from_args(args),
-        samples_per_call=args.samples_per_call, calls_in_flight=_renamed(args, "buffers", "calls_in_flight"),
-        s5cmd_workers=_renamed(args, "numworkers", "s5cmd_workers"), block_size=args.block_size,
-        on_error=args.on_error, stall_timeout=args.stall_timeout, retries=args.retries, verify=args.verify,
-        fresh=args.fresh, json_log=args.json_log, progress=args.progress, shards=args.shards, index=args.index,
-        epoch_cache=args.epoch_cache,
+        source=args.source, cache=args.cache, staging=staging, group_by=args.group_by, shuffle=args.shuffle,
+        seed=args.seed, epochs=args.epochs, access=Access.from_args(args), fresh=args.fresh,
+        json_log=args.json_log, progress=args.progress, shards=args.shards, index=args.index,
     )
 
 
@@ -229,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and "--status" in argv:
         return status(argv)
     args = build_parser().parse_args(argv)
+    require_linux("the prefetch daemon")  # before the cache is made
     cache = os.path.abspath(args.cache)
     with _Signals() as signals:
         lock: CacheLock | None = None

@@ -7,17 +7,27 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .._index.sample import Sample
-from ..engine import Stager
-from ..staging.area import StagingArea
-from .epochcache import DaemonEpochCache
+from .._sampling.units import units_of
+from ..dataset import S5Dataset, StagedIndex
+from ..staging.layout import StagingLayout
 from .progress import ProgressReporter
 from .protocol import END_MARKER, EPOCH_FILE, KEY_FILE, sample_folder_name
-from .shards import Unpacker
 from .state import DaemonState, Ledger, write_end
+from .stream import DaemonStream
+
+UNPACK_DIR = ".u"  # a tar shard's samples written out of it, below the staging root
+
+
+def keep_linked(folder: str, dest: str) -> None:
+    """Hard-link the files below ``folder`` into ``dest`` (made anew; no bytes copied)."""
+    for root, _, files in os.walk(folder):
+        out = os.path.join(dest, os.path.relpath(root, folder))
+        os.makedirs(out, exist_ok=True)
+        for f in files:
+            os.link(os.path.join(root, f), os.path.join(out, f))
 
 log = logging.getLogger(__name__)
 
@@ -37,41 +47,76 @@ class Summary:
 
 
 class Deliveries:
-    """Hands staged samples over to the consumer, in order, and records each in the state."""
+    """Hands staged samples over to the consumer, in order, and records each in the state.
+
+    Args:
+        cache: the cache directory.
+        state_path: the state file (written once per delivery).
+        state: the daemon's state.
+        ledger: the delivered samples the consumer has not deleted.
+        summary: what this run did.
+        dataset: the data set delivered.
+        stream: the staging run (holds what the consumer holds, in its budget).
+    """
 
     def __init__(
         self, cache: str, state_path: str, state: DaemonState, ledger: Ledger, summary: Summary,
-        view: Sequence[Sample], area: StagingArea, unpacker: Unpacker | None,
-        keeper: DaemonEpochCache | None = None,
+        dataset: S5Dataset, stream: DaemonStream,
     ) -> None:
         self.cache, self.state_path, self.state, self.ledger = cache, state_path, state, ledger
-        self.summary, self.view, self.area, self.unpacker = summary, view, area, unpacker
+        self.summary, self.dataset, self.stream = summary, dataset, stream
+        self.units = units_of(dataset)
+        self.scratch = os.path.join(stream.run.area.root, UNPACK_DIR)
         self._key_clash_warned = False
-        self.keeper = keeper  # the epoch cache (--epoch-cache), which keeps samples as they are delivered
+        self.hits: dict[int, int] = {}  # delivered epoch cache hits the consumer holds: seq -> bytes
+        self.hit_count: dict[int, int] = {}  # epoch -> hits delivered
+        self.fetched: dict[int, int] = {}  # epoch -> bytes delivered that came from S3
 
-    def deliver(self, seq: int, stager: Stager) -> None:
-        st, sample = self.state, self.view[seq]
-        if self.unpacker is not None:
-            src, key, size = self.unpacker.unpack(seq)
-        else:
-            src, key, size = self.area.sample_dir(seq), sample.key, sample.size
-        name = sample_folder_name(seq, key)
+    def deliver(self, seq: int, staged: StagedIndex) -> None:
+        """Rename sample ``seq`` (staged as ``staged``) into the cache as ``SEQUENCE-KEY/``."""
+        st = self.state
+        epoch = seq // max(1, st.samples)
+        cache = self.stream.run.cache
+        hit = cache is not None and self.units.unit_of(staged) in cache.taken
+        lifted = self.units.lift(staged, os.path.join(self.scratch, str(seq)))
+        name = sample_folder_name(seq, lifted.key)
         dst = os.path.join(self.cache, name)
-        hit = self.keeper.delivering(seq, src) if self.keeper is not None else 0
-        self._write_key(src, key)
-        self._write_control(src, EPOCH_FILE, str(seq // max(1, st.samples)))
+        if staged.back and not lifted.fresh:
+            # kept for the next epoch: its files linked into the pass's hand-back folder (no copy),
+            # which the engine admits into the epoch cache once it sees the sample gone
+            keep_linked(lifted.folder, StagingLayout(staged.folder).handed_back(staged))
+        self._write_key(lifted.folder, lifted.key)
+        self._write_control(lifted.folder, EPOCH_FILE, str(epoch))
         # the one write of this delivery: a restart completes the rename if it did not happen
-        st.delivered, st.pending = seq + 1, {"seq": seq, "from": src, "to": dst}
+        st.delivered, st.pending = seq + 1, {"seq": seq, "from": lifted.folder, "to": dst}
         st.save(self.state_path)
-        os.rename(src, dst)  # the sample appears complete, or not at all
-        self.ledger.add(seq, name, size)
-        if self.unpacker is not None:
-            stager.hold(-seq - 1, size)
-        elif hit:
-            stager.hold(seq, hit)  # a hit was never reserved: held from now as delivered
+        if not lifted.fresh:  # counted from the release on as the consumer's, with no gap
+            self.stream.hand_on(staged, seq, lifted.size)
+        os.rename(lifted.folder, dst)  # the sample appears complete, or not at all
+        self.ledger.add(seq, name, lifted.size)
+        if lifted.fresh:
+            self.stream.hold(seq, lifted.size)
         else:
-            stager.yielded(seq)
+            StagingLayout(staged.folder).notify(staged)  # the staged folder is gone
+        if hit:
+            self.hits[seq] = lifted.size
+            self.hit_count[epoch] = self.hit_count.get(epoch, 0) + 1
+        else:
+            self.fetched[epoch] = self.fetched.get(epoch, 0) + lifted.size
         self.summary.delivered += 1
+
+    def epoch_figures(self, epoch: int) -> dict[str, int]:
+        """The epoch cache's figures of ``epoch``, for the JSON log: samples delivered from the
+        cache, bytes it holds, bytes delivered from S3, and the delivered hits the consumer
+        still holds (counted in ``cache_bytes`` beside the budget)."""
+        self.hits = {seq: n for seq, n in self.hits.items() if not self.ledger.is_released(seq)}
+        cache = self.stream.run.cache
+        return {
+            "epoch_cache_hits": self.hit_count.get(epoch, 0),
+            "epoch_cache_bytes": cache.held if cache is not None else 0,
+            "epoch_fetched_bytes": self.fetched.get(epoch, 0),
+            "epoch_hit_bytes": sum(self.hits.values()),
+        }
 
     def _write_key(self, folder: str, key: str) -> None:
         """The sample's full key into its folder, before the folder is renamed into place (a
@@ -91,14 +136,13 @@ class Deliveries:
             f.write(text)
         return True
 
-    def skip(self, seq: int) -> None:
-        if self.keeper is not None:
-            self.keeper.passed(seq)
+    def skip(self, seq: int, index: int) -> None:
+        """Sample ``seq`` (index ``index``) could not be fetched and is skipped (``on_error="skip"``)."""
         st = self.state
         st.delivered, st.skipped, st.pending = seq + 1, st.skipped + 1, None
         st.save(self.state_path)
         self.summary.skipped += 1
-        self.summary.skipped_uris.append(self.view[seq].fields[0].uri)
+        self.summary.skipped_uris.append(self.dataset.samples[self.units.unit_of(index)].fields[0].uri)
 
     def finish(self) -> None:
         write_end(self.cache, self.state)

@@ -1,62 +1,67 @@
 """What ``s5loader prefetch`` is asked to do: :class:`PrefetchOptions`, checked once, whose
-staging options are the sampler's."""
+staging options are the one :class:`~s5loader.StagingOptions` every front end takes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 from .._index.sample import GROUP_BY
 from .._sampling.order import check_shuffle
 from ..config import Access, StagingOptions
 from ..exceptions import ConfigError
+from .flags import NOT_DAEMON
 
 
 @dataclass(frozen=True)
 class PrefetchOptions:
     """What ``s5loader prefetch`` was asked to do (its command-line options).
 
-    The staging options (``budget``, ``samples_per_call``, ``calls_in_flight``,
-    ``s5cmd_workers``, ``block_size``, ``stall_timeout``, ``retries``, ``on_error``,
-    ``verify``, ``epoch_cache``) have the names, defaults and checks of :class:`~s5loader.S5Sampler`'s:
-    :meth:`stager_options` is the one :class:`~s5loader.StagingOptions` object, and
-    ``shuffle`` takes ``True``, ``False`` or ``"block"`` as the sampler's does. ``access``
-    (with ``endpoint_url`` folded in) says how the store is reached.
+    ``staging`` holds the staging options (``budget``: most bytes in the cache;
+    ``samples_per_call``, ``calls_in_flight``, ``s5cmd_workers``, ``block_size``,
+    ``stall_timeout``, ``retries``, ``retry_backoff``, ``on_error``, ``verify``,
+    ``epoch_cache``), the one :class:`~s5loader.StagingOptions` object of every front end;
+    :meth:`of` takes them as keyword arguments. ``shuffle`` takes ``True``, ``False`` or
+    ``"block"`` as the sampler's does. ``access`` (with ``endpoint_url`` folded in) says how the
+    store is reached.
     """
 
     source: str
     cache: str
-    budget: int
+    staging: StagingOptions
     group_by: str = "stem"
     shuffle: bool | str = False
     seed: int = 0
     epochs: int = 1
     endpoint_url: str | None = None
-    samples_per_call: int = 1000
-    calls_in_flight: int = 2
-    s5cmd_workers: int = 256
-    block_size: int = 64
-    on_error: str = "raise"
-    stall_timeout: float = 60.0
-    retries: int = 3
-    verify: bool = False
     fresh: bool = False
     json_log: str | None = None
     progress: bool | None = None  # None: a bar when stderr is a terminal
     access: Access | None = None
-    shards: bool = False  # the source names tar shards (see .shards)
+    shards: bool = False  # the source names tar shards
     index: str | None = None  # their wids shard index; default: wids.json beside them
-    epoch_cache: int = 0  # bytes kept from one epoch for the next (see .epochcache)
+
+    @classmethod
+    def of(cls, source: str, cache: str, budget: int | str, **options: Any) -> PrefetchOptions:
+        """The options with the staging ones given by name beside the daemon's own
+        (``PrefetchOptions.of(src, cache, "2GiB", shuffle=True, samples_per_call=100)``)."""
+        own = {f.name for f in fields(cls)}
+        mine = {k: v for k, v in options.items() if k in own}
+        staging = {k: v for k, v in options.items() if k not in own}
+        return cls(source, cache, StagingOptions.merge(None, {"budget": budget, **staging}, "s5loader prefetch"), **mine)
 
     def __post_init__(self) -> None:
         if self.group_by not in GROUP_BY:
             raise ConfigError(f"group_by must be one of {', '.join(GROUP_BY)}; got {self.group_by!r}")
         if self.epochs < 1:
             raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
+        if not isinstance(self.staging, StagingOptions):
+            raise ConfigError(f"staging must be an s5loader.StagingOptions, got {type(self.staging).__name__}")
+        given = [name for name in NOT_DAEMON if getattr(self.staging, name) != getattr(StagingOptions(), name)]
+        if given:
+            raise ConfigError(f"{', '.join(given)}: not options of s5loader prefetch, which stages inside its cache")
         check_shuffle(self.shuffle)
         object.__setattr__(self, "access", Access.coerce(self.access, self.endpoint_url))
-        self.stager_options()  # checks the staging options as the sampler's are checked
-        if self.epoch_cache and self.shards:
-            raise ConfigError("--epoch-cache is not supported over tar shards (--shards) yet")
 
     @property
     def store(self) -> Access:
@@ -64,16 +69,6 @@ class PrefetchOptions:
         assert self.access is not None
         return self.access
 
-    def stager_options(self) -> StagingOptions:
-        return StagingOptions(
-            budget=self.budget,
-            samples_per_call=self.samples_per_call,
-            calls_in_flight=self.calls_in_flight,
-            s5cmd_workers=self.s5cmd_workers,
-            block_size=self.block_size,
-            stall_timeout=self.stall_timeout,
-            retries=self.retries,
-            on_error=self.on_error,
-            verify=self.verify,
-            epoch_cache=self.epoch_cache,
-        )
+    @property
+    def budget(self) -> int:
+        return self.staging.budget

@@ -17,10 +17,12 @@ out by looking (the daemon's engine polls, with a back-off, instead of reading r
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import secrets
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -40,6 +42,28 @@ from ..staging.layout import StagingLayout
 log = logging.getLogger(__name__)
 
 
+def lift_layout(
+    dataset: S5Dataset, options: StagingOptions, shuffle: bool | str, epochs: int, root: str
+) -> tuple[int, int, bool, bool]:
+    """The daemon's staging within its budget: the budget its engine stages within (all of it
+    for raw objects, whose staged folders move into the cache; over tar shards, what leaves room
+    for the samples written out of the shards open, see :meth:`ShardUnits.lift_room
+    <s5loader._sampling.units.ShardUnits.lift_room>`), the window of its order, whether a
+    sample written out of a shard punches its bytes out of it (where the file system below
+    ``root`` can, and no epoch cache keeps shards whole), and whether the order counts that
+    (``shuffle=True``).
+
+    Raises:
+        BudgetError: the budget cannot hold the largest unit beside what is written out of it.
+    """
+    units = units_of(dataset)
+    cached = bool(options.epoch_cache) and epochs > 1
+    punch = not cached and punches_holes(root, HOLE_BLOCK)
+    room = units.lift_room(options.budget, punch)
+    counts = punch and units.frees_on_read(shuffle, cached)
+    return room, units.window(room, options.calls_in_flight, shuffle), punch, counts
+
+
 class DaemonStream:
     """Every epoch of ``dataset`` in ``order``, staged below ``root`` within ``options.budget``.
 
@@ -48,6 +72,9 @@ class DaemonStream:
         options: the staging options (``epoch_cache``: bytes kept from one epoch for the next).
         order: the order (one rank: the daemon's).
         window: the ``shuffle="block"`` window, or a shard order's open shards.
+        punch: a sample lifted out of a tar shard punches its bytes out of the shard (see
+            :func:`lift_layout`).
+        counts: the order counts what each sample lifted out gives back.
         epochs: how many epochs are delivered.
         root: the staging root (inside the daemon's cache).
         cache_root: where the epoch cache's folder lives (it survives restarts).
@@ -57,8 +84,9 @@ class DaemonStream:
     """
 
     def __init__(
-        self, dataset: S5Dataset, options: StagingOptions, order: Order, window: int, epochs: int, root: str,
-        cache_root: str, released: Callable[[int], bool], outstanding: Callable[[], Iterable[tuple[int, int]]],
+        self, dataset: S5Dataset, options: StagingOptions, order: Order, window: int, punch: bool, counts: bool,
+        epochs: int, root: str, cache_root: str, released: Callable[[int], bool],
+        outstanding: Callable[[], Iterable[tuple[int, int]]],
     ) -> None:
         self.dataset = dataset
         self.order = order
@@ -67,14 +95,13 @@ class DaemonStream:
         self.n = len(dataset)
         units = self.units = units_of(dataset)
         cached = bool(options.epoch_cache) and epochs > 1
-        self.frees = units.frees_on_read(order.shuffle, cached) and punches_holes(root, HOLE_BLOCK)
-        self.cost = units.order_cost() if self.frees else None
+        self.cost = units.order_cost() if counts else None
 
         def is_released(key: int, layout: StagingLayout) -> bool:
             # a delivered sample: the consumer's; a staged one: gone from its pass folder
             return released(-key - 1) if key < 0 else not os.path.isdir(layout.sample_dir(key))
 
-        self.run = StagingRun(dataset, options, root, frees=self.frees)
+        self.run = StagingRun(dataset, options, root, frees=punch)
         self.run.passes.released = is_released
 
         def hold_outstanding(stager: Stager) -> None:
@@ -85,6 +112,8 @@ class DaemonStream:
         if cached:
             self.run.cache = self._cache_run(options, cache_root)
         self.feed: FeedHost | None = None
+        self._progress = threading.Condition()
+        self._upto = 0
 
     def _cache_run(self, options: StagingOptions, root: str) -> CacheRun:
         fingerprint = index_fingerprint(self.dataset.samples)
@@ -103,6 +132,7 @@ class DaemonStream:
         """Stage every delivery from ``delivered`` on; returns the messages of the delivery loop:
         ``(INDEX, staged index)``, ``(SKIP, None)``, then ``(END, None)`` or ``(ERROR, exc)``."""
         self.close()
+        self._upto = delivered
         hello = Hello(0, 1, 0, 0, ())
         self.feed = FeedHost(f"s5loader-daemon-{secrets.token_hex(8)}", hello, lambda _: self._serve(delivered),
                              lambda pos: 0).start()
@@ -112,18 +142,40 @@ class DaemonStream:
         epoch, start = divmod(delivered, self.n)
         seq = delivered
         while epoch < self.epochs:
+            # a pass begins once the last one's samples are delivered: it removes that one's folder
+            self._wait_delivered(seq)
             order, windows = self.plan(epoch, start)
-            for staged in self.run.stage(order, windows, self.order.shuffle, functools.partial(int, epoch), skips=True):
-                yield seq, ((INDEX, staged) if staged is not None else (SKIP, None))
+            stream = self.run.stage(order, windows, self.order.shuffle, functools.partial(int, epoch), skips=True)
+            for idx, staged in zip(order, stream, strict=True):
+                yield seq, ((INDEX, staged) if staged is not None else (SKIP, idx))
                 seq += 1
             epoch, start = epoch + 1, 0
 
+    def delivered(self, upto: int) -> None:
+        """The delivery loop is done with every sample before ``upto`` (delivered or skipped)."""
+        with self._progress:
+            self._upto = upto
+            self._progress.notify_all()
+
+    def _wait_delivered(self, upto: int) -> None:
+        with self._progress:
+            while self._upto < upto and not (self.feed is not None and self.feed.stop.is_set()):
+                self._progress.wait(0.2)
+
     def hold(self, seq: int, size: int) -> None:
-        """Count delivery ``seq``'s ``size`` bytes (now the consumer's) against the budget until
-        the consumer deletes it."""
+        """Count delivery ``seq``'s ``size`` bytes (written anew, now the consumer's) against the
+        budget until the consumer deletes it."""
         stager = self.run.passes.active
         if stager is not None:
             stager.hold(-seq - 1, size)
+
+    def hand_on(self, index: int, seq: int, size: int) -> None:
+        """Staged sample ``index`` becomes delivery ``seq``: once the engine sees its staged
+        folder gone, its ``size`` bytes are held as the consumer's until the consumer deletes it
+        (see :meth:`Budget.hand_on <s5loader.engine.budget.Budget.hand_on>`)."""
+        stager = self.run.passes.active
+        if stager is not None:
+            stager.budget.hand_on(index, -seq - 1, size)
 
     def close(self) -> None:
         """Stop staging (kill s5cmd) and the thread that walks the passes. Safe to call twice."""
@@ -140,3 +192,6 @@ class DaemonStream:
         if cache is not None:
             cache.cache.keep = not done
         self.run.close()
+        if cache is not None and done:
+            with contextlib.suppress(OSError):  # not empty: another daemon's entries (it removes them)
+                os.rmdir(cache.cache.root)

@@ -71,6 +71,7 @@ class Budget:
         # Told the indices that consumers released, before their bytes come back (the epoch
         # cache keeps or deletes what readers handed back), in the engine's thread.
         self.on_release: Callable[[list[int]], None] | None = None
+        self.onward: dict[int, tuple[int, int]] = {}  # see hand_on
 
     def put_off(self, new: int, want: int, calls: Sized, ready: Readiness) -> bool:
         """Whether a call the budget cut short, to ``new`` of the ``want`` samples it could take,
@@ -88,12 +89,21 @@ class Budget:
         """
         if len(calls):
             return new < max(1, want // 2)
-        if not self.reserved or ready.consumer_waiting or self.limit - self.reserved >= self.limit * _LOW_WATER:
+        # a waiting consumer that holds nothing of its own (the prefetch daemon's delivery waits
+        # ahead of the daemon's consumer, whose deliveries hold the budget: no reason to hurry)
+        waiting = ready.consumer_waiting and not self.held_elsewhere()
+        if not self.reserved or waiting or self.limit - self.reserved >= self.limit * _LOW_WATER:
             return False
         if time.monotonic() - self.last_release >= _PATIENCE_S:
             return False
         self.blocked = True
         return True
+
+    def held_elsewhere(self) -> bool:
+        """Whether a consumer with a protocol of its own holds any of the budget (negative keys:
+        the prefetch daemon's deliveries)."""
+        with self.cond:
+            return any(k < 0 for k in self.handed_out)
 
     def check_fits(self, sample: Sample) -> None:
         """Raise :class:`BudgetError` for a sample that can never fit."""
@@ -115,8 +125,23 @@ class Budget:
             self.handed_out[idx] = self.held.get(idx, 0)
 
     def free(self, idx: int) -> None:
-        """Give back what ``idx`` holds (call under ``cond``)."""
-        self.reserved -= self.held.pop(idx, 0)
+        """Give back what ``idx`` holds (call under ``cond``); a sample handed on (see
+        :meth:`hand_on`) is held under its new key instead."""
+        onward = self.onward.pop(idx, None)
+        if onward is None:
+            self.reserved -= self.held.pop(idx, 0)
+            return
+        key, size = onward
+        self.reserved += size - self.held.pop(idx, 0)
+        self.held[key] = self.handed_out[key] = size
+
+    def hand_on(self, idx: int, key: int, size: int) -> None:
+        """When ``idx`` is released, hold ``size`` bytes under ``key`` instead of freeing it: a
+        consumer that moves a staged sample elsewhere and keeps it (the prefetch daemon's
+        delivery), counted with no gap and no overlap; ``key`` is released as
+        :attr:`is_released` says."""
+        with self.cond:
+            self.onward[idx] = (key, size)
 
     def add(self, extra: int) -> None:
         with self.cond:
@@ -127,19 +152,23 @@ class Budget:
 
         Without release events: often while the budget blocks staging, rarely otherwise.
         With them, only a safety net for consumers that delete folders without announcing
-        it: once a second, while blocked.
+        it: once a second, while blocked; and as often as without them for what nobody
+        announces (negative keys: a prefetch daemon's deliveries, which its consumer deletes).
         """
         now = time.monotonic()
         if not self.handed_out:
             return
-        if self.events is not None:
-            if not self.blocked or now - self._last_poll < 1.0:
-                return
-        elif now - self._last_poll < (self.idle_interval if self.blocked else 0.05):
+        due = now - self._last_poll >= (self.idle_interval if self.blocked else 0.05)
+        if not due:
+            return
+        with self.cond:
+            if self.events is None or (self.blocked and now - self._last_poll >= 1.0):
+                candidates = list(self.handed_out)
+            else:
+                candidates = [k for k in self.handed_out if k < 0]
+        if not candidates:
             return
         self._last_poll = now
-        with self.cond:
-            candidates = list(self.handed_out)
         freed = []
         for idx in candidates:
             if self.is_released(idx):
@@ -153,7 +182,7 @@ class Budget:
                     self.free(idx)
             self.last_release = time.monotonic()
             self.idle_interval = _POLL_MIN
-        elif self.events is None and self.blocked:
+        elif self.blocked:
             self.idle_interval = min(self.idle_interval * 2, _POLL_MAX)
 
     def on_events(self) -> None:
@@ -193,6 +222,8 @@ class Budget:
         samples the consumer already has but never released: the budget is smaller than what
         the DataLoader holds at once (a batch, plus its prefetch)."""
         now = time.monotonic()
+        if self.held_elsewhere():
+            return  # what a consumer of its own holds (the daemon's deliveries): it frees them as it goes
         if now - consumer_waiting < limit or now - self.last_release < limit:
             return
         raise BudgetError(

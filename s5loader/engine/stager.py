@@ -68,7 +68,7 @@ class Stager:
     (:meth:`StagingLayout.release <s5loader.staging.layout.StagingLayout.release>`: delete its
     folder, then announce the index on the pass's FIFO); :meth:`yielded` tells the engine which
     samples a consumer holds. With ``is_released`` (the prefetch daemon's ledger) the engine
-    asks that instead, and polls. The first call takes ``first_call`` units of the order, each
+    also asks that of the keys nobody announces (negative ones), often. The first call takes ``first_call`` units of the order, each
     next one twice as many, up to ``samples_per_call`` (over shards a unit is a shard: 1).
     """
 
@@ -108,10 +108,10 @@ class Stager:
         self._seq = 0
         self.fields = Outstanding()
         self.throughput = Throughput(time.monotonic())
-        # Readers announce releases on the pass's FIFO; a consumer with a protocol of its own
-        # (is_released) is asked instead.
+        # Readers announce releases on the pass's FIFO; what a consumer holds under its own
+        # protocol (is_released: the daemon's deliveries, negative keys) is looked for instead.
         self.is_released = is_released or (lambda idx: not os.path.isdir(self.folders.sample_dir(idx)))
-        events = ReleaseEvents(self.folders) if is_released is None else None
+        events = ReleaseEvents(self.folders)
         self.budget = Budget(options.budget, self._cond, self.is_released, events)
         self.retries = Retries(options, self.stats, area.path, self.fields.forget, s5cmd.settings.endpoint())
         self.calls = Calls(s5cmd, self._field, area.path, options.verify, self.stats)

@@ -58,12 +58,12 @@ def test_daemon_takes_the_samplers_staging_options(tmp_path: Path) -> None:
         "--calls-in-flight", "3", "--s5cmd-workers", "32", "--verify", "--retries", "1", "--stall-timeout", "9",
     ])
     opts = options_from_args(args)
-    engine = opts.stager_options()
+    engine = opts.staging
     assert (opts.shuffle, engine.block_size, engine.calls_in_flight, engine.s5cmd_workers) == ("block", 8, 3, 32)
     assert (engine.verify, engine.retries, engine.stall_timeout) == (True, 1, 9.0)
     assert options_from_args(build_parser().parse_args(["s3://b/p/", "--cache", "c", "--budget", "1", "--shuffle"])).shuffle is True
     old = options_from_args(build_parser().parse_args(["s3://b/p/", "--cache", "c", "--budget", "1", "--buffers", "5"]))
-    assert old.calls_in_flight == 5
+    assert old.staging.calls_in_flight == 5
     with pytest.raises(SystemExit):
         build_parser().parse_args(["s3://b/p/", "--cache", "c", "--budget", "1", "--shuffle", "random"])
 
@@ -182,6 +182,12 @@ def test_access_to_args_round_trips_and_reaches_the_prefetcher(tmp_path: Path) -
     p = Prefetcher("s3://b/p/", cache=tmp_path / "c", budget=1000, access=access, shuffle="block", block_size=8,
                    calls_in_flight=3, s5cmd_workers=16)
     opts = options_from_args(parser.parse_args(p.argv))
-    assert (opts.store, opts.shuffle, opts.block_size, opts.calls_in_flight, opts.s5cmd_workers) == (access, "block", 8, 3, 16)
+    assert (opts.store, opts.shuffle) == (access, "block")
+    assert (opts.staging.block_size, opts.staging.calls_in_flight, opts.staging.s5cmd_workers, opts.budget) == (8, 3, 16, 1000)
+    # one StagingOptions for every front end: the prefetcher takes it too
+    q = Prefetcher("s3://b/p/", StagingOptions(budget=1000, retries=7, retry_backoff=0.25), cache=tmp_path / "c")
+    assert options_from_args(parser.parse_args(q.argv)).staging == StagingOptions(budget=1000, retries=7, retry_backoff=0.25)
+    with pytest.raises(ConfigError, match="did you mean retries"):
+        Prefetcher("s3://b/p/", cache=tmp_path / "c", budget=1000, retires=2)
     with pytest.raises(ConfigError, match="shuffle"):
         Prefetcher("s3://b/p/", cache=tmp_path / "c", budget=1000, shuffle="blocks")

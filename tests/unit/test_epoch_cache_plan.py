@@ -272,46 +272,8 @@ def test_the_daemon_option(tmp_path) -> None:
     args = build_parser().parse_args(["s3://b/train/", "--cache", str(tmp_path), "--budget", "1MiB",
                                       "--epochs", "3", "--epoch-cache", "4MiB"])
     opts = options_from_args(args)
-    assert opts.epoch_cache == 4 << 20 and opts.stager_options().epoch_cache == 4 << 20
-    with pytest.raises(ConfigError, match="--epoch-cache .*--shards"):
-        PrefetchOptions("s3://b/s/", str(tmp_path), 1 << 20, shards=True, epoch_cache=1 << 20)
-
-
-class _Order:
-    def order(self, epoch: int) -> list[int]:
-        return [0, 1, 2, 3]
-
-
-class _RacingEntries:
-    """An epoch cache whose first look finds no entry because the daemon's delivery thread keeps
-    the sample and passes its delivery right then (between the look and the check)."""
-
-    def __init__(self, keeper: object, delivered: int) -> None:
-        self.keeper, self.delivered, self.looks = keeper, delivered, 0
-
-    def take(self, index: int, dest: str, sample: object, md5: bool) -> bool:
-        self.looks += 1
-        if self.looks == 1:
-            self.keeper.passed(self.delivered)  # type: ignore[attr-defined]
-            return False
-        return True
-
-
-@pytest.mark.parametrize("with_budget", [True, False])
-def test_the_daemon_takes_a_kept_sample_delivered_while_it_looked(with_budget: bool) -> None:
-    import threading
-
-    from s5loader.daemon.epochcache import DaemonEpochCache
-    from s5loader.engine.budget import Budget
-
-    keeper = DaemonEpochCache.__new__(DaemonEpochCache)
-    samples = [Sample(f"k{i}", (Field("data", f"s3://b/k{i}", 10, ""),)) for i in range(4)]
-    keeper.n, keeper.view, keeper.samples, keeper.sizes = 4, _Order(), samples, [10] * 4
-    keeper.layout, keeper.verify = StagingLayout("/nowhere"), False
-    keeper.taken, keeper.waiting, keeper._inverse, keeper.next = {}, {}, {}, 2
-    keeper._keep = {1: frozenset(range(4))}
-    keeper.budget = Budget(100, threading.Condition(), lambda idx: False, None) if with_budget else None
-    keeper.cache = _RacingEntries(keeper, 2)  # type: ignore[assignment]
-    # epoch 1, position 2 (seq 6): sample 2, delivered at seq 2 in epoch 0 while the engine looked
-    assert keeper._take(6) and keeper.taken == {6: 10} and keeper.cache.looks == 2
-    assert not keeper.waiting and (keeper.budget is None or not keeper.budget.held)
+    assert opts.staging.epoch_cache == 4 << 20 and opts.budget == 1 << 20
+    # over tar shards too, as the sampler's
+    assert PrefetchOptions.of("s3://b/s/", str(tmp_path), 1 << 20, shards=True, epoch_cache=1 << 20).shards
+    with pytest.raises(ConfigError, match="staging_dir: not options of s5loader prefetch"):
+        PrefetchOptions.of("s3://b/s/", str(tmp_path), 1 << 20, staging_dir="/tmp")

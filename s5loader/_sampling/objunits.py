@@ -1,0 +1,208 @@
+"""A data set of raw objects as the staging run sees it: :class:`ObjectUnits` (each sample its own
+unit, a block of samples fetched by one wildcard line), a pass over them (:class:`ObjectPass`),
+and what every pass's units answer (:class:`PassUnits`). See :mod:`.units`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container, Sequence
+from typing import NamedTuple, Protocol
+
+from .._index.blocks import BlockPlan
+from .._shards.passes import Hits
+from ..config import StagingOptions
+from ..dataset import S5Dataset, StagedIndex
+from ..engine import Stager
+from ..staging.epochcache import index_fingerprint
+from ..staging.layout import StagingLayout
+from .order import Order, block_window
+
+
+class Lifted(NamedTuple):
+    """A staged sample as a folder (see :meth:`ObjectUnits.lift`): the folder, the sample's key,
+    its bytes, and whether they were written anew (else the staged files themselves)."""
+
+    folder: str
+    key: str
+    size: int
+    fresh: bool
+
+
+class PassUnits(Protocol):
+    """The units of one pass (see the module docstring)."""
+
+    @property
+    def engine_order(self) -> Sequence[int]:
+        """What the engine stages, in order."""
+        ...
+
+    @property
+    def first_call(self) -> int:
+        """Units in the engine's first call (then twice, four times as many...)."""
+        ...
+
+    @property
+    def streams_first(self) -> bool:
+        """The first unit is read while it downloads, outside the engine: the engine starts
+        once it gave its first sample, so the first batch does not share the link with calls."""
+        ...
+
+    def engine_options(self, options: StagingOptions) -> StagingOptions: ...
+
+    def engine_kept(self, hits: Hits | None) -> Container[int] | None: ...
+
+    def unit_of(self, index: int) -> int:
+        """The unit the engine staged sample ``index`` in."""
+        ...
+
+    def engine_windows(self, windows: list[int] | None) -> list[int] | None: ...
+
+    def start(self, stager: Stager, options: StagingOptions) -> None: ...
+
+    def take(self, pos: int, stager: Stager) -> bool: ...
+
+    def finish(self, stager: Stager) -> None: ...
+
+    def close(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class ObjectPass:
+    """A pass over raw objects: the engine stages the order itself, a sample is yielded once
+    its files are staged (a consumer then holds it until it releases it)."""
+
+    first_call = 32
+    streams_first = False
+
+    def __init__(self, order: Sequence[int], keep: bool) -> None:
+        self.engine_order = order
+        self.keep = keep
+
+    def engine_options(self, options: StagingOptions) -> StagingOptions:
+        return options
+
+    def engine_kept(self, hits: Hits | None) -> Container[int] | None:
+        return hits  # an epoch cache's hits: staged already, not fetched
+
+    def unit_of(self, index: int) -> int:
+        return index
+
+    def engine_windows(self, windows: list[int] | None) -> list[int] | None:
+        return windows
+
+    def start(self, stager: Stager, options: StagingOptions) -> None:
+        pass
+
+    def take(self, pos: int, stager: Stager) -> bool:
+        if not stager.wait(pos):
+            return False  # skipped
+        if not self.keep:
+            stager.yielded(self.engine_order[pos])
+        return True
+
+    def finish(self, stager: Stager) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+class ObjectUnits:
+    """A data set of raw objects: a unit is a sample's objects, a block of samples sharing a key
+    prefix is fetched with one wildcard line, and a DataLoader batch of samples is held at once."""
+
+    name = "sample"
+    holds_batches = True  # the budget must hold a batch of the largest samples
+
+    def __init__(self, dataset: S5Dataset) -> None:
+        self.dataset = dataset
+
+    def check(self, options: StagingOptions) -> None:
+        """Raise for options this kind of data set cannot stage."""
+
+    def window(self, budget: int, calls_in_flight: int, shuffle: bool | str) -> int:
+        """``shuffle="block"``'s window (samples shuffled together; see :func:`block_window`)."""
+        ds = self.dataset
+        return block_window(budget, ds.total_bytes / max(1, len(ds)), calls_in_flight)
+
+    def block_size(self, options: StagingOptions) -> int:
+        return options.block_size
+
+    def order_units(self, blocks: BlockPlan) -> list[list[int]]:
+        """What a ``shuffle="block"`` order permutes: the key-prefix blocks of samples."""
+        return blocks.units
+
+    def per_rank(self, shuffle: bool | str) -> bool:
+        """Whether positions in an order of ``shuffle`` count samples of a rank's part (a block
+        order), not of one global order that ranks deal among themselves."""
+        return shuffle == "block"
+
+    def plan(
+        self, order: Order, epoch: int, start: int, blocks: BlockPlan, window: int,
+        cost: Callable[[int], tuple[float, float]] | None = None,
+    ) -> tuple[list[int], list[int] | None]:
+        """This rank's order of ``epoch`` from ``start`` on, and (``shuffle="block"``) where
+        its windows begin: a block order of the key-prefix ``blocks``, else the permutation
+        (or key order) of all samples, dealt to the ranks."""
+        n = len(self.dataset)
+        if order.shuffle == "block":
+            return order.block_order(n, epoch, start, self.order_units(blocks), window)
+        return order.indices(n, epoch, start), None
+
+    def s5cmd_workers(self, options: StagingOptions) -> int:
+        return options.s5cmd_workers
+
+    def frees_on_read(self, shuffle: bool | str, cached: bool) -> bool:
+        """Whether an order of these units counts the bytes each sample read gives back (see
+        :meth:`ShardUnits.order_cost`): never for raw objects, whose samples go whole."""
+        return False
+
+    def cache_units(self) -> tuple[Callable[[int], int] | None, Callable[[int], bool] | None]:
+        """How the epoch cache sees these units: the unit of a sample (``None``: each sample is
+        its own) and which units it may keep (``None``: all)."""
+        return None, None
+
+    def unit_of(self, index: int) -> int:
+        """The unit (what the engine stages) that holds sample ``index``: the sample itself."""
+        return index
+
+    def peak_bytes(self, order: Sequence[int], frees: bool) -> int | None:
+        """The most bytes of units that ``order`` needs staged at once, where that depends on
+        the order (over tar shards: a shard stays from its first sample to its last); None for
+        raw objects, whose samples go as they are read."""
+        return None
+
+    def lift_room(self, budget: int, punch: bool) -> int:
+        """The budget an order may plan on when its samples are lifted out (:meth:`lift`): all
+        of it for raw objects, whose folders move."""
+        return budget
+
+
+    def fingerprint(self) -> str:
+        """A digest of what these units are (see :func:`~s5loader.staging.epochcache.index_fingerprint`)."""
+        return index_fingerprint(self.dataset.samples)
+
+    def lift(self, staged: StagedIndex, scratch: str) -> Lifted:
+        """A staged sample as a folder of its own, for a consumer that takes folders (the
+        prefetch daemon): a raw object's sample is its staged folder already (moved, not copied)."""
+        sample = self.dataset.samples[staged]
+        return Lifted(StagingLayout(staged.folder).sample_dir(staged), sample.key, sample.size, False)
+
+    def order_cost(self) -> Callable[[int], tuple[float, float]] | None:
+        """What a sample's unit holds and frees, for an order that counts it (see
+        :meth:`ShardUnits.order_cost`); None: raw objects count nothing."""
+        return None
+
+    def open_pass(
+        self, order: Sequence[int], folder: str, keep: bool, options: StagingOptions, shuffle: bool | str | None,
+        frees: bool = False, hits: Hits | None = None,
+    ) -> PassUnits:
+        """The units of a pass of ``order`` (``frees``: over tar shards, the order counts the
+        bytes its samples free as they are read, see :meth:`ShardUnits.order_cost`; ``hits``:
+        the epoch cache's)."""
+        return ObjectPass(order, keep)
+
+

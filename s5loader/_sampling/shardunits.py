@@ -1,0 +1,182 @@
+"""A data set of tar shards as the staging run sees it: :class:`ShardUnits` (a shard staged whole,
+its samples read by offset). See :mod:`.units`."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections.abc import Callable, Sequence
+
+from .._index.blocks import BlockPlan
+from .._index.sample import Field, Sample
+from .._shards.passes import Hits, ShardPass
+from .._shards.tar import is_gzip
+from .._util.uri import format_size
+from ..config import StagingOptions
+from ..dataset import StagedIndex
+from ..exceptions import BudgetError
+from ..staging.epochcache import index_fingerprint
+from ..staging.layout import field_names
+from .objunits import Lifted, ObjectUnits, PassUnits
+from .order import Order, open_shards
+
+SHARD_WORKERS = 4  # tar shards of a call downloading at once
+
+
+class ShardUnits(ObjectUnits):
+    """A data set of tar shards: a unit is a shard, staged whole by one ``cp --raw`` line and
+    counted whole in the budget; a shard order keeps as many shards open as the budget holds,
+    and an iterable's worker takes a contiguous run of shards, which it alone stages."""
+
+    name = "tar shard"
+    holds_batches = False  # the budget counts shards, never samples
+
+    def check(self, options: StagingOptions) -> None:
+        """Raise :class:`BudgetError` for a shard larger than the budget (it could never be
+        staged)."""
+        samples = self.dataset.samples
+        big = samples[samples.largest()]
+        if big.size > options.budget:
+            raise BudgetError(
+                f"the shard {big.fields[0].uri} is {format_size(big.size)}, larger than the budget of "
+                f"{format_size(options.budget)}; a shard is staged whole: raise the budget or write smaller shards"
+            )
+
+    def window(self, budget: int, calls_in_flight: int, shuffle: bool | str) -> int:
+        """``shuffle="block"``: as for objects; else the shards a shard order keeps open."""
+        if shuffle == "block":
+            return super().window(budget, calls_in_flight, shuffle)
+        shards = self.dataset.samples
+        return open_shards(budget, shards[shards.largest()].size, self.dataset.total_bytes, len(shards))
+
+    def order_cost(self) -> Callable[[int], tuple[float, float]]:
+        """For a shard order whose samples are freed as they are read (see
+        :meth:`Order.shard_order <s5loader._sampling.order.Order.shard_order>`): the shard of
+        sample ``i`` as (what it holds when staged, what each sample read frees), in shards of
+        the size :meth:`window` counts."""
+        shards, samples = self.dataset.shards, self.dataset.samples
+        assert shards is not None
+        return shards.order_cost(samples[samples.largest()].size)
+
+    def frees_on_read(self, shuffle: bool | str, cached: bool) -> bool:
+        """A shard order (``shuffle=True``) counts what its samples free as they are read, unless an
+        epoch cache may keep the shards whole (a shard punched as it is read could not be kept)."""
+        return shuffle is True and not cached
+
+    def block_size(self, options: StagingOptions) -> int:
+        return 1  # a shard is fetched with one cp --raw line: no wildcard lines
+
+    def order_units(self, blocks: BlockPlan) -> list[list[int]]:
+        """What a ``shuffle="block"`` order permutes: the shards (each its samples)."""
+        assert self.dataset.shards is not None
+        return self.dataset.shards.shard_units
+
+    def per_rank(self, shuffle: bool | str) -> bool:
+        """Every order of shards counts positions in a rank's part: each rank reads runs of whole
+        shards."""
+        return True
+
+    def cache_units(self) -> tuple[Callable[[int], int] | None, Callable[[int], bool] | None]:
+        """The epoch cache keeps whole shards; not gzip-compressed ones, which are staged
+        decompressed in place and would no longer match their listing."""
+        shards = self.dataset.shards
+        assert shards is not None
+        return self.unit_of, lambda s: not is_gzip(shards[s].uri)
+
+    def unit_of(self, index: int) -> int:
+        """The shard that holds sample ``index``."""
+        assert self.dataset.shards is not None
+        return self.dataset.shards.locate(index)[0]
+
+    def peak_bytes(self, order: Sequence[int], frees: bool) -> int | None:
+        """The most bytes of shards ``order`` needs staged at once (see
+        :meth:`ShardPass.peak_bytes <s5loader._shards.passes.ShardPass.peak_bytes>`)."""
+        return ShardPass(self.dataset, order, "", False, "raise", frees).peak_bytes()[0]
+
+    def lift_room(self, budget: int, punch: bool) -> int:
+        """The budget the shards open may take when their samples are written out of them: the
+        samples written out stand beside their shard's tar until its last, less what punching
+        them out of it gives back (``punch``: whole blocks only, nothing for samples smaller than
+        a few blocks). A shard staged takes ``disk`` bytes (its tar, and a compressed shard's own
+        bytes beside it), and what is written out of it at most its tar again less the share
+        ``r`` that punching gives back: ``need = disk + tar * (1 - r)`` in all, so ``budget / f``
+        of shards fit the budget with ``f`` the largest ``need / disk`` (at least the largest
+        shard, which then goes alone).
+
+        Raises:
+            BudgetError: a shard's ``need`` is more than the budget.
+        """
+        shards = self.dataset.shards
+        assert shards is not None
+        most_f, largest = 1.0, 0
+        for i, sh in enumerate(shards):
+            tar = sh.tarsize or sh.size
+            r = min(1.0, shards.freed_per_sample(i) * sh.nsamples / max(1, tar)) if punch else 0.0
+            need = sh.disk + tar * (1 - r)
+            if need > budget:
+                unpacked = f", {format_size(sh.tarsize)} decompressed beside it" if sh.tarsize else ""
+                raise BudgetError(
+                    f"--budget {format_size(budget)} is too small for the shard {sh.uri} ({format_size(sh.size)}"
+                    f"{unpacked}): its samples written out stand beside its tar in the cache until its last, so "
+                    f"the budget must hold {format_size(int(need) + 1)} (twice the largest shard); raise --budget"
+                )
+            most_f, largest = max(most_f, need / max(1, sh.disk)), max(largest, sh.disk)
+        return max(int(budget / most_f), largest)
+
+    def fingerprint(self) -> str:
+        """A digest of the shards and their sample counts."""
+        shards = self.dataset.shards
+        assert shards is not None
+        counts = ",".join(str(s.nsamples) for s in shards)
+        return hashlib.sha256(f"{index_fingerprint(self.dataset.samples)}\n{counts}".encode()).hexdigest()
+
+    def lift(self, staged: StagedIndex, scratch: str) -> Lifted:
+        """A tar shard's sample written out of its staged shard into the folder ``scratch``, its
+        fields named by extension (read by offset: a member name never becomes a path unless it
+        is a plain relative one, see :func:`~s5loader.staging.layout.field_names`); reading it
+        drops its claim on the shard (and gives the shard's bytes of it back, where they are
+        punched out)."""
+        shards = self.dataset.shards
+        assert shards is not None
+        member, _ = shards.read(staged, self.dataset.samples, self.dataset.access)
+        key = member.pop("__key__")
+        names = field_names(Sample(key, tuple(Field(f, "", len(v), "") for f, v in member.items())))
+        shutil.rmtree(scratch, ignore_errors=True)
+        os.makedirs(scratch)
+        for name, value in zip(names, member.values(), strict=True):
+            path = os.path.join(scratch, name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(value)
+        return Lifted(scratch, key, sum(len(v) for v in member.values()), True)
+
+    def plan(
+        self, order: Order, epoch: int, start: int, blocks: BlockPlan, window: int,
+        cost: Callable[[int], tuple[float, float]] | None = None,
+    ) -> tuple[list[int], list[int] | None]:
+        """This rank's order over the shards from ``start`` on: a block order whose first shard is
+        read from its front (it streams), else a shard order that keeps ``window`` shards open
+        (more with ``cost``, see :meth:`Order.shard_order`)."""
+        n = len(self.dataset)
+        if order.shuffle == "block":
+            return order.block_order(n, epoch, start, self.order_units(blocks), window, front_first=True)
+        return order.shard_order(n, epoch, start, self.order_units(blocks), window, cost=cost), None
+
+    def s5cmd_workers(self, options: StagingOptions) -> int:
+        """At most :data:`SHARD_WORKERS`, so that a call's shards land one after another (its
+        first ones early, each fetched in parallel parts when large) instead of all together at
+        its end; the first batch and a pass's first calls wait less (a 6,000-sample pass over
+        10 MB shards through 20 ms round trips took 5.0 s instead of 6.4 here, medians of 3)."""
+        return min(options.s5cmd_workers, SHARD_WORKERS)
+
+    def open_pass(
+        self, order: Sequence[int], folder: str, keep: bool, options: StagingOptions, shuffle: bool | str | None,
+        frees: bool = False, hits: Hits | None = None,
+    ) -> PassUnits:
+        shards = ShardPass(self.dataset, order, folder, keep, options.on_error, frees, hits)
+        if shuffle is not None:
+            shards.check_budget(options.budget, shuffle)
+        return shards
+
+

@@ -44,6 +44,7 @@ from .side import SideFetches
 from .watchdog import Watchdog
 
 log = logging.getLogger(__name__)
+_ABORT_JOIN_S = 1.0  # how long abort() waits for the engine's thread to end
 
 THREAD_NAME = "s5loader-stager"  # every engine's thread
 
@@ -331,13 +332,18 @@ class Stager:
             self._discard(call)
 
     def abort(self) -> None:
-        """Kill s5cmd at once, taking no lock and joining no thread: for a signal handler,
-        which may have interrupted a thread that holds this engine's lock. The process is
-        about to end; nothing else is cleaned up."""
+        """Kill s5cmd at once, taking no lock: for a signal handler, which may have interrupted
+        a thread that holds this engine's lock. The process is about to end; nothing else is
+        cleaned up. The engine's thread is given a moment to see it (a call it was starting
+        would make its folders again after they are removed)."""
         # A plain attribute, not the stop event (whose lock the interrupted thread may
         # hold): the engine thread starts no new call, nor recreates folders, from now on.
         self._aborted = True
         self.calls.kill_now()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(_ABORT_JOIN_S)  # bounded: the interrupted thread may hold what it needs to end
+        self.calls.kill_now()  # a call it started meanwhile
 
     def metrics(self, *, epoch: int, position: int, samples: int | None = None, waited_s: float | None = None) -> Metrics:
         """A snapshot of this pass (see :class:`~s5loader.engine.metrics.Metrics`), for any thread:

@@ -4,6 +4,9 @@ there."""
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..exceptions import S5LoaderError
@@ -26,3 +29,13 @@ class Stats:
     wait_s: float = 0.0
     first_wait_s: float = 0.0
     peak_reserved: int = 0
+    # S3 requests the pass asked for, by kind (GET, HEAD, LIST): see count_requests
+    requests: Counter[str] = field(default_factory=Counter)
+
+    def count_requests(self, requests: Mapping[str, int]) -> None:
+        """Add S3 requests asked of s5cmd or boto3 to :attr:`requests` (from any thread)."""
+        with _COUNTING:
+            self.requests.update(requests)
+
+
+_COUNTING = threading.Lock()  # the engine's thread and a shard's streaming thread both count

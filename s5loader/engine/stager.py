@@ -242,9 +242,8 @@ class Stager:
         )
         for pos, _, uri, dest in plan.aside:
             self.side.submit(pos, self.retries.attempts.get(pos, 0), uri, dest)
-        if not plan.lines:
-            return
-        if self._aborted:
+        self.stats.count_requests(plan.requests)
+        if not plan.lines or self._aborted:
             return
         self.calls.start(self._seq, self.area.control_dir, plan)
         self.stats.calls += 1

@@ -20,7 +20,7 @@ from .config import Access
 from .decode import decode
 from .exceptions import EmptySourceError
 from .staging.layout import StagingLayout
-from .staging.reader import StagedIndex, fetch_fields, read_staged
+from .staging.reader import StagedIndex, fetch_fields, read_staged, wait_staged
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,9 @@ class S5Dataset(Dataset[Any]):
     """Samples in S3, each a dict ``{"__key__": key, FIELD: bytes, ...}``.
 
     ``dataset[i]``, for an index ``i`` an :class:`~s5loader.S5Sampler` yielded, reads the
-    sample's files from that sampler's staging directory, and deletes them right after
+    sample's files from that sampler's staging directory (for one of the first samples of a
+    pass, which the sampler hands out before they are staged, once they are, raising the
+    sampler's error if staging fails), and deletes them right after
     reading (the releaser: inline, so the budget is freed at once and nothing is left when a
     DataLoader worker exits). Any number of samplers may share one dataset; each index says
     where its sample was staged. For any other index (no sampler, another sampler), or when a
@@ -280,10 +282,14 @@ class S5Dataset(Dataset[Any]):
         data = None
         if isinstance(index, StagedIndex):
             folder = index.folder
-            data = read_staged(StagingLayout(folder), int(index), sample, keep=index.keep, back=index.back)
+            layout = StagingLayout(folder)
+            # A sample handed to a DataLoader before it was staged: wait for it (the engine's
+            # error, or a pass closed first, is raised; a pass folder gone means a direct fetch).
+            if not index.early or wait_staged(layout, int(index)):
+                data = read_staged(layout, int(index), sample, keep=index.keep, back=index.back)
             # A pass whose folder is gone was replaced: whoever asked will not use the sample
             # (a worker of a loader that was shut down), so that is no staging fault to report.
-            if data is None and not self._warned_unstaged and os.path.isdir(folder):
+            if data is None and not index.early and not self._warned_unstaged and os.path.isdir(folder):
                 self._warned_unstaged = True
                 log.warning(
                     "sample %d (%s) was not staged in %s; fetching it directly (further "

@@ -24,6 +24,7 @@ from ..engine.plan import write_plan_files
 from ..s5cmd import S5cmd
 from ..staging.area import PassArea, StagingArea
 from .cacherun import CacheRun
+from .early import EARLY
 from .resume import Position
 from .units import PassUnits, open_pass
 
@@ -59,15 +60,17 @@ class StagingPasses:
         epoch: Callable[[], int],
         report: Callable[[Stats, float, bool], None],
         cache: CacheRun | None = None,
+        early: bool = False,
     ) -> Iterator[StagedIndex]:
         """Stage ``order`` (shuffled as ``shuffle`` says) and yield its staged indices, counting
         them in ``position``; a skipped sample is counted but not yielded. ``report`` gets the
         pass's figures at its end. With an epoch ``cache``, its hits are not fetched and the
-        samples it keeps are handed back by their readers."""
+        samples it keeps are handed back by their readers. With ``early``, an index not staged
+        yet goes out at once, its reader to wait for it (:mod:`.early`)."""
         where = self._new_pass()
         hits, back = cache.begin_pass(epoch(), order, where.path) if cache is not None else (None, frozenset())
         keep = self.keep
-        units = open_pass(self.dataset, order, where.path, keep, options, shuffle, self.frees)
+        units = open_pass(self.dataset, order, where.path, keep, options, shuffle, self.frees, early)
         stager = Stager(
             self.dataset.samples,
             units.engine_order,
@@ -100,7 +103,7 @@ class StagingPasses:
                     later = False
                 position.yielded += 1  # a skipped sample still counts as consumed
                 if ok:
-                    yield StagedIndex(idx, where.path, keep, idx in back, self.frees)
+                    yield StagedIndex(idx, where.path, keep, idx in back, self.frees, ok is EARLY)
             units.finish(stager)
             finished = True
         finally:

@@ -54,10 +54,13 @@ class StagingRun:
         self._reporter = PassReport(log)
 
     def stage(
-        self, order: list[int], windows: list[int] | None, shuffle: bool | str, epoch: Callable[[], int]
+        self, order: list[int], windows: list[int] | None, shuffle: bool | str, epoch: Callable[[], int],
+        early: bool = False,
     ) -> Generator[StagedIndex, None, None]:
         """Stage ``order`` in a new pass and yield each index once its files are staged,
-        counting them in :attr:`position` (skipped samples are counted, not yielded)."""
+        counting them in :attr:`position` (skipped samples are counted, not yielded); with
+        ``early`` (a DataLoader's reader waits), one not staged yet at once (see
+        :mod:`~s5loader._sampling.early`)."""
         self.area.create()
         register_cleanup(self)
         # The earlier passes' folders go now, not when they were abandoned: DataLoader workers
@@ -68,7 +71,8 @@ class StagingRun:
         def report(stats: Stats, elapsed: float, finished: bool) -> None:
             self.report(stats, elapsed, finished, epoch())
 
-        yield from self.passes.run(order, windows, self.options, shuffle, self.position, epoch, report, self.cache)
+        yield from self.passes.run(order, windows, self.options, shuffle, self.position, epoch, report, self.cache,
+                                   early)
 
     def drop_replaced(self) -> None:
         """Remove the folders of earlier passes; what their readers handed back for the epoch

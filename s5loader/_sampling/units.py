@@ -27,6 +27,7 @@ from ..config import StagingOptions
 from ..dataset import S5Dataset
 from ..engine import Stager
 from ..exceptions import BudgetError, ConfigError
+from .early import EARLY, Early, EarlyHandOut, early_hand_out
 from .order import block_window, open_shards
 
 SHARD_WORKERS = 4  # tar shards of a call downloading at once
@@ -59,7 +60,10 @@ class PassUnits(Protocol):
 
     def start(self, stager: Stager, options: StagingOptions) -> None: ...
 
-    def take(self, pos: int, stager: Stager) -> bool: ...
+    def take(self, pos: int, stager: Stager) -> bool | Early:
+        """Whether the sample at ``pos`` is handed out (False: skipped); :data:`EARLY` when
+        it is handed out before it is staged, its reader to wait for it."""
+        ...
 
     def finish(self, stager: Stager) -> None: ...
 
@@ -70,14 +74,17 @@ class PassUnits(Protocol):
 
 class ObjectPass:
     """A pass over raw objects: the engine stages the order itself, a sample is yielded once
-    its files are staged (a consumer then holds it until it releases it)."""
+    its files are staged (a consumer then holds it until it releases it), or for a DataLoader's
+    reader (``early``) at once, before (:mod:`.early`)."""
 
     first_call = 32
     streams_first = False
 
-    def __init__(self, order: Sequence[int], keep: bool) -> None:
+    def __init__(self, order: Sequence[int], keep: bool, early: bool = False) -> None:
         self.engine_order = order
         self.keep = keep
+        self.hands_out_early = early
+        self.early: EarlyHandOut | None = None
 
     def engine_options(self, options: StagingOptions) -> StagingOptions:
         return options
@@ -89,9 +96,11 @@ class ObjectPass:
         return windows
 
     def start(self, stager: Stager, options: StagingOptions) -> None:
-        pass
+        self.early = early_hand_out(stager, options, self.keep) if self.hands_out_early else None
 
-    def take(self, pos: int, stager: Stager) -> bool:
+    def take(self, pos: int, stager: Stager) -> bool | Early:
+        if self.early is not None and self.early.take(pos, self.engine_order[pos]):
+            return EARLY
         if not stager.wait(pos):
             return False  # skipped
         if not self.keep:
@@ -99,10 +108,12 @@ class ObjectPass:
         return True
 
     def finish(self, stager: Stager) -> None:
-        pass
+        if self.early is not None:
+            self.early.finish()
 
     def close(self) -> None:
-        pass
+        if self.early is not None:
+            self.early.close()
 
     def stop(self) -> None:
         pass
@@ -140,11 +151,12 @@ class ObjectUnits:
 
     def open_pass(
         self, order: Sequence[int], folder: str, keep: bool, options: StagingOptions, shuffle: bool | str | None,
-        frees: bool = False,
+        frees: bool = False, early: bool = False,
     ) -> PassUnits:
         """The units of a pass of ``order`` (``frees``: over tar shards, the order counts the
-        bytes its samples free as they are read, see :meth:`ShardUnits.order_cost`)."""
-        return ObjectPass(order, keep)
+        bytes its samples free as they are read, see :meth:`ShardUnits.order_cost`; ``early``:
+        samples not staged yet go out at once, see :mod:`.early`)."""
+        return ObjectPass(order, keep, early)
 
 
 class ShardUnits(ObjectUnits):
@@ -203,7 +215,7 @@ class ShardUnits(ObjectUnits):
 
     def open_pass(
         self, order: Sequence[int], folder: str, keep: bool, options: StagingOptions, shuffle: bool | str | None,
-        frees: bool = False,
+        frees: bool = False, early: bool = False,
     ) -> PassUnits:
         shards = ShardPass(self.dataset, order, folder, keep, options.on_error, frees)
         if shuffle is not None:
@@ -219,7 +231,7 @@ def units_of(dataset: S5Dataset) -> ObjectUnits:
 
 def open_pass(
     dataset: S5Dataset, order: Sequence[int], folder: str, keep: bool, options: StagingOptions,
-    shuffle: bool | str | None, frees: bool = False,
+    shuffle: bool | str | None, frees: bool = False, early: bool = False,
 ) -> PassUnits:
     """The units of a pass of ``order`` staged into ``folder`` (``shuffle``: the order's, for
     the budget check; ``None``: no check, for command files written without a run).
@@ -227,4 +239,4 @@ def open_pass(
     Raises:
         BudgetError: over shards, the order needs more shards at once than the budget holds.
     """
-    return units_of(dataset).open_pass(order, folder, keep, options, shuffle, frees)
+    return units_of(dataset).open_pass(order, folder, keep, options, shuffle, frees, early)

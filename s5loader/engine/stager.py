@@ -131,9 +131,10 @@ class Stager:
         Raises:
             the engine's error (FetchError, StallError, StagingSpaceError, ...).
         """
-        return self.ready.wait(pos, self._running)
+        return self.ready.wait(pos, self.running)
 
-    def _running(self) -> bool:
+    def running(self) -> bool:
+        """Whether the engine's thread runs (started, not stopped, not failed or done)."""
         t = self._thread
         return not self._stop.is_set() and t is not None and t.is_alive()
 
@@ -335,7 +336,7 @@ class Stager:
             waited_s: the consumer's own starvation figure (default: the time spent in
                 :meth:`wait`, up to now if it waits now).
         """
-        running = self._running()
+        running = self.running()
         return snapshot(
             time.monotonic(), self.stats, self.ready, self.budget, self.throughput, epoch=epoch, position=position,
             samples=len(self.order) if samples is None else samples, waited_s=waited_s,

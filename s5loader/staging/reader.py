@@ -1,14 +1,23 @@
 """How :class:`~s5loader.S5Dataset` reads a sample's fields: from the files a staging pass
-staged (then released), or directly from S3."""
+staged (then released), after waiting for a sample handed out before it was staged, or
+directly from S3."""
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Any
 
+from .. import exceptions
 from .._index.sample import Sample
 from .._s3api.errors import boto3_error
 from .._util.uri import parse_s3_uri
-from .layout import StagingLayout
+from ..exceptions import S5LoaderError
+from .layout import NOT_STAGED, StagingLayout
+
+# pauses between looks for the word on a sample handed out before it was staged: short at
+# first (the first batch waits for it), then up to this long
+_FIRST_PAUSE, _MOST_PAUSE = 0.0005, 0.005
 
 
 class StagedIndex(int):
@@ -25,17 +34,74 @@ class StagedIndex(int):
     keep: bool
     back: bool
     frees: bool  # a tar shard's sample: free its bytes once read (see ShardSet.read)
+    early: bool  # handed out before it was staged: the reader waits for it (see wait_staged)
 
-    def __new__(cls, value: int, folder: str, keep: bool = False, back: bool = False, frees: bool = False) -> StagedIndex:
+    def __new__(
+        cls, value: int, folder: str, keep: bool = False, back: bool = False, frees: bool = False, early: bool = False
+    ) -> StagedIndex:
         self = super().__new__(cls, value)
         self.folder = folder
         self.keep = keep
         self.back = back
         self.frees = frees
+        self.early = early
         return self
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (StagedIndex, (int(self), self.folder, self.keep, self.back, self.frees))
+        return (StagedIndex, (int(self), self.folder, self.keep, self.back, self.frees, self.early))
+
+
+def wait_staged(layout: StagingLayout, index: int) -> bool:
+    """Wait for the sampler's word on sample ``index``, which it handed out before the sample
+    was staged (see :mod:`s5loader._sampling.early`): True once it is staged, False when the
+    pass folder is gone, or the process that stages it (read it directly, as for any sample not
+    staged).
+
+    Raises:
+        the staging engine's error (FetchError, StallError, BudgetError, ...), as the sampler
+        raises it; S5LoaderError: the pass stopped before the sample was staged (a newer
+        iterator replaced it, or ``close()``), as the sampler's own wait says.
+    """
+    mark = layout.early_mark(index)
+    parent = os.getppid()  # a DataLoader worker's: the sampler's process
+    pause = _FIRST_PAUSE
+    while True:
+        try:
+            with open(mark, "rb") as fh:
+                word = fh.read()
+        except FileNotFoundError:
+            if os.getppid() != parent or not os.path.isdir(layout.folder):
+                return False
+            time.sleep(pause)
+            pause = min(2 * pause, _MOST_PAUSE)
+            continue
+        try:
+            os.unlink(mark)  # read: a long pass leaves no word behind per sample
+        except OSError:
+            pass
+        if not word:
+            return True
+        if word == NOT_STAGED:
+            raise S5LoaderError(
+                f"sample {int(index)} of the staging pass {layout.folder} was not staged: the pass was "
+                "closed first (a newer iterator over the same S5Sampler replaced it, or close() was called)"
+            )
+        raise error_of_word(word)
+
+
+def word_of_error(exc: BaseException) -> bytes:
+    """An engine error as the word :func:`wait_staged` raises again: its type's name and message."""
+    return f"{type(exc).__name__}\n{exc}".encode("utf-8", "replace")
+
+
+def error_of_word(word: bytes) -> S5LoaderError:
+    """The error :func:`word_of_error` wrote: the same s5loader type (else :class:`S5LoaderError`)
+    with the same message."""
+    name, _, message = word.decode("utf-8", "replace").partition("\n")
+    kind = getattr(exceptions, name, None)
+    if isinstance(kind, type) and issubclass(kind, S5LoaderError):
+        return kind(message)
+    return S5LoaderError(message)
 
 
 def read_staged(

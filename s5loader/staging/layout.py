@@ -183,14 +183,29 @@ class StagingLayout:
         """Tell the reader of sample ``index``, which was handed out before it was staged, what
         became of it: staged (``b""``, an empty file), :data:`NOT_STAGED` (the pass stopped
         first), or an error's text. A word that is not empty appears whole (a rename); the
-        reader removes the word once read."""
+        reader removes the word once read. A reader that waits for the word has a FIFO beside
+        it (:meth:`early_bell`), which is rung once the word is there."""
         path = self.early_mark(index)
         if not word:
             os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600))
-            return
-        with open(path + ".tmp", "wb") as fh:
-            fh.write(word)
-        os.replace(path + ".tmp", path)
+        else:
+            with open(path + ".tmp", "wb") as fh:
+                fh.write(word)
+            os.replace(path + ".tmp", path)
+        try:  # after the word: a reader that opened its bell later finds the word first
+            fd = os.open(self.early_bell(index), os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return  # ENOENT: nobody waits; ENXIO: the bell is not open yet (its reader looks first)
+        try:
+            os.write(fd, b"\n")
+        except OSError:
+            pass  # EAGAIN: rung already
+        finally:
+            os.close(fd)
+
+    def early_bell(self, index: int) -> str:
+        """The FIFO a reader waiting for :meth:`mark_early`'s word on ``index`` listens on."""
+        return self.early_mark(index) + ".w"
 
     # -- tar shards -------------------------------------------------------------------------
     def shard_table(self, shard: int) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -284,9 +285,14 @@ class S5Dataset(Dataset[Any]):
             folder = index.folder
             layout = StagingLayout(folder)
             # A sample handed to a DataLoader before it was staged: wait for it (the engine's
-            # error, or a pass closed first, is raised; a pass folder gone means a direct fetch).
+            # error, or a pass closed first, is raised). Where the pass is gone (its folder
+            # removed by someone else), what is staged of it is read (and so released), and a
+            # sample not all there is fetched directly.
             if not index.early or wait_staged(layout, int(index)):
                 data = read_staged(layout, int(index), sample, keep=index.keep, back=index.back)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    data = read_staged(layout, int(index), sample, keep=index.keep, back=index.back)
             # A pass whose folder is gone was replaced: whoever asked will not use the sample
             # (a worker of a loader that was shut down), so that is no staging fault to report.
             if data is None and not index.early and not self._warned_unstaged and os.path.isdir(folder):

@@ -22,6 +22,10 @@ which the reader raises as the sampler does. So no reader waits for a sample tha
 that cannot be fetched, a stall past ``stall_timeout`` and a budget that cannot hold the
 DataLoader's batches end as they do for the sampler.
 
+A pass folder that someone else removes takes the words with it: a waiting reader sees the
+pass's release FIFO gone (the engine makes it once, when the pass begins), reads what is staged
+of its sample or fetches it directly, and from then on the pass hands out samples once staged.
+
 Only with ``on_error="raise"``: a sample skipped under ``"skip"`` must be left out of the
 epoch, which an index already handed out cannot be. Not with ``keep_staged`` either (every pass
 stages into one folder, whose words would outlive their pass).
@@ -30,6 +34,7 @@ stages into one folder, whose words would outlive their pass).
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import threading
 
@@ -66,7 +71,8 @@ class EarlyHandOut:
     def __init__(self, stager: Stager) -> None:
         self.stager = stager
         self.layout = StagingLayout(stager.area.path)
-        os.makedirs(os.path.dirname(self.layout.early_mark(0)), exist_ok=True)
+        self.words = os.path.dirname(self.layout.early_mark(0))
+        os.makedirs(self.words, exist_ok=True)
         self.cond = threading.Condition()
         self.pending: collections.deque[tuple[int, int]] = collections.deque()  # (position, index)
         self.ending = False  # no more samples come: the thread ends once they are settled
@@ -78,8 +84,10 @@ class EarlyHandOut:
         engine failed, nor when the sample is staged already: then it goes the usual way, at
         once). The thread settles it from here."""
         ready = self.stager.ready
-        if ready.error is not None or ready.state[pos] != WAITING:
-            return False
+        if ready.error is not None or ready.state[pos] != WAITING or self.stager.budget.events is None:
+            return False  # (no release FIFO: a reader could not tell a removed pass folder)
+        if not os.path.isdir(self.words):
+            return False  # someone removed the pass folder: its samples go out once staged, as before
         with self.cond:
             # the thread ended (the engine failed meanwhile): nobody would settle it
             if self.ending or len(self.pending) >= EARLY_MOST:
@@ -137,7 +145,8 @@ class EarlyHandOut:
                     return
                 if staged:
                     self.stager.yielded(idx)
-                self.layout.mark_early(idx, b"" if staged else NOT_STAGED)
+                with contextlib.suppress(OSError):  # the pass folder removed: its readers see that
+                    self.layout.mark_early(idx, b"" if staged else NOT_STAGED)
                 with self.cond:
                     self.pending.popleft()
         finally:

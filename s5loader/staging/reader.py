@@ -57,8 +57,9 @@ class StagedIndex(int):
 def wait_staged(layout: StagingLayout, index: int) -> bool:
     """Wait for the sampler's word on sample ``index``, which it handed out before the sample
     was staged (see :mod:`s5loader._sampling.early`): True once it is staged, False when the
-    pass folder is gone, or the process that stages it (read it directly, as for any sample not
-    staged).
+    pass is gone (its folder, or the process that stages it): read it directly, as any sample
+    not staged. A pass folder that someone else removed is gone even if the engine made it again
+    (its release FIFO, made once when the pass starts, is not).
 
     Raises:
         the staging engine's error (FetchError, StallError, BudgetError, ...), as the sampler
@@ -111,7 +112,7 @@ def _wait_for_word(layout: StagingLayout, index: int) -> bytes | None:
             word = _word(mark)  # after the bell is open: a word written before it rang nothing
             if word is not None:
                 return word
-            if os.getppid() != parent or not os.path.isdir(layout.folder):
+            if _gone(layout, parent):
                 return None
             if select.select(fds[:1], [], [], _RECHECK_S)[0]:
                 with contextlib.suppress(BlockingIOError):
@@ -125,13 +126,19 @@ def _wait_for_word(layout: StagingLayout, index: int) -> bytes | None:
             os.unlink(bell)
 
 
+def _gone(layout: StagingLayout, parent: int) -> bool:
+    """The process that stages the pass ended, or its folder was removed (the release FIFO the
+    engine made when the pass began is missing even where the engine made the folder again)."""
+    return os.getppid() != parent or not os.path.exists(layout.releases)
+
+
 def _poll_for_word(layout: StagingLayout, mark: str, parent: int) -> bytes | None:
     pause = _FIRST_PAUSE
     while True:
         word = _word(mark)
         if word is not None:
             return word
-        if os.getppid() != parent or not os.path.isdir(layout.folder):
+        if _gone(layout, parent):
             return None
         time.sleep(pause)
         pause = min(2 * pause, _MOST_PAUSE)

@@ -19,6 +19,7 @@ from s5loader.staging.reader import error_of_word, wait_staged, word_of_error
 @pytest.fixture
 def layout(tmp_path: Path) -> StagingLayout:
     os.makedirs(tmp_path / "p1" / ".e")
+    os.mkfifo(tmp_path / "p1" / ".released")  # as the engine makes it when the pass begins
     return StagingLayout(str(tmp_path / "p1"))
 
 
@@ -88,19 +89,34 @@ def test_a_pass_folder_that_goes_ends_the_wait(layout: StagingLayout, monkeypatc
     assert got == [False]
 
 
+def test_a_pass_folder_removed_and_made_again_ends_the_wait(layout: StagingLayout,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from s5loader.staging import reader
+
+    monkeypatch.setattr(reader, "_RECHECK_S", 0.01)
+    t, got = in_thread(lambda: wait_staged(layout, 9))
+    wait_for_bell(layout, 9)
+    shutil.rmtree(layout.folder)  # someone else removed the staging directory...
+    os.makedirs(os.path.join(layout.folder, ".e"))  # ...and the engine's next file made it again
+    t.join(30)
+    assert got == [False]  # its word may be lost with the old folder: read it directly
+
+
 def test_without_fifos_the_reader_looks_now_and_then(layout: StagingLayout, monkeypatch: pytest.MonkeyPatch) -> None:
     def no_fifo(path: str, mode: int = 0o666) -> None:
         raise PermissionError(1, "Operation not permitted", path)
 
+    from s5loader.staging import reader
+
     monkeypatch.setattr(os, "mkfifo", no_fifo)
     started = threading.Event()
-    real_isdir = os.path.isdir
+    real_gone = reader._gone
 
-    def isdir(path: str) -> bool:  # the reader looked once and found no word
+    def gone(layout: StagingLayout, parent: int) -> bool:  # the reader looked once and found no word
         started.set()
-        return real_isdir(path)
+        return real_gone(layout, parent)
 
-    monkeypatch.setattr(os.path, "isdir", isdir)
+    monkeypatch.setattr(reader, "_gone", gone)
     t, got = in_thread(lambda: wait_staged(layout, 8))
     assert started.wait(30)
     layout.mark_early(8)  # no bell to ring: the next look finds the word

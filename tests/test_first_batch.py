@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import collections
 import os
-import threading
 
 import pytest
 from support.faults import FaultProxy, Rule
 from support.stores import Store, make_pairs, staged_samples
+from support.threads import in_thread
 from torch.utils.data import DataLoader
 
 from s5loader import ObjectNotFoundError, S5Dataset, S5Sampler, StallError
@@ -21,21 +21,6 @@ def proxy(moto: Store):
     p = FaultProxy(moto.endpoint)
     yield p
     p.close()
-
-
-def in_thread(fn) -> tuple[threading.Thread, list[object]]:  # type: ignore[no-untyped-def]
-    """Run ``fn`` in a thread; its result (or exception) lands in the list."""
-    out: list[object] = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            out.append(exc)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t, out
 
 
 def test_a_dataloader_gets_its_first_fill_before_it_is_staged(moto: Store, proxy: FaultProxy,

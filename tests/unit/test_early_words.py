@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from support.threads import in_thread
 
 from s5loader import ObjectNotFoundError, S5LoaderError, StallError
 from s5loader.staging.layout import NOT_STAGED, StagingLayout
@@ -21,20 +22,6 @@ def layout(tmp_path: Path) -> StagingLayout:
     os.makedirs(tmp_path / "p1" / ".e")
     os.mkfifo(tmp_path / "p1" / ".released")  # as the engine makes it when the pass begins
     return StagingLayout(str(tmp_path / "p1"))
-
-
-def in_thread(fn) -> tuple[threading.Thread, list[object]]:  # type: ignore[no-untyped-def]
-    out: list[object] = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            out.append(exc)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t, out
 
 
 def wait_for_bell(layout: StagingLayout, index: int) -> None:

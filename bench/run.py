@@ -6,11 +6,16 @@
    tar shards of them for webdataset);
 3. runs ``s5loader bench`` with every installed method, directly on loopback and then through
    its request-counting latency proxy (``--delay-ms 20``, like a trip to a cloud store), which
-   also counts each method's S3 requests; ``--count-direct`` counts the direct run's too, through
-   the same proxy at 0 ms;
-4. writes bench/results/latest.json (both runs, settings, machine), latest.md (the tables, and
-   the README's table made from them) and latest.png (the chart), plus direct.* and proxy.*
-   from each run; stops the server.
+   also counts each method's S3 requests (their price per million samples at S3 list prices)
+   and TCP connections; ``--count-direct`` counts the direct run's too, through the same proxy
+   at 0 ms;
+4. times the first batch at batch 32 and 4 workers (``--first-batch``), directly and through
+   the proxy, for s5loader's raw-object methods and their peers (first-direct, first-proxy);
+5. writes a second data set of one object per sample (``--generate --no-label``) and counts
+   the requests of every shuffle of s5loader and of s3torchconnector on it (single);
+6. writes bench/results/latest.json (every run, settings, machine), latest.md (the tables, and
+   the README's table made from them) and latest.png (the chart), plus each run's own
+   ``LABEL.*``; stops the server.
 
     .venv/bin/python bench/run.py [--samples 3000] [--sample-size 100KB] [--delay-ms 20] ...
 """
@@ -39,11 +44,36 @@ def child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, HERE, *extra])}
 
 
+# the runs, by label: the two whole runs, the first batch at batch 32 (direct and proxied), and
+# the request count on one object per sample
+RUNS = ("direct", "proxy", "first-direct", "first-proxy", "single")
+FIRST_BATCH_METHODS = ["s5loader", "s5loader-block", "boto3", "s3torchconnector"]
+FIRST_BATCH = {"batch_size": 32, "num_workers": 4}
+SINGLE_METHODS = ["s5loader", "s5loader-block", "s5loader-sorted", "s3torchconnector"]
+
 # the README's names for the methods, in its order
-README_METHODS = {"s5loader": "s5loader", "s5loader-block": 's5loader, `shuffle="block"`', "boto3": "boto3",
+README_METHODS = {"s5loader": "s5loader", "s5loader-block": 's5loader, `shuffle="block"`',
+                  "s5loader-sorted": "s5loader, `shuffle=False`", "boto3": "boto3",
                   "s5cmd-run": "s5cmd-run", "s5cmd-bulk": "s5cmd-bulk", "s3torchconnector": "s3torchconnector",
                   "webdataset": "webdataset (shards)", "s5loader-shards": "s5loader, shards",
                   "s5loader-iterable": "S5IterableDataset, shards"}
+
+
+def _installed(methods: list[str], asked: list[str] | None) -> list[str]:
+    """``methods`` less those ``--methods`` leaves out (all of them when it names none)."""
+    return [m for m in methods if not asked or m in asked] or methods
+
+
+def generate(endpoint: str, source: str, args: argparse.Namespace, extra: list[str]) -> None:
+    """Write the toy data set under ``source`` with ``s5loader bench --generate``."""
+    t = time.monotonic()
+    gen = subprocess.run([PY, "-m", "s5loader", "bench", "--generate", str(args.samples), source,
+                          "--endpoint-url", endpoint, "--sample-size", args.sample_size,
+                          "--shard-samples", str(args.shard_samples), *extra],
+                         stdout=subprocess.PIPE, text=True, check=False, env=child_env())
+    if gen.returncode != 0:
+        raise RuntimeError(f"generating the data set {source} failed with exit code {gen.returncode} (see above)")
+    print(gen.stdout.strip(), f"({time.monotonic() - t:.0f}s)", flush=True)
 
 
 def check_run(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
@@ -55,15 +85,20 @@ def check_run(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
 
 
 def bench(label: str, endpoint: str, source: str, out: str, args: argparse.Namespace,
-          extra: list[str]) -> dict[str, Any]:
-    """One ``s5loader bench`` run with ``extra`` arguments; its output is echoed, its JSON returned."""
+          extra: list[str], methods: list[str] | None = None, batch_size: int | None = None,
+          num_workers: int | None = None, repeat: int | None = None) -> dict[str, Any]:
+    """One ``s5loader bench`` run with ``extra`` arguments (and ``methods``, ``batch_size``,
+    ``num_workers``, ``repeat`` instead of the command line's); its output is echoed, its JSON
+    returned."""
     argv = [PY, "-m", "s5loader", "bench", source, "--endpoint-url", endpoint, *extra,
-            "--batch-size", str(args.batch_size), "--num-workers", str(args.num_workers),
-            "--samples-per-call", str(args.samples_per_call), "--repeat", str(args.repeat),
+            "--batch-size", str(batch_size or args.batch_size),
+            "--num-workers", str(args.num_workers if num_workers is None else num_workers),
+            "--samples-per-call", str(args.samples_per_call), "--repeat", str(repeat or args.repeat),
             "--json", os.path.join(out, f"{label}.json"), "--markdown", os.path.join(out, f"{label}.md")]
-    if args.methods:
-        argv += ["--methods", *args.methods]
-    if args.steps:
+    methods = methods or args.methods
+    if methods:
+        argv += ["--methods", *methods]
+    if args.steps and "--first-batch" not in extra:
         argv += ["--steps", str(args.steps)]
     if args.shard_shuffle != "block":
         argv += ["--shard-shuffle", args.shard_shuffle]
@@ -131,8 +166,10 @@ SHARD_SHUFFLE_WORDS = {
 }
 
 
-def markdown(runs: dict[str, dict[str, Any]], info: dict[str, Any]) -> str:
-    any_doc = next(iter(runs.values()))
+def markdown(runs: dict[str, dict[str, Any]], info: dict[str, Any],
+             extra: dict[str, dict[str, Any]] | None = None) -> str:
+    extra = extra or {}
+    any_doc = next(iter({**runs, **extra}.values()))
     m, s = any_doc["machine"], any_doc["settings"]
     lines = [
         f"# s5loader bench, {any_doc['started']}",
@@ -152,13 +189,18 @@ def markdown(runs: dict[str, dict[str, Any]], info: dict[str, Any]) -> str:
         + (", and by the same proxy at 0 ms for the direct run." if info.get("count_direct")
            else " (the direct run goes straight to the server: no counts)."),
     ]
-    titles = {"direct": "Direct (loopback)", "proxy": f"Through the latency proxy ({info['delay_ms']:g} ms per request)"}
-    for label in runs:
+    first = f"batch {FIRST_BATCH['batch_size']}, {FIRST_BATCH['num_workers']} workers"
+    titles = {"direct": "Direct (loopback)", "proxy": f"Through the latency proxy ({info['delay_ms']:g} ms per request)",
+              "first-direct": f"The first batch ({first}), direct", "first-proxy": f"The first batch ({first}), "
+              f"through the {info['delay_ms']:g} ms proxy", "single": "One object per sample (`NNNNNN.image` alone), "
+              "requests counted at the proxy at 0 ms"}
+    for label in [*runs, *extra]:
         table = open(os.path.join(info["out"], f"{label}.md")).read().strip()
         lines += ["", f"## {titles.get(label, label)}", "", table]
-    lines += ["", "![samples/s and CPU per method](latest.png)", ""]
+    if runs:
+        lines += ["", "![samples/s and CPU per method](latest.png)", ""]
     lines += ["## The README's table", "", "(`README.md`, \"The benchmark\": paste it there with the run's date.)", "",
-              readme_table(runs, info["delay_ms"]), ""]
+              readme_table(runs, info["delay_ms"], extra), ""]
     return "\n".join(lines)
 
 
@@ -171,11 +213,13 @@ def _cell(r: dict[str, Any] | None, fmt: Any) -> str:
         return "-"
 
 
-def readme_table(runs: dict[str, dict[str, Any]], delay_ms: float) -> str:
+def readme_table(runs: dict[str, dict[str, Any]], delay_ms: float,
+                 extra: dict[str, dict[str, Any]] | None = None) -> str:
     """The README's summary table: samples/s through the proxy and direct, CPU per 1,000
-    samples and its split (s5cmd / training process / workers), the time to the first batch,
-    and S3 requests per sample."""
-    by = {label: {r["method"]: r for r in doc["results"]} for label, doc in runs.items()}
+    samples and its split (s5cmd / training process / workers), the time to the first batch
+    (at the run's batch, and at batch 32 with 4 workers), S3 requests per sample, their price
+    per million samples (image + label, and one object per sample), and TCP connections."""
+    by = {label: {r["method"]: r for r in doc["results"]} for label, doc in {**runs, **(extra or {})}.items()}
     methods = [m for m in README_METHODS if any(m in b for b in by.values())]
     rows = [["samples/s"] + [README_METHODS[m] for m in methods]]
     if "proxy" in by:
@@ -193,6 +237,15 @@ def readme_table(runs: dict[str, dict[str, Any]], delay_ms: float) -> str:
         if any(r.get("first_batch_s") is not None for r in by.get(label, {}).values()):
             rows.append([f"first batch, s ({'direct' if label == 'direct' else 'proxy'} run)"] + [
                 _cell(by[label].get(m), lambda r: f"{r['first_batch_s']:.2f}") for m in methods])
+    if "first-direct" in by or "first-proxy" in by:
+        fd, fp = by.get("first-direct", {}), by.get("first-proxy", {})
+
+        def first(m: str) -> str:
+            cells = [_cell(b.get(m), lambda r: f"{r['first_batch_s']:.2f}") for b in (fd, fp)]
+            return "-" if cells == ["-", "-"] else " / ".join(cells)
+
+        rows.append([f"first batch, s, batch {FIRST_BATCH['batch_size']} and {FIRST_BATCH['num_workers']} workers: "
+                     f"direct / {delay_ms:g} ms proxy"] + [first(m) for m in methods])
     if "direct" in by and any(r.get("blocks_per_256") is not None for r in by["direct"].values()):
         rows.append(["shuffle: distinct blocks per 256 samples"] + [
             _cell(by["direct"].get(m), lambda r: f"{r['blocks_per_256']:.0f}") for m in methods])
@@ -204,6 +257,16 @@ def readme_table(runs: dict[str, dict[str, Any]], delay_ms: float) -> str:
                 _cell(counted.get(m), lambda r: f"{r['requests_per_sample']:.2f} ("
                       + " / ".join(f"{r['requests_per_sample_by_kind'].get(k, 0):.2f}" for k in ("GET", "HEAD", "LIST"))
                       + ")") for m in methods])
+    dollars = [(label, what) for label, what in (("proxy", "image + label, proxy run"),
+                                                 ("single", "one object per sample"))
+               if any(r.get("dollars_per_million_samples") is not None for r in by.get(label, {}).values())]
+    for label, what in dollars:
+        rows.append([f"$ per million samples at S3 list prices ({what})"] + [
+            _cell(by[label].get(m), lambda r: f"{r['dollars_per_million_samples']:.2f}") for m in methods])
+    if any(r.get("connections_per_request") is not None for r in by.get("proxy", {}).values()):
+        rows.append(["new TCP connections per request / most open at once (proxy run)"] + [
+            _cell(by["proxy"].get(m), lambda r: f"{r['connections_per_request']:.3f} / {r['peak_open_connections']}")
+            for m in methods])
     lines = ["| " + " | ".join(rows[0]) + " |", "|---|" + "---:|" * len(methods)]
     lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
     return "\n".join(lines)
@@ -226,7 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--delay-ms", type=float, default=20.0, help="latency the proxy adds per request (default 20)")
     p.add_argument("--count-direct", action="store_true",
                    help="count the direct run's requests too, through the proxy at 0 ms (it shares the CPU)")
-    p.add_argument("--only", choices=["direct", "proxy"], help="run one of the two")
+    p.add_argument("--only", nargs="+", choices=RUNS,
+                   help=f"run only these of the runs ({', '.join(RUNS)}; default all)")
+    p.add_argument("--first-batch-repeat", type=int, default=5,
+                   help="repeats of the first-batch runs (default 5; each is one batch per method)")
     p.add_argument("--out", default=os.path.join(HERE, "results"), help="results folder (default bench/results)")
     args = p.parse_args(argv)
 
@@ -239,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     for var in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "S3_ENDPOINT_URL", "AWS_PROFILE"):
         os.environ.pop(var, None)
     source = "s3://bench/train/"
-    runs: dict[str, dict[str, Any]] = {}
+    runs: dict[str, dict[str, Any]] = {}  # the whole runs: direct, proxy
+    extra: dict[str, dict[str, Any]] = {}  # first-direct, first-proxy, single
     with tempfile.TemporaryDirectory(prefix="s5loader-bench-") as tmp:
         s3dir = os.path.join(tmp, "s3")
         check_run([PY, os.path.join(ROOT, "bin", "s3-local"), "start", "--dir", s3dir, "--bucket", "bench"])
@@ -247,30 +314,36 @@ def main(argv: list[str] | None = None) -> int:
             endpoint = f.read().strip()
         try:
             print(f"SeaweedFS serves S3 at {endpoint}", flush=True)
-            t = time.monotonic()
-            gen = subprocess.run([PY, "-m", "s5loader", "bench", "--generate", str(args.samples), source,
-                                  "--endpoint-url", endpoint, "--sample-size", args.sample_size,
-                                  "--shard-samples", str(args.shard_samples)],
-                                 stdout=subprocess.PIPE, text=True, check=False, env=child_env())
-            if gen.returncode != 0:
-                raise RuntimeError(f"generating the data set failed with exit code {gen.returncode} (see above)")
-            print(gen.stdout.strip(), f"({time.monotonic() - t:.0f}s)", flush=True)
-            if args.only in (None, "direct"):
+            generate(endpoint, source, args, [])
+            only = set(args.only or RUNS)
+            delay = ["--delay-ms", f"{args.delay_ms:g}"]
+            if "direct" in only:
                 runs["direct"] = bench("direct", endpoint, source, out, args,
                                        ["--count-requests"] if args.count_direct else [])
-            if args.only in (None, "proxy"):
-                runs["proxy"] = bench("proxy", endpoint, source, out, args, ["--delay-ms", f"{args.delay_ms:g}"])
+            if "proxy" in only:
+                runs["proxy"] = bench("proxy", endpoint, source, out, args, delay)
+            for label, how in (("first-direct", []), ("first-proxy", delay)):
+                if label in only:
+                    extra[label] = bench(label, endpoint, source, out, args, ["--first-batch", *how],
+                                         methods=_installed(FIRST_BATCH_METHODS, args.methods),
+                                         repeat=args.first_batch_repeat, **FIRST_BATCH)
+            if "single" in only:
+                single = "s3://bench/single/"
+                generate(endpoint, single, args, ["--no-label", "--shards-prefix", "s3://bench/single-shards/"])
+                extra["single"] = bench("single", endpoint, single, out, args, ["--count-requests"],
+                                        methods=_installed(SINGLE_METHODS, args.methods), repeat=1)
         finally:
             subprocess.run([PY, os.path.join(ROOT, "bin", "s3-local"), "stop", "--dir", s3dir], check=False)
     elapsed = time.monotonic() - t0
     info = {"samples": args.samples, "sample_size": args.sample_size, "delay_ms": args.delay_ms,
             "count_direct": args.count_direct, "elapsed_s": elapsed, "out": out}
     with open(os.path.join(out, "latest.json"), "w") as f:
-        json.dump({"bench": {k: v for k, v in info.items() if k != "out"}, "runs": runs}, f, indent=2)
+        json.dump({"bench": {k: v for k, v in info.items() if k != "out"}, "runs": {**runs, **extra}}, f, indent=2)
     with open(os.path.join(out, "latest.md"), "w") as f:
-        f.write(markdown(runs, info))
+        f.write(markdown(runs, info, extra))
     try:
-        combined_chart(os.path.join(out, "latest.png"), runs, args.delay_ms)
+        if runs:
+            combined_chart(os.path.join(out, "latest.png"), runs, args.delay_ms)
     except ImportError:
         print("matplotlib is not installed: no latest.png (pip install matplotlib)", file=sys.stderr)
     print(f"\nresults: {os.path.relpath(out, ROOT)}/latest.{{json,md,png}}; the benchmark took {elapsed:.0f}s")

@@ -30,7 +30,9 @@ class S5Dataset(Dataset[Any]):
     """Samples in S3, each a dict ``{"__key__": key, FIELD: bytes, ...}``.
 
     ``dataset[i]``, for an index ``i`` an :class:`~s5loader.S5Sampler` yielded, reads the
-    sample's files from that sampler's staging directory, and deletes them right after
+    sample's files from that sampler's staging directory (for one of the first samples of a
+    pass, which the sampler hands out before they are staged, once they are, raising the
+    sampler's error if staging fails), and deletes them right after
     reading (the releaser: inline, so the budget is freed at once and nothing is left when a
     DataLoader worker exits). Any number of samplers may share one dataset; each index says
     where its sample was staged. For any other index (no sampler, another sampler), or when a

@@ -37,8 +37,10 @@ class S5Sampler(Sampler[int]):
     Each epoch it orders the indices (a permutation per ``seed + epoch`` when ``shuffle``),
     takes this rank's part, and stages it into a directory of its own with background
     ``s5cmd run`` calls of ``samples_per_call`` samples, ``calls_in_flight`` of them at once, never
-    holding more than ``budget`` bytes staged and not yet read. It yields an index only when
-    that sample's files are staged, in order. The :class:`S5Dataset` reads and deletes them.
+    holding more than ``budget`` bytes staged and not yet read. It yields each index in order once
+    its sample is staged, but to a DataLoader (with ``on_error="raise"``) at once, and the
+    :class:`S5Dataset` that reads it waits for it: a batch waits only for its own samples. The
+    :class:`S5Dataset` reads and deletes the files.
 
     Args:
         dataset: the :class:`S5Dataset` to stage for.
@@ -52,7 +54,7 @@ class S5Sampler(Sampler[int]):
             that share a key prefix, gather them into windows of whole blocks, and shuffle the
             samples within each window; a window holds as many samples as ``calls_in_flight + 1``
             windows fit in ``budget`` (at most 8192), so a batch draws from many blocks, and
-            s5cmd fetches each block with one wildcard request; ``False``: key order. Over tar
+            s5cmd fetches each block of 13 objects or more with one wildcard request; ``False``: key order. Over tar
             shards (:meth:`S5Dataset.from_shards`) each rank takes a contiguous run of the
             shards (permuted with ``True`` and ``"block"``), so a shard is fetched by one rank;
             with ``True`` samples are drawn at random from the :attr:`window` shards the budget
@@ -166,19 +168,18 @@ class S5Sampler(Sampler[int]):
         self._pos.epoch_set = True
 
     def __iter__(self) -> Iterator[int]:
-        # Called by the DataLoader's BatchSampler: its batch size is the least the budget must
-        # hold (a batch is handed to a worker only once all of it is staged), so a budget
-        # smaller than a batch is an error now instead of a stall at the first batch.
-        check_loader_batch(self, self.dataset, self.budget, sys._getframe(1))
-        return self._iterate()
+        # Called by a DataLoader's BatchSampler: a budget smaller than its batch is an error now
+        # instead of a stall, and samples not staged yet go out at once (its reader waits).
+        return self._iterate(early=check_loader_batch(self, self.dataset, self.budget, sys._getframe(1)))
 
-    def _iterate(self) -> Iterator[int]:
+    def _iterate(self, early: bool = False) -> Iterator[int]:
         self._run.passes.close_active()
         if self._pos.epoch_done:
             self._pos.start, self._pos.epoch_done = 0, False  # the same epoch again, from its start
         order, windows = self._epoch_plan(self.epoch, self._pos.start)
         # without skips=True the run yields staged indices only
-        yield from cast(Iterator[StagedIndex], self._run.stage(order, windows, self._order.shuffle, lambda: self.epoch))
+        stream = self._run.stage(order, windows, self._order.shuffle, lambda: self.epoch, early=early)
+        yield from cast(Iterator[StagedIndex], stream)
 
     def _epoch_order(self, epoch: int, start: int = 0) -> list[int]:
         return self._epoch_plan(epoch, start)[0]

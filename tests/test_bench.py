@@ -57,6 +57,10 @@ def _keys(endpoint: str, bucket: str, prefix: str) -> dict[str, int]:
         (["s3://b/p/", "--generate", "0"], "--generate"),
         (["s3://b/p/", "--generate", "5", "--sample-size", "big"], "--sample-size"),
         (["s3://b/p/", "--shards-prefix", "/tmp/shards"], "--shards-prefix must be an s3://"),
+        (["s3://b/p/", "--prices", "PUT=0.005"], "KIND one of GET, HEAD, LIST, other"),
+        (["s3://b/p/", "--prices", "GET=free"], "'free' is not a number"),
+        (["s3://b/p/", "--prices", "LIST=-1"], "a price must be 0 or more"),
+        (["s3://b/p/", "--first-batch", "--steps", "3"], "not allowed with argument"),
     ],
 )
 def test_argument_errors(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -127,6 +131,27 @@ def test_generate_writes_the_expected_objects(data: dict[str, str], capsys: pyte
         label = tar.extractfile("000005.label").read()  # type: ignore[union-attr]
     direct = _client(data["endpoint"]).get_object(Bucket="data", Key=f"{data['base']}train/000005.label")
     assert label == direct["Body"].read() == b"5"
+
+
+def test_generate_without_labels_writes_one_object_per_sample(seaweed_server: str, tmp_path) -> None:
+    base = f"bench-{uuid.uuid4().hex[:8]}/"
+    source = f"s3://data/{base}one/"
+    assert bench.main(["--generate", "6", source, "--endpoint-url", seaweed_server, "--sample-size", "1KB",
+                       "--shard-samples", "3", "--no-label"]) == 0
+    assert sorted(_keys(seaweed_server, "data", base + "one/")) == [f"{base}one/{i:06d}.image" for i in range(6)]
+    body = _client(seaweed_server).get_object(Bucket="data", Key=f"{base}one-shards/shard-000001.tar")["Body"].read()
+    with tarfile.open(fileobj=io.BytesIO(body)) as tar:
+        assert tar.getnames() == [f"{i:06d}.image" for i in range(3, 6)]
+    # the first batch alone, at a batch of 4: one step per method, counted at the proxy
+    out_json = tmp_path / "first.json"
+    assert bench.main([source, "--endpoint-url", seaweed_server, "--first-batch", "--batch-size", "4",
+                       "--num-workers", "2", "--count-requests", "--methods", "s5loader", "boto3",
+                       "--json", str(out_json)]) == 0
+    doc = json.loads(out_json.read_text())
+    assert doc["settings"]["first_batch"] and doc["settings"]["samples_per_call"] == 1000
+    for r in doc["results"]:
+        assert r["status"] == "ok" and r["steps"] == 1 and r["samples"] == 4 and r["first_batch_s"] > 0
+        assert r["objects"] == 4  # one object per sample
 
 
 def test_generate_shows_progress_on_stderr(seaweed_server: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -300,9 +325,9 @@ def test_webdataset_with_fewer_shards_than_workers_runs_one_worker_per_shard(
 # -- the table ------------------------------------------------------------------------------
 def _realistic_results(counted: bool = False) -> list[Figures]:
     """Figures like a real run's (the README's loopback figures), every method, one skipped."""
-    rates = {"s5loader": 396.0, "s5loader-block": 591.0, "boto3": 239.0, "s5cmd-run": 343.0, "s5cmd-bulk": 590.0,
+    rates = {"s5loader": 396.0, "s5loader-block": 591.0, "s5loader-sorted": 601.0, "boto3": 239.0, "s5cmd-run": 343.0, "s5cmd-bulk": 590.0,
              "webdataset": 1302.4, "s5loader-shards": 1881.2, "s5loader-iterable": 1453.0}
-    cpu = {"s5loader": 2.68, "s5loader-block": 1.98, "boto3": 4.18, "s5cmd-run": 2.44, "s5cmd-bulk": 1.07,
+    cpu = {"s5loader": 2.68, "s5loader-block": 1.98, "s5loader-sorted": 1.95, "boto3": 4.18, "s5cmd-run": 2.44, "s5cmd-bulk": 1.07,
            "webdataset": 0.83, "s5loader-shards": 0.64, "s5loader-iterable": 0.67}
     out = []
     for m in METHODS:
@@ -335,7 +360,7 @@ def test_default_table_is_compact(counted: bool) -> None:
     lines = table.splitlines()
     assert max(len(ln) for ln in lines) <= 100, "\n" + table
     header = lines[0].split("  ")
-    expected = list(bench.COMPACT_COLUMNS) + (["requests/sample"] if counted else [])
+    expected = list(bench.COMPACT_COLUMNS) + (["$/M samples"] if counted else [])
     assert [c.strip() for c in header if c.strip()] == expected
     by_method = {ln.split()[0]: ln for ln in lines[1:1 + len(METHODS)]}
     assert list(by_method) == list(METHODS)
@@ -346,7 +371,10 @@ def test_default_table_is_compact(counted: bool) -> None:
     assert "s3torchconnector: skipped: s3torchconnector is not installed" in table
     assert "samples/s: the median of 3 repeats" in table
     assert len(lines) <= len(METHODS) + 8, "\n" + table  # a note per method at most, not per figure
-    for wide_only in ("s/100 steps (mean)", "GET/HEAD/LIST/other per sample", "peak mem MB", "waited"):
+    if counted:  # 2 GETs and a LIST per sample at S3 list prices: 2 x $0.0004 + $0.005 per 1,000
+        assert by_method["s5loader"].split()[6] == "5.80"
+    for wide_only in ("s/100 steps (mean)", "GET/HEAD/LIST/other per sample", "peak mem MB", "waited",
+                      "new conns/request", "requests/sample"):
         assert wide_only not in table
     assert "--wide" in lines[-1]
 
@@ -362,6 +390,52 @@ def test_wide_table_and_markdown_have_every_column() -> None:
     assert md.splitlines()[0] == "| " + " | ".join(bench.COLUMNS) + " |"
     assert bench.build_parser().parse_args(["s3://b/p/", "--wide"]).wide
     assert not bench.build_parser().parse_args(["s3://b/p/"]).wide
+
+
+def test_prices_are_s3_list_prices_unless_given() -> None:
+    parse = bench.build_parser().parse_args
+    assert parse(["s3://b/p/"]).prices == {"GET": 0.0004, "HEAD": 0.0004, "LIST": 0.005, "other": 0.005}
+    assert parse(["s3://b/p/", "--prices", "list=0.0054,GET=0.00043"]).prices == {
+        "GET": 0.00043, "HEAD": 0.0004, "LIST": 0.0054, "other": 0.005}
+
+
+def test_dollars_and_connections_per_request() -> None:
+    f = Figures("x", samples=2000, objects=4000, requests={"GET": 4000, "HEAD": 4000, "LIST": 4, "other": 0,
+                                                           "unreadable": 1}, new_connections=800)
+    bench_methods.fill_request_rates(f, bench_methods.S3_PRICES)
+    # (8,000 x $0.0004 + 4 x $0.005) / 1,000 per 2,000 samples
+    assert f.dollars_per_million_samples == pytest.approx(1.61)
+    assert f.connections_per_request == pytest.approx(800 / 8004)
+    bench_methods.fill_request_rates(f, {**bench_methods.S3_PRICES, "HEAD": 0.0})
+    assert f.dollars_per_million_samples == pytest.approx(0.81)
+
+
+def test_readme_table_quotes_dollars_connections_and_the_first_batch() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_run", os.path.join(os.path.dirname(__file__), "..",
+                                                                           "bench", "run.py"))
+    assert spec is not None and spec.loader is not None
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+
+    def doc(**by_method: dict) -> dict:  # type: ignore[type-arg]
+        return {"results": [{"method": m, "status": "ok", **r} for m, r in by_method.items()]}
+
+    counted = {"samples_per_s": 400.0, "first_batch_s": 0.3, "requests_per_sample": 4.0,
+               "requests_per_sample_by_kind": {"GET": 2.0, "HEAD": 2.0, "LIST": 0.0},
+               "dollars_per_million_samples": 1.61, "connections_per_request": 0.5, "peak_open_connections": 300}
+    runs = {"proxy": doc(**{"s5loader": counted, "s3torchconnector": {**counted, "dollars_per_million_samples": 0.81}})}
+    extra = {"first-direct": doc(s5loader={"first_batch_s": 0.21}, s3torchconnector={"first_batch_s": 0.35}),
+             "first-proxy": doc(s5loader={"first_batch_s": 0.4}),
+             "single": doc(s5loader={"dollars_per_million_samples": 0.8})}
+    table = run.readme_table(runs, 20.0, extra)
+    rows = {cells[0]: cells[1:] for cells in ([c.strip() for c in ln.strip("|").split(" | ")]
+                                              for ln in table.splitlines())}
+    assert rows["first batch, s, batch 32 and 4 workers: direct / 20 ms proxy"][:2] == ["0.21 / 0.40", "0.35 / -"]
+    assert rows["$ per million samples at S3 list prices (image + label, proxy run)"][:2] == ["1.61", "0.81"]
+    assert rows["$ per million samples at S3 list prices (one object per sample)"][0] == "0.80"
+    assert rows["new TCP connections per request / most open at once (proxy run)"][0] == "0.500 / 300"
 
 
 # -- the measuring parts -------------------------------------------------------------------
@@ -630,6 +704,10 @@ def test_real_run_reports_cpu_split_and_requests(data: dict[str, str], tmp_path,
         assert set(r["cpu_split_s_per_1k_samples"]) == set(split)
     assert by["s5loader"]["cpu_split_s"]["main"] > 0
     assert by["boto3"]["cpu_split_s"]["s5cmd"] == 0 and by["boto3"]["requests"]["HEAD"] == 0
+    for m in methods:  # what the requests cost, and the connections the proxy accepted for them
+        r = by[m]
+        assert r["dollars_per_million_samples"] > 0 and r["new_connections"] >= 1
+        assert 0 < r["connections_per_request"] <= 1.01 and r["peak_open_connections"] >= 1
     assert by["s5cmd-bulk"]["requests"]["HEAD"] == 0 and by["s5cmd-bulk"]["requests"]["LIST"] >= 1
     for m in ("s5loader", "s5cmd-bulk"):  # s5cmd did the work: seen, or at least not given to another kind
         split = by[m]["cpu_split_s"]

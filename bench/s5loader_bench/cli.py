@@ -1,13 +1,14 @@
 """``s5loader bench``: measure loading methods on the same objects, one after another.
 
     s5loader bench SOURCE [--endpoint-url URL] [--methods M ...] [--batch-size 4]
-                   [--num-workers N] [--steps N | --seconds S] [--samples-per-call N]
-                   [--count-requests] [--delay-ms D] [--json FILE] [--markdown FILE] [--plot FILE]
-                   [--wide]
-    s5loader bench --generate N SOURCE [--sample-size 100KB] [--shard-samples 100]
+                   [--num-workers N] [--steps N | --seconds S | --first-batch] [--samples-per-call N]
+                   [--count-requests] [--delay-ms D] [--prices GET=0.0004,LIST=0.005,...]
+                   [--json FILE] [--markdown FILE] [--plot FILE] [--wide]
+    s5loader bench --generate N SOURCE [--sample-size 100KB] [--no-label] [--shard-samples 100]
                    [--shards-prefix URI]
 
-Methods: ``s5loader`` (S5Sampler + S5Dataset), ``boto3`` (one GetObject per file),
+Methods: ``s5loader`` (S5Sampler + S5Dataset; ``s5loader-block`` with ``shuffle="block"``,
+``s5loader-sorted`` with ``shuffle=False``), ``boto3`` (one GetObject per file),
 ``s5cmd-run`` (the sampler's own command files run by s5cmd, no Python reading: the ceiling of
 this design), ``s5cmd-bulk`` (one ``s5cmd cp 'prefix/*'``: the ceiling of the sidecar),
 ``s3torchconnector`` and ``webdataset`` (tar shards through ``pipe:s5cmd cat``) when installed,
@@ -16,9 +17,10 @@ shards; their index is built first when missing) and ``s5loader-iterable``
 (``S5IterableDataset(shuffle="block")`` over them, no sampler);
 a peer that is absent or cannot work against the endpoint is skipped with a note.
 
-Per method: samples/s, CPU per 1,000 samples split into s5cmd, the training process and the
-DataLoader workers, and (through the request-counting proxy, ``--count-requests`` or
-``--delay-ms``) S3 requests per sample by kind.
+Per method: samples/s, the time to the first batch, CPU per 1,000 samples split into s5cmd, the
+training process and the DataLoader workers, and (through the request-counting proxy,
+``--count-requests`` or ``--delay-ms``) S3 requests per sample by kind, their price per million
+samples (``--prices``), the TCP connections opened per request and the most open at once.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ import psutil
 
 from s5loader import Access, ConfigError, Progress, S5Dataset, find_s5cmd, parse_size
 
-from .methods import INSTALL_HINT, METHODS, Context, Figures, Settings, measure, shards_prefix
+from .methods import INSTALL_HINT, METHODS, S3_PRICES, Context, Figures, Settings, measure, shards_prefix
 from .proxy import ProxyProcess
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -83,6 +85,24 @@ def positive_float(text: str) -> float:
     return v
 
 
+def prices_arg(text: str) -> dict[str, float]:
+    """``GET=0.0004,LIST=0.005``: dollars per 1,000 requests of a kind (GET, HEAD, LIST, other)
+    over the AWS S3 Standard list prices of :data:`S3_PRICES`."""
+    prices = dict(S3_PRICES)
+    for item in (p for p in text.split(",") if p.strip()):
+        kind, sep, value = item.partition("=")
+        kind = {k.lower(): k for k in S3_PRICES}.get(kind.strip().lower(), "")
+        if not sep or not kind:
+            raise argparse.ArgumentTypeError(f"expected KIND=DOLLARS with KIND one of {', '.join(S3_PRICES)}, got {item!r}")
+        try:
+            prices[kind] = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a number (in {item!r})") from None
+        if prices[kind] < 0 or not math.isfinite(prices[kind]):
+            raise argparse.ArgumentTypeError(f"a price must be 0 or more, got {item!r}")
+    return prices
+
+
 def size_arg(text: str) -> int:
     """A size such as ``2GiB``, ``500MB`` or a number of bytes."""
     try:
@@ -108,11 +128,16 @@ def build_parser() -> argparse.ArgumentParser:
     stop = p.add_mutually_exclusive_group()
     stop.add_argument("--steps", type=positive_int, help="steps per method (default: one pass over the data set)")
     stop.add_argument("--seconds", type=positive_float, help="seconds per method instead of a step count")
+    stop.add_argument("--first-batch", action="store_true",
+                      help="run each method only to its first batch: the time from iter(loader) to it (the "
+                      "sampler's calls sized as for a whole pass, unlike --steps 1)")
     p.add_argument("--samples-per-call", type=positive_int, default=1000,
                    help="S5Sampler samples per s5cmd call, also for s5cmd-run (default 1000)")
     p.add_argument("--calls-in-flight", "--buffers", dest="calls_in_flight", type=positive_int, default=2,
                    help="S5Sampler calls_in_flight: s5cmd calls running at once (default 2; --buffers is its former name)")
     p.add_argument("--budget", default="2GiB", help="S5Sampler staging budget (default 2GiB)")
+    p.add_argument("--s5cmd-workers", type=positive_int, default=256,
+                   help="S5Sampler s5cmd_workers, s5cmd's --numworkers (default 256)")
     p.add_argument("--staging-dir", help="S5Sampler staging root (default: /dev/shm when it has room)")
     p.add_argument("--repeat", type=positive_int, default=1,
                    help="run the method list this many times, interleaved, and report per method the "
@@ -127,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delay-ms", type=float, default=None,
                    help="hold every client-to-server chunk this many ms at that proxy, like a trip to a distant "
                    "store (implies --count-requests; default 0)")
+    p.add_argument("--prices", type=prices_arg, default=dict(S3_PRICES), metavar="KIND=DOLLARS,...",
+                   help="dollars per 1,000 requests of each kind (GET, HEAD, LIST, other) for the $/M samples "
+                   "column; default AWS S3 Standard list prices: GET=0.0004,HEAD=0.0004,LIST=0.005,other=0.005")
     p.add_argument("--shards-prefix", help="tar shards for webdataset (default: SOURCE's sibling '<name>-shards/')")
     p.add_argument("--shard-shuffle", choices=["none", "block", "full"], default="block",
                    help="how the shard methods shuffle: none (webdataset in shard order; s5loader shuffle=False), "
@@ -146,6 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--sample-size", type=size_arg, default=100_000, help="bytes of each .image (default 100KB)")
     gen.add_argument("--label-size", type=size_arg, default=None,
                      help="bytes of each .label (default: the class number as text, a few bytes)")
+    gen.add_argument("--no-label", action="store_true",
+                     help="one object per sample: write NNNNNN.image alone (and shards of it), no .label")
     gen.add_argument("--shard-samples", type=positive_int, default=100, help="samples per tar shard (default 100)")
     return p
 
@@ -198,9 +228,9 @@ def upload(local_glob: str, dest: str, endpoint: str | None, progress: Progress)
 
 def generate(source: str, n: int, *, sample_size: int = 100_000, label_size: int | None = None,
              shard_samples: int = 100, shards: str | None = None, endpoint: str | None = None,
-             seed: int = 0) -> tuple[int, int]:
-    """Write ``n`` image + label pairs under ``source`` and tar shards of them under ``shards``,
-    with the shards' wids index (``s5loader index-shards``).
+             seed: int = 0, labels: bool = True) -> tuple[int, int]:
+    """Write ``n`` image + label pairs (``labels=False``: images alone) under ``source`` and tar
+    shards of them under ``shards``, with the shards' wids index (``s5loader index-shards``).
 
     Returns (objects written, bytes written).
     """
@@ -218,7 +248,8 @@ def generate(source: str, n: int, *, sample_size: int = 100_000, label_size: int
             key = f"{i:0{width}d}"
             image = rng.randbytes(sample_size)
             label = (f"{i % 1000}".encode().ljust(label_size, b" ") if label_size else f"{i % 1000}".encode())
-            for name, data in (("image", image), ("label", label)):
+            fields = (("image", image), ("label", label)) if labels else (("image", image),)
+            for name, data in fields:
                 with open(os.path.join(sdir, f"{key}.{name}"), "wb") as f:
                     f.write(data)
             if i % shard_samples == 0:
@@ -226,14 +257,15 @@ def generate(source: str, n: int, *, sample_size: int = 100_000, label_size: int
                     tar.close()
                 tar = tarfile.open(os.path.join(tdir, f"shard-{i // shard_samples:06d}.tar"), "w")
             assert tar is not None
-            for name, data in (("image", image), ("label", label)):
+            for name, data in fields:
                 info = tarfile.TarInfo(f"{key}.{name}")
                 info.size, info.mtime, info.mode = len(data), 0, 0o644
                 tar.addfile(info, io.BytesIO(data))
-            total_bytes += len(image) + len(label)
+            total_bytes += sum(len(data) for _, data in fields)
         if tar is not None:
             tar.close()
-        progress = Progress(f"uploading to {source}", 2 * n + n_shards)
+        per_sample = 2 if labels else 1
+        progress = Progress(f"uploading to {source}", per_sample * n + n_shards)
         dest = source if source.endswith("/") else source + "/"
         upload(os.path.join(sdir, "*"), dest, endpoint, progress)
         upload(os.path.join(tdir, "*"), shards, endpoint, progress)
@@ -245,7 +277,7 @@ def generate(source: str, n: int, *, sample_size: int = 100_000, label_size: int
     proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"{shlex.join(argv)} exited with code {proc.returncode}: {proc.stderr[-2000:]}")
-    return 2 * n + n_shards + 1, total_bytes
+    return per_sample * n + n_shards + 1, total_bytes
 
 
 # -- reporting -------------------------------------------------------------------------------
@@ -255,11 +287,12 @@ def _fmt(v: float | None, spec: str = ".3g") -> str:
 
 COLUMNS = ("method", "samples/s", "MB/s", "first batch s", "s/100 steps (mean)", "s/100 steps (var, s²)",
            "waited", "CPU (cores)", "CPU s/1k samples", "s5cmd", "main", "workers", "requests/sample",
-           "GET/HEAD/LIST/other per sample", "blocks/256 samples", "peak mem MB", "vs s5loader", "note")
+           "GET/HEAD/LIST/other per sample", "$/M samples", "new conns/request", "most conns open",
+           "blocks/256 samples", "peak mem MB", "vs s5loader", "note")
 # the CPU split columns: CPU s per 1,000 samples of each kind of process (see monitor.CpuSplit)
 SPLIT_COLUMNS = ("s5cmd", "main", "workers")
 # the terminal's default table: what a user reads first (every column: --wide, --markdown, --json);
-# requests/sample joins them when requests were counted
+# $/M samples joins them when requests were counted
 COMPACT_COLUMNS = ("method", "samples/s", "MB/s", "first batch s", "vs s5loader", "CPU s/1k samples")
 COMPACT_WIDTH = 100  # the notes under the compact table are wrapped to this width
 
@@ -305,7 +338,8 @@ def table_rows(results: list[Figures]) -> list[list[str]]:
             _fmt(f.step100_var_s2, ".2g"), "-" if f.wait_fraction is None else f"{f.wait_fraction:.0%}",
             _fmt(f.cpu_util, ".2f"), _fmt(f.cpu_s_per_1k_samples, ".2f"),
             *(_split(f, k) for k in SPLIT_COLUMNS),
-            _fmt(f.requests_per_sample, ".2f"), _by_kind(f), _fmt(f.blocks_per_256, ".1f"),
+            _fmt(f.requests_per_sample, ".2f"), _by_kind(f), _fmt(f.dollars_per_million_samples, ".2f"),
+            _fmt(f.connections_per_request, ".3f"), _fmt(f.peak_open_connections, "d"), _fmt(f.blocks_per_256, ".1f"),
             _fmt(f.peak_mem_mb, ".0f"),
             _ratio(f), "; ".join([f"{f.samples} samples in {f.seconds:.1f}s", *_notes(f)]),
         ])
@@ -313,12 +347,12 @@ def table_rows(results: list[Figures]) -> list[list[str]]:
 
 
 def compact_table(results: list[Figures]) -> str:
-    """The terminal's default table (:data:`COMPACT_COLUMNS`, plus requests/sample when requests
-    were counted) and under it each method's own note (a skip, a failure, fewer workers than
+    """The terminal's default table (:data:`COMPACT_COLUMNS`, plus the price of the requests per
+    million samples when requests were counted) and under it each method's own note (a skip, a failure, fewer workers than
     asked) and whether samples/s are medians of repeats, wrapped to :data:`COMPACT_WIDTH`. The
     CPU not attributed to a process and each repeat's samples/s are in the full table."""
     counted = any(f.requests_per_sample is not None for f in results)
-    header = list(COMPACT_COLUMNS) + (["requests/sample"] if counted else [])
+    header = list(COMPACT_COLUMNS) + (["$/M samples"] if counted else [])
     rows, notes = [header], []
     for f in results:
         if f.status != "ok":
@@ -327,7 +361,8 @@ def compact_table(results: list[Figures]) -> str:
             continue
         rows.append([f.method, _fmt(f.samples_per_s, ".1f"), _fmt(f.mb_per_s, ".1f"), _fmt(f.first_batch_s, ".2f"),
                      _ratio(f),
-                     _fmt(f.cpu_s_per_1k_samples, ".2f")] + ([_fmt(f.requests_per_sample, ".2f")] if counted else []))
+                     _fmt(f.cpu_s_per_1k_samples, ".2f")]
+                    + ([_fmt(f.dollars_per_million_samples, ".2f")] if counted else []))
         notes += [f"{f.method}: {f.note}"] if f.note else []
     repeats = {len(f.repeats_samples_per_s) for f in results if f.repeats_samples_per_s}
     if max(repeats, default=1) > 1:
@@ -430,15 +465,16 @@ def _tmp_root() -> str:
     return tempfile.gettempdir()
 
 
-def _median_run(runs: list[Figures]) -> Figures:
-    """The repeat with the median samples/s (the lower one of an even count); a repeat that
-    was skipped or failed is reported instead, since its figures would be missing."""
+def _median_run(runs: list[Figures], first_batch: bool = False) -> Figures:
+    """The repeat with the median samples/s (``first_batch``: the median time to the first
+    batch; the lower one of an even count); a repeat that was skipped or failed is reported
+    instead, since its figures would be missing."""
     bad = next((f for f in runs if f.status != "ok"), None)
     if bad is not None:
         if len(runs) > 1 and bad.status == "failed":
             bad.note = f"in repeat {runs.index(bad) + 1} of {len(runs)}: {bad.note}"
         return bad
-    ranked = sorted(runs, key=lambda f: f.samples_per_s or 0.0)
+    ranked = sorted(runs, key=(lambda f: -(f.first_batch_s or 0.0)) if first_batch else (lambda f: f.samples_per_s or 0.0))
     chosen = ranked[(len(ranked) - 1) // 2]
     chosen.repeats_samples_per_s = [f.samples_per_s or 0.0 for f in runs]
     return chosen
@@ -453,7 +489,7 @@ def run(settings: Settings, methods: list[str], repeat: int = 1, echo: bool = Tr
             raise ConfigError("counting requests needs an http:// endpoint (--endpoint-url)")
         with ProxyProcess(settings.endpoint_url, settings.delay_ms) as proxy:
             ctx = Context(settings, dataset, find_s5cmd(), proxy.endpoint, _tmp_root(),
-                          count_requests=proxy.counts, exclude_pids=(proxy.pid,))
+                          proxy_stats=proxy.stats, exclude_pids=(proxy.pid,))
             return _run(ctx, methods, repeat, echo)
     return _run(Context(settings, dataset, find_s5cmd(), settings.endpoint_url, _tmp_root()), methods, repeat, echo)
 
@@ -475,7 +511,7 @@ def _run(ctx: Context, methods: list[str], repeat: int, echo: bool) -> list[Figu
                         else f"{f.status}: {f.note}")
                 print(f"s5loader bench: {tag}: {what}", file=sys.stderr, flush=True)
             runs[m].append(f)
-    results = [_median_run(runs[m]) for m in methods]
+    results = [_median_run(runs[m], ctx.settings.first_batch) for m in methods]
     base = next((f for f in results if f.method == "s5loader" and f.status == "ok"), None)
     for f in results:
         if base is not None and f.status == "ok" and base.samples_per_s and f.samples_per_s is not None:
@@ -525,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         count, nbytes = generate(args.source, args.generate, sample_size=args.sample_size,
                                  label_size=args.label_size, shard_samples=args.shard_samples,
-                                 shards=shards, endpoint=endpoint, seed=args.seed)
+                                 shards=shards, endpoint=endpoint, seed=args.seed, labels=not args.no_label)
         print(f"wrote {args.generate} samples ({count} objects with the shards, {nbytes / 1e6:.1f} MB of samples) "
               f"under {args.source} and {shards} in {time.monotonic() - t0:.1f}s")
         return EXIT_OK
@@ -535,7 +571,8 @@ def main(argv: list[str] | None = None) -> int:
         budget=args.budget, staging_dir=args.staging_dir, shards_prefix=shards, shard_shuffle=args.shard_shuffle,
         compute_ms=args.compute_ms,
         seed=args.seed, region=args.region or os.environ.get("AWS_REGION") or "us-east-1",
-        count_requests=count, delay_ms=args.delay_ms or 0.0, access=access,
+        count_requests=count, delay_ms=args.delay_ms or 0.0, access=access, prices=args.prices,
+        first_batch=args.first_batch, s5cmd_workers=args.s5cmd_workers,
     )
     started = datetime.datetime.now(datetime.timezone.utc)
     with warnings.catch_warnings():

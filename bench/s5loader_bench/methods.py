@@ -35,11 +35,15 @@ from s5loader import Access, S5Dataset, S5IterableDataset, S5Sampler, ShardIndex
 from .monitor import TreeMonitor
 
 METHODS = (
-    "s5loader", "s5loader-block", "boto3", "s5cmd-run", "s5cmd-bulk", "s3torchconnector", "webdataset",
-    "s5loader-shards", "s5loader-iterable",
+    "s5loader", "s5loader-block", "s5loader-sorted", "boto3", "s5cmd-run", "s5cmd-bulk", "s3torchconnector",
+    "webdataset", "s5loader-shards", "s5loader-iterable",
 )
 PEERS = ("s3torchconnector", "webdataset")  # optional packages: skipped with a note when absent
 INSTALL_HINT = "pip install 's5loader[bench]'"
+
+#: Dollars per 1,000 requests of each kind: AWS S3 Standard list prices (GET and HEAD $0.0004,
+#: LIST, PUT and the rest $0.005), the default of ``--prices``.
+S3_PRICES: dict[str, float] = {"GET": 0.0004, "HEAD": 0.0004, "LIST": 0.005, "other": 0.005}
 
 
 # --shard-shuffle: (webdataset's shardshuffle and shuffle buffer, s5loader's shuffle) over the shards
@@ -77,6 +81,9 @@ class Settings:
     count_requests: bool = False  # every method through the request-counting proxy
     delay_ms: float = 0.0  # the latency the proxy adds per client-to-server chunk
     access: Access | None = None  # --no-sign-request, --profile, ... (the endpoint is endpoint_url)
+    prices: dict[str, float] = field(default_factory=lambda: dict(S3_PRICES))  # $ per 1,000 requests by kind
+    first_batch: bool = False  # each method runs to its first batch only (its calls sized as for a pass)
+    s5cmd_workers: int = 256  # S5Sampler's s5cmd_workers (s5cmd's --numworkers) for s5loader's methods
 
     def store(self, endpoint: str | None) -> Access:
         """The access settings with ``endpoint`` (the request-counting proxy's, when there is one)."""
@@ -125,6 +132,12 @@ class Figures:
     requests_per_sample: float | None = None
     requests_per_object: float | None = None
     requests_per_sample_by_kind: dict[str, float] | None = None
+    # what the requests cost at the settings' prices, in dollars per million samples
+    dollars_per_million_samples: float | None = None
+    # TCP connections the proxy accepted during the run, per request, and the most open at once
+    new_connections: int | None = None
+    connections_per_request: float | None = None
+    peak_open_connections: int | None = None
     peak_mem_mb: float | None = None
     ratio_to_s5loader: float | None = None
     cpu_per_sample_ratio_to_s5loader: float | None = None
@@ -259,14 +272,18 @@ class Context:
     s5cmd: str
     endpoint: str | None  # what the methods talk to: the proxy's endpoint when there is one
     tmp_root: str
-    count_requests: Callable[[], dict[str, int]] | None = None  # the proxy's counts so far
+    # the proxy's figures so far: requests by kind, connections accepted, the most open at once
+    # since the last call (ProxyProcess.stats)
+    proxy_stats: Callable[[], dict[str, Any]] | None = None
     exclude_pids: tuple[int, ...] = ()  # processes left out of the CPU figures (the proxy)
     max_steps: float = field(init=False)
     samples_per_call: int = field(init=False)
 
     def __post_init__(self) -> None:
         s = self.settings
-        if s.steps is not None:
+        if s.first_batch:
+            self.max_steps = 1
+        elif s.steps is not None:
             self.max_steps = s.steps
         elif s.seconds is not None:
             self.max_steps = math.inf
@@ -301,11 +318,12 @@ class Context:
 
 def run_s5loader(ctx: Context, shuffle: bool | str = True, dataset: S5Dataset | None = None) -> Recorder:
     """S5Sampler + S5Dataset through a DataLoader (``s5loader-block``: ``shuffle="block"``;
-    ``s5loader-shards``: over the tar shards)."""
+    ``s5loader-sorted``: ``shuffle=False``; ``s5loader-shards``: over the tar shards)."""
     s = ctx.settings
     ds = dataset if dataset is not None else S5Dataset.from_prefix(s.source, access=ctx.access)
     sampler = S5Sampler(ds, shuffle=shuffle, seed=s.seed, samples_per_call=ctx.samples_per_call,
-                        calls_in_flight=s.calls_in_flight, budget=s.budget, staging_dir=s.staging_dir)
+                        calls_in_flight=s.calls_in_flight, budget=s.budget, staging_dir=s.staging_dir,
+                        s5cmd_workers=s.s5cmd_workers)
     try:
         loader = ctx.loader(ds, sampler=sampler)
         rec = ctx.recorder()
@@ -784,6 +802,7 @@ def run_s5loader_iterable(ctx: Context) -> Recorder:
 RUNNERS: dict[str, Callable[[Context], Recorder]] = {
     "s5loader": run_s5loader,
     "s5loader-block": lambda ctx: run_s5loader(ctx, shuffle="block"),
+    "s5loader-sorted": lambda ctx: run_s5loader(ctx, shuffle=False),
     "boto3": run_boto3,
     "s5cmd-run": run_s5cmd_run,
     "s5cmd-bulk": run_s5cmd_bulk,
@@ -798,7 +817,7 @@ def measure(method: str, ctx: Context) -> Figures:
     """Run one method under a :class:`TreeMonitor`, counting its requests at the proxy when
     there is one; never raises for the method's own failure."""
     fig = Figures(method)
-    counts_before = ctx.count_requests() if ctx.count_requests else None
+    before = ctx.proxy_stats() if ctx.proxy_stats else None  # also starts the period of its peak
     monitor = TreeMonitor(exclude=ctx.exclude_pids).start()
     t0 = time.perf_counter()
     try:
@@ -822,18 +841,27 @@ def measure(method: str, ctx: Context) -> Figures:
     if fig.samples:
         fig.cpu_split_s_per_1k_samples = {k: v / fig.samples * 1000 for k, v in fig.cpu_split_s.items()}
     fig.peak_mem_mb = peak / 1e6
-    if ctx.count_requests is not None and counts_before is not None:
-        after = ctx.count_requests()
-        fig.requests = {k: after.get(k, 0) - counts_before.get(k, 0) for k in after}
-        fill_request_rates(fig)
+    if ctx.proxy_stats is not None and before is not None:
+        after = ctx.proxy_stats()
+        fig.requests = {k: v - before["requests"].get(k, 0) for k, v in after["requests"].items()}
+        fig.new_connections = after["connections"] - before["connections"]
+        fig.peak_open_connections = after["peak_open"]
+        fill_request_rates(fig, ctx.settings.prices)
     return fig
 
 
-def fill_request_rates(fig: Figures) -> None:
-    """Requests per sample and per object, in all and by kind, from ``fig.requests``."""
+def fill_request_rates(fig: Figures, prices: dict[str, float] = S3_PRICES) -> None:
+    """Requests per sample and per object, in all and by kind, from ``fig.requests``; their
+    price per million samples at ``prices`` (dollars per 1,000 requests of each kind); new
+    connections per request (from ``fig.new_connections``)."""
     if fig.requests is None or not fig.samples:
         return
     total = sum(v for k, v in fig.requests.items() if k != "unreadable")
     fig.requests_per_sample = total / fig.samples
     fig.requests_per_object = total / fig.objects if fig.objects else None
     fig.requests_per_sample_by_kind = {k: v / fig.samples for k, v in fig.requests.items()}
+    fig.dollars_per_million_samples = sum(
+        v * prices.get(k, prices.get("other", 0.0)) for k, v in fig.requests.items() if k != "unreadable"
+    ) / 1000 / fig.samples * 1e6
+    if fig.new_connections is not None and total:
+        fig.connections_per_request = fig.new_connections / total

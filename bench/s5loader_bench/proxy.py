@@ -20,7 +20,8 @@ plain ``http://`` endpoint.
 prints ``listening on http://HOST:PORT`` (and writes the port to ``--port-file`` if given), then
 serves until SIGINT/SIGTERM or, with ``--control``, until stdin closes; with ``--control``
 every line ``counts`` read on stdin is answered with one JSON line of the counts so far on
-stdout. :class:`LatencyProxy` runs it in a thread of another program; :class:`ProxyProcess`
+stdout, and every line ``stats`` with one JSON line of the counts, the connections accepted so
+far and the most open at once since the last ``stats`` (see :meth:`LatencyProxy.take_stats`). :class:`LatencyProxy` runs it in a thread of another program; :class:`ProxyProcess`
 runs it as a child process (``s5loader bench --count-requests`` / ``--delay-ms``), so that its
 CPU is not the measured program's. This file uses the standard library only and runs as a
 script.
@@ -38,6 +39,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 CHUNK = 256 * 1024
@@ -237,7 +239,9 @@ class LatencyProxy:
         self.delay = delay_s
         self.listen = (listen_host, listen_port)
         self.port = 0
-        self.connections = 0
+        self.connections = 0  # accepted so far
+        self.open = 0  # open now
+        self.peak_open = 0  # the most open at once since the last take_stats()
         self.counts: dict[str, int] = dict.fromkeys(KINDS, 0)
         self._tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.AbstractServer | None = None
@@ -248,12 +252,27 @@ class LatencyProxy:
     def endpoint(self) -> str:
         return f"http://{self.listen[0]}:{self.port}"
 
+    def take_stats(self) -> dict[str, object]:
+        """The requests by kind so far, the connections accepted so far, and the most that were
+        open at once since the last call (which starts the next such period at the connections
+        open now)."""
+        peak, self.peak_open = self.peak_open, self.open
+        return {"requests": dict(self.counts), "connections": self.connections, "peak_open": peak}
+
     async def _handle(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
         me = asyncio.current_task()
         if me is not None:  # asyncio holds tasks weakly: an idle connection's could be collected
             self._tasks.add(me)
             me.add_done_callback(self._tasks.discard)
         self.connections += 1
+        self.open += 1
+        self.peak_open = max(self.peak_open, self.open)
+        try:
+            await self._forward(c_reader, c_writer)
+        finally:
+            self.open -= 1
+
+    async def _forward(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
         try:
             s_reader, s_writer = await asyncio.open_connection(*self.upstream)
         except OSError:
@@ -265,8 +284,8 @@ class LatencyProxy:
             # The server closing ends the connection; the client closing its side still
             # waits for the server's answer (a half-close).
             await down
-        except (ConnectionError, OSError):
-            pass
+        except (ConnectionError, OSError, asyncio.CancelledError):
+            pass  # cancelled: the proxy stops (asyncio would log a cancelled handler as an error)
         finally:
             up.cancel()
             down.cancel()
@@ -299,7 +318,8 @@ class LatencyProxy:
             tasks = asyncio.all_tasks(loop)
             for t in tasks:
                 t.cancel()
-            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            if tasks:  # gather() of nothing would look for a loop this thread does not have
+                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
             loop.close()
 
         self._thread = threading.Thread(target=main, name="latency-proxy", daemon=True)
@@ -337,14 +357,23 @@ class ProxyProcess:
 
     def counts(self) -> dict[str, int]:
         """The requests forwarded so far, by kind."""
+        return {k: int(v) for k, v in self._ask("counts").items()}
+
+    def stats(self) -> dict[str, Any]:
+        """:meth:`LatencyProxy.take_stats` of the proxy: requests by kind, connections accepted
+        so far, and the most open at once since the last call."""
+        return self._ask("stats")
+
+    def _ask(self, what: str) -> dict[str, Any]:
         assert self._proc.stdin is not None and self._proc.stdout is not None
         with self._lock:
-            self._proc.stdin.write("counts\n")
+            self._proc.stdin.write(what + "\n")
             self._proc.stdin.flush()
             line = self._proc.stdout.readline()
         if not line:
             raise RuntimeError(f"the request-counting proxy exited with code {self._proc.poll()}")
-        return {k: int(v) for k, v in json.loads(line).items()}
+        answer: dict[str, Any] = json.loads(line)
+        return answer
 
     def close(self) -> None:
         if self._proc.poll() is None:
@@ -408,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
                 for line in sys.stdin:
                     if line.strip() == "counts":
                         print(json.dumps(dict(proxy.counts)), flush=True)
+                    elif line.strip() == "stats":
+                        print(json.dumps(proxy.take_stats()), flush=True)
                 loop.call_soon_threadsafe(stop.set)
 
             threading.Thread(target=control, name="proxy-control", daemon=True).start()

@@ -34,6 +34,7 @@ from ..s5cmd import (
     finish_batch,
     start_batch,
     wildcard_line,
+    wildcard_pays,
 )
 from ..s5cmd import start_copy as _start_copy
 from .plan import SHARD_NAME, PlannedSample
@@ -141,14 +142,17 @@ class Packer:
         object lands: ``(sample, member) -> (path, URI)``. Paths are ``folder/J.K`` (sample J,
         member K), or for a whole block ``folder/bN/`` (for a sample of several objects that are
         exactly those under its own key prefix, ``folder/sJ/``) and the key below the block's
-        folder (keys :mod:`~s5loader._index.blocks` checked to be plain names)."""
+        folder (keys :mod:`~s5loader._index.blocks` checked to be plain names). A wildcard line
+        is written only where it costs no more S3 requests than a line per object
+        (:func:`~s5loader.s5cmd.wildcard_pays`)."""
         plan = self.blocks
         held: dict[int, int] = {}
         if plan is not None and plan.blocks:
             for n in numbers:
                 if plan.block_of[n] >= 0:
                     held[plan.block_of[n]] = held.get(plan.block_of[n], 0) + 1
-        whole = {b for b, count in held.items() if plan is not None and count == len(plan.blocks[b])}
+        whole = {b for b, count in held.items()
+                 if plan is not None and count == len(plan.blocks[b]) and wildcard_pays(plan.blocks[b].objects)}
         lines: list[str] = []
         dests: dict[str, str] = {}
         where: dict[tuple[int, int], tuple[str, str]] = {}
@@ -157,8 +161,9 @@ class Packer:
             block, scratch = None, ""
             if b in whole and plan is not None:
                 block, scratch = plan.blocks[b], os.path.join(folder, f"b{b}")
-            elif plan is not None and plan.single is not None and plan.single[n] is not None:
-                block, scratch = plan.single[n], os.path.join(folder, f"s{j}")  # its objects, one line
+            elif plan is not None and plan.single is not None and (own := plan.single[n]) is not None \
+                    and wildcard_pays(own.objects):
+                block, scratch = own, os.path.join(folder, f"s{j}")  # its objects, one line
             if block is not None:
                 if scratch + "/" not in dests:
                     lines.append(wildcard_line(block.wildcard, scratch + "/"))

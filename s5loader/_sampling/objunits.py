@@ -14,6 +14,7 @@ from ..dataset import S5Dataset, StagedIndex
 from ..engine import Stager
 from ..staging.epochcache import index_fingerprint
 from ..staging.layout import StagingLayout
+from .early import EARLY, Early, EarlyHandOut, early_hand_out
 from .order import Order, block_window
 
 
@@ -58,7 +59,10 @@ class PassUnits(Protocol):
 
     def start(self, stager: Stager, options: StagingOptions) -> None: ...
 
-    def take(self, pos: int, stager: Stager) -> bool: ...
+    def take(self, pos: int, stager: Stager) -> bool | Early:
+        """Whether the sample at ``pos`` is handed out (False: skipped); :data:`EARLY` when
+        it is handed out before it is staged, its reader to wait for it."""
+        ...
 
     def finish(self, stager: Stager) -> None: ...
 
@@ -69,14 +73,17 @@ class PassUnits(Protocol):
 
 class ObjectPass:
     """A pass over raw objects: the engine stages the order itself, a sample is yielded once
-    its files are staged (a consumer then holds it until it releases it)."""
+    its files are staged (a consumer then holds it until it releases it), or for a DataLoader's
+    reader (``early``) at once, before (:mod:`.early`)."""
 
     first_call = 32
     streams_first = False
 
-    def __init__(self, order: Sequence[int], keep: bool) -> None:
+    def __init__(self, order: Sequence[int], keep: bool, early: bool = False) -> None:
         self.engine_order = order
         self.keep = keep
+        self.hands_out_early = early
+        self.early: EarlyHandOut | None = None
 
     def engine_options(self, options: StagingOptions) -> StagingOptions:
         return options
@@ -91,9 +98,11 @@ class ObjectPass:
         return windows
 
     def start(self, stager: Stager, options: StagingOptions) -> None:
-        pass
+        self.early = early_hand_out(stager, options, self.keep) if self.hands_out_early else None
 
-    def take(self, pos: int, stager: Stager) -> bool:
+    def take(self, pos: int, stager: Stager) -> bool | Early:
+        if self.early is not None and self.early.take(pos, self.engine_order[pos]):
+            return EARLY
         if not stager.wait(pos):
             return False  # skipped
         if not self.keep:
@@ -101,10 +110,12 @@ class ObjectPass:
         return True
 
     def finish(self, stager: Stager) -> None:
-        pass
+        if self.early is not None:
+            self.early.finish()
 
     def close(self) -> None:
-        pass
+        if self.early is not None:
+            self.early.close()
 
     def stop(self) -> None:
         pass
@@ -198,11 +209,11 @@ class ObjectUnits:
 
     def open_pass(
         self, order: Sequence[int], folder: str, keep: bool, options: StagingOptions, shuffle: bool | str | None,
-        frees: bool = False, hits: Hits | None = None,
+        frees: bool = False, hits: Hits | None = None, early: bool = False,
     ) -> PassUnits:
         """The units of a pass of ``order`` (``frees``: over tar shards, the order counts the
         bytes its samples free as they are read, see :meth:`ShardUnits.order_cost`; ``hits``:
-        the epoch cache's)."""
-        return ObjectPass(order, keep)
+        the epoch cache's; ``early``: samples not staged yet go out at once, see :mod:`.early`)."""
+        return ObjectPass(order, keep, early)
 
 

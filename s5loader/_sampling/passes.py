@@ -26,6 +26,7 @@ from ..s5cmd import S5cmd
 from ..staging.area import PassArea, StagingArea
 from ..staging.layout import StagingLayout
 from .cacherun import CacheRun
+from .early import EARLY
 from .resume import Position
 from .units import PassUnits, open_pass
 
@@ -67,16 +68,18 @@ class StagingPasses:
         report: Callable[[Stats, float, bool], None],
         cache: CacheRun | None = None,
         skips: bool = False,
+        early: bool = False,
     ) -> Iterator[StagedIndex | None]:
         """Stage ``order`` (shuffled as ``shuffle`` says) and yield its staged indices, counting
         them in ``position``; a skipped sample is counted but not yielded (``skips``: yielded as
         None, so that every position yields). ``report`` gets the pass's figures at its end.
         With an epoch ``cache``, its hits are not fetched and the samples it keeps are handed
-        back by their readers."""
+        back by their readers. With ``early``, an index not staged yet goes out at once, its
+        reader to wait for it (:mod:`.early`)."""
         where = self._new_pass()
         hits, back = cache.begin_pass(epoch(), order, where.path) if cache is not None else (None, frozenset())
         keep = self.keep
-        units = open_pass(self.dataset, order, where.path, keep, options, shuffle, self.frees, hits)
+        units = open_pass(self.dataset, order, where.path, keep, options, shuffle, self.frees, hits, early)
         released, folders = self.released, StagingLayout(where.path)
         stager = Stager(
             self.dataset.samples,
@@ -113,7 +116,8 @@ class StagingPasses:
                     later = False
                 position.yielded += 1  # a skipped sample still counts as consumed
                 if ok:
-                    yield StagedIndex(idx, where.path, keep, bool(back) and units.unit_of(idx) in back, self.frees)
+                    back_unit = bool(back) and units.unit_of(idx) in back
+                    yield StagedIndex(idx, where.path, keep, back_unit, self.frees, ok is EARLY)
                 elif skips:
                     yield None
             units.finish(stager)

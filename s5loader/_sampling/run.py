@@ -59,11 +59,12 @@ class StagingRun:
 
     def stage(
         self, order: list[int], windows: list[int] | None, shuffle: bool | str, epoch: Callable[[], int],
-        skips: bool = False,
+        skips: bool = False, early: bool = False,
     ) -> Generator[StagedIndex | None, None, None]:
         """Stage ``order`` in a new pass and yield each index once its files are staged,
         counting them in :attr:`position` (skipped samples are counted, not yielded; with
-        ``skips``, yielded as None)."""
+        ``skips``, yielded as None); with ``early`` (a DataLoader's reader waits), one not
+        staged yet at once (see :mod:`~s5loader._sampling.early`)."""
         self.area.create()
         register_cleanup(self)
         _RUNS.add(self)
@@ -76,7 +77,7 @@ class StagingRun:
             self.report(stats, elapsed, finished, epoch())
 
         yield from self.passes.run(
-            order, windows, self.options, shuffle, self.position, epoch, report, self.cache, skips
+            order, windows, self.options, shuffle, self.position, epoch, report, self.cache, skips, early
         )
 
     def drop_replaced(self) -> None:

@@ -172,7 +172,7 @@ class ShardUnits(ObjectUnits):
 
     def open_pass(
         self, order: Sequence[int], folder: str, keep: bool, options: StagingOptions, shuffle: bool | str | None,
-        frees: bool = False, hits: Hits | None = None,
+        frees: bool = False, hits: Hits | None = None, early: bool = False,
     ) -> PassUnits:
         shards = ShardPass(self.dataset, order, folder, keep, options.on_error, frees, hits)
         if shuffle is not None:

@@ -36,7 +36,7 @@ def units_of(dataset: S5Dataset) -> ObjectUnits:
 
 def open_pass(
     dataset: S5Dataset, order: Sequence[int], folder: str, keep: bool, options: StagingOptions,
-    shuffle: bool | str | None, frees: bool = False, hits: Hits | None = None,
+    shuffle: bool | str | None, frees: bool = False, hits: Hits | None = None, early: bool = False,
 ) -> PassUnits:
     """The units of a pass of ``order`` staged into ``folder`` (``shuffle``: the order's, for
     the budget check; ``None``: no check, for command files written without a run).
@@ -44,4 +44,4 @@ def open_pass(
     Raises:
         BudgetError: over shards, the order needs more shards at once than the budget holds.
     """
-    return units_of(dataset).open_pass(order, folder, keep, options, shuffle, frees, hits)
+    return units_of(dataset).open_pass(order, folder, keep, options, shuffle, frees, hits, early)

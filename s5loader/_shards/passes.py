@@ -150,6 +150,7 @@ class ShardPass:
         self.stream = ShardStream(
             self.layout, self.shards, s, path, self.needed[self.streamed], self.dataset.access,
             verify=options.verify, retries=options.retries, stall_timeout=options.stall_timeout,
+            count=stager.stats.count_requests,
         ).start()
 
     def finish(self, stager: Stager) -> None:

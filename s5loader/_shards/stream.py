@@ -25,6 +25,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._s3api.client import s3_client
@@ -71,6 +72,8 @@ class _Growing:
             extra["Range"] = f"bytes={self.written}-"
             if self.s.shard.etag:
                 extra["IfMatch"] = self.s.shard.etag
+        if self.s.count is not None:
+            self.s.count({"GET": 1})
         try:
             self.body = s3_client(self.s.access).get_object(Bucket=u.bucket, Key=u.key, **extra)["Body"]
             # no byte for stall_timeout seconds: a stalled read, retried from the bytes on disk
@@ -143,6 +146,7 @@ class ShardStream:
     def __init__(
         self, layout: StagingLayout, shards: ShardSet, shard_index: int, path: str, needed: list[int],
         access: Access, *, verify: bool = False, retries: int = 3, stall_timeout: float = 60.0,
+        count: Callable[[Mapping[str, int]], None] | None = None,
     ) -> None:
         self.layout = layout
         self.shards = shards
@@ -156,6 +160,7 @@ class ShardStream:
         self.verify = verify
         self.retries = retries
         self.stall_timeout = stall_timeout
+        self.count = count  # told of each S3 request the stream makes (a GET per connection)
         self.stop = threading.Event()
         self.cond = threading.Condition()
         self.table: list[_tar.TarSample] = []  # the samples whose bytes are on disk

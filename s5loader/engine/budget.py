@@ -5,6 +5,7 @@ turns a budget too small for the consumer's batch into an error instead of a han
 from __future__ import annotations
 
 import logging
+import selectors
 import threading
 import time
 from collections.abc import Callable, Sized
@@ -72,6 +73,19 @@ class Budget:
         # cache keeps or deletes what readers handed back), in the engine's thread.
         self.on_release: Callable[[list[int]], None] | None = None
         self.onward: dict[int, tuple[int, int]] = {}  # see hand_on
+
+    def listen(self, sel: selectors.BaseSelector, where: str) -> None:
+        """Have the engine's selector wake on release events; on a file system without FIFOs
+        (in ``where``), look for released samples instead."""
+        events = self.events
+        if events is None:
+            return
+        try:
+            sel.register(events.open().fileno(), selectors.EVENT_READ, None)
+        except OSError as exc:
+            log.debug("no release FIFO in %s (%s); polling for released samples", where, exc)
+            events.close()
+            self.events = None
 
     def put_off(self, new: int, want: int, calls: Sized, ready: Readiness) -> bool:
         """Whether a call the budget cut short, to ``new`` of the ``want`` samples it could take,

@@ -58,6 +58,14 @@ class Metrics:
         fetched_bytes: bytes staged in the pass so far.
         fetched_units: what the pass staged so far, in the units it stages: samples over raw
             objects, tar shards over shards (a shard staged twice in a pass counts twice).
+        get_requests, head_requests, list_requests: S3 requests of each kind s5loader asked
+            for in the pass so far, counted from what it asks s5cmd and boto3 for, not at the
+            store: each ``cp --raw`` line costs s5cmd 2.3.0 a HEAD and a GET (a GET per 50 MiB
+            part), a wildcard line a LIST (per 1,000 keys) and a GET per object, a fetch with
+            boto3 its own (a HEAD and a GET per 8 MiB part for a key no command file can carry,
+            a GET per connection for a tar shard read while it downloads). A retried sample is
+            counted again. The listing and the GETs of a sample read directly (one that was not
+            staged) are not counted.
         epoch_cache_hits: samples of the pass read from the epoch cache (not fetched) so far.
         epoch_cache_bytes: bytes this rank holds in the epoch cache now (kept for a later epoch,
             or taken from it into the pass and not yet read).
@@ -78,6 +86,9 @@ class Metrics:
     skips: int = 0
     fetched_bytes: int = 0
     fetched_units: int = 0
+    get_requests: int = 0
+    head_requests: int = 0
+    list_requests: int = 0
     epoch_cache_hits: int = 0
     epoch_cache_bytes: int = 0
 
@@ -163,6 +174,9 @@ def snapshot(
         skips=len(stats.skipped),
         fetched_bytes=fetched,
         fetched_units=staged,
+        get_requests=stats.requests["GET"],
+        head_requests=stats.requests["HEAD"],
+        list_requests=stats.requests["LIST"],
     )
 
 

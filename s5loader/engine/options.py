@@ -4,7 +4,10 @@ there."""
 
 from __future__ import annotations
 
+import threading
 import warnings
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..exceptions import S5LoaderError
@@ -30,6 +33,8 @@ class Stats:
     wait_s: float = 0.0
     first_wait_s: float = 0.0
     peak_reserved: int = 0
+    # S3 requests the pass asked for, by kind (GET, HEAD, LIST): see count_requests
+    requests: Counter[str] = field(default_factory=Counter)
 
     @property
     def staged_samples(self) -> int:
@@ -39,3 +44,11 @@ class Stats:
             "use Stats.staged_units", DeprecationWarning, stacklevel=2,
         )
         return self.staged_units
+
+    def count_requests(self, requests: Mapping[str, int]) -> None:
+        """Add S3 requests asked of s5cmd or boto3 to :attr:`requests` (from any thread)."""
+        with _COUNTING:
+            self.requests.update(requests)
+
+
+_COUNTING = threading.Lock()  # the engine's thread and a shard's streaming thread both count

@@ -1,19 +1,29 @@
 """Call planning: which positions of the order the next call takes (:func:`pick_call`), which
-s5cmd command lines fetch a call's samples, and how to read the answers to them (reported
-path -> sample position and field, scratch path -> final path)."""
+s5cmd command lines fetch a call's samples, what S3 requests they cost, and how to read the
+answers to them (reported path -> sample position and field, scratch path -> final path)."""
 
 from __future__ import annotations
 
 import bisect
 import os
+from collections import Counter
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 
 from .._index.blocks import BlockPlan
 from .._index.sample import Sample
-from ..s5cmd import can_write, copy_line, wildcard_line, write_command_file
+from ..s5cmd import (
+    can_write,
+    copy_line,
+    copy_requests,
+    wildcard_line,
+    wildcard_pays,
+    wildcard_requests,
+    write_command_file,
+)
 from ..staging.layout import field_names
 from .budget import Budget
+from .side import download_requests
 
 
 @dataclass
@@ -26,6 +36,7 @@ class CallPlan:
     folders: dict[str, list[str]] = field(default_factory=dict)  # wildcard line's folder -> reported paths
     scratch: list[str] = field(default_factory=list)  # folders to remove when the call ends
     aside: list[tuple[int, int, str, str]] = field(default_factory=list)  # keys no command file can carry
+    requests: Counter[str] = field(default_factory=Counter)  # what the lines cost s5cmd: GET, HEAD, LIST
 
 
 @dataclass
@@ -112,9 +123,12 @@ def plan_call(
     """Turn the samples at ``positions`` into s5cmd command lines.
 
     A block (see :mod:`._blocks`) whose samples are all in the call is fetched with one
-    wildcard line into a scratch folder below ``scratch_dir``; its files are renamed into
-    their samples' folders as they arrive. So is a sample of several objects that has a key
-    prefix of its own. Every other object gets its own ``cp --raw`` line.
+    wildcard line into a scratch folder below ``scratch_dir``, where that costs no more S3
+    requests than a line per object (:func:`~s5loader.s5cmd.wildcard_pays`: the block has
+    enough objects that its LIST costs less than the HEADs it saves); its files are renamed
+    into their samples' folders as they arrive. So is a sample of that many objects that has a
+    key prefix of its own. Every other object gets its own ``cp --raw`` line: a sample of a few
+    objects never costs a LIST. :attr:`CallPlan.requests` counts what the lines cost.
     Destinations come from sample indices and field names only, never from a key (block
     scratch paths come from keys that :mod:`._blocks` checked to be plain names).
     Positions in ``single`` (retries) always go one object at a time.
@@ -129,19 +143,23 @@ def plan_call(
             b = layout.block_of[order[pos]]
             if b >= 0 and pos not in single:
                 whole.setdefault(b, []).append(pos)
-        whole = {b: ps for b, ps in whole.items() if len({order[p] for p in ps}) == len(layout.blocks[b]) == len(ps)}
+        whole = {
+            b: ps for b, ps in whole.items()
+            if len({order[p] for p in ps}) == len(layout.blocks[b]) == len(ps) and wildcard_pays(layout.blocks[b].objects)
+        }
     in_blocks = {p for ps in whole.values() for p in ps}
     wildcards = [(layout.blocks[b], ps, f"b{b}") for b, ps in whole.items()] if layout is not None else []
     if layout is not None and layout.single is not None:
         for pos in positions:
             blk1 = layout.single[order[pos]]
-            if pos not in in_blocks and pos not in single and blk1 is not None:
+            if pos not in in_blocks and pos not in single and blk1 is not None and wildcard_pays(blk1.objects):
                 wildcards.append((blk1, [pos], f"s{pos}"))
                 in_blocks.add(pos)
     for blk, ps, tag in wildcards:
         scratch = f"{scratch_dir}/.{tag}"
         plan.scratch.append(scratch)
         plan.lines.append(wildcard_line(blk.wildcard, scratch + "/"))
+        plan.requests += wildcard_requests(f.size for pos in ps for f in samples[order[pos]].fields)
         reported = plan.folders.setdefault(scratch + "/", [])
         for pos in ps:
             idx = order[pos]
@@ -162,6 +180,7 @@ def plan_call(
             dest = f"{folder}/{name}"
             if not can_write(f.uri):
                 plan.aside.append((pos, j, f.uri, dest))
+                plan.requests += download_requests(f.size)  # fetched with boto3 instead
                 continue
             if via_scratch:
                 if not plan.scratch or plan.scratch[-1] != raw:
@@ -169,6 +188,7 @@ def plan_call(
                 plan.moves[f"{raw}/{pos}.{j}"] = dest
                 dest = f"{raw}/{pos}.{j}"
             plan.lines.append(copy_line(f.uri, dest))
+            plan.requests += copy_requests(f.size)
             plan.items[dest] = (pos, j)
     return plan
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -16,6 +17,14 @@ from ..s5cmd import classify
 from .retry import Failures
 
 THREAD_PREFIX = "s5loader-aside"
+# boto3's download_file (s3transfer's defaults): objects of 8 MiB or more in ranged GETs of 8 MiB
+_MULTIPART = 8 * 1024**2
+
+
+def download_requests(size: int) -> Counter[str]:
+    """The S3 requests one side fetch of an object of ``size`` bytes sends: boto3's
+    ``download_file`` asks for the size (a HEAD), then GETs it, in 8 MiB parts from 8 MiB on."""
+    return Counter(HEAD=1, GET=-(-size // _MULTIPART) if size >= _MULTIPART else 1)
 
 
 class SideFetches:

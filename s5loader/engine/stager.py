@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import selectors
 import shutil
 import threading
 import time
@@ -128,14 +127,7 @@ class Stager:
     # -- consumer side ------------------------------------------------------------------
     def start(self) -> Stager:
         if self._thread is None:
-            events = self.budget.events
-            if events is not None:
-                try:
-                    self.calls.sel.register(events.open().fileno(), selectors.EVENT_READ, None)
-                except OSError as exc:  # a file system without FIFOs: watch the folders
-                    log.debug("no release FIFO in %s (%s); polling for released samples", self.area.path, exc)
-                    events.close()
-                    self.budget.events = None
+            self.budget.listen(self.calls.sel, self.area.path)
             self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
             self._thread.start()
         return self
@@ -146,9 +138,10 @@ class Stager:
         Raises:
             the engine's error (FetchError, StallError, StagingSpaceError, ...).
         """
-        return self.ready.wait(pos, self._running)
+        return self.ready.wait(pos, self.running)
 
-    def _running(self) -> bool:
+    def running(self) -> bool:
+        """Whether the engine's thread runs (started, not stopped, not failed or done)."""
         t = self._thread
         return not self._stop.is_set() and t is not None and t.is_alive()
 
@@ -257,9 +250,8 @@ class Stager:
         )
         for pos, _, uri, dest in plan.aside:
             self.side.submit(pos, self.retries.attempts.get(pos, 0), uri, dest)
-        if not plan.lines:
-            return
-        if self._aborted:
+        self.stats.count_requests(plan.requests)
+        if not plan.lines or self._aborted:
             return
         self.calls.start(self._seq, self.area.control_dir, plan)
         self.stats.calls += 1
@@ -356,7 +348,7 @@ class Stager:
             waited_s: the consumer's own starvation figure (default: the time spent in
                 :meth:`wait`, up to now if it waits now).
         """
-        running = self._running()
+        running = self.running()
         return snapshot(
             time.monotonic(), self.stats, self.ready, self.budget, self.throughput, epoch=epoch, position=position,
             samples=len(self.order) if samples is None else samples, waited_s=waited_s,

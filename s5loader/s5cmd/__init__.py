@@ -10,7 +10,16 @@ of one large object); :mod:`.batch` runs one command file to its end.
 
 from .batch import BatchOutcome, finish_batch, start_batch
 from .binary import ENV_BINARY, environment, find_s5cmd
-from .commands import can_write, copy_line, wildcard_line, write_command_file
+from .commands import (
+    WILDCARD_MIN_OBJECTS,
+    can_write,
+    copy_line,
+    copy_requests,
+    wildcard_line,
+    wildcard_pays,
+    wildcard_requests,
+    write_command_file,
+)
 from .output import (
     TLS_HINT,
     ObjectInfo,
@@ -41,12 +50,14 @@ __all__ = [
     "MAX_PARTS",
     "MIN_PART_SIZE",
     "TLS_HINT",
+    "WILDCARD_MIN_OBJECTS",
     "ObjectInfo",
     "Result",
     "S5cmd",
     "can_write",
     "classify",
     "copy_line",
+    "copy_requests",
     "environment",
     "error_for",
     "error_from_exit",
@@ -64,5 +75,7 @@ __all__ = [
     "start_copy",
     "start_pipe",
     "wildcard_line",
+    "wildcard_pays",
+    "wildcard_requests",
     "write_command_file",
 ]

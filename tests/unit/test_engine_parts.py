@@ -167,3 +167,47 @@ def test_a_call_the_budget_cuts_short_waits_until_a_quarter_is_free() -> None:
     assert b.put_off(4, 10, ["a call in flight"], ready) and not b.put_off(5, 10, ["a call in flight"], ready)
     nothing = _budget(100)  # nothing held: nothing would free room
     assert not nothing.put_off(1, 10, [], ready)
+def _pairs(n: int, fields: int = 2, size: int = 10) -> list[Sample]:
+    return [Sample(f"t/{i:03d}", tuple(Field(f"f{k}", f"s3://b/t/{i:03d}.f{k}", size, "") for k in range(fields)))
+            for i in range(n)]
+
+
+def test_line_shapes_cost_no_list_per_sample_and_count_their_requests() -> None:
+    from s5loader._index.blocks import plan_blocks
+    from s5loader.engine.plan import plan_call
+    from s5loader.s5cmd import WILDCARD_MIN_OBJECTS
+
+    samples = _pairs(40)  # blocks t/00*, t/01*, ... of 10 samples: 20 objects each
+    listing = [f.uri[len("s3://b/"):] for s in samples for f in s.fields]
+    blocks = plan_blocks(samples, 10, listing)
+    order = list(range(40))
+    # a whole block: one wildcard line (a LIST and its 20 GETs); half a block: a cp --raw line
+    # per object (a HEAD and a GET each), never a wildcard per sample (a LIST per sample)
+    plan = plan_call(samples, order, list(range(15)), lambda i: f"/s/{i}", blocks, "/s/.c1")
+    assert sum("*' " in line for line in plan.lines) == 1
+    assert sum(line.startswith("cp --raw") for line in plan.lines) == 10
+    assert plan.requests == {"LIST": 1, "GET": 20 + 10, "HEAD": 10}
+    # blocks of fewer objects than a LIST is worth: a cp --raw line per object
+    small = plan_blocks(_pairs(40, fields=1), 10, [f"t/{i:03d}.f0" for i in range(40)])
+    assert small.blocks and all(b.objects < WILDCARD_MIN_OBJECTS for b in small.blocks)
+    plan = plan_call(_pairs(40, fields=1), order, order, lambda i: f"/s/{i}", small, "/s/.c1")
+    assert all(line.startswith("cp --raw") for line in plan.lines) and plan.requests == {"HEAD": 40, "GET": 40}
+    # a sample of 13 objects under a prefix of its own: one wildcard line is cheaper than 13 HEADs
+    big = _pairs(3, fields=WILDCARD_MIN_OBJECTS)
+    plan = plan_call(big, [0, 1, 2], [1], lambda i: f"/s/{i}", plan_blocks(big, 10, [
+        f.uri[len("s3://b/"):] for s in big for f in s.fields]), "/s/.c1")
+    assert plan.lines == ["cp --exclude '*..*' 's3://b/t/001.f*' /s/.c1/.s1/\n"]
+    assert plan.requests == {"LIST": 1, "GET": WILDCARD_MIN_OBJECTS}
+
+
+def test_request_counts_of_each_line_kind() -> None:
+    from s5loader.engine.side import download_requests
+    from s5loader.s5cmd import copy_requests, wildcard_requests
+
+    mib = 1024**2
+    assert copy_requests(100) == {"HEAD": 1, "GET": 1}
+    assert copy_requests(120 * mib) == {"HEAD": 1, "GET": 3}  # 50 MiB parts
+    assert wildcard_requests([10] * 2500) == {"LIST": 3, "GET": 2500}  # 1,000 keys a page
+    assert wildcard_requests([0, 10]) == {"LIST": 1, "GET": 2, "HEAD": 1}  # s5cmd asks again for an empty one
+    assert download_requests(10) == {"HEAD": 1, "GET": 1}
+    assert download_requests(20 * mib) == {"HEAD": 1, "GET": 3}  # boto3's 8 MiB parts

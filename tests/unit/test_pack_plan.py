@@ -204,21 +204,26 @@ def test_budget_check_names_the_sample_or_the_shard_that_cannot_fit() -> None:
     _plan.check_budget(small, order[:10], cuts, worst, "s3://b/out/")  # fits exactly
 
 
-def test_whole_blocks_and_lone_samples_come_with_wildcard_lines() -> None:
+def test_whole_blocks_come_with_wildcard_lines_and_small_samples_with_raw_lines() -> None:
     from s5loader._index.blocks import plan_blocks
     from s5loader._pack.pipeline import Packer
 
     samples = [sample(f"t/{i:03d}", ("image", 10), ("label", 1)) for i in range(20)]
+    # a sample of 13 objects under a prefix of its own: its LIST costs less than 13 HEADs
+    samples[13] = sample("t/013", *((f"f{k:02d}", 5) for k in range(13)))
     listing = [f.uri[len("s3://b/"):] for s in samples for f in s.fields]
     blocks = plan_blocks(samples, 10, listing)
     planned = _plan.plan_samples(samples, "t/")
     packer = Packer(None, None, None, None, "raise", 4, lambda n, b: None, blocks)  # type: ignore[arg-type]
-    numbers = list(range(15))  # the whole block t/00*, half of t/01*
+    numbers = list(range(15))  # the whole block t/00* (20 objects), half of t/01*
     lines, dests, where = packer._lines(numbers, [planned[n] for n in numbers], "/w/000000")
     assert lines[0] == "cp --exclude '*..*' 's3://b/t/00*' /w/000000/b0/\n"
-    assert len(lines) == 6 and all(line.startswith("cp --exclude") for line in lines)  # no HEAD per object
     assert where[0, 0] == ("/w/000000/b0/000.image", "s3://b/t/000.image")
-    assert where[12, 1] == ("/w/000000/s12/012.label", "s3://b/t/012.label")
+    # a sample of two objects: a cp --raw line each (two HEADs cost less than a LIST)
+    assert sum(line.startswith("cp --raw") for line in lines) == 8
+    assert where[12, 1] == ("/w/000000/12.1", "s3://b/t/012.label")
+    assert "cp --exclude '*..*' 's3://b/t/013.f*' /w/000000/s13/\n" in lines
+    assert len(lines) == 10
     # no listing (a manifest): one cp --raw line per object, named by position
     plain = Packer(None, None, None, None, "raise", 4, lambda n, b: None, None)  # type: ignore[arg-type]
     lines, _, where = plain._lines([0, 1], planned[:2], "/w/x")

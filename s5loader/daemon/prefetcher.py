@@ -234,7 +234,7 @@ class PrefetchDaemon:
         # The figures S5Sampler.metrics() gives, for this run of the daemon (positions count
         # on across epochs), then the daemon's own.
         epoch = min(st.delivered // per_epoch, self.opts.epochs - 1)
-        metrics = stream.run.metrics(epoch, self._total)
+        metrics = stream.metrics(epoch, self._total)
         figures = {
             **metrics.as_dict(),
             "position": st.delivered,

@@ -17,7 +17,9 @@ out by looking (the daemon's engine polls, with a back-off, instead of reading r
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -36,10 +38,13 @@ from .._util.platform import HOLE_BLOCK, punches_holes
 from ..config import StagingOptions
 from ..dataset import S5Dataset
 from ..engine import Stager
+from ..engine.metrics import Metrics
 from ..staging.epochcache import EpochCache, index_fingerprint
 from ..staging.layout import StagingLayout
 
 log = logging.getLogger(__name__)
+# figures that count on across the daemon's passes (its JSON log reports the run's)
+_CUMULATIVE = ("fetched_bytes", "fetched_units", "retries", "skips", "get_requests", "head_requests", "list_requests")
 
 
 def lift_layout(
@@ -114,6 +119,7 @@ class DaemonStream:
         self.feed: FeedHost | None = None
         self._progress = threading.Condition()
         self._upto = 0
+        self._before: collections.Counter[str] = collections.Counter()
 
     def _cache_run(self, options: StagingOptions, root: str) -> CacheRun:
         fingerprint = index_fingerprint(self.dataset.samples)
@@ -149,7 +155,20 @@ class DaemonStream:
             for idx, staged in zip(order, stream, strict=True):
                 yield seq, ((INDEX, staged) if staged is not None else (SKIP, idx))
                 seq += 1
+            last = self.run.passes.last_metrics
+            if last is not None:  # the run's figures count on across its passes
+                self._before.update({k: getattr(last, k) for k in _CUMULATIVE})
             epoch, start = epoch + 1, 0
+
+    def metrics(self, epoch: int, samples: int) -> Metrics:
+        """The figures of the run (see :class:`~s5loader.engine.metrics.Metrics`): what it
+        fetched, retried and skipped counts on across its passes, over ``samples`` in all."""
+        now = self.run.metrics(epoch, samples)
+        if self.run.passes.active is None:
+            now = dataclasses.replace(now, **{k: 0 for k in _CUMULATIVE})  # the last pass's, counted already
+        return dataclasses.replace(
+            now, samples=samples, **{k: getattr(now, k) + self._before[k] for k in _CUMULATIVE}
+        )
 
     def delivered(self, upto: int) -> None:
         """The delivery loop is done with every sample before ``upto`` (delivered or skipped)."""

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """What the epoch cache saves over several epochs: S3 requests and bytes per epoch, samples/s,
 and the most the staging root held, for ``S5Sampler(epoch_cache=...)`` with no cache, a cache
-of half the data set and one that holds it all.
+of half the data set and one that holds it all; over raw objects, or (``--shards N``) over N
+tar shards of the same samples, which the cache keeps whole.
 
 A local SeaweedFS (``weed mini``) holds ``--samples`` image + label pairs of ``--size`` bytes;
 every request goes through the request-counting proxy of ``s5loader_bench/proxy.py`` (run as a
@@ -19,10 +20,13 @@ epoch-2-to-epoch-1 ratios.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import shutil
+import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -84,10 +88,35 @@ def put_objects(endpoint: str, prefix: str, n: int, size: int) -> None:
         list(ex.map(put, range(n)))
 
 
+def put_shards(endpoint: str, prefix: str, n: int, size: int, shards: int) -> None:
+    """``n`` image + label samples in ``shards`` tar shards, and their index (``s5loader index-shards``)."""
+    s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="x", aws_secret_access_key="x", region_name="us-east-1")
+    per = -(-n // shards)
+
+    def put(s: int) -> None:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+            for i in range(s * per, min(n, (s + 1) * per)):
+                for ext, data in (("image", os.urandom(size)), ("label", str(i % 10).encode())):
+                    info = tarfile.TarInfo(f"{i:06d}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        s3.put_object(Bucket="data", Key=f"{prefix}shard-{s:04d}.tar", Body=buf.getvalue())
+
+    with ThreadPoolExecutor(8) as ex:
+        list(ex.map(put, range(shards)))
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x"}
+    subprocess.run([sys.executable, "-m", "s5loader", "index-shards", f"s3://data/{prefix}", "--endpoint-url", endpoint],
+                   check=True, env=env, capture_output=True)
+
+
 def s5loader_runs(args: argparse.Namespace, proxy: ProxyProcess, root: str) -> list[dict[str, Any]]:
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "x")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "x")
-    ds = S5Dataset.from_prefix("s3://data/ec/", endpoint_url=proxy.endpoint)
+    if args.shards:
+        ds = S5Dataset.from_shards("s3://data/ec/", endpoint_url=proxy.endpoint)
+    else:
+        ds = S5Dataset.from_prefix("s3://data/ec/", endpoint_url=proxy.endpoint)
     total = ds.total_bytes
     budget = total // 8
     rows: dict[str, dict[str, Any]] = {}
@@ -139,15 +168,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--repeat", type=int, default=1, help="runs of each configuration (medians reported)")
+    p.add_argument("--shards", type=int, default=0, help="the samples in this many tar shards (0: raw objects)")
     p.add_argument("--out", default=None, help="write the figures as JSON here")
     args = p.parse_args(argv)
     root = tempfile.mkdtemp(prefix="s5l-ecache-", dir="/tmp")
     try:
         with SeaweedFS(os.path.join(root, "weed"), ("data",)) as weed:
-            put_objects(weed.endpoint, "ec/", args.samples, args.size)
+            if args.shards:
+                put_shards(weed.endpoint, "ec/", args.samples, args.size, args.shards)
+            else:
+                put_objects(weed.endpoint, "ec/", args.samples, args.size)
             with ProxyProcess(weed.endpoint, args.delay_ms) as proxy:
                 result: dict[str, Any] = {
-                    "samples": args.samples, "size": args.size, "delay_ms": args.delay_ms, "workers": args.workers,
+                    "samples": args.samples, "size": args.size, "shards": args.shards, "delay_ms": args.delay_ms, "workers": args.workers,
                     "batch": args.batch, "repeat": args.repeat, "s5loader": s5loader_runs(args, proxy, root),
                 }
     finally:

@@ -170,13 +170,16 @@ class S5Sampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         # Called by a DataLoader's BatchSampler: a budget smaller than its batch is an error now
         # instead of a stall, and samples not staged yet go out at once (its reader waits).
-        return self._iterate(early=check_loader_batch(self, self.dataset, self.budget, sys._getframe(1)))
+        return self._iterate(check_loader_batch(self, self.dataset, self.budget, sys._getframe(1)))
 
-    def _iterate(self, early: bool = False) -> Iterator[int]:
+    def _iterate(self, batch: int | None = None) -> Iterator[int]:
         self._run.passes.close_active()
         if self._pos.epoch_done:
             self._pos.start, self._pos.epoch_done = 0, False  # the same epoch again, from its start
         order, windows = self._epoch_plan(self.epoch, self._pos.start)
+        if batch is not None:  # over tar shards: the shards of one batch must fit at once
+            self._run.units.check_batch(order, batch, self.budget)
+        early = batch is not None
         # without skips=True the run yields staged indices only
         stream = self._run.stage(order, windows, self._order.shuffle, lambda: self.epoch, early=early)
         yield from cast(Iterator[StagedIndex], stream)

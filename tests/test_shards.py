@@ -1307,3 +1307,16 @@ def test_a_shard_whose_headers_turn_pax_or_gnu_midway_loads_byte_exact(moto: Sto
         got = load_all(ds, sampler)
     assert {x["__key__"]: {k: v for k, v in x.items() if k != "__key__"} for x in got} == expected
     assert len(got) == 8
+
+
+def test_a_batch_whose_shards_the_budget_cannot_hold_at_once_is_an_error_not_a_stall(moto: Store, staging_root: str) -> None:
+    shards, _ = make_shards(8, 5)
+    source = put_indexed(moto, shards)
+    big = max(map(len, shards.values()))
+    ds = S5Dataset.from_shards(source, endpoint_url=moto.endpoint)
+    # a batch of 16 samples in key order lies in 4 shards of 5; the budget holds 2 of them
+    with S5Sampler(ds, shuffle=False, budget=2 * big, staging_dir=staging_root, stall_timeout=600) as sampler:
+        with pytest.raises(BudgetError, match=r"batch of 16 samples .* tar shards that take .*lower batch_size"):
+            next(iter(DataLoader(ds, sampler=sampler, batch_size=16, collate_fn=lambda b: b)))
+        got = [x for b in DataLoader(ds, sampler=sampler, batch_size=4, collate_fn=lambda b: b) for x in b]
+    assert len(got) == 40  # a batch of 4 lies in 2 shards at most: it fits

@@ -113,22 +113,22 @@ def fit_budget(
     return options, root
 
 
-def check_loader_batch(sampler: object, dataset: S5Dataset, budget: int, caller: FrameType | None) -> bool:
+def check_loader_batch(sampler: object, dataset: S5Dataset, budget: int, caller: FrameType | None) -> int | None:
     """When a DataLoader's BatchSampler iterates ``sampler`` (``caller`` is the frame that
     asked for the iterator), check that ``budget`` holds one of its batches of ``dataset``.
 
     Returns:
-        whether a DataLoader's BatchSampler iterates it.
+        the batch size of the DataLoader's BatchSampler that iterates it, else None.
 
     Raises:
         BudgetError: the budget is smaller than the loader's batch of the largest samples.
     """
     owner = caller.f_locals.get("self") if caller is not None else None
     if not (isinstance(owner, BatchSampler) and owner.sampler is sampler):
-        return False
+        return None
     if units_of(dataset).holds_batches:
         _check_batch_fits(dataset, int(owner.batch_size), budget)
-    return True
+    return int(owner.batch_size)
 
 
 def _check_batch_fits(dataset: S5Dataset, batch_size: int, budget: int) -> None:

@@ -72,6 +72,34 @@ class ShardUnits(ObjectUnits):
         assert self.dataset.shards is not None
         return self.dataset.shards.shard_units
 
+    def check_batch(self, order: Sequence[int], batch: int, budget: int) -> None:
+        """Raise :class:`BudgetError` when the shards that ``batch`` consecutive samples of
+        ``order`` lie in cannot be staged at once: a DataLoader reads a batch only once all of
+        it is handed out, and a shard sample is handed out once its shard is staged."""
+        shards = self.dataset.shards
+        assert shards is not None
+        unit = [shards.locate(i)[0] for i in order]
+        held: dict[int, int] = {}
+        need = most = at = 0
+        for pos, s in enumerate(unit):
+            if held.get(s, 0) == 0:
+                need += shards[s].disk
+            held[s] = held.get(s, 0) + 1
+            if pos >= batch:
+                gone = unit[pos - batch]
+                held[gone] -= 1
+                if held[gone] == 0:
+                    need -= shards[gone].disk
+            if need > most:
+                most, at = need, pos
+        if most > budget:
+            raise BudgetError(
+                f"a DataLoader batch of {batch} samples of {self.dataset.source or 'the data set'} draws from tar "
+                f"shards that take {format_size(most)} staged at once (the batch that ends at position {at}), "
+                f"more than the budget of {format_size(budget)}: a batch is read only once all of it is "
+                "staged; raise the budget, lower batch_size, or use shuffle='block'"
+            )
+
     def per_rank(self, shuffle: bool | str) -> bool:
         """Every order of shards counts positions in a rank's part: each rank reads runs of whole
         shards."""

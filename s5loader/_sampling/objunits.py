@@ -146,7 +146,7 @@ class ObjectUnits:
         """What a ``shuffle="block"`` order permutes: the key-prefix blocks of samples."""
         return blocks.units
 
-    def check_batch(self, order: Sequence[int], batch: int, budget: int) -> None:
+    def check_batch(self, order: Sequence[int], batch: int, budget: int, frees: bool = False) -> None:
         """Raise :class:`BudgetError` when the units of one DataLoader batch of ``order`` cannot
         be staged at once (a batch is read only once all of it is handed out); raw objects are
         checked against the largest samples when the sampler is made."""

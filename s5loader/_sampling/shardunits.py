@@ -72,30 +72,31 @@ class ShardUnits(ObjectUnits):
         assert self.dataset.shards is not None
         return self.dataset.shards.shard_units
 
-    def check_batch(self, order: Sequence[int], batch: int, budget: int) -> None:
-        """Raise :class:`BudgetError` when the shards that ``batch`` consecutive samples of
-        ``order`` lie in cannot be staged at once: a DataLoader reads a batch only once all of
-        it is handed out, and a shard sample is handed out once its shard is staged."""
+    def check_batch(self, order: Sequence[int], batch: int, budget: int, frees: bool = False) -> None:
+        """Raise :class:`BudgetError` when the shards that one DataLoader batch of ``order``
+        (``batch`` samples from its start on) lies in cannot be staged at once: a DataLoader reads
+        a batch only once all of it is handed out, and a shard sample is handed out once its
+        shard is staged. ``frees``: the readers give back what each sample read frees (see
+        :meth:`ShardSet.freed_per_sample <s5loader._shards.dataset.ShardSet.freed_per_sample>`),
+        so a shard the earlier batches read from holds that much less."""
         shards = self.dataset.shards
         assert shards is not None
-        unit = [shards.locate(i)[0] for i in order]
-        held: dict[int, int] = {}
-        need = most = at = 0
-        for pos, s in enumerate(unit):
-            if held.get(s, 0) == 0:
-                need += shards[s].disk
-            held[s] = held.get(s, 0) + 1
-            if pos >= batch:
-                gone = unit[pos - batch]
-                held[gone] -= 1
-                if held[gone] == 0:
-                    need -= shards[gone].disk
+        read: dict[int, int] = {}  # shard -> its samples the earlier batches read
+        most = at = 0
+        for start in range(0, len(order), batch):
+            units = [shards.locate(i)[0] for i in order[start : start + batch]]
+            need = sum(
+                max(0, shards[s].disk - (shards.freed_per_sample(s) * read.get(s, 0) if frees else 0))
+                for s in set(units)
+            )
             if need > most:
-                most, at = need, pos
+                most, at = need, start
+            for s in units:
+                read[s] = read.get(s, 0) + 1
         if most > budget:
             raise BudgetError(
                 f"a DataLoader batch of {batch} samples of {self.dataset.source or 'the data set'} draws from tar "
-                f"shards that take {format_size(most)} staged at once (the batch that ends at position {at}), "
+                f"shards that take {format_size(most)} staged at once (the batch from position {at} on), "
                 f"more than the budget of {format_size(budget)}: a batch is read only once all of it is "
                 "staged; raise the budget, lower batch_size, or use shuffle='block'"
             )

@@ -215,7 +215,8 @@ class S5Sampler(Sampler[int]):
     @property
     def window(self) -> int:
         """The most samples of a ``shuffle="block"`` window (see ``shuffle``); over tar shards
-        with ``shuffle`` True or False, the shards open at once."""
+        with ``shuffle`` True or False, the shards open at once where read samples give nothing
+        back (a ``shuffle=True`` order that counts what they give back opens more)."""
         return self._window
 
     def shuffle_quality(self, epoch: int | None = None, span: int = 256) -> ShuffleQuality:

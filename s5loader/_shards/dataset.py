@@ -16,7 +16,7 @@ import logging
 import os
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any
 
 import numpy as np
@@ -129,15 +129,34 @@ class ShardSet(Sequence[Shard]):
         mean = (sh.tarsize or sh.size) / max(1, sh.nsamples)
         return int(0.9 * max(0.0, mean - 4 * block))
 
-    def spans(self, shard: int, table: _tar.Table | Sequence[_tar.TarSample], size: int) -> SampleSpans:
+    def spans(
+        self, shard: int, table: _tar.Table | Sequence[_tar.TarSample], size: int, layout: StagingLayout | None = None
+    ) -> SampleSpans:
         """The spans of ``shard``'s samples staged as a file of ``size`` bytes whose member
         table (so far) is ``table``: what reading them gives back (see
-        :mod:`s5loader.staging.holes`)."""
+        :mod:`s5loader.staging.holes`); with the pass's ``layout``, a table that may still grow
+        (a shard read while it downloads) is read again from it when asked. Made once per table
+        a reader loads (each read of a sample asks for it)."""
+        if isinstance(table, _tar.Table) and table.spans is not None:
+            spans: SampleSpans = table.spans
+            spans.size = size
+            return spans
 
-        def end_of(k: int) -> int:
-            return max(m.offset + m.size for m in table[k].members)
+        def grow() -> tuple[Callable[[int], int], int]:
+            assert layout is not None
+            self._tables.pop((layout.folder, shard), None)
+            fresh = self._table(layout, shard)
+            return (fresh.end, len(fresh)) if fresh is not None else (spans._end_of, spans.known)
 
-        return SampleSpans(end_of, len(table), self._shards[shard].nsamples, size)
+        if isinstance(table, _tar.Table):
+            end_of: Callable[[int], int] = table.end
+        else:
+            rows = table
+            end_of = lambda k: max(m.offset + m.size for m in rows[k].members)  # noqa: E731
+        spans = SampleSpans(end_of, len(table), self._shards[shard].nsamples, size, grow if layout is not None else None)
+        if isinstance(table, _tar.Table):
+            table.spans = spans
+        return spans
 
     def check_members(self, shard: int, members: list[_tar.TarSample]) -> None:
         """Raise :class:`ShardError` when a shard disagrees with its index."""
@@ -208,7 +227,7 @@ class ShardSet(Sequence[Shard]):
         with fh:
             fields = _tar.read_sample(fh, sample)
             if not keep:
-                spans = self.spans(s, table, os.fstat(fh.fileno()).st_size) if fh.writable() else None
+                spans = self.spans(s, table, os.fstat(fh.fileno()).st_size, layout) if fh.writable() else None
                 if layout.release_shard_sample(s, j, fh.fileno(), spans, back):
                     self._tables.pop((layout.folder, s), None)
         return {"__key__": sample.key, **fields}

@@ -38,15 +38,26 @@ class SampleSpans:
             table; nothing past it is done).
         count: the samples of the whole shard.
         size: the file's size.
+        grow: where the table may have grown since (a shard still downloading), what reads it
+            again: the new ``end_of`` and ``known``.
     """
 
-    __slots__ = ("_end_of", "known", "count", "size")
+    __slots__ = ("_end_of", "known", "count", "size", "_grow")
 
-    def __init__(self, end_of: Callable[[int], int], known: int, count: int, size: int) -> None:
+    def __init__(
+        self, end_of: Callable[[int], int], known: int, count: int, size: int,
+        grow: Callable[[], tuple[Callable[[int], int], int]] | None = None,
+    ) -> None:
         self._end_of = end_of
         self.known = known
         self.count = count
         self.size = size
+        self._grow = grow
+
+    def grow(self) -> None:
+        """Read the table again, if it can have grown."""
+        if self._grow is not None and not self.whole:
+            self._end_of, self.known = self._grow()
 
     @property
     def whole(self) -> bool:
@@ -55,16 +66,11 @@ class SampleSpans:
 
     def end(self, k: int) -> int:
         """Where sample ``k``'s span ends (the file's end for the last sample of a whole table)."""
-        if k == self.count - 1 and self.whole:
-            return max(self.size, _pad(self._end_of(k)))
-        return _pad(self._end_of(k))
+        end = -(-self._end_of(k) // TAR_BLOCK) * TAR_BLOCK
+        return max(self.size, end) if k == self.count - 1 and self.known >= self.count else end
 
     def start(self, k: int) -> int:
         return self.end(k - 1) if k > 0 else 0
-
-
-def _pad(n: int) -> int:
-    return -(-n // TAR_BLOCK) * TAR_BLOCK
 
 
 def freed_by(spans: SampleSpans, j: int, done: Callable[[int], bool], block: int) -> tuple[int, int]:
@@ -94,6 +100,8 @@ def _before_done(spans: SampleSpans, j: int, edge: int, done: Callable[[int], bo
 def _after_done(spans: SampleSpans, j: int, edge: int, done: Callable[[int], bool]) -> bool:
     k = j + 1
     while k < spans.count and spans.start(k) < edge:
+        if k >= spans.known:
+            spans.grow()  # under the shard's lock: a reader of sample k read it after it was published
         if k >= spans.known or not done(k):
             return False
         k += 1

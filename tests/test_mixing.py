@@ -5,15 +5,13 @@ few shards, and a resumed order that counts what its samples give back."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import warnings
 from pathlib import Path
 
 import pytest
 from support.shards import class_sorted_shards, leftovers
-from support.stores import Peak, Store
+from support.stores import Peak, Store, on_disk
 from torch.utils.data import DataLoader
 
 from s5loader import S5Dataset, S5IterableDataset, S5Sampler, StateError
@@ -26,19 +24,6 @@ BUFFER, WORKERS, BATCH = 1000, 2, 32
 def per_64(classes: list[int]) -> float:
     runs = [classes[a : a + 64] for a in range(0, len(classes) - 63, 64)]
     return sum(len(set(r)) for r in runs) / len(runs)
-
-
-def on_disk(path: str) -> int:
-    """The bytes the staged files below ``path`` take (a shard punched as it is read, less)."""
-    total = 0
-    for root, dirs, files in os.walk(path):
-        dirs[:] = [d for d in dirs if d != ".calls"]
-        for f in files:
-            if not f.startswith("."):
-                with contextlib.suppress(FileNotFoundError):
-                    st = os.lstat(os.path.join(root, f))
-                    total += min(st.st_size, st.st_blocks * 512)
-    return total
 
 
 def webdataset_classes(shards: dict[str, bytes], folder: Path) -> list[int]:
@@ -84,6 +69,9 @@ def test_class_sorted_shards_mix_as_well_as_webdataset_with_the_same_bytes_every
     for form, classes in figures.items():  # at the same bytes: 90% of WebDataset's mixing, a first batch better
         assert per_64(classes) >= 0.9 * per_64(reference), (form, per_64(classes), per_64(reference))
         assert len(set(classes[:64])) >= len(set(reference[:64])), form
+    with S5Sampler(ds, shuffle=True, seed=0, staging_dir=staging_root) as sampler:  # the default budget: all fit
+        quality = sampler.shuffle_quality(span=64)
+    assert quality.units_per_64 >= per_64(reference) and quality.first_units >= len(set(reference[:64]))
 
 
 def test_a_budget_that_holds_few_shards_warns_at_iter_naming_one_that_mixes_like_a_buffer(
@@ -92,6 +80,7 @@ def test_a_budget_that_holds_few_shards_warns_at_iter_naming_one_that_mixes_like
     source, _, big = class_sorted_shards(seaweed, 16, 50, SIZE)
     ds = S5Dataset.from_shards(source, endpoint_url=seaweed.endpoint)
     with S5Sampler(ds, shuffle=True, budget=3 * big, staging_dir=staging_root) as sampler:
+        assert sampler.shuffle_quality(span=64).first_units >= 2  # three shards: the first batch mixes
         with pytest.warns(UserWarning, match=r"holds about 3 of its shards .* A budget of ([\d.]+ \w+) mixes at least "
                                              r"like that buffer.*`s5loader pack --shuffle`") as caught:
             it = iter(sampler)

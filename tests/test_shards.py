@@ -27,7 +27,7 @@ from support.shards import (
     shard_gets,
     tar_of,
 )
-from support.stores import Store
+from support.stores import Store, on_disk
 from torch.utils.data import DataLoader
 
 from s5loader import (
@@ -1061,19 +1061,6 @@ def test_the_iterable_leaves_no_staging_folder_after_an_error_and_the_next_start
     assert os.listdir(staging_root) == []
 
 
-def staged_bytes(path: str) -> int:
-    """Bytes of the staged files below ``path`` (not the control files), as they are now: a shard
-    whose read samples were punched out counts the blocks it still takes."""
-    total = 0
-    for root, _, files in os.walk(path):
-        for f in files:
-            if not f.startswith("."):
-                with contextlib.suppress(FileNotFoundError):
-                    st = os.lstat(os.path.join(root, f))
-                    total += min(st.st_size, st.st_blocks * 512)
-    return total
-
-
 def gzip_shards(store: Store, n_shards: int = 6, per_shard: int = 10) -> tuple[str, dict[str, bytes], dict[str, dict[str, bytes]]]:
     """Class-sorted shards, gzip-compressed, named .tar.gz and .tgz by turns, and indexed."""
     shards: dict[str, bytes] = {}
@@ -1105,7 +1092,7 @@ def test_gzip_shards_load_byte_exact_within_a_budget_that_counts_their_tar(seawe
         peak = [0]
 
         def watch(x: dict) -> dict:
-            peak[0] = max(peak[0], staged_bytes(sampler.staging_dir))
+            peak[0] = max(peak[0], on_disk(sampler.staging_dir))
             return x
 
         got = [watch(x) for b in DataLoader(ds, sampler=sampler, batch_size=4, num_workers=2, collate_fn=lambda b: b)
@@ -1155,7 +1142,7 @@ def test_the_daemon_unpacks_gzip_shards_within_a_budget_that_counts_their_tar(se
     budget = max(len(d) + 2 * tars[n] for n, d in shards.items())
     cache, out = tmp_path / "cache", tmp_path / "got.jsonl"
     consumer = subprocess.Popen([sys.executable, "-c", CONSUMER, str(cache), str(out)])
-    with Peak(lambda: staged_bytes(str(cache)), interval=0.002) as peak:
+    with Peak(lambda: on_disk(str(cache)), interval=0.002) as peak:
         r = subprocess.run(
             [sys.executable, "-m", "s5loader", "prefetch", "--shards", source, "--cache", str(cache),
              "--budget", str(budget), "--endpoint-url", seaweed.endpoint, "--shuffle", "--seed", "3"],

@@ -38,6 +38,7 @@ bench: venv
 	$(PIP) install -q -e '.[bench]' torch==2.13.0 || true
 	$(PY) bench/run.py
 	$(PY) bench/checkpoint.py --repeat 5
+	$(PY) bench/shard_mixing.py --json bench/results/shard-mixing.json
 
 clean:
 	rm -rf $(VENV) .s3-local .pytest_cache

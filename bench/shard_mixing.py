@@ -1,24 +1,23 @@
 #!/usr/bin/env python3
-"""How well a shard order mixes class-sorted shards: s5loader against WebDataset.
+"""How well class-sorted tar shards mix at equal memory: s5loader against WebDataset's shuffle buffer.
 
-Writes ``--shards`` local tar shards of ``--per-shard`` samples each, one class per shard (the
-hard case: a shard holds one class), and measures, for the batches a ``DataLoader`` with
-``--workers`` workers yields in epoch 0, the mean number of distinct shards among 64 and among
-256 consecutive samples, overall and in the first batch:
+Starts SeaweedFS (``s5loader.testing.SeaweedFS``) in a temporary folder, writes ``--shards`` tar
+shards of one class each (``--per-shard`` samples: a ``cls`` field and ``--sample-size`` bytes of
+``bin``) and their index (``s5loader index-shards``), then reads one epoch per ``--seeds`` seed
+through ``DataLoader(num_workers=--workers, batch_size=--batch)``:
 
-* WebDataset: ``WebDataset(shards, shardshuffle=N, seed=0).shuffle(1000)``, read by the
-  DataLoader's workers (each worker reads its own shards; a batch comes from one worker). Its
-  buffer holds ``--buffer`` samples in memory.
-* s5loader ``S5Sampler(shuffle=True)`` and ``S5IterableDataset(shuffle=True)``: the orders they
-  stage, for a staging budget of ``--budget-shards`` shards (by default the bytes WebDataset
-  holds: in each worker its buffer and the shard it reads; 44 shards for the defaults). The sampler's order is the rank's; the iterable's batches come from one
-  worker each, as WebDataset's do.
+* webdataset: ``WebDataset(["pipe:s5cmd cat s3://..."], shardshuffle=N, seed=SEED).shuffle(--buffer)``:
+  each worker reads its shards through a buffer of ``--buffer`` samples of its own, and a batch
+  comes from one worker;
+* ``S5Sampler(shuffle=True)`` and ``S5IterableDataset(shuffle=True, batch_size=--batch)``, with a
+  budget of the bytes WebDataset's buffers hold (workers x buffer x the shards' bytes per sample:
+  "equal memory"), with a budget of 4 shards, and with the default budget (2 GiB).
 
-No server is involved: mixing is a property of the order, which no public API exposes apart
-from a data set on a store, so the s5loader side imports the private
-``s5loader._sampling`` modules (the same functions the sampler and the iterable call).
+For each it prints the mean number of distinct classes among 64 consecutive samples the loader
+yields, and among its first 64 (means over the seeds), and the first against webdataset's. The
+s5loader side uses the public API only and reads the loaders' own outputs (each sample's ``cls``).
 
-    .venv/bin/python bench/shard_mixing.py [--shards 60] [--per-shard 100] [--workers 4]
+    .venv/bin/python bench/shard_mixing.py [--shards 40] [--per-shard 250] [--seeds 3] [--json FILE]
 """
 
 from __future__ import annotations
@@ -27,123 +26,164 @@ import argparse
 import io
 import json
 import os
+import platform
+import shlex
+import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
-SPANS = (64, 256)
+import boto3
+from torch.utils.data import DataLoader
 
+from s5loader import Access, S5Dataset, S5IterableDataset, S5Sampler, StagingOptions, find_s5cmd
+from s5loader.testing import SeaweedFS
 
-def write_shards(folder: str, n_shards: int, per_shard: int) -> list[str]:
-    paths = []
-    for s in range(n_shards):
-        path = os.path.join(folder, f"shard-{s:06d}.tar")
-        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-            for j in range(per_shard):
-                for field, data in (("cls", str(s).encode()), ("bin", bytes(64))):
-                    info = tarfile.TarInfo(f"c{s:04d}-{j:05d}.{field}")
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
-        paths.append(path)
-    return paths
+BUCKET, PREFIX = "data", "mixing/"
+SPAN = 64
 
 
-def mixing(batches: Sequence[Sequence[int]]) -> dict[str, float]:
-    """Distinct shards per span of consecutive samples (the stream the loader yields), and in
-    the first batch."""
-    stream = [s for b in batches for s in b]
-    out: dict[str, float] = {}
-    for span in SPANS:
-        runs = [stream[a : a + span] for a in range(0, len(stream) - span + 1, span)] or [stream]
-        out[f"per_{span}"] = sum(len(set(r)) for r in runs) / len(runs)
-    out["first_batch"] = float(len(set(batches[0]))) if batches else 0.0
-    return out
+def class_of(sample: dict[str, Any]) -> int:
+    return int(sample["cls"])
 
 
-def webdataset_batches(paths: list[str], workers: int, batch: int, buffer: int, seed: int) -> list[list[int]]:
+def shard_bytes(s: int, per_shard: int, size: int) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for j in range(per_shard):
+            for field, data in (("cls", b"%d" % s), ("bin", os.urandom(size))):
+                info = tarfile.TarInfo(f"c{s:04d}-{j:05d}.{field}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def write_shards(endpoint: str, shards: int, per_shard: int, size: int) -> int:
+    """Upload the shards and build their index; returns the largest shard's size."""
+    s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="local", aws_secret_access_key="local",
+                      region_name="us-east-1")
+    sizes = []
+
+    def put(s: int) -> None:
+        data = shard_bytes(s, per_shard, size)
+        s3.put_object(Bucket=BUCKET, Key=f"{PREFIX}shard-{s:06d}.tar", Body=data)
+        sizes.append(len(data))
+
+    with ThreadPoolExecutor(8) as ex:
+        list(ex.map(put, range(shards)))
+    subprocess.run([sys.executable, "-m", "s5loader", "index-shards", f"s3://{BUCKET}/{PREFIX}", "--endpoint-url",
+                    endpoint, "--force"], check=True, capture_output=True)
+    return max(sizes)
+
+
+def mixing(classes: list[int]) -> tuple[float, int]:
+    """Mean distinct classes per SPAN consecutive samples, and among the first SPAN."""
+    runs = [classes[a : a + SPAN] for a in range(0, len(classes) - SPAN + 1, SPAN)] or [classes]
+    return sum(len(set(r)) for r in runs) / len(runs), len(set(classes[:SPAN]))
+
+
+def read(batches: Iterable[list[Any]]) -> list[int]:
+    return [class_of(x) for b in batches for x in b]
+
+
+def webdataset(args: argparse.Namespace, endpoint: str, seed: int) -> list[int]:
     import webdataset as wds
-    from torch.utils.data import DataLoader
 
-    ds = wds.WebDataset(paths, shardshuffle=len(paths), seed=seed, empty_check=False).shuffle(buffer)
-    loader = DataLoader(ds, batch_size=batch, num_workers=workers, collate_fn=lambda b: [int(x["cls"]) for x in b])
-    return [list(b) for b in loader]
+    head = shlex.join([find_s5cmd(), *Access(endpoint_url=endpoint).s5cmd_flags(), "cat"])
+    urls = [f"pipe:{head} s3://{BUCKET}/{PREFIX}shard-{s:06d}.tar" for s in range(args.shards)]
+    ds = wds.WebDataset(urls, shardshuffle=len(urls), seed=seed, empty_check=False).shuffle(args.buffer)
+    return read(DataLoader(ds, batch_size=args.batch, num_workers=args.workers, collate_fn=list))
 
 
-def s5loader_batches(n_shards: int, per_shard: int, workers: int, batch: int, budget_shards: int, seed: int,
-                     iterable: bool, sample_bytes: int = 0) -> tuple[list[list[int]], int]:
-    from s5loader._sampling.order import Order, open_shards
-    from s5loader._shards.dataset import ShardSet
-    from s5loader._shards.index import Shard
-    from s5loader.config import Access
+def sampler(args: argparse.Namespace, ds: S5Dataset, budget: int, seed: int, root: str) -> list[int]:
+    with S5Sampler(ds, shuffle=True, seed=seed, budget=budget, staging_dir=root) as s:
+        return read(DataLoader(ds, sampler=s, batch_size=args.batch, num_workers=args.workers, collate_fn=list))
 
-    n = n_shards * per_shard
-    units = [list(range(s * per_shard, (s + 1) * per_shard)) for s in range(n_shards)]
-    order = Order(True, seed, 1, 0, False)
-    if not iterable:
-        window = open_shards(budget_shards, 1, n_shards, n_shards)
-        idx = order.shard_order(n, 0, 0, units, window)
-        return [[i // per_shard for i in idx[a : a + batch]] for a in range(0, len(idx), batch)], window
-    # the rank stages one order within the whole budget; its workers take turns along it
-    window = open_shards(budget_shards, 1, n_shards, n_shards)
-    # sample_bytes: the samples read are freed, as on a file system that punches holes
-    # (S5IterableDataset's cost, for shards of per_shard samples of that size)
-    cost = None
-    if sample_bytes:
-        size = per_shard * sample_bytes
-        shards = ShardSet([Shard(f"s3://b/{s}.tar", size, "", per_shard) for s in range(n_shards)], Access())
-        cost = shards.order_cost(size)
-    idx = order.shard_order(n, 0, 0, units, window, cost=cost)
-    parts = [idx[w::workers] for w in range(workers)]
-    # the DataLoader takes one batch from each worker in turn
-    per_worker = [[[i // per_shard for i in p[a : a + batch]] for a in range(0, len(p), batch)] for p in parts]
-    out: list[list[int]] = []
-    for k in range(max(map(len, per_worker))):
-        out += [bs[k] for bs in per_worker if k < len(bs)]
-    return out, window
+
+def iterable(args: argparse.Namespace, ds: S5Dataset, budget: int, seed: int, root: str) -> list[int]:
+    with S5IterableDataset(ds, shuffle=True, seed=seed, budget=budget, staging_dir=root, batch_size=args.batch,
+                           num_workers=args.workers) as it:
+        return read(DataLoader(it, batch_size=args.batch, num_workers=args.workers, collate_fn=list))
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="bench/shard_mixing.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--shards", type=int, default=60)
-    p.add_argument("--per-shard", type=int, default=100)
-    p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--buffer", type=int, default=1000, help="WebDataset's shuffle buffer (samples)")
-    p.add_argument("--budget-shards", type=int, default=0,
-                   help="s5loader's staging budget in shards (default: what WebDataset holds, its buffer "
-                        "and the shard it reads, in each worker)")
-    p.add_argument("--sample-bytes", type=int, default=100_000,
-                   help="the samples' size for the iterable's order, which opens shards as the bytes of samples "
-                        "read are freed (default 100000: 10 MB shards of 100 samples)")
-    p.add_argument("--seed", type=int, default=0)
+    p = argparse.ArgumentParser(prog="bench/shard_mixing.py", description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--shards", type=int, default=40)
+    p.add_argument("--per-shard", type=int, default=250)
+    p.add_argument("--sample-size", type=int, default=3000, help="bytes of each sample's bin field")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--buffer", type=int, default=1000, help="WebDataset's shuffle buffer, samples per worker")
+    p.add_argument("--seeds", type=int, default=3, help="epochs read by each loader, one seed each")
     p.add_argument("--json", help="write the figures here too")
     args = p.parse_args(argv)
-    budget = args.budget_shards or args.workers * (-(-args.buffer // args.per_shard) + 1)
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="s5loader-mixing-") as d:
-        paths = write_shards(d, args.shards, args.per_shard)
-        wds_b = webdataset_batches(paths, args.workers, args.batch, args.buffer, args.seed)
-        rows.append((f"webdataset, shardshuffle + shuffle({args.buffer}), {args.workers} workers", mixing(wds_b)))
-    for iterable, sample_bytes in ((False, 0), (True, 0), (True, args.sample_bytes)):
-        b, window = s5loader_batches(args.shards, args.per_shard, args.workers, args.batch, budget, args.seed,
-                                     iterable, sample_bytes)
-        name = (f"S5IterableDataset, shuffle=True, {args.workers} workers, {window} open shard(s) each"
-                if iterable else f"S5Sampler, shuffle=True, {window} open shards")
-        if iterable:
-            name += (f", {sample_bytes // 1000} KB samples freed as read (more shards open as room frees)"
-                     if sample_bytes else ", samples not freed as read (a file system without hole punching)")
-        rows.append((name, mixing(b)))
-    print(f"{args.shards} class-sorted shards x {args.per_shard} samples; batch {args.batch}; "
-          f"s5loader budget: {budget} shards\n")
-    print("| order | distinct shards per 64 | per 256 | in the first batch |")
-    print("|---|---:|---:|---:|")
-    for name, m in rows:
-        print(f"| {name} | {m['per_64']:.1f} | {m['per_256']:.1f} | {m['first_batch']:.0f} |")
+    for var, value in (("AWS_ACCESS_KEY_ID", "local"), ("AWS_SECRET_ACCESS_KEY", "local"), ("AWS_REGION", "us-east-1")):
+        os.environ.setdefault(var, value)
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="s5loader-mixing-") as tmp, \
+            SeaweedFS(os.path.join(tmp, "weed"), (BUCKET,)) as weed:
+        largest = write_shards(weed.endpoint, args.shards, args.per_shard, args.sample_size)
+        ds = S5Dataset.from_shards(f"s3://{BUCKET}/{PREFIX}", endpoint_url=weed.endpoint)
+        per_sample = ds.total_bytes / len(ds)  # a shard's bytes per sample (its tar headers and end included)
+        equal = int(args.workers * args.buffer * per_sample)
+        default = StagingOptions().budget
+        runs: list[tuple[str, int, Callable[[int], list[int]]]] = [
+            (f"webdataset, shardshuffle + shuffle({args.buffer}) per worker", equal,
+             lambda seed: webdataset(args, weed.endpoint, seed)),
+            ("S5Sampler(shuffle=True), equal memory", equal, lambda seed: sampler(args, ds, equal, seed, tmp)),
+            ("S5IterableDataset(shuffle=True), equal memory", equal, lambda seed: iterable(args, ds, equal, seed, tmp)),
+            ("S5Sampler(shuffle=True), a budget of 4 shards", 4 * largest,
+             lambda seed: sampler(args, ds, 4 * largest, seed, tmp)),
+            ("S5IterableDataset(shuffle=True), a budget of 4 shards", 4 * largest,
+             lambda seed: iterable(args, ds, 4 * largest, seed, tmp)),
+            ("S5Sampler(shuffle=True), default budget", default, lambda seed: sampler(args, ds, default, seed, tmp)),
+            ("S5IterableDataset(shuffle=True), default budget", default,
+             lambda seed: iterable(args, ds, default, seed, tmp)),
+        ]
+        rows = []
+        everything = sorted(s for s in range(args.shards) for _ in range(args.per_shard))
+        for name, budget, run in runs:
+            row: dict[str, Any] = {"loader": name, "memory_bytes": budget, "per_64": [], "first_64": []}
+            try:
+                for seed in range(args.seeds):
+                    classes = run(seed)
+                    if sorted(classes) != everything:
+                        raise RuntimeError(f"seed {seed}: the epoch did not deliver every sample once")
+                    per, first = mixing(classes)
+                    row["per_64"].append(round(per, 2))
+                    row["first_64"].append(first)
+            except Exception as exc:  # reported in the table, as s5loader bench reports a failed method
+                row["error"] = f"{type(exc).__name__}: {exc}"
+            rows.append(row)
+            print(f"{name}: {row['per_64']} / {row['first_64']} {row.get('error', '')}", file=sys.stderr, flush=True)
+    ref = rows[0]
+
+    def mean(xs: list[float]) -> float:
+        return sum(xs) / len(xs) if xs else float("nan")
+
+    print(f"\n{args.shards} class-sorted shards x {args.per_shard} samples of {per_sample / 1000:.1f} kB (one class "
+          f"per shard), {args.workers} DataLoader workers, batch {args.batch}, {args.seeds} epoch(s) each; equal "
+          f"memory: {args.workers} x {args.buffer} samples = {equal / 2**20:.2f} MiB\n")
+    print(f"| loader | memory (budget) | distinct classes per {SPAN} | in the first {SPAN} | per {SPAN} vs webdataset |")
+    print("|---|---:|---:|---:|---:|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['loader']} | {r['memory_bytes'] / 2**20:.2f} MiB | failed: {r['error'][:200]} | | |")
+            continue
+        ratio = mean(r["per_64"]) / mean(ref["per_64"])
+        print(f"| {r['loader']} | {r['memory_bytes'] / 2**20:.2f} MiB | {mean(r['per_64']):.1f} | "
+              f"{mean(r['first_64']):.1f} | {ratio:.2f}x |")
+    print(f"\n({time.monotonic() - t0:.0f}s)")
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"args": vars(args), "budget_shards": budget, "rows": [{"order": n, **m} for n, m in rows]}, fh, indent=1)
-    return 0
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"args": vars(args), "shard_bytes": largest, "bytes_per_sample": per_sample,
+                       "equal_memory_bytes": equal, "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+                       "rows": rows}, fh, indent=1)
+    return 1 if any("error" in r for r in rows) else 0
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
+import warnings
 import weakref
 from collections.abc import Iterator
 from typing import Any, cast
@@ -13,12 +14,15 @@ from torch.utils.data import Sampler
 
 from ._sampling.cacheplan import node_ranks
 from ._sampling.cacherun import open_cache_run
+from ._sampling.mixing import few_shards
 from ._sampling.order import WINDOW_CAP, ShuffleQuality, block_window, shuffle_quality  # noqa: F401 (re-exported)
 from ._sampling.passes import write_command_files
 from ._sampling.pieces import part_len
-from ._sampling.resume import check_state, check_window, make_state, resume, resume_window
+from ._sampling.resume import check_state, check_window, make_state, resume, resume_cost, resume_window
 from ._sampling.run import StagingRun
 from ._sampling.setup import check_loader_batch, configure, staging_options
+from ._sampling.units import can_free, freeing_cost
+from ._shards.holding import Freeing
 from ._util.platform import require_linux
 from ._util.uri import format_size
 from .config import StagingOptions
@@ -57,8 +61,12 @@ class S5Sampler(Sampler[int]):
             s5cmd fetches each block of 13 objects or more with one wildcard request; ``False``: key order. Over tar
             shards (:meth:`S5Dataset.from_shards`) each rank takes a contiguous run of the
             shards (permuted with ``True`` and ``"block"``), so a shard is fetched by one rank;
-            with ``True`` samples are drawn at random from the :attr:`window` shards the budget
-            holds open (see :meth:`Order.shard_order <s5loader._sampling.order.Order.shard_order>`).
+            with ``True`` the budget works as a shuffle buffer: shards open as soon as what the
+            open ones still hold (read samples give their bytes back) leaves room, and each next
+            sample comes from an open shard at random (see :meth:`Order.shard_order
+            <s5loader._sampling.order.Order.shard_order>`); a budget that holds few shards, which
+            mixes class-sorted shards poorly, is a warning at ``iter()`` naming the budget that
+            mixes like a 1000-sample shuffle buffer.
         seed: the permutation's seed; the same seed and epoch give the same order everywhere.
         num_replicas, rank: the distributed split; defaults from torch.distributed, else
             ``WORLD_SIZE`` / ``RANK``, else one process.
@@ -114,8 +122,13 @@ class S5Sampler(Sampler[int]):
             dataset, options, shuffle=shuffle, seed=seed, num_replicas=num_replicas, rank=rank,
             drop_last=drop_last, batch_size=batch_size,
         )
+        self._cost: Freeing | None = None
         cache = open_cache_run(dataset, self._order, self._window, options, root, self._local_orders)
-        self._run = StagingRun(dataset, options, root, options.keep_staged, cache)
+        # over tar shards that do not fit: the budget used as a shuffle buffer (see Order.shard_order)
+        self._can_free = can_free(dataset, cache is not None, root, options.keep_staged)
+        self._cost = freeing_cost(dataset, self._order.shuffle, cache is not None, options.budget, root, options.keep_staged)
+        self._run = StagingRun(dataset, options, root, options.keep_staged, cache, frees=self._cost is not None)
+        self._warned = False
         self.keep_staged = options.keep_staged
         self.epoch = 0
         self._pos = self._run.position  # where this rank is in self.epoch (see state_dict)
@@ -125,7 +138,7 @@ class S5Sampler(Sampler[int]):
         """The whole order of ``epoch`` of each rank of this node (the epoch cache plans on them)."""
         o, run = self._order, self._run
         return [
-            run.units.plan(dataclasses.replace(o, rank=r), epoch, 0, run.blocks, self._window)[0]
+            run.units.plan(dataclasses.replace(o, rank=r), epoch, 0, run.blocks, self._window, self._cost)[0]
             for r in node_ranks(o.rank, o.num_replicas)
         ]
 
@@ -170,7 +183,13 @@ class S5Sampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         # Called by a DataLoader's BatchSampler: a budget smaller than its batch is an error now
         # instead of a stall, and samples not staged yet go out at once (its reader waits).
-        return self._iterate(check_loader_batch(self, self.dataset, self.budget, sys._getframe(1)))
+        batch = check_loader_batch(self, self.dataset, self.budget, sys._getframe(1))
+        if not self._warned:  # a budget that holds few shards: said once
+            self._warned = True
+            few = few_shards(self.dataset, self.budget, self._cost, self._order.shuffle, "S5Sampler")
+            if few:
+                warnings.warn(few, UserWarning, stacklevel=2)
+        return self._iterate(batch)
 
     def _iterate(self, batch: int | None = None) -> Iterator[int]:
         self._run.passes.close_active()
@@ -178,7 +197,7 @@ class S5Sampler(Sampler[int]):
             self._pos.start, self._pos.epoch_done = 0, False  # the same epoch again, from its start
         order, windows = self._epoch_plan(self.epoch, self._pos.start)
         if batch is not None:  # over tar shards: the shards of one batch must fit at once
-            self._run.units.check_batch(order, batch, self.budget)
+            self._run.units.check_batch(order, batch, self.budget, self._cost)
         early = batch is not None
         # without skips=True the run yields staged indices only
         stream = self._run.stage(order, windows, self._order.shuffle, lambda: self.epoch, early=early)
@@ -190,7 +209,7 @@ class S5Sampler(Sampler[int]):
     def _epoch_plan(self, epoch: int, start: int = 0) -> tuple[list[int], list[int] | None]:
         """This rank's order from ``start`` on, and (``shuffle="block"``) where its windows begin."""
         run = self._run
-        return run.units.plan(self._order, epoch, start, run.blocks, self._window)
+        return run.units.plan(self._order, epoch, start, run.blocks, self._window, self._cost)
 
     def _units(self) -> list[list[int]]:
         """The blocks a ``shuffle="block"`` order permutes: tar shards, else key-prefix blocks."""
@@ -199,22 +218,26 @@ class S5Sampler(Sampler[int]):
     @property
     def window(self) -> int:
         """The most samples of a ``shuffle="block"`` window (see ``shuffle``); over tar shards
-        with ``shuffle`` True or False, the shards open at once."""
+        with ``shuffle`` True or False, the shards open at once where read samples give nothing
+        back (a ``shuffle=True`` order that counts what they give back opens more)."""
         return self._window
 
     def shuffle_quality(self, epoch: int | None = None, span: int = 256) -> ShuffleQuality:
-        """How well this rank's order of ``epoch`` (default: the current one) mixes blocks.
+        """How well this rank's order of ``epoch`` (default: the current one) mixes blocks (over
+        tar shards: shards), computed from the order alone: nothing is fetched.
 
         Args:
             epoch: the epoch whose order is measured.
             span: the run length measured, e.g. the batch size.
 
         Returns:
-            the mean number of distinct blocks among ``span`` consecutive samples (a sample
-            outside any block counts as a block of its own) and the mean distance a sample
-            moves from its key order, as a share of the data set (about 1/3 for a full
-            shuffle, 0 for none). A full shuffle draws about ``span`` blocks per run when
-            blocks are many; key order about ``span`` / the block size.
+            the mean number of distinct blocks (shards) among ``span`` consecutive samples (a
+            sample outside any block counts as a block of its own), among the first ``span``
+            (the first batch) and among 64 consecutive samples (over shards of one class each:
+            the classes a batch of 64 mixes), and the mean distance a sample moves from its key
+            order, as a share of the data set (about 1/3 for a full shuffle, 0 for none). A full
+            shuffle draws about ``span`` blocks per run when blocks are many; key order about
+            ``span`` / the block size.
         """
         order = self._epoch_order(self.epoch if epoch is None else epoch)
         unit_of = [0] * len(self.dataset)
@@ -265,7 +288,8 @@ class S5Sampler(Sampler[int]):
         means "epoch ``epoch`` is done": loading it makes the next pass a whole epoch, the one
         :meth:`set_epoch` names.
         """
-        return make_state(self._order, self.epoch, len(self.dataset), self._pos, self._window, self._run.units.name)
+        room = (self._cost.room or 0) if self._cost is not None else 0
+        return make_state(self._order, self.epoch, len(self.dataset), self._pos, self._window, self._run.units.name, room)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict`, staging only what is left.
@@ -287,6 +311,8 @@ class S5Sampler(Sampler[int]):
         window = check_window(state, self._window)
         self._order, self.epoch = resume(saved, self._order, self.epoch, self._pos, len(self.dataset), units)
         self._window, self._run.options = resume_window(saved, window, self._window, self._options, units)
+        self._cost = resume_cost(saved, self._cost, self._can_free, units, self.dataset.source)
+        self._run.passes.frees = self._run.passes.frees or self._cost is not None
 
     # -- lifetime -----------------------------------------------------------------------
     def close(self) -> None:

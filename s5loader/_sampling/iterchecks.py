@@ -103,16 +103,17 @@ def check_buffer(
     if shuffle_buffer <= 1 or units.peak_bytes([], False) is None:
         return
     n = len(dataset)
-    peaks: dict[tuple[int, int, int], int] = {}
+    peaks: dict[tuple[int, int | None, int, int], int] = {}
 
     def peak(budget: int, k: int, e: int = epoch) -> int:
         """The most bytes the rank's order of epoch ``e`` needs at once with ``budget`` and a
         buffer of ``k``."""
         window, cost = rank_layout(dataset, budget, options.calls_in_flight, order.shuffle, cached, root)
-        if (window, k, e) not in peaks:
+        key = (window, cost.room if cost is not None else None, k, e)  # what the order depends on
+        if key not in peaks:
             mine = rank_order(units, order, e, k, None, window, cost)[0]
-            peaks[window, k, e] = units.peak_bytes(mine[start:], cost is not None) or 0
-        return peaks[window, k, e]
+            peaks[key] = units.peak_bytes(mine[start:], cost is not None) or 0
+        return peaks[key]
 
     budget = options.budget
     need = peak(budget, shuffle_buffer)

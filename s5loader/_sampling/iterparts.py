@@ -12,19 +12,18 @@ order exactly.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .._util.platform import HOLE_BLOCK, punches_holes
+from .._shards.holding import Freeing
 from ..dataset import S5Dataset
 from ..exceptions import StateError
 from .order import Order
 from .pieces import part_len
 from .resume import check_fields
-from .units import units_of
+from .units import freeing_cost, units_of
 
 # 2: the rank's workers share one order, a chunk at a time ("chunk"); 1 (each worker an order of
 # its own) is read for states taken at an epoch's end only
@@ -37,16 +36,14 @@ _STATE_KEYS = (
 
 def rank_layout(
     dataset: S5Dataset, budget: int, calls_in_flight: int, shuffle: bool | str, cached: bool, root: str
-) -> tuple[int, Callable[[int], tuple[float, float]] | None]:
+) -> tuple[int, Freeing | None]:
     """The window of a rank's order staged within ``budget`` below ``root`` (a block order's
     samples; a shard order's open shards) and, where that order counts the bytes its samples
-    free as they are read (over tar shards with ``shuffle=True``, no epoch cache (``cached``),
-    on a file system that punches holes), the costs it counts (see
-    :meth:`ShardUnits.order_cost <s5loader._sampling.units.ShardUnits.order_cost>`)."""
-    units = units_of(dataset)
-    window = units.window(budget, calls_in_flight, "block" if shuffle == "block" else True)
-    frees = units.frees_on_read(shuffle, cached) and punches_holes(root, HOLE_BLOCK)
-    return window, units.order_cost() if frees else None
+    give back as they are read (over tar shards with ``shuffle=True`` that do not fit the
+    budget, no epoch cache (``cached``), on a file system that punches holes), what it counts
+    them with (see :meth:`ShardUnits.order_cost <s5loader._sampling.units.ShardUnits.order_cost>`)."""
+    window = units_of(dataset).window(budget, calls_in_flight, "block" if shuffle == "block" else True)
+    return window, freeing_cost(dataset, shuffle, cached, budget, root)
 
 
 # -- how the rank's workers share its positions -------------------------------------------------
@@ -76,14 +73,16 @@ def remaining(length: int, starts: list[int], chunk: int) -> list[int]:
 
 
 def rank_order(
-    units: Any, order: Order, epoch: int, shuffle_buffer: int, blocks: Any, window: int,
-    cost: Callable[[int], tuple[float, float]] | None = None,
+    units: Any, order: Order, epoch: int, shuffle_buffer: int, blocks: Any, window: int, cost: Freeing | None = None,
 ) -> tuple[list[int], list[int] | None]:
     """The rank's whole order of ``epoch`` (the sampler's: :meth:`ObjectUnits.plan
     <s5loader._sampling.units.ObjectUnits.plan>` of the data set's ``units``), through the
     shuffle buffer when there is one, and where its ``shuffle="block"`` windows begin (None
-    through a buffer, which mixes across them)."""
-    mine, windows = units.plan(order, epoch, 0, blocks, window, cost)
+    through a buffer, which mixes across them). Through a buffer, a shard order keeps
+    ``window`` shards open whatever ``cost`` says: a sample the buffer holds back keeps its
+    shard staged, which an order that opens shards as read samples make room would not leave
+    room for."""
+    mine, windows = units.plan(order, epoch, 0, blocks, window, cost if shuffle_buffer <= 1 else None)
     if shuffle_buffer > 1:
         rng = np.random.default_rng([order.seed & (2**64 - 1), epoch, order.rank])
         return buffer_shuffle(mine, shuffle_buffer, rng), None

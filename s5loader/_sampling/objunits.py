@@ -8,6 +8,7 @@ from collections.abc import Callable, Container, Sequence
 from typing import NamedTuple, Protocol
 
 from .._index.blocks import BlockPlan
+from .._shards.holding import Freeing
 from .._shards.passes import Hits
 from ..config import StagingOptions
 from ..dataset import S5Dataset, StagedIndex
@@ -146,7 +147,7 @@ class ObjectUnits:
         """What a ``shuffle="block"`` order permutes: the key-prefix blocks of samples."""
         return blocks.units
 
-    def check_batch(self, order: Sequence[int], batch: int, budget: int, frees: bool = False) -> None:
+    def check_batch(self, order: Sequence[int], batch: int, budget: int, cost: Freeing | None = None) -> None:
         """Raise :class:`BudgetError` when the units of one DataLoader batch of ``order`` cannot
         be staged at once (a batch is read only once all of it is handed out); raw objects are
         checked against the largest samples when the sampler is made."""
@@ -157,8 +158,7 @@ class ObjectUnits:
         return shuffle == "block"
 
     def plan(
-        self, order: Order, epoch: int, start: int, blocks: BlockPlan, window: int,
-        cost: Callable[[int], tuple[float, float]] | None = None,
+        self, order: Order, epoch: int, start: int, blocks: BlockPlan, window: int, cost: Freeing | None = None,
     ) -> tuple[list[int], list[int] | None]:
         """This rank's order of ``epoch`` from ``start`` on, and (``shuffle="block"``) where
         its windows begin: a block order of the key-prefix ``blocks``, else the permutation
@@ -171,7 +171,7 @@ class ObjectUnits:
     def s5cmd_workers(self, options: StagingOptions) -> int:
         return options.s5cmd_workers
 
-    def frees_on_read(self, shuffle: bool | str, cached: bool) -> bool:
+    def frees_on_read(self, shuffle: bool | str, cached: bool, budget: int | None = None) -> bool:
         """Whether an order of these units counts the bytes each sample read gives back (see
         :meth:`ShardUnits.order_cost`): never for raw objects, whose samples go whole."""
         return False
@@ -207,8 +207,8 @@ class ObjectUnits:
         sample = self.dataset.samples[staged]
         return Lifted(StagingLayout(staged.folder).sample_dir(staged), sample.key, sample.size, False)
 
-    def order_cost(self) -> Callable[[int], tuple[float, float]] | None:
-        """What a sample's unit holds and frees, for an order that counts it (see
+    def order_cost(self, budget: int | None = None) -> Freeing | None:
+        """What an order that counts what its samples give back needs to know (see
         :meth:`ShardUnits.order_cost`); None: raw objects count nothing."""
         return None
 

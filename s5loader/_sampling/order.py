@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from .._shards.holding import Freeing
 from ..exceptions import ConfigError
-from .pieces import FIRST_WINDOW, cut, draw_freeing, end_to_end, front_first, growing
+from .mixing import draw_open, split_by_shard
+from .pieces import FIRST_WINDOW, cut, end_to_end, front_first, growing
 
 SHUFFLES = (True, False, "block")
 
@@ -162,7 +165,7 @@ class Order:
 
     def shard_order(
         self, n: int, epoch: int, start: int, units: list[list[int]], open_units: int, run: tuple[int, int] = (0, 1),
-        cost: Callable[[int], tuple[float, float]] | None = None,
+        cost: Freeing | None = None,
     ) -> list[int]:
         """This rank's order over tar shards (``units``: each shard's sample indices) from
         ``start`` on, for ``shuffle`` True or False.
@@ -179,13 +182,14 @@ class Order:
         ``run=(w, k)``: the ``w``-th of ``k`` contiguous runs of the rank's part (cut before
         mixing: an iterable dataset's worker), ordered as above; ``start`` counts its samples.
 
-        ``cost``: where a shard's samples are freed as they are read (an iterable dataset's
-        worker reads what it stages, see :meth:`StagingLayout.release_shard_sample
-        <s5loader.staging.layout.StagingLayout.release_shard_sample>`), ``cost(i)`` gives the
-        shard of sample ``i`` as (what it holds when staged, what each sample read of it frees),
-        in shards of the size ``open_units`` counts. Then a next shard opens as soon as what the
-        open ones still hold leaves room for it within ``open_units``, not only when one drains:
-        more shards are open at once, and samples mix across more of them.
+        ``cost``: where the samples read give their bytes back (see
+        :meth:`StagingLayout.release_shard_sample
+        <s5loader.staging.layout.StagingLayout.release_shard_sample>`), the budget is used as a
+        shuffle buffer instead (see :mod:`s5loader._sampling.mixing`): shards open as soon as
+        what the open ones still hold leaves room for the next within ``cost.room`` bytes (the
+        budget less a largest shard; ``None``: ``open_units`` largest shards), each next sample
+        comes from an open shard weighted by its unread samples, and a shard's samples are read
+        from both of its ends.
         """
         g = torch.Generator()
         g.manual_seed(self.seed + epoch)
@@ -194,11 +198,12 @@ class Order:
             pieces = cut(pieces, *run)
         if not self.shuffle:
             return [i for piece in pieces for i in piece][start:]
+        if cost is not None:
+            room = cost.room if cost.room is not None else max(1, open_units) * cost.largest
+            rng = np.random.default_rng([self.seed & (2**64 - 1), epoch, self.rank, *run])
+            return draw_open(split_by_shard(pieces, cost), room, cost, rng)[start:]
         pieces = [[p[j] for j in torch.randperm(len(p), generator=g).tolist()] for p in pieces if p]
         draws = torch.rand(sum(map(len, pieces)), generator=g).tolist()
-        if cost is not None:
-            out, tags = draw_freeing(pieces, draws, open_units, cost)
-            return front_first(out, tags, g)[start:]
         pool: list[list[int]] = []  # open shards: [piece number, samples taken]
         queued = 0
         while len(pool) < max(1, open_units) and queued < len(pieces):
@@ -242,37 +247,46 @@ class ShuffleQuality:
     """How well an order mixes the data set (see :func:`shuffle_quality`)."""
 
     span: int
-    units_per_span: float  # mean distinct units among ``span`` consecutive samples
+    units_per_span: float  # mean distinct units among ``span`` consecutive samples (a batch)
     displacement: float  # mean |position in the order - position in key order| / samples
+    first_units: int = 0  # distinct units among the first ``span`` samples (the first batch)
+    units_per_64: float = 0.0  # mean distinct units among 64 consecutive samples
 
 
 def shuffle_quality(order: Sequence[int], unit_of: Sequence[int], span: int = 256) -> ShuffleQuality:
-    """Measure an order's mixing: from how many units (blocks) a batch-sized run draws, and how
-    far samples move from their key order.
+    """Measure an order's mixing: from how many units (blocks, or tar shards) a batch-sized run
+    draws, and how far samples move from their key order. Computed from the order alone:
+    nothing is fetched.
 
     Args:
         order: sample indices in the order they are read (a permutation of part of
             ``range(len(unit_of))``).
-        unit_of: per sample index, the unit (block) it belongs to.
+        unit_of: per sample index, the unit (block, shard) it belongs to.
         span: the run length, e.g. a batch: the order is cut into runs of ``span``
             consecutive samples (the whole order if shorter) and the distinct units of
             each full run are averaged.
 
     Returns:
         ``units_per_span``: about ``span`` for a full per-sample shuffle of many small
-        units, about ``span / unit size`` without shuffle; ``displacement``: about 1/3 for a
-        full shuffle, 0 without.
+        units, about ``span / unit size`` without shuffle; ``first_units``: the distinct
+        units of the first run (the first batch); ``units_per_64``: ``units_per_span`` for
+        runs of 64 (over class-sorted shards, the distinct classes per 64 samples);
+        ``displacement``: about 1/3 for a full shuffle, 0 without.
     """
     if span < 1:
         raise ValueError(f"span must be >= 1, got {span}")
     if not order:
         return ShuffleQuality(span, 0.0, 0.0)
-    runs = [order[a : a + span] for a in range(0, len(order) - span + 1, span)] or [order]
-    units = sum(len({unit_of[i] for i in run}) for run in runs) / len(runs)
     n = len(unit_of)
     scale = n / len(order)  # a rank's part spreads over the whole data set
     moved = sum(abs(pos * scale - i) for pos, i in enumerate(order)) / (len(order) * n)
-    return ShuffleQuality(span, units, moved)
+    first = len({unit_of[i] for i in order[:span]})
+    return ShuffleQuality(span, _per_run(order, unit_of, span), moved, first, _per_run(order, unit_of, 64))
+
+
+def _per_run(order: Sequence[int], unit_of: Sequence[int], span: int) -> float:
+    runs = [order[a : a + span] for a in range(0, len(order) - span + 1, span)] or [order]
+    return sum(len({unit_of[i] for i in run}) for run in runs) / len(runs)
 
 
 # shuffle="block": the most samples a window holds (see block_window)

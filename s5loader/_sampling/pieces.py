@@ -1,54 +1,17 @@
-"""How a rank's part of a unit order is laid out and drawn (see :class:`~s5loader._sampling.order.Order`):
+"""How a rank's part of a unit order is laid out (see :class:`~s5loader._sampling.order.Order`):
 units end to end in equal parts, contiguous runs of a part, a streamed shard's growing
-windows, and a shard order's draws that count the bytes read samples free."""
+windows."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 
 # shuffle="block": the samples of a rank's first window; later windows double up to the
 # full window (the engine's first calls grow the same way)
 FIRST_WINDOW = 32
-
-
-def draw_freeing(
-    pieces: list[list[int]], draws: list[float], room: float, cost: Callable[[int], tuple[float, float]]
-) -> tuple[list[int], list[int]]:
-    """:meth:`Order.shard_order`'s draws with ``cost``: each next sample from an open shard at
-    random; a shard opens while what the open ones hold (each its size less what its samples
-    read freed) leaves room for it within ``room``, one at least. Returns the samples and the
-    piece each came from."""
-    pool: list[list[Any]] = []  # open shards: [piece, samples taken, held, freed per sample, number]
-    held = 0.0
-    queued = 0
-    out: list[int] = []
-    tags: list[int] = []
-    for x in draws:
-        while queued < len(pieces):
-            size, freed = cost(pieces[queued][0])
-            if pool and held + size > room:
-                break
-            pool.append([pieces[queued], 0, size, freed, queued])
-            held += size
-            queued += 1
-        at = min(int(x * len(pool)), len(pool) - 1)
-        slot = pool[at]
-        out.append(slot[0][slot[1]])
-        tags.append(slot[4])
-        slot[1] += 1
-        if slot[1] == len(slot[0]):  # drained: deleted
-            held -= slot[2]
-            pool[at] = pool[-1]
-            pool.pop()
-        else:
-            gone = min(slot[3], slot[2])
-            slot[2] -= gone
-            held -= gone
-    return out, tags
 
 
 def front_first(out: list[int], tags: list[int], g: torch.Generator) -> list[int]:

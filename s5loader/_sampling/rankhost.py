@@ -12,6 +12,7 @@ import logging
 import multiprocessing.util
 import os
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -25,6 +26,7 @@ from .cacheplan import node_ranks
 from .cacherun import CacheRun, new_cache_run
 from .feed import INDEX, SKIP, FeedHost, Hello
 from .iterparts import _Pass, owner, rank_layout, rank_order, remaining
+from .mixing import few_shards
 from .order import Order
 from .run import StagingRun
 
@@ -54,8 +56,9 @@ class RankHost:
         self.dataset = dataset
         self.cache = cache
         # a block order's window; a shard order's shards open at once, and (over tar shards with
-        # shuffle=True, where the file system punches holes) what each sample read frees: a next
-        # shard opens as soon as there is room for it (see Order.shard_order)
+        # shuffle=True that do not fit, where the file system punches holes) what an order that
+        # counts what read samples give back needs: a next shard opens as soon as there is room
+        # for it (see Order.shard_order)
         self.window, self.cost = rank_layout(
             dataset, options.budget, options.calls_in_flight, shuffle, cache is not None, root
         )
@@ -71,8 +74,10 @@ class RankHost:
 
     def open(self, name: str, p: _Pass) -> FeedHost:
         """Begin a pass for ``p`` (this process's own worker) and its sibling workers, which
-        connect to ``name``; the pass before it, if any, stops."""
+        connect to ``name``; the pass before it, if any, stops. The rank's first pass says when
+        its budget holds few shards (see :func:`.mixing.few_shards`)."""
         self.close_pass()
+        self._warn_few_shards(p)
         hello = Hello(p.worker, p.num_workers, p.epoch, p.yielded, p.plan)
         nw, chunk = p.num_workers, p.chunk
         self.feed = FeedHost(name, hello, lambda hellos: self._serve(p, hellos), lambda q: owner(q, nw, chunk))
@@ -108,6 +113,18 @@ class RankHost:
         finally:
             stream.close()
             self._publish(board, p.epoch, len(order))
+
+    def _warn_few_shards(self, p: _Pass) -> None:
+        """Warn once per data set and rank, whichever worker process hosts the rank (a mark among
+        the data set's control files says it was said)."""
+        few = few_shards(self.dataset, self.run.options.budget, self.cost, p.order.shuffle, "S5IterableDataset")
+        if not few:
+            return
+        try:
+            os.close(os.open(os.path.join(self.run.area.root, ".calls", f"mixing-r{p.rank}"), os.O_CREAT | os.O_EXCL))
+        except OSError:
+            return  # said already (or the dataset's directory is gone)
+        warnings.warn(few, UserWarning, stacklevel=4)
 
     def _publish(self, board: str, epoch: int, samples: int) -> None:
         """Write the pass's figures where the process that made the dataset reads them."""

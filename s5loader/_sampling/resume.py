@@ -31,6 +31,7 @@ class SavedPosition(NamedTuple):
     consumed: int  # a per-rank order (block, shards): a position in the rank's part; else in the global order
     complete: bool
     units: str = "sample"  # the kind of units the saving sampler staged (its units' name)
+    room: int = 0  # a shard order that counted what its samples give back: the bytes it kept open
 
 
 def check_fields(
@@ -104,7 +105,10 @@ def check_state(state: Any, dataset_len: int, units: Any) -> SavedPosition:
     # version 1 did not say whether the epoch was complete: all of it consumed means it was
     complete = state["complete"] if "complete" in state else consumed >= end
     shuffle: bool | str = "block" if state["shuffle"] == "block" else bool(state["shuffle"])
-    return SavedPosition(shuffle, state["seed"], w, drop_last, state["epoch"], consumed, complete, kind)
+    room = state.get("room", 0)
+    if not isinstance(room, int) or isinstance(room, bool) or room < 0:
+        raise StateError(f"state['room'] must be a non-negative int, got {room!r}")
+    return SavedPosition(shuffle, state["seed"], w, drop_last, state["epoch"], consumed, complete, kind, room)
 
 
 @dataclass
@@ -134,10 +138,11 @@ class Position:
 
 
 def make_state(
-    order: Order, epoch: int, dataset_len: int, position: Position, window: int, units: str
+    order: Order, epoch: int, dataset_len: int, position: Position, window: int, units: str, room: int = 0
 ) -> dict[str, Any]:
     """The dict ``S5Sampler.state_dict()`` returns (read back by :func:`check_state`); ``units``
-    names the kind of units staged."""
+    names the kind of units staged, ``room`` the bytes a shard order that counts what its
+    samples give back keeps open (0: it counts nothing)."""
     return {
         "version": STATE_VERSION,
         "epoch": epoch,
@@ -151,6 +156,7 @@ def make_state(
         "complete": position.complete,
         "window": window,  # shuffle="block" and shard orders: the order depends on it
         "units": units,
+        "room": room,  # and a shard order that counts what its samples give back, on this
     }
 
 
@@ -212,3 +218,34 @@ def resume(
         return resumed, epoch if position.epoch_set else saved.epoch + 1
     position.restart(min(saved.consumed, n))
     return resumed, saved.epoch
+
+
+def resume_cost(saved: SavedPosition, cost: Any, possible: bool, units: Any, source: str) -> Any:
+    """What a resumed shard order counts what its samples give back with (see
+    :meth:`ShardUnits.order_cost <s5loader._sampling.units.ShardUnits.order_cost>`): for an
+    epoch saved mid-way, the saved order's (``saved.room`` bytes kept open, or nothing counted),
+    whatever this job's budget gives; else ``cost``. ``possible``: this sampler's readers can
+    give bytes back (no epoch cache or ``keep_staged``, a file system that punches holes).
+
+    Raises:
+        StateError: the saved order counted what its samples give back and this sampler's
+            readers cannot give it back.
+    """
+    if saved.complete or saved.units != units.name or saved.shuffle is not True or not units.per_rank(True):
+        return cost
+    if not saved.room:
+        return None
+    if not possible:
+        raise StateError(
+            f"the state of {source or 'the data set'} was saved mid-epoch by a shard order that counts the bytes its "
+            "samples give back as they are read; this sampler's readers cannot (an epoch cache or keep_staged keeps "
+            "shards whole, or the staging directory's file system cannot punch holes): resume with the same options "
+            "and staging_dir, or from a state taken at an epoch's end"
+        )
+    resumed = units.order_cost()
+    resumed.room = saved.room
+    if cost is None or cost.room != saved.room:
+        log.info("resuming a shard order with the saved %d bytes open (this budget gives %s)", saved.room,
+                 cost.room if cost is not None else "none")
+    return resumed
+

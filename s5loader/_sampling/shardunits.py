@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 from .._index.blocks import BlockPlan
 from .._index.sample import Field, Sample
+from .._shards.holding import Freeing, Holding
 from .._shards.passes import Hits, ShardPass
 from .._shards.tar import is_gzip
 from .._util.uri import format_size
@@ -50,19 +51,27 @@ class ShardUnits(ObjectUnits):
         shards = self.dataset.samples
         return open_shards(budget, shards[shards.largest()].size, self.dataset.total_bytes, len(shards))
 
-    def order_cost(self) -> Callable[[int], tuple[float, float]]:
-        """For a shard order whose samples are freed as they are read (see
-        :meth:`Order.shard_order <s5loader._sampling.order.Order.shard_order>`): the shard of
-        sample ``i`` as (what it holds when staged, what each sample read frees), in shards of
-        the size :meth:`window` counts."""
-        shards, samples = self.dataset.shards, self.dataset.samples
+    def order_cost(self, budget: int | None = None) -> Freeing:
+        """For a shard order whose samples give their bytes back as they are read (see
+        :meth:`Order.shard_order <s5loader._sampling.order.Order.shard_order>`): the shards, and
+        the bytes the order's open shards may hold, ``budget`` less a largest shard (set aside
+        for the shard being staged while the others are read, and for a resumed pass, which
+        stages a shard whole before it punches out what was read of it); ``None``: the
+        order's window of largest shards."""
+        shards = self.dataset.shards
         assert shards is not None
-        return shards.order_cost(samples[samples.largest()].size)
+        cost = Freeing(shards)
+        if budget is not None:
+            cost.room = max(0, budget - cost.largest)
+        return cost
 
-    def frees_on_read(self, shuffle: bool | str, cached: bool) -> bool:
-        """A shard order (``shuffle=True``) counts what its samples free as they are read, unless an
-        epoch cache may keep the shards whole (a shard punched as it is read could not be kept)."""
-        return shuffle is True and not cached
+    def frees_on_read(self, shuffle: bool | str, cached: bool, budget: int | None = None) -> bool:
+        """A shard order (``shuffle=True``) counts what its samples give back as they are read,
+        unless an epoch cache may keep the shards whole (a shard punched as it is read could not
+        be kept) or (given the ``budget``) the data set fits in it, which keeps every shard open
+        anyway and spares the readers the punching."""
+        fits = budget is not None and self.dataset.total_bytes <= budget
+        return shuffle is True and not cached and not fits
 
     def block_size(self, options: StagingOptions) -> int:
         return 1  # a shard is fetched with one cp --raw line: no wildcard lines
@@ -72,27 +81,36 @@ class ShardUnits(ObjectUnits):
         assert self.dataset.shards is not None
         return self.dataset.shards.shard_units
 
-    def check_batch(self, order: Sequence[int], batch: int, budget: int, frees: bool = False) -> None:
+    def check_batch(self, order: Sequence[int], batch: int, budget: int, cost: Freeing | None = None) -> None:
         """Raise :class:`BudgetError` when the shards that one DataLoader batch of ``order``
         (``batch`` samples from its start on) lies in cannot be staged at once: a DataLoader reads
         a batch only once all of it is handed out, and a shard sample is handed out once its
-        shard is staged. ``frees``: the readers give back what each sample read frees (see
-        :meth:`ShardSet.freed_per_sample <s5loader._shards.dataset.ShardSet.freed_per_sample>`),
-        so a shard the earlier batches read from holds that much less."""
+        shard is staged. ``cost``: the order counts what its readers give back (see
+        :mod:`s5loader._shards.holding`), so a shard the earlier batches read from holds that
+        much less."""
         shards = self.dataset.shards
         assert shards is not None
-        read: dict[int, int] = {}  # shard -> its samples the earlier batches read
+        held = Holding(shards) if cost is not None else None
+        if held is not None:
+            needed: dict[int, set[int]] = {}
+            for i in order:
+                s, j = shards.locate(i)
+                needed.setdefault(s, set()).add(j)
+            for s, js in needed.items():
+                held.open(s, s, js)
+        done: set[int] = set()
         most = at = 0
         for start in range(0, len(order), batch):
-            units = [shards.locate(i)[0] for i in order[start : start + batch]]
-            need = sum(
-                max(0, shards[s].disk - (shards.freed_per_sample(s) * read.get(s, 0) if frees else 0))
-                for s in set(units)
-            )
+            where = [shards.locate(i) for i in order[start : start + batch]]
+            units = {s for s, _ in where}
+            need = sum(held.holds(s) if held is not None else shards[s].disk for s in units)
             if need > most:
-                most, at = need, start
-            for s in units:
-                read[s] = read.get(s, 0) + 1
+                most, at = int(need), start
+            if held is not None:
+                for s, j in where:
+                    if (s, j) not in done:
+                        done.add((s, j))
+                        held.done(s, j)
         if most > budget:
             raise BudgetError(
                 f"a DataLoader batch of {batch} samples of {self.dataset.source or 'the data set'} draws from tar "
@@ -181,12 +199,11 @@ class ShardUnits(ObjectUnits):
         return Lifted(scratch, key, sum(len(v) for v in member.values()), True)
 
     def plan(
-        self, order: Order, epoch: int, start: int, blocks: BlockPlan, window: int,
-        cost: Callable[[int], tuple[float, float]] | None = None,
+        self, order: Order, epoch: int, start: int, blocks: BlockPlan, window: int, cost: Freeing | None = None,
     ) -> tuple[list[int], list[int] | None]:
         """This rank's order over the shards from ``start`` on: a block order whose first shard is
         read from its front (it streams), else a shard order that keeps ``window`` shards open
-        (more with ``cost``, see :meth:`Order.shard_order`)."""
+        (with ``cost``, as many as the bytes they hold allow, see :meth:`Order.shard_order`)."""
         n = len(self.dataset)
         if order.shuffle == "block":
             return order.block_order(n, epoch, start, self.order_units(blocks), window, front_first=True)

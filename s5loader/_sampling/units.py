@@ -19,13 +19,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .._shards.holding import Freeing
 from .._shards.passes import Hits
+from .._util.platform import HOLE_BLOCK, punches_holes
 from ..config import StagingOptions
 from ..dataset import S5Dataset
 from .objunits import Lifted, ObjectPass, ObjectUnits, PassUnits
 from .shardunits import SHARD_WORKERS, ShardUnits
 
-__all__ = ["SHARD_WORKERS", "Lifted", "ObjectPass", "ObjectUnits", "PassUnits", "ShardUnits", "open_pass", "units_of"]
+__all__ = [
+    "SHARD_WORKERS", "Lifted", "ObjectPass", "ObjectUnits", "PassUnits", "ShardUnits", "can_free", "freeing_cost",
+    "open_pass", "units_of",
+]
 
 
 def units_of(dataset: S5Dataset) -> ObjectUnits:
@@ -45,3 +50,24 @@ def open_pass(
         BudgetError: over shards, the order needs more shards at once than the budget holds.
     """
     return units_of(dataset).open_pass(order, folder, keep, options, shuffle, frees, hits, early)
+
+
+def can_free(dataset: S5Dataset, cached: bool, root: str, keep: bool = False) -> bool:
+    """Whether readers of ``dataset`` staged below ``root`` give a sample's bytes back as they read
+    it: over tar shards, without an epoch cache (``cached``) or ``keep_staged`` (``keep``), which
+    keep shards whole, on a file system that punches holes."""
+    return units_of(dataset).frees_on_read(True, cached) and not keep and punches_holes(root, HOLE_BLOCK)
+
+
+def freeing_cost(
+    dataset: S5Dataset, shuffle: bool | str, cached: bool, budget: int, root: str, keep: bool = False
+) -> Freeing | None:
+    """What an order of ``dataset`` staged within ``budget`` below ``root`` counts what its
+    samples give back with (see :meth:`ShardUnits.order_cost`), or None where it counts nothing:
+    a ``shuffle`` other than True, a data set that fits the budget, readers that give nothing
+    back (:func:`can_free`)."""
+    units = units_of(dataset)
+    if not units.frees_on_read(shuffle, cached, budget) or not can_free(dataset, cached, root, keep):
+        return None
+    return units.order_cost(budget)
+

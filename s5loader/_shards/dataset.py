@@ -28,6 +28,7 @@ from .._util.platform import HOLE_BLOCK
 from .._util.uri import parse_s3_uri
 from ..config import Access
 from ..exceptions import EmptySourceError, ShardError
+from ..staging.holes import SampleSpans
 from ..staging.layout import StagingLayout
 from ..staging.reader import StagedIndex
 from . import tar as _tar
@@ -119,23 +120,43 @@ class ShardSet(Sequence[Shard]):
         return f"{self.samples} samples in {len(self._shards)} shards"
 
     def freed_per_sample(self, shard: int, block: int = HOLE_BLOCK) -> int:
-        """The bytes of ``shard`` that reading one of its samples frees for certain when the
-        readers punch it out (see :meth:`StagingLayout.release_shard_sample
+        """The bytes of ``shard`` that reading one of its samples gives back for certain, whatever
+        its neighbours (see :meth:`StagingLayout.release_shard_sample
         <s5loader.staging.layout.StagingLayout.release_shard_sample>`): 90% of its samples'
-        mean size less four blocks (a sample's headers, and the blocks its data only partly
-        covers, stay until the shard is deleted); 0 for samples too small to free a block."""
+        mean size less four blocks (the blocks it shares with samples not read yet stay); 0 for
+        samples too small to free a block alone."""
         sh = self._shards[shard]
         mean = (sh.tarsize or sh.size) / max(1, sh.nsamples)
         return int(0.9 * max(0.0, mean - 4 * block))
 
-    def order_cost(self, unit: int) -> Callable[[int], tuple[float, float]]:
-        """Sample ``i`` -> its shard's (bytes staged, :meth:`freed_per_sample`) in shards of
-        ``unit`` bytes: the ``cost`` of :meth:`Order.shard_order
-        <s5loader._sampling.order.Order.shard_order>` for an order whose samples are freed as
-        they are read."""
-        unit = max(1, unit)
-        table = [(sh.disk / unit, self.freed_per_sample(s) / unit) for s, sh in enumerate(self._shards)]
-        return lambda i: table[self.locate(i)[0]]
+    def spans(
+        self, shard: int, table: _tar.Table | Sequence[_tar.TarSample], size: int, layout: StagingLayout | None = None
+    ) -> SampleSpans:
+        """The spans of ``shard``'s samples staged as a file of ``size`` bytes whose member
+        table (so far) is ``table``: what reading them gives back (see
+        :mod:`s5loader.staging.holes`); with the pass's ``layout``, a table that may still grow
+        (a shard read while it downloads) is read again from it when asked. Made once per table
+        a reader loads (each read of a sample asks for it)."""
+        if isinstance(table, _tar.Table) and table.spans is not None:
+            spans: SampleSpans = table.spans
+            spans.size = size
+            return spans
+
+        def grow() -> tuple[Callable[[int], int], int]:
+            assert layout is not None
+            self._tables.pop((layout.folder, shard), None)
+            fresh = self._table(layout, shard)
+            return (fresh.end, len(fresh)) if fresh is not None else (spans._end_of, spans.known)
+
+        if isinstance(table, _tar.Table):
+            end_of: Callable[[int], int] = table.end
+        else:
+            rows = table
+            end_of = lambda k: max(m.offset + m.size for m in rows[k].members)  # noqa: E731
+        spans = SampleSpans(end_of, len(table), self._shards[shard].nsamples, size, grow if layout is not None else None)
+        if isinstance(table, _tar.Table):
+            table.spans = spans
+        return spans
 
     def check_members(self, shard: int, members: list[_tar.TarSample]) -> None:
         """Raise :class:`ShardError` when a shard disagrees with its index."""
@@ -206,7 +227,7 @@ class ShardSet(Sequence[Shard]):
         with fh:
             fields = _tar.read_sample(fh, sample)
             if not keep:
-                spans = [(m.offset, m.size) for m in sample.members] if fh.writable() else []
+                spans = self.spans(s, table, os.fstat(fh.fileno()).st_size, layout) if fh.writable() else None
                 if layout.release_shard_sample(s, j, fh.fileno(), spans, back):
                     self._tables.pop((layout.folder, s), None)
         return {"__key__": sample.key, **fields}

@@ -11,6 +11,8 @@ frees a shard when the readers dropped the claims of every sample of its visit.
 from __future__ import annotations
 
 import logging
+import math
+import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
@@ -20,8 +22,10 @@ from .._util.uri import format_size
 from ..config import StagingOptions
 from ..dataset import S5Dataset
 from ..exceptions import BudgetError, S5LoaderError
+from ..staging.holes import give_back_unneeded
 from ..staging.layout import StagingLayout
 from . import tar as _tar
+from .holding import Holding
 from .stream import ShardStream
 
 if TYPE_CHECKING:
@@ -69,6 +73,7 @@ class ShardPass:
         self.keep = keep
         self.on_error = on_error
         self.visit_of: list[int] = []
+        self.sample_of: list[int] = []  # per position, the sample's number in its shard
         self.shard_of_visit: list[int] = []
         self.needed: list[list[int]] = []
         self.last: list[int] = []
@@ -88,6 +93,7 @@ class ShardPass:
             seen[v].add(j)
             self.last[v] = pos
             self.visit_of.append(v)
+            self.sample_of.append(j)
         self.state = bytearray(len(self.shard_of_visit))
         self.order = order
         # The epoch cache's hits: a shard in the cache is moved into the pass folder instead of
@@ -99,10 +105,14 @@ class ShardPass:
         self.yielded: set[int] = set()  # samples of the streamed shard handed to the readers
         # The first shard of the pass is read while it downloads (see _shards/stream.py) when
         # it is a plain tar that the pass visits once and does not keep.
+        # An order that counts what its samples give back counts the samples a visit does not
+        # need as given back when the shard opens, which a shard read while it downloads does not
+        # do: such a pass streams its first shard only when it needs every sample of it.
         first = self.shard_of_visit[0] if self.shard_of_visit else -1
         self.streamed = (
             0 if first in self.once and not keep and not _tar.is_gzip(self.shards[first].uri)
             and not (hits is not None and hits.has(first))
+            and not (frees and len(self.needed[0]) < self.shards[first].nsamples)
             else None
         )
 
@@ -196,24 +206,33 @@ class ShardPass:
         return self.shard_of_visit
 
     def peak_bytes(self) -> tuple[int, int]:
-        """The most bytes of shards that must be staged at once (a shard stays from its
-        visit's first sample to its last, less what the samples read free with ``frees``),
-        and the position where that peak is reached."""
-        sizes = [self.shards[s].disk for s in self.shard_of_visit]  # compressed: with its tar
-        freed = [self.shards.freed_per_sample(s) if self.frees else 0 for s in self.shard_of_visit]
-        holds: dict[int, int] = {}  # open visits: what each holds
-        held = peak = at = 0
+        """The most bytes of shards that must be staged at once, and the position where that
+        peak is reached. A shard stays from its visit's first sample to its last; with
+        ``frees``, less what its samples give back as they are read, and from its opening what
+        the samples the visit does not need give back (see :mod:`.holding`)."""
+        held: Holding | None = Holding(self.shards) if self.frees else None
+        whole = 0
+        peak = at = 0.0
+        opened = bytearray(len(self.shard_of_visit))
         for pos, v in enumerate(self.visit_of):
-            if v not in holds:
-                holds[v] = sizes[v]
-                held += sizes[v]
-                if held > peak:
-                    peak, at = held, pos
-            gone = holds.pop(v) if self.last[v] == pos else min(freed[v], holds[v])
-            if v in holds:
-                holds[v] -= gone
-            held -= gone
-        return peak, at
+            s = self.shard_of_visit[v]
+            if not opened[v]:
+                opened[v] = 1
+                if held is not None:
+                    held.open(v, s, None if v == self.streamed else self.needed[v])
+                else:
+                    whole += self.shards[s].disk
+                now = held.held if held is not None else whole
+                if now > peak:
+                    peak, at = now, pos
+            if held is not None:
+                held.done(v, self.sample_of[pos])
+            if self.last[v] == pos:
+                if held is not None:
+                    held.close(v)
+                else:
+                    whole -= self.shards[s].disk
+        return math.ceil(peak), int(at)
 
     def check_budget(self, budget: int, shuffle: bool | str) -> None:
         """Raise :class:`BudgetError` when the shards one stretch of the order needs at once
@@ -282,6 +301,11 @@ class ShardPass:
             members = _tar.scan_file(path, uri)
             self.shards.check_members(s, members)
             layout.open_shard(s, _tar.dumps(members), [] if self.keep else self.needed[v])
+            if self.frees and not self.keep and len(self.needed[v]) < len(members):
+                # what this visit does not need (read earlier in the epoch, another rank's) goes now
+                freed = give_back_unneeded(path, self.shards.spans(s, members, os.path.getsize(path)), set(self.needed[v]))
+                if freed:
+                    layout.notify(s, freed)
         except S5LoaderError as exc:
             if self.on_error != "skip":
                 layout.drop_shard(s)

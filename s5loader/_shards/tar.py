@@ -284,10 +284,11 @@ class Table:
     share), and the readers of a shard read while it downloads load its growing table again
     and again."""
 
-    __slots__ = ("_rows",)
+    __slots__ = ("_rows", "spans")
 
     def __init__(self, rows: list[Any]) -> None:
         self._rows = rows
+        self.spans: Any = None  # what its readers give back, made once (see ShardSet.spans)
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -295,6 +296,10 @@ class Table:
     def __getitem__(self, j: int) -> TarSample:
         k, ms = self._rows[j]
         return TarSample(k, tuple(Member(f, o, n) for f, o, n in ms))
+
+    def end(self, j: int) -> int:
+        """Where sample ``j``'s last member ends (its offset plus size), without building it."""
+        return max(o + n for _, o, n in self._rows[j][1])
 
 
 def loads(data: bytes) -> Table:

@@ -18,9 +18,9 @@ the first shard of a pass, read while it downloads, rewritten longer as its samp
 has to read. A reader deletes its sample's file after reading; whoever then removes the empty
 ``.need`` folder (``rmdir`` succeeds for exactly one process) deletes the shard and writes
 the shard's index to ``.released``, so a shard is freed once every sample of it that the pass
-needs was read, by any worker. Every other reader punches its sample's data out of the shard
-(``fallocate``'s hole punching) and writes ``"<shard> <bytes freed>\n"``, so a shard's bytes
-come back as its samples are read.
+needs was read, by any worker. Every other reader punches what its read made whole out of the
+shard (``fallocate``'s hole punching; which blocks: :mod:`.holes`) and writes
+``"<shard> <bytes freed>\n"``, so a shard's bytes come back as its samples are read.
 
 Releasing deletes the sample's files and then writes its index to ``.released``, which the
 engine reads in its select loop (:class:`ReleaseEvents`), so budget comes back as soon as a
@@ -41,7 +41,7 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .._util.platform import HOLE_BLOCK, punch_hole
+from .holes import SampleSpans, give_back, shard_lock
 
 if TYPE_CHECKING:
     from .._index.sample import Field, Sample
@@ -237,31 +237,29 @@ class StagingLayout:
                 os.close(os.open(f"{need}/{int(j)}", os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600))
 
     def release_shard_sample(
-        self, shard: int, j: int, fd: int = -1, spans: Sequence[tuple[int, int]] = (), back: bool = False
+        self, shard: int, j: int, fd: int = -1, spans: SampleSpans | None = None, back: bool = False
     ) -> bool:
         """Sample ``j`` of ``shard`` was read: drop its claim; the reader that drops the last
         deletes the shard (``back``: hands it back whole for the epoch cache, see
         :meth:`hand_back_shard`) and tells the engine. True for that reader.
 
-        Any other reader frees the sample's bytes in the shard at once: the whole blocks inside
-        each ``(offset, size)`` of ``spans`` (its members' data) are punched out of the shard
-        open for writing as ``fd``, and the engine is told how many bytes that gave back (see
-        :meth:`notify`). Those blocks lie inside this sample's data, which no other sample
-        shares, and only the reader that dropped the claim punches them, so each is counted
-        once."""
+        Any other reader given the shard open for writing as ``fd`` and its samples' ``spans``
+        punches out what its read made whole (:func:`~s5loader.staging.holes.give_back`) and
+        tells the engine the bytes (see :meth:`notify`), dropping its claim and looking at its
+        neighbours' under the shard's lock (``flock`` on ``fd``), so each block counts once."""
         need = f"{self.sample_dir(shard)}/{NEED}"
-        try:
-            os.unlink(f"{need}/{int(j)}")
-        except FileNotFoundError:
-            return False
-        try:
-            os.rmdir(need)
-        except OSError:  # ENOTEMPTY: other samples are still to be read; ENOENT: another reader won
-            if fd >= 0 and spans:
-                freed = sum(punch_hole(fd, off, size, HOLE_BLOCK) for off, size in spans)
+        with shard_lock(fd if spans is not None else -1):
+            try:
+                os.unlink(f"{need}/{int(j)}")
+            except FileNotFoundError:
+                return False
+            try:
+                os.rmdir(need)
+            except OSError:  # ENOTEMPTY: other samples are still to be read; ENOENT: another reader won
+                freed = give_back(fd, spans, j, need) if spans is not None and fd >= 0 else 0
                 if freed:
                     self.notify(shard, freed)
-            return False
+                return False
         if back:
             self.hand_back_shard(shard)
         else:

@@ -41,6 +41,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def on_disk(path: str) -> int:
+    """Bytes the staged files below ``path`` take now (not the control files): a tar shard whose
+    read samples were punched out counts the blocks it still takes, at most its size."""
+    total = 0
+    for root, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if d != ".calls"]
+        for f in files:
+            if not f.startswith("."):
+                with contextlib.suppress(FileNotFoundError):
+                    st = os.lstat(os.path.join(root, f))
+                    total += min(st.st_size, st.st_blocks * 512)
+    return total
+
+
 def staged_bytes(path: str) -> int:
     """Bytes of staged objects below ``path``, s5cmd's temporary files included; the small
     control files (the lock, the command files of calls in flight) are not objects. A file

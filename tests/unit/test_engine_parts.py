@@ -110,6 +110,7 @@ def test_a_shard_sample_read_is_punched_out_and_the_engine_counts_what_that_free
     import os
 
     from s5loader._util.platform import punches_holes
+    from s5loader.staging.holes import SampleSpans
     from s5loader.staging.layout import ReleaseEvents, StagingLayout
 
     if not punches_holes(str(tmp_path)):
@@ -128,8 +129,9 @@ def test_a_shard_sample_read_is_punched_out_and_the_engine_counts_what_that_free
         budget.hold_on_disk(7, size)
         before = os.stat(path).st_blocks * 512
 
+        spans = SampleSpans(lambda k: 512 + (k + 1) * 65536, 3, 3, size)
         with open(path, "r+b") as fh:  # sample 1 read: its whole blocks go at once, the others stay
-            assert layout.release_shard_sample(7, 1, fh.fileno(), [(512 + 65536, 65536)]) is False
+            assert layout.release_shard_sample(7, 1, fh.fileno(), spans) is False
         freed = before - os.stat(path).st_blocks * 512
         assert 65536 - 8192 <= freed <= 65536
         with open(path, "rb") as fh:
@@ -140,7 +142,7 @@ def test_a_shard_sample_read_is_punched_out_and_the_engine_counts_what_that_free
 
         for j in (0, 2):  # the last claim deletes the shard: everything it held comes back
             with open(path, "r+b") as fh:
-                layout.release_shard_sample(7, j, fh.fileno(), [(512 + j * 65536, 65536)])
+                layout.release_shard_sample(7, j, fh.fileno(), spans)
         assert not os.path.exists(path)
         budget.on_events()
         assert budget.reserved == 0 and 7 not in budget.held

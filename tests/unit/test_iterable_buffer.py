@@ -63,7 +63,7 @@ def test_set_epoch_checks_the_epochs_own_draw(tmp_path) -> None:
         return (units.peak_bytes(mine, cost is not None) or 0) > budget
 
     # a buffer that fits epoch 0's draw, not every later one
-    buffer = next(k for k in range(2, 40) if not too_big(k, 0) and any(too_big(k, e) for e in range(1, 16)))
+    buffer = next(k for k in range(2, 120) if not too_big(k, 0) and any(too_big(k, e) for e in range(1, 16)))
     with S5IterableDataset(ds, shuffle=True, shuffle_buffer=buffer, budget=budget, staging_dir=str(tmp_path)) as it:
         refused = []
         for epoch in range(1, 16):

@@ -118,13 +118,11 @@ def test_a_block_order_reads_its_first_big_shard_from_the_front_in_growing_windo
 
 
 @pytest.mark.parametrize("open_units,run", [(1, (2, 4)), (3, (0, 1))])
-@pytest.mark.parametrize("freeing", [False, True])
-def test_a_shard_order_reads_its_first_shard_from_the_front(open_units: int, run: tuple[int, int], freeing: bool) -> None:
+def test_a_shard_order_reads_its_first_shard_from_the_front(open_units: int, run: tuple[int, int]) -> None:
     # the shard of the first sample streams: its samples, wherever the draws put them, come in
     # its own order by windows of 32, 64, ... samples, each shuffled; the others at random
     units, unit_of = shards([1000] * 8)
-    cost = (lambda i: (1.0, 0.001)) if freeing else None
-    order = Order(True, 4, 1, 0, False).shard_order(8000, 0, 0, units, open_units, run=run, cost=cost)
+    order = Order(True, 4, 1, 0, False).shard_order(8000, 0, 0, units, open_units, run=run)
     assert sorted(order) == sorted(i for s in {unit_of[i] for i in order} for i in units[s])
     first = units[unit_of[order[0]]]
     mine = [i for i in order if unit_of[i] == unit_of[order[0]]]
@@ -158,34 +156,3 @@ def test_a_shard_order_state_resumes_in_the_rank_part_and_only_with_the_same_ran
     # a state of version 2 said so with "sharded": read the same
     old = {k: v for k, v in state.items() if k != "units"} | {"sharded": True}
     assert check_state(old, 100, shard_units) == saved
-
-
-def held_at_most(order: list[int], unit_of: list[int], per: int, freed: float) -> float:
-    """The most a freeing order holds at once, in shards: a shard holds 1 from its first sample
-    on, less ``freed`` for each sample of it read, and nothing after its last (``per`` each)."""
-    taken: dict[int, int] = {}
-    held = peak = 0.0
-    for i in order:
-        s = unit_of[i]
-        if s not in taken:
-            taken[s] = 0
-            held += 1
-            peak = max(peak, held)
-        taken[s] += 1
-        held -= (1 - freed * (taken[s] - 1)) if taken[s] == per else freed
-    return peak
-
-
-def test_a_freeing_order_opens_more_shards_within_the_same_room_and_keeps_every_sample() -> None:
-    units, unit_of = shards([100] * 60)
-    order = Order(True, 3, 1, 0, False)
-    whole = order.shard_order(6000, 0, 0, units, 10)
-    freeing = order.shard_order(6000, 0, 0, units, 10, cost=lambda i: (1.0, 0.0075))
-    assert sorted(freeing) == list(range(6000))
-    assert most_open(whole, unit_of) == 10 < most_open(freeing, unit_of)
-    assert held_at_most(freeing, unit_of, 100, 0.0075) <= 10 + 1e-9  # within the room, freed bytes counted
-    mixed = shuffle_quality(freeing, unit_of, span=64).units_per_span
-    assert mixed > shuffle_quality(whole, unit_of, span=64).units_per_span
-    # nothing freed: the rule is the count rule (the same order shape, never more open)
-    assert most_open(order.shard_order(6000, 0, 0, units, 10, cost=lambda i: (1.0, 0.0)), unit_of) == 10
-    assert order.shard_order(6000, 0, 1234, units, 10, cost=lambda i: (1.0, 0.0075)) == freeing[1234:]

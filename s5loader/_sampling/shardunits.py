@@ -98,7 +98,7 @@ class ShardUnits(ObjectUnits):
                 needed.setdefault(s, set()).add(j)
             for s, js in needed.items():
                 held.open(s, s, js)
-        done: set[int] = set()
+        done: set[tuple[int, int]] = set()
         most = at = 0
         for start in range(0, len(order), batch):
             where = [shards.locate(i) for i in order[start : start + batch]]

@@ -79,7 +79,9 @@ def check_run(argv: list[str]) -> subprocess.CompletedProcess[str]:
 
 def start_proxy(endpoint: str, delay_ms: float) -> tuple[subprocess.Popen[str], str]:
     upstream = endpoint.split("://", 1)[1]
-    proc = subprocess.Popen([PY, "-c", PROXY, HERE, upstream, str(delay_ms)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [PY, "-c", PROXY, HERE, upstream, str(delay_ms)], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline().strip()
     if not line.startswith("http://"):
@@ -93,7 +95,10 @@ def make_state_dict(size: int, device: str = "cpu") -> dict[str, Any]:
 
     per = 64 * MiB if size >= 512 * MiB else 16 * MiB
     g = torch.Generator().manual_seed(0)
-    return {f"layer{i:02d}.weight": torch.randn(per // 4, generator=g).to(device) for i in range(max(1, size // per))}
+    return {
+        f"layer{i:02d}.weight": torch.randn(per // 4, generator=g).to(device)
+        for i in range(max(1, size // per))
+    }
 
 
 def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -108,19 +113,29 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t, out
 
 
-def method_s5loader(endpoint: str, device: str = "cpu") -> tuple[Callable[[Any, str], None], Callable[[str], Any]]:
-    return (lambda sd, uri: checkpoint.save(sd, uri, endpoint_url=endpoint),
-            lambda uri: checkpoint.load(uri, map_location=device, endpoint_url=endpoint))
+def method_s5loader(
+    endpoint: str, device: str = "cpu"
+) -> tuple[Callable[[Any, str], None], Callable[[str], Any]]:
+    return (
+        lambda sd, uri: checkpoint.save(sd, uri, endpoint_url=endpoint),
+        lambda uri: checkpoint.load(uri, map_location=device, endpoint_url=endpoint),
+    )
 
 
-def method_s5loader_mmap(endpoint: str, device: str = "cpu") -> tuple[Callable[[Any, str], None], Callable[[str], Any]]:
+def method_s5loader_mmap(
+    endpoint: str, device: str = "cpu"
+) -> tuple[Callable[[Any, str], None], Callable[[str], Any]]:
     """s5loader's save, and its load with ``mmap=True``: the tensors are views of the object read
     into an in-memory file, not copies (as with ``torch.load(path, mmap=True)``)."""
-    return (lambda sd, uri: checkpoint.save(sd, uri, endpoint_url=endpoint),
-            lambda uri: checkpoint.load(uri, map_location=device, endpoint_url=endpoint, mmap=True))
+    return (
+        lambda sd, uri: checkpoint.save(sd, uri, endpoint_url=endpoint),
+        lambda uri: checkpoint.load(uri, map_location=device, endpoint_url=endpoint, mmap=True),
+    )
 
 
-def method_boto3(endpoint: str, device: str = "cpu") -> tuple[Callable[[Any, str], None], Callable[[str], Any]]:
+def method_boto3(
+    endpoint: str, device: str = "cpu"
+) -> tuple[Callable[[Any, str], None], Callable[[str], Any]]:
     import boto3
     import torch
 
@@ -143,11 +158,15 @@ def method_boto3(endpoint: str, device: str = "cpu") -> tuple[Callable[[Any, str
     return save, load
 
 
-def method_s3torchconnector(endpoint: str, device: str = "cpu") -> tuple[Callable[[Any, str], None], Callable[[str], Any]]:
+def method_s3torchconnector(
+    endpoint: str, device: str = "cpu"
+) -> tuple[Callable[[Any, str], None], Callable[[str], Any]]:
     import torch
     from s3torchconnector import S3Checkpoint, S3ClientConfig
 
-    ck = S3Checkpoint(region="us-east-1", endpoint=endpoint, s3client_config=S3ClientConfig(force_path_style=True))
+    ck = S3Checkpoint(
+        region="us-east-1", endpoint=endpoint, s3client_config=S3ClientConfig(force_path_style=True)
+    )
 
     def save(sd: Any, uri: str) -> None:
         with ck.writer(uri) as w:
@@ -168,8 +187,15 @@ METHODS: dict[str, Callable[[str, str], tuple[Callable[[Any, str], None], Callab
 }
 
 
-def bench_checkpoints(endpoint: str, label: str, sd: dict[str, Any], size: int, repeat: int,
-                      order: list[str], device: str = "cpu") -> dict[str, Any]:
+def bench_checkpoints(
+    endpoint: str,
+    label: str,
+    sd: dict[str, Any],
+    size: int,
+    repeat: int,
+    order: list[str],
+    device: str = "cpu",
+) -> dict[str, Any]:
     """Save and load ``sd`` with each method in ``order``, ``repeat`` rounds of one each (so
     that a machine that slows down or speeds up meanwhile weighs on every method alike),
     loading onto ``device``; the medians, and every round's times in the order they ran."""
@@ -191,15 +217,27 @@ def bench_checkpoints(endpoint: str, label: str, sd: dict[str, Any], size: int, 
             del got
             times[name][0].append(t_save)
             times[name][1].append(t_load)
-            subprocess.run([s5loader.find_s5cmd(), "--endpoint-url", endpoint, "rm", uri],
-                           capture_output=True, check=False)
+            subprocess.run(
+                [s5loader.find_s5cmd(), "--endpoint-url", endpoint, "rm", uri],
+                capture_output=True,
+                check=False,
+            )
     for name, (saves, loads) in times.items():
         save_s, load_s = sorted(saves)[len(saves) // 2], sorted(loads)[len(loads) // 2]
-        rows[name] = {"status": "ok", "save_s": save_s, "load_s": load_s,
-                      "save_MBps": size / save_s / 1e6, "load_MBps": size / load_s / 1e6,
-                      "save_runs_s": saves, "load_runs_s": loads}
-        print(f"  {size / MiB:5.0f} MiB {label:7s} {name:17s} save {save_s:6.2f} s ({size / save_s / 1e6:5.0f} MB/s)"
-              f"   load {load_s:6.2f} s ({size / load_s / 1e6:5.0f} MB/s)", flush=True)
+        rows[name] = {
+            "status": "ok",
+            "save_s": save_s,
+            "load_s": load_s,
+            "save_MBps": size / save_s / 1e6,
+            "load_MBps": size / load_s / 1e6,
+            "save_runs_s": saves,
+            "load_runs_s": loads,
+        }
+        print(
+            f"  {size / MiB:5.0f} MiB {label:7s} {name:17s} save {save_s:6.2f} s ({size / save_s / 1e6:5.0f} MB/s)"
+            f"   load {load_s:6.2f} s ({size / load_s / 1e6:5.0f} MB/s)",
+            flush=True,
+        )
     return rows
 
 
@@ -244,7 +282,10 @@ def write_archive(tmp: str, total: int, volume: int) -> tuple[str, list[str], in
     file_size = 32 * MiB
     rnd = os.urandom(file_size)
     text = (b"s5loader " * (file_size // 9 + 1))[:file_size]
-    with gzip.GzipFile(fileobj=sink, mode="wb", compresslevel=1) as gz, tarfile.open(fileobj=gz, mode="w|") as tar:
+    with (
+        gzip.GzipFile(fileobj=sink, mode="wb", compresslevel=1) as gz,
+        tarfile.open(fileobj=gz, mode="w|") as tar,
+    ):
         while written < total:
             data = rnd if files % 2 == 0 else text
             info = tarfile.TarInfo(f"dataset/{files // 16:03d}/file-{files:05d}.bin")
@@ -278,9 +319,12 @@ def bench_fetch(endpoint: str, tmp: str, total: int, volume: int, budget: int) -
     archive = sum(os.path.getsize(os.path.join(vol_dir, n)) for n in names)
     check_run([s5loader.find_s5cmd(), "--endpoint-url", endpoint, "cp", vol_dir + "/", "s3://bench/archive/"])
     shutil.rmtree(vol_dir)
-    print(f"  archive: {files} files, {written / 2**30:.2f} GiB in {len(names)} volumes of "
-          f"{volume / MiB:.0f} MiB ({archive / 2**30:.2f} GiB compressed), made and uploaded in "
-          f"{time.perf_counter() - t:.0f} s", flush=True)
+    print(
+        f"  archive: {files} files, {written / 2**30:.2f} GiB in {len(names)} volumes of "
+        f"{volume / MiB:.0f} MiB ({archive / 2**30:.2f} GiB compressed), made and uploaded in "
+        f"{time.perf_counter() - t:.0f} s",
+        flush=True,
+    )
     dest = os.path.join(tmp, "dest")
     os.makedirs(dest)
     peak = [0]
@@ -292,8 +336,20 @@ def bench_fetch(endpoint: str, tmp: str, total: int, volume: int, budget: int) -
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    argv = [PY, "-m", "s5loader", "fetch", "s3://bench/archive/dataset.tar.gz.part", dest, "--extract", "--verify",
-            "--budget", str(budget), "--endpoint-url", endpoint]
+    argv = [
+        PY,
+        "-m",
+        "s5loader",
+        "fetch",
+        "s3://bench/archive/dataset.tar.gz.part",
+        dest,
+        "--extract",
+        "--verify",
+        "--budget",
+        str(budget),
+        "--endpoint-url",
+        endpoint,
+    ]
     t = time.perf_counter()
     proc = check_run(argv)
     elapsed = time.perf_counter() - t
@@ -305,37 +361,65 @@ def bench_fetch(endpoint: str, tmp: str, total: int, volume: int, budget: int) -
     got_bytes = dir_bytes(dest)
     if got != files:
         raise RuntimeError(f"fetch extracted {got} files, the archive has {files}")
-    print(f"  fetch --extract --verify --budget {budget / MiB:.0f}MiB: {elapsed:.1f} s "
-          f"({archive / elapsed / 1e9:.2f} GB/s of archive), peak staging of volumes "
-          f"{staged / MiB:.0f} MiB, peak disk use of DEST {peak[0] / 2**30:.2f} GiB "
-          f"(extracted {got_bytes / 2**30:.2f} GiB)\n  {line}", flush=True)
-    return {"files": files, "extracted_bytes": written, "archive_bytes": archive, "volumes": len(names),
-            "volume_bytes": volume, "budget": budget, "seconds": elapsed, "peak_staged": staged,
-            "peak_dest_bytes": peak[0], "command": " ".join(argv[1:])}
+    print(
+        f"  fetch --extract --verify --budget {budget / MiB:.0f}MiB: {elapsed:.1f} s "
+        f"({archive / elapsed / 1e9:.2f} GB/s of archive), peak staging of volumes "
+        f"{staged / MiB:.0f} MiB, peak disk use of DEST {peak[0] / 2**30:.2f} GiB "
+        f"(extracted {got_bytes / 2**30:.2f} GiB)\n  {line}",
+        flush=True,
+    )
+    return {
+        "files": files,
+        "extracted_bytes": written,
+        "archive_bytes": archive,
+        "volumes": len(names),
+        "volume_bytes": volume,
+        "budget": budget,
+        "seconds": elapsed,
+        "peak_staged": staged,
+        "peak_dest_bytes": peak[0],
+        "command": " ".join(argv[1:]),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", nargs="+", default=["256MiB", "1GiB"], help="state dict sizes (default 256MiB 1GiB)")
+    p.add_argument(
+        "--sizes", nargs="+", default=["256MiB", "1GiB"], help="state dict sizes (default 256MiB 1GiB)"
+    )
     p.add_argument("--archive", default="2GiB", help="bytes of files in the split archive (default 2GiB)")
     p.add_argument("--volume", default="64MiB", help="volume size (default 64MiB)")
     p.add_argument("--budget", default="256MiB", help="fetch --budget (default 256MiB)")
     p.add_argument("--repeat", type=int, default=1, help="save/load rounds per method; the median is kept")
     p.add_argument("--delay-ms", type=float, default=20.0)
     p.add_argument("--skip-fetch", action="store_true")
-    p.add_argument("--device", default="cpu",
-                   help="where the state dict lives and loads go (cuda: a GPU's, as in training; default cpu)")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="where the state dict lives and loads go (cuda: a GPU's, as in training; default cpu)",
+    )
     p.add_argument("--out", default=os.path.join(HERE, "results", "checkpoint.json"))
     args = p.parse_args(argv)
-    for k, v in (("AWS_ACCESS_KEY_ID", "bench"), ("AWS_SECRET_ACCESS_KEY", "bench"), ("AWS_REGION", "us-east-1")):
+    for k, v in (
+        ("AWS_ACCESS_KEY_ID", "bench"),
+        ("AWS_SECRET_ACCESS_KEY", "bench"),
+        ("AWS_REGION", "us-east-1"),
+    ):
         os.environ.setdefault(k, v)
     for var in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "S3_ENDPOINT_URL", "AWS_PROFILE"):
         os.environ.pop(var, None)
     sizes = [parse_size(x) for x in args.sizes]
-    results: dict[str, Any] = {"sizes": sizes, "delay_ms": args.delay_ms, "device": args.device,
-                               "cpus": os.cpu_count(), "runs": {}}
+    results: dict[str, Any] = {
+        "sizes": sizes,
+        "delay_ms": args.delay_ms,
+        "device": args.device,
+        "cpus": os.cpu_count(),
+        "runs": {},
+    }
     t0 = time.perf_counter()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout`, kill: the server and proxy stop below
+    signal.signal(
+        signal.SIGTERM, lambda *_: sys.exit(143)
+    )  # `timeout`, kill: the server and proxy stop below
     with tempfile.TemporaryDirectory(prefix="s5loader-bench-ckpt-") as tmp:
         s3dir = os.path.join(tmp, "s3")
         check_run([PY, os.path.join(ROOT, "bin", "s3-local"), "start", "--dir", s3dir, "--bucket", "bench"])
@@ -346,26 +430,43 @@ def main(argv: list[str] | None = None) -> int:
             proxy, proxied = start_proxy(endpoint, args.delay_ms)
             for i, size in enumerate(sizes):
                 sd = make_state_dict(size, args.device)
-                print(f"state dict: {len(sd)} tensors, {size / MiB:.0f} MiB; SeaweedFS at {endpoint}, "
-                      f"the {args.delay_ms:g} ms proxy at {proxied}", flush=True)
+                print(
+                    f"state dict: {len(sd)} tensors, {size / MiB:.0f} MiB; SeaweedFS at {endpoint}, "
+                    f"the {args.delay_ms:g} ms proxy at {proxied}",
+                    flush=True,
+                )
                 if i == 0:
                     # A fresh SeaweedFS grows its volumes on the first writes: warm it up untimed,
                     # so that the first method measured does not pay for it.
                     warm_save, _ = method_boto3(endpoint, args.device)
                     warm_save(sd, "s3://bench/ckpt/warm-up.pt")
-                    subprocess.run([s5loader.find_s5cmd(), "--endpoint-url", endpoint, "rm",
-                                    "s3://bench/ckpt/warm-up.pt"], capture_output=True, check=False)
+                    subprocess.run(
+                        [
+                            s5loader.find_s5cmd(),
+                            "--endpoint-url",
+                            endpoint,
+                            "rm",
+                            "s3://bench/ckpt/warm-up.pt",
+                        ],
+                        capture_output=True,
+                        check=False,
+                    )
                 # The store may still be busy with the previous method's writes: the proxied
                 # pass runs the methods in the reverse order, so no method is always first.
                 order = list(METHODS)
                 results["runs"][str(size)] = {
-                    "direct": bench_checkpoints(endpoint, "direct", sd, size, args.repeat, order, args.device),
-                    "proxy": bench_checkpoints(proxied, "proxy", sd, size, args.repeat, order[::-1], args.device),
+                    "direct": bench_checkpoints(
+                        endpoint, "direct", sd, size, args.repeat, order, args.device
+                    ),
+                    "proxy": bench_checkpoints(
+                        proxied, "proxy", sd, size, args.repeat, order[::-1], args.device
+                    ),
                 }
                 del sd
             if not args.skip_fetch:
-                results["fetch"] = bench_fetch(endpoint, tmp, parse_size(args.archive), parse_size(args.volume),
-                                               parse_size(args.budget))
+                results["fetch"] = bench_fetch(
+                    endpoint, tmp, parse_size(args.archive), parse_size(args.volume), parse_size(args.budget)
+                )
         finally:
             if proxy is not None:
                 proxy.terminate()
@@ -379,11 +480,16 @@ def main(argv: list[str] | None = None) -> int:
             base, mapped = rows["s5loader"], rows.get("s5loader-mmap", {})
             for other in ("boto3", "s3torchconnector"):
                 if rows.get(other, {}).get("status") == "ok":
-                    extra = (f"   load with mmap=True {rows[other]['load_s'] / mapped['load_s']:.2f}x"
-                             if mapped.get("status") == "ok" else "")
-                    print(f"  {size / MiB:5.0f} MiB {label:7s} vs {other:17s} "
-                          f"save {rows[other]['save_s'] / base['save_s']:.2f}x   "
-                          f"load {rows[other]['load_s'] / base['load_s']:.2f}x{extra}")
+                    extra = (
+                        f"   load with mmap=True {rows[other]['load_s'] / mapped['load_s']:.2f}x"
+                        if mapped.get("status") == "ok"
+                        else ""
+                    )
+                    print(
+                        f"  {size / MiB:5.0f} MiB {label:7s} vs {other:17s} "
+                        f"save {rows[other]['save_s'] / base['save_s']:.2f}x   "
+                        f"load {rows[other]['load_s'] / base['load_s']:.2f}x{extra}"
+                    )
     print(f"the whole run: {results['seconds']:.0f} s")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

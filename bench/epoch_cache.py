@@ -78,7 +78,9 @@ class Peak:
 
 
 def put_objects(endpoint: str, prefix: str, n: int, size: int) -> None:
-    s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="x", aws_secret_access_key="x", region_name="us-east-1")
+    s3 = boto3.client(
+        "s3", endpoint_url=endpoint, aws_access_key_id="x", aws_secret_access_key="x", region_name="us-east-1"
+    )
 
     def put(i: int) -> None:
         s3.put_object(Bucket="data", Key=f"{prefix}{i:06d}.image", Body=os.urandom(size))
@@ -90,7 +92,9 @@ def put_objects(endpoint: str, prefix: str, n: int, size: int) -> None:
 
 def put_shards(endpoint: str, prefix: str, n: int, size: int, shards: int) -> None:
     """``n`` image + label samples in ``shards`` tar shards, and their index (``s5loader index-shards``)."""
-    s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="x", aws_secret_access_key="x", region_name="us-east-1")
+    s3 = boto3.client(
+        "s3", endpoint_url=endpoint, aws_access_key_id="x", aws_secret_access_key="x", region_name="us-east-1"
+    )
     per = -(-n // shards)
 
     def put(s: int) -> None:
@@ -106,8 +110,12 @@ def put_shards(endpoint: str, prefix: str, n: int, size: int, shards: int) -> No
     with ThreadPoolExecutor(8) as ex:
         list(ex.map(put, range(shards)))
     env = {**os.environ, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x"}
-    subprocess.run([sys.executable, "-m", "s5loader", "index-shards", f"s3://data/{prefix}", "--endpoint-url", endpoint],
-                   check=True, env=env, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "s5loader", "index-shards", f"s3://data/{prefix}", "--endpoint-url", endpoint],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
 
 
 def s5loader_runs(args: argparse.Namespace, proxy: ProxyProcess, root: str) -> list[dict[str, Any]]:
@@ -124,38 +132,65 @@ def s5loader_runs(args: argparse.Namespace, proxy: ProxyProcess, root: str) -> l
         for name, cache in (("none", 0), ("half", total // 2), ("all", total)):
             staging = os.path.join(root, f"staging-{name}-{rep}")
             os.makedirs(staging)
-            row = rows.setdefault(name, {"cache": name, "epoch_cache_bytes": cache, "budget_bytes": budget,
-                                         "runs": [], "peak_staging_bytes": 0, "bound_bytes": budget + cache})
+            row = rows.setdefault(
+                name,
+                {
+                    "cache": name,
+                    "epoch_cache_bytes": cache,
+                    "budget_bytes": budget,
+                    "runs": [],
+                    "peak_staging_bytes": 0,
+                    "bound_bytes": budget + cache,
+                },
+            )
             epochs = []
-            with S5Sampler(ds, budget=budget, epoch_cache=cache, staging_dir=staging, seed=1) as sampler, \
-                    Peak(staging) as peak:
+            with (
+                S5Sampler(ds, budget=budget, epoch_cache=cache, staging_dir=staging, seed=1) as sampler,
+                Peak(staging) as peak,
+            ):
                 for e in range(args.epochs):
                     sampler.set_epoch(e)
                     before = proxy.counts()
-                    loader = DataLoader(ds, sampler=sampler, batch_size=args.batch, num_workers=args.workers,
-                                        collate_fn=collate)
+                    loader = DataLoader(
+                        ds,
+                        sampler=sampler,
+                        batch_size=args.batch,
+                        num_workers=args.workers,
+                        collate_fn=collate,
+                    )
                     t0 = time.perf_counter()
                     n = sum(loader)
                     dt = time.perf_counter() - t0
                     after = proxy.counts()
                     m = sampler.metrics()
-                    epochs.append({
-                        "epoch": e, "samples": n, "seconds": round(dt, 3), "samples_s": round(n / dt, 1),
-                        "s3_get": after["GET"] - before["GET"], "s3_head": after["HEAD"] - before["HEAD"],
-                        "s3_bytes": m.fetched_bytes, "cache_hits": m.epoch_cache_hits,
-                        "cache_bytes": m.epoch_cache_bytes,
-                    })
+                    epochs.append(
+                        {
+                            "epoch": e,
+                            "samples": n,
+                            "seconds": round(dt, 3),
+                            "samples_s": round(n / dt, 1),
+                            "s3_get": after["GET"] - before["GET"],
+                            "s3_head": after["HEAD"] - before["HEAD"],
+                            "s3_bytes": m.fetched_bytes,
+                            "cache_hits": m.epoch_cache_hits,
+                            "cache_bytes": m.epoch_cache_bytes,
+                        }
+                    )
                     print(name, rep, epochs[-1], flush=True)
             row["runs"].append(epochs)
             row["peak_staging_bytes"] = max(row["peak_staging_bytes"], peak.peak)
     for row in rows.values():
         # per epoch: the run with the median samples/s (its other figures with it)
-        row["epochs"] = [sorted((r[e] for r in row["runs"]), key=lambda x: x["samples_s"])[len(row["runs"]) // 2]
-                         for e in range(args.epochs)]
+        row["epochs"] = [
+            sorted((r[e] for r in row["runs"]), key=lambda x: x["samples_s"])[len(row["runs"]) // 2]
+            for e in range(args.epochs)
+        ]
         ratios = [r[1]["samples_s"] / r[0]["samples_s"] for r in row["runs"] if len(r) > 1]
         if ratios:
             row["epoch2_vs_epoch1_samples_s"] = sorted(ratios)[len(ratios) // 2]
-            row["epoch2_vs_epoch1_s3_bytes"] = round(row["epochs"][1]["s3_bytes"] / max(1, row["epochs"][0]["s3_bytes"]), 3)
+            row["epoch2_vs_epoch1_s3_bytes"] = round(
+                row["epochs"][1]["s3_bytes"] / max(1, row["epochs"][0]["s3_bytes"]), 3
+            )
     return list(rows.values())
 
 
@@ -168,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--repeat", type=int, default=1, help="runs of each configuration (medians reported)")
-    p.add_argument("--shards", type=int, default=0, help="the samples in this many tar shards (0: raw objects)")
+    p.add_argument(
+        "--shards", type=int, default=0, help="the samples in this many tar shards (0: raw objects)"
+    )
     p.add_argument("--out", default=None, help="write the figures as JSON here")
     args = p.parse_args(argv)
     root = tempfile.mkdtemp(prefix="s5l-ecache-", dir="/tmp")
@@ -180,18 +217,30 @@ def main(argv: list[str] | None = None) -> int:
                 put_objects(weed.endpoint, "ec/", args.samples, args.size)
             with ProxyProcess(weed.endpoint, args.delay_ms) as proxy:
                 result: dict[str, Any] = {
-                    "samples": args.samples, "size": args.size, "shards": args.shards, "delay_ms": args.delay_ms, "workers": args.workers,
-                    "batch": args.batch, "repeat": args.repeat, "s5loader": s5loader_runs(args, proxy, root),
+                    "samples": args.samples,
+                    "size": args.size,
+                    "shards": args.shards,
+                    "delay_ms": args.delay_ms,
+                    "workers": args.workers,
+                    "batch": args.batch,
+                    "repeat": args.repeat,
+                    "s5loader": s5loader_runs(args, proxy, root),
                 }
     finally:
         shutil.rmtree(root, ignore_errors=True)
     for row in result["s5loader"]:
         e = row["epochs"]
-        print(f"{row['cache']:>5}: " + ", ".join(
-            f"epoch {x['epoch']}: {x['samples_s']} samples/s, {x['s3_get']} GET, {x['s3_bytes']} B from S3, "
-            f"{x['cache_hits']} hits" for x in e) + f"; peak staging {row['peak_staging_bytes']} B "
+        print(
+            f"{row['cache']:>5}: "
+            + ", ".join(
+                f"epoch {x['epoch']}: {x['samples_s']} samples/s, {x['s3_get']} GET, {x['s3_bytes']} B from S3, "
+                f"{x['cache_hits']} hits"
+                for x in e
+            )
+            + f"; peak staging {row['peak_staging_bytes']} B "
             f"(bound {row['bound_bytes']} B); epoch 2 / epoch 1 samples/s (median of runs): "
-            f"{row.get('epoch2_vs_epoch1_samples_s', 0):.2f}")
+            f"{row.get('epoch2_vs_epoch1_samples_s', 0):.2f}"
+        )
     if args.out:
         with open(args.out, "w", encoding="utf-8") as fh:
             json.dump(result, fh, indent=1)

@@ -57,8 +57,13 @@ def run_s5loader(proxy: ProxyProcess, root: str, epochs: int) -> dict[str, list[
         staging = os.path.join(root, f"s5l-{name}")
         os.makedirs(staging)
         fetched = []
-        with S5Sampler(ds, budget=ds.total_bytes // 8, epoch_cache=int(ds.total_bytes * frac),
-                       staging_dir=staging, seed=1) as sampler:
+        with S5Sampler(
+            ds,
+            budget=ds.total_bytes // 8,
+            epoch_cache=int(ds.total_bytes * frac),
+            staging_dir=staging,
+            seed=1,
+        ) as sampler:
             for e in range(epochs):
                 sampler.set_epoch(e)
                 sum(DataLoader(ds, sampler=sampler, batch_size=32, num_workers=2, collate_fn=collate))
@@ -75,9 +80,14 @@ def run_litdata(proxy: ProxyProcess, root: str, epochs: int, total: int) -> dict
     ldd._OBSTORE_CLIENT_OPTIONS["allow_http"] = True  # type: ignore[index]  # a plain-http local endpoint
     out = {}
     for name, frac in (("half", 0.5), ("all", 1.0)):
-        ds = StreamingDataset("s3://data/ld/", cache_dir=os.path.join(root, f"ld-{name}"), shuffle=True, seed=1,
-                              max_cache_size=int(total * frac),
-                              storage_options={"endpoint_url": proxy.endpoint, **CREDS})
+        ds = StreamingDataset(
+            "s3://data/ld/",
+            cache_dir=os.path.join(root, f"ld-{name}"),
+            shuffle=True,
+            seed=1,
+            max_cache_size=int(total * frac),
+            storage_options={"endpoint_url": proxy.endpoint, **CREDS},
+        )
         gets = []
         for e in range(epochs):
             ds.set_epoch(e + 1)
@@ -103,8 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     root = tempfile.mkdtemp(prefix="s5l-peers-", dir="/tmp")
     try:
         local = os.path.join(root, "litdata")
-        optimize(fn=_item, inputs=list(range(args.samples)), output_dir=local, chunk_bytes=args.chunk_bytes,
-                 num_workers=1, verbose=False)
+        optimize(
+            fn=_item,
+            inputs=list(range(args.samples)),
+            output_dir=local,
+            chunk_bytes=args.chunk_bytes,
+            num_workers=1,
+            verbose=False,
+        )
         with SeaweedFS(os.path.join(root, "weed"), ("data",)) as weed:
             s3 = boto3.client("s3", endpoint_url=weed.endpoint, **CREDS)
             for i in range(args.samples):
@@ -117,7 +133,10 @@ def main(argv: list[str] | None = None) -> int:
             total = sum(os.path.getsize(os.path.join(local, f)) for f in chunks)
             with ProxyProcess(weed.endpoint, 0) as proxy:
                 result = {
-                    "samples": args.samples, "size": SIZE, "chunks": len(chunks), "chunk_bytes": args.chunk_bytes,
+                    "samples": args.samples,
+                    "size": SIZE,
+                    "chunks": len(chunks),
+                    "chunk_bytes": args.chunk_bytes,
                     "s5loader": run_s5loader(proxy, root, args.epochs),
                     "litdata": run_litdata(proxy, root, args.epochs, total),
                 }

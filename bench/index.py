@@ -70,8 +70,14 @@ def write_manifest(path: str, n: int, labels: str | None = None) -> None:
             c = f"n{10000000 + i % classes:08d}"
             etag = hashlib.md5(i.to_bytes(8, "little")).hexdigest()
             size = 50_000 + (i * 7919) % 150_000
-            label = {None: "", "int": f', "label": {i % classes}', "text": f', "label": {json.dumps(f"类别{i % classes}")}'}[labels]
-            f.write(f'{{"uri": "s3://bench/train/{c}/{c}_{i // classes}.JPEG", "size": {size}, "etag": "{etag}"{label}}}\n')
+            label = {
+                None: "",
+                "int": f', "label": {i % classes}',
+                "text": f', "label": {json.dumps(f"类别{i % classes}")}',
+            }[labels]
+            f.write(
+                f'{{"uri": "s3://bench/train/{c}/{c}_{i // classes}.JPEG", "size": {size}, "etag": "{etag}"{label}}}\n'
+            )
 
 
 # -- the measured process (a fresh interpreter, so RSS is its own) ---------------------------------
@@ -102,7 +108,9 @@ def _collate(batch: list[int]) -> tuple[int, int]:
     return (info.id if info else -1, private_bytes() - _BASE.get("private", 0))
 
 
-def measure_manifest(path: str, staging: str, group_by: str = "object", build_only: str = "") -> dict[str, Any]:
+def measure_manifest(
+    path: str, staging: str, group_by: str = "object", build_only: str = ""
+) -> dict[str, Any]:
     import torch
     from torch.utils.data import DataLoader
 
@@ -131,8 +139,12 @@ def measure_manifest(path: str, staging: str, group_by: str = "object", build_on
     sampler.close()
     del sampler
     loader = DataLoader(
-        _Touch(ds), batch_size=10_000, num_workers=4, collate_fn=_collate,
-        worker_init_fn=_worker_init, multiprocessing_context="fork",
+        _Touch(ds),
+        batch_size=10_000,
+        num_workers=4,
+        collate_fn=_collate,
+        worker_init_fn=_worker_init,
+        multiprocessing_context="fork",
     )
     per_worker: dict[int, int] = {}
     t0 = time.perf_counter()
@@ -180,8 +192,13 @@ def measure_prefix(uri: str, endpoint: str) -> dict[str, Any]:
     parse_s = time.perf_counter() - t0
     del out, lines
     # the same objects listed as 8 parallel runs of s5cmd ls over the top-level folders
-    tops = [rec["key"] for x in subprocess.run(argv[:-1] + [uri], capture_output=True, env=env, check=True).stdout.splitlines()
-            if (rec := json.loads(x)).get("type") == "directory"]
+    tops = [
+        rec["key"]
+        for x in subprocess.run(
+            argv[:-1] + [uri], capture_output=True, env=env, check=True
+        ).stdout.splitlines()
+        if (rec := json.loads(x)).get("type") == "directory"
+    ]
     t0 = time.perf_counter()
     procs: list[subprocess.Popen[bytes]] = []
     for top in tops:
@@ -214,10 +231,27 @@ def upload(endpoint: str, bucket: str, n: int, work: str) -> str:
     for i in range(n):
         with open(os.path.join(src, f"d{i // 1000:04d}", f"{i:08d}.bin"), "wb") as f:
             f.write(i.to_bytes(8, "little"))
-    env = {**os.environ, "AWS_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "any"),
-           "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "any")}
-    subprocess.run([find_s5cmd(), "--endpoint-url", endpoint, "--numworkers", "64", "cp", src + "/", f"s3://{bucket}/many/"],
-                   check=True, env=env, stdout=subprocess.DEVNULL)
+    env = {
+        **os.environ,
+        "AWS_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "any"),
+        "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "any"),
+    }
+    subprocess.run(
+        [
+            find_s5cmd(),
+            "--endpoint-url",
+            endpoint,
+            "--numworkers",
+            "64",
+            "cp",
+            src + "/",
+            f"s3://{bucket}/many/",
+        ],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
     shutil.rmtree(src)
     return f"s3://{bucket}/many/"
 
@@ -231,14 +265,26 @@ def repeat_manifest(args: argparse.Namespace, path: str, staging: str) -> dict[s
         for tree in trees:
             child = ["manifest", path, staging, args.group_by, "1" if r else ""]
             env = {**os.environ, "PYTHONPATH": tree} if tree else None
-            runs[tree].append(json.loads(subprocess.run(
-                [sys.executable, __file__, "manifest", "--_child", *child],
-                check=True, capture_output=True, text=True, env=env, cwd=tree).stdout))
+            runs[tree].append(
+                json.loads(
+                    subprocess.run(
+                        [sys.executable, __file__, "manifest", "--_child", *child],
+                        check=True,
+                        capture_output=True,
+                        text=True,
+                        env=env,
+                        cwd=tree,
+                    ).stdout
+                )
+            )
     out = []
     for tree in trees:
         res, best = runs[tree][0], min(runs[tree], key=lambda x: x["build_cpu_s"])
-        res.update(build_s=best["build_s"], build_cpu_s=best["build_cpu_s"],
-                   build_cpu_runs=[x["build_cpu_s"] for x in runs[tree]])
+        res.update(
+            build_s=best["build_s"],
+            build_cpu_s=best["build_cpu_s"],
+            build_cpu_runs=[x["build_cpu_s"] for x in runs[tree]],
+        )
         out.append(res)
     result = {**out[0], "labels": args.labels, "group_by": args.group_by}
     if args.before:
@@ -251,11 +297,22 @@ def main() -> None:
     p.add_argument("what", choices=["manifest", "prefix"])
     p.add_argument("--objects", type=int, default=1_000_000)
     p.add_argument("--json", help="also write the result here")
-    p.add_argument("--labels", nargs="?", const="int", choices=["int", "text"],
-                   help="manifest: a label on every line, as most manifests carry: a number (int) or a name beyond ASCII (text)")
-    p.add_argument("--before", metavar="TREE", help="also measure the s5loader source tree TREE on the same data")
-    p.add_argument("--group-by", default="object", choices=["object", "stem", "folder"], help="manifest: the grouping")
-    p.add_argument("--repeat", type=int, default=1, help="manifest: build the index this many times (least CPU kept)")
+    p.add_argument(
+        "--labels",
+        nargs="?",
+        const="int",
+        choices=["int", "text"],
+        help="manifest: a label on every line, as most manifests carry: a number (int) or a name beyond ASCII (text)",
+    )
+    p.add_argument(
+        "--before", metavar="TREE", help="also measure the s5loader source tree TREE on the same data"
+    )
+    p.add_argument(
+        "--group-by", default="object", choices=["object", "stem", "folder"], help="manifest: the grouping"
+    )
+    p.add_argument(
+        "--repeat", type=int, default=1, help="manifest: build the index this many times (least CPU kept)"
+    )
     p.add_argument("--_child", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args._child:  # the measured process
@@ -282,13 +339,26 @@ def main() -> None:
                 uri = upload(s3.endpoint, "bench", args.objects, work)
                 print(f"uploaded {args.objects} objects in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
                 child = ["prefix", uri, s3.endpoint]
-                result = json.loads(subprocess.run([sys.executable, __file__, "prefix", "--_child", *child],
-                                                   check=True, capture_output=True, text=True).stdout)
+                result = json.loads(
+                    subprocess.run(
+                        [sys.executable, __file__, "prefix", "--_child", *child],
+                        check=True,
+                        capture_output=True,
+                        text=True,
+                    ).stdout
+                )
                 if args.before:
                     env = {**os.environ, "PYTHONPATH": args.before}
-                    result["before"] = json.loads(subprocess.run(
-                        [sys.executable, __file__, "prefix", "--_child", *child],
-                        check=True, capture_output=True, text=True, env=env, cwd=args.before).stdout)
+                    result["before"] = json.loads(
+                        subprocess.run(
+                            [sys.executable, __file__, "prefix", "--_child", *child],
+                            check=True,
+                            capture_output=True,
+                            text=True,
+                            env=env,
+                            cwd=args.before,
+                        ).stdout
+                    )
         result["what"] = args.what
         result["load_average"] = os.getloadavg()[0]
         print(json.dumps(result, indent=1))

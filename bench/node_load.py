@@ -51,7 +51,12 @@ def watch(done: threading.Event, peak: dict[str, int]) -> None:
                 per_rank[p.ppid()] = per_rank.get(p.ppid(), 0) + len(p.net_connections(kind="tcp"))
             except psutil.Error:
                 pass
-        seen = {"s5cmd": len(s5cmd), "rss": rss, "tcp": sum(per_rank.values()), "tcp_one_rank": max(per_rank.values(), default=0)}
+        seen = {
+            "s5cmd": len(s5cmd),
+            "rss": rss,
+            "tcp": sum(per_rank.values()),
+            "tcp_one_rank": max(per_rank.values(), default=0),
+        }
         for k, v in seen.items():
             peak[k] = max(peak.get(k, 0), v)
         time.sleep(0.05)
@@ -70,12 +75,22 @@ def main() -> None:
         client = boto3.client("s3", endpoint_url=weed.endpoint, region_name="us-east-1")
         body = os.urandom(args.size)
         with ThreadPoolExecutor(32) as ex:
-            list(ex.map(lambda i: client.put_object(Bucket="data", Key=f"m/{i:06d}.bin", Body=body), range(args.objects)))
+            list(
+                ex.map(
+                    lambda i: client.put_object(Bucket="data", Key=f"m/{i:06d}.bin", Body=body),
+                    range(args.objects),
+                )
+            )
         ds = S5Dataset.from_prefix("s3://data/m/", endpoint_url=weed.endpoint)
-        root = tempfile.mkdtemp(prefix="s5loader-node-load-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        root = tempfile.mkdtemp(
+            prefix="s5loader-node-load-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+        )
         ctx = multiprocessing.get_context("fork")
         start = ctx.Barrier(args.ranks + 1)
-        procs = [ctx.Process(target=rank, args=(r, args.ranks, ds, root, args.s5cmd_workers, start)) for r in range(args.ranks)]
+        procs = [
+            ctx.Process(target=rank, args=(r, args.ranks, ds, root, args.s5cmd_workers, start))
+            for r in range(args.ranks)
+        ]
         for p in procs:
             p.start()
         peak: dict[str, int] = {}
@@ -89,12 +104,22 @@ def main() -> None:
         done.set()
         watcher.join()
         os.rmdir(root)
-        print(json.dumps({
-            "ranks": args.ranks, "objects": args.objects, "size": args.size, "s5cmd_workers": args.s5cmd_workers,
-            "s5cmd_most": peak.get("s5cmd", 0), "rss_most_mib": round(peak.get("rss", 0) / 2**20, 1),
-            "tcp_most": peak.get("tcp", 0), "tcp_most_one_rank": peak.get("tcp_one_rank", 0),
-            "seconds": round(time.monotonic() - t0, 1), "cpus": os.cpu_count(),
-        }))
+        print(
+            json.dumps(
+                {
+                    "ranks": args.ranks,
+                    "objects": args.objects,
+                    "size": args.size,
+                    "s5cmd_workers": args.s5cmd_workers,
+                    "s5cmd_most": peak.get("s5cmd", 0),
+                    "rss_most_mib": round(peak.get("rss", 0) / 2**20, 1),
+                    "tcp_most": peak.get("tcp", 0),
+                    "tcp_most_one_rank": peak.get("tcp_one_rank", 0),
+                    "seconds": round(time.monotonic() - t0, 1),
+                    "cpus": os.cpu_count(),
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -98,7 +98,9 @@ class PeakDisk:
 def client() -> Any:
     import boto3
 
-    return boto3.client("s3", endpoint_url=ENDPOINT or os.environ["AWS_ENDPOINT_URL"], region_name="us-east-1")
+    return boto3.client(
+        "s3", endpoint_url=ENDPOINT or os.environ["AWS_ENDPOINT_URL"], region_name="us-east-1"
+    )
 
 
 def write_source(n: int, size: int, prefix: str) -> None:
@@ -117,7 +119,7 @@ def list_samples(prefix: str) -> list[tuple[str, list[str]]]:
     groups: dict[str, list[str]] = {}
     for page in client().get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix):
         for o in page.get("Contents", []):
-            stem = o["Key"][len(prefix):].split(".", 1)[0]
+            stem = o["Key"][len(prefix) :].split(".", 1)[0]
             groups.setdefault(stem, []).append(o["Key"])
     return sorted(groups.items())
 
@@ -129,8 +131,14 @@ Check = Callable[[], int]  # the samples in the result, counted after the clock 
 
 
 def run_s5loader(src: str, dest: str, work: str, shard_size: int, budget: int) -> Check:
-    s5loader.pack(f"s3://{BUCKET}/{src}", f"s3://{BUCKET}/{dest}", shard_size=shard_size, budget=budget,
-                  staging_dir=work, endpoint_url=ENDPOINT)
+    s5loader.pack(
+        f"s3://{BUCKET}/{src}",
+        f"s3://{BUCKET}/{dest}",
+        shard_size=shard_size,
+        budget=budget,
+        staging_dir=work,
+        endpoint_url=ENDPOINT,
+    )
     return lambda: len(S5Dataset.from_shards(f"s3://{BUCKET}/{dest}", endpoint_url=ENDPOINT))
 
 
@@ -194,8 +202,16 @@ def run_litdata(src: str, dest: str, work: str, shard_size: int) -> Check:
     os.environ["DATA_OPTIMIZER_CACHE_FOLDER"] = os.path.join(work, "chunks")
     os.environ["DATA_OPTIMIZER_DATA_CACHE_FOLDER"] = os.path.join(work, "data")
     samples = list_samples(src)
-    optimize(fn=litdata_sample, inputs=samples, output_dir=f"s3://{BUCKET}/{dest}", chunk_bytes=shard_size,
-             num_workers=os.cpu_count() or 1, storage_options={"endpoint_url": ENDPOINT}, mode="overwrite")
+    optimize(
+        fn=litdata_sample,
+        inputs=samples,
+        output_dir=f"s3://{BUCKET}/{dest}",
+        chunk_bytes=shard_size,
+        num_workers=os.cpu_count() or 1,
+        storage_options={"endpoint_url": ENDPOINT},
+        mode="overwrite",
+    )
+
     def count() -> int:
         index = json.loads(client().get_object(Bucket=BUCKET, Key=dest + "index.json")["Body"].read())
         return sum(int(ch["chunk_size"]) for ch in index["chunks"])
@@ -221,7 +237,9 @@ def cpu_seconds() -> tuple[float, float]:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime, server
 
 
-def measure(name: str, fn: Callable[[str, str, str], Check], src: str, n: int, root: str) -> tuple[float, int, float, float]:
+def measure(
+    name: str, fn: Callable[[str, str, str], Check], src: str, n: int, root: str
+) -> tuple[float, int, float, float]:
     work = tempfile.mkdtemp(prefix=f"{name.split('+')[0]}-", dir=root)
     dest = f"out-{name.replace('+', '-').replace(' ', '')}-{os.path.basename(work)}/"
     with PeakDisk(work) as peak:
@@ -234,8 +252,11 @@ def measure(name: str, fn: Callable[[str, str, str], Check], src: str, n: int, r
     if got != n:
         raise SystemExit(f"{name}: {got} samples in the result, {n} expected")
     cpu, server = cpu1 - cpu0, server1 - server0
-    print(f"  {name:<22} {seconds:7.2f} s  peak local disk {peak.peak / 1e6:7.2f} MB  CPU {cpu:5.2f} s "
-          f"(+ store {server:5.2f} s)", flush=True)
+    print(
+        f"  {name:<22} {seconds:7.2f} s  peak local disk {peak.peak / 1e6:7.2f} MB  CPU {cpu:5.2f} s "
+        f"(+ store {server:5.2f} s)",
+        flush=True,
+    )
     return seconds, peak.peak, cpu, server
 
 
@@ -269,24 +290,47 @@ def main(argv: list[str] | None = None) -> int:
             src = "raw/"
             t0 = time.perf_counter()
             write_source(args.samples, size, src)
-            print(f"{args.samples} samples x {args.size} (+ a label) written in {time.perf_counter() - t0:.1f} s; "
-                  f"shards of {args.shard_size}, s5loader budget {args.budget}", flush=True)
+            print(
+                f"{args.samples} samples x {args.size} (+ a label) written in {time.perf_counter() - t0:.1f} s; "
+                f"shards of {args.shard_size}, s5loader budget {args.budget}",
+                flush=True,
+            )
             runs: dict[str, list[tuple[float, int, float, float]]] = {m: [] for m in chosen}
             for k in range(args.repeat):
                 print(f"round {k + 1}", flush=True)
-                for m in chosen[k % len(chosen):] + chosen[: k % len(chosen)]:
+                for m in chosen[k % len(chosen) :] + chosen[: k % len(chosen)]:
                     runs[m].append(measure(m, methods[m], src, args.samples, root))
-    results = [{"method": m, "seconds": round(min(x[0] for x in r), 3), "peak_disk_bytes": max(x[1] for x in r),
-                "cpu_seconds": round(min(x[2] for x in r), 2), "store_cpu_seconds": round(min(x[3] for x in r), 2),
-                "runs_seconds": [round(x[0], 3) for x in r]} for m, r in runs.items()]
+    results = [
+        {
+            "method": m,
+            "seconds": round(min(x[0] for x in r), 3),
+            "peak_disk_bytes": max(x[1] for x in r),
+            "cpu_seconds": round(min(x[2] for x in r), 2),
+            "store_cpu_seconds": round(min(x[3] for x in r), 2),
+            "runs_seconds": [round(x[0], 3) for x in r],
+        }
+        for m, r in runs.items()
+    ]
     base = next((r for r in results if r["method"] == "s5loader"), None)
-    print(f"{'method':<22} {'best s':>8} {'x s5loader':>10} {'peak disk MB':>12} {'CPU s':>6} {'store CPU s':>11}")
+    print(
+        f"{'method':<22} {'best s':>8} {'x s5loader':>10} {'peak disk MB':>12} {'CPU s':>6} {'store CPU s':>11}"
+    )
     for r in results:
         r["time_vs_s5loader"] = round(r["seconds"] / base["seconds"], 2) if base else None
-        print(f"{r['method']:<22} {r['seconds']:8.2f} {r['time_vs_s5loader'] or 0:10.2f} "
-              f"{r['peak_disk_bytes'] / 1e6:12.2f} {r['cpu_seconds']:6.2f} {r['store_cpu_seconds']:11.2f}")
-    doc = {"samples": args.samples, "size": size, "shard_size": shard, "budget": budget, "repeat": args.repeat,
-           "cpus": os.cpu_count(), "server": "SeaweedFS on loopback", "results": results}
+        print(
+            f"{r['method']:<22} {r['seconds']:8.2f} {r['time_vs_s5loader'] or 0:10.2f} "
+            f"{r['peak_disk_bytes'] / 1e6:12.2f} {r['cpu_seconds']:6.2f} {r['store_cpu_seconds']:11.2f}"
+        )
+    doc = {
+        "samples": args.samples,
+        "size": size,
+        "shard_size": shard,
+        "budget": budget,
+        "repeat": args.repeat,
+        "cpus": os.cpu_count(),
+        "server": "SeaweedFS on loopback",
+        "results": results,
+    }
     os.makedirs(os.path.dirname(args.output), exist_ok=True)
     with open(args.output, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1)

@@ -66,7 +66,16 @@ SHAPES = ("raw", "block10", "prefix")
 PROBES = ("head", "presign")
 SOURCE = "s3://costs/obj/"
 MiB = 1 << 20
-_UNITS = {"": 1, "B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 1000,
+    "MB": 1000**2,
+    "GB": 1000**3,
+    "KIB": 1 << 10,
+    "MIB": 1 << 20,
+    "GIB": 1 << 30,
+}
 
 
 # -- the pure parts: settings, command lines, aggregation ------------------------------------------
@@ -160,12 +169,20 @@ def parse_setting(text: str, base: Setting) -> Setting:
         elif key == "numworkers":
             fields["numworkers"] = parse_numworkers(value)
         else:
-            raise ValueError(f"unknown setting {key!r} in {text!r} (GOGC, GOMEMLIMIT, GOMAXPROCS, NUMWORKERS)")
+            raise ValueError(
+                f"unknown setting {key!r} in {text!r} (GOGC, GOMEMLIMIT, GOMAXPROCS, NUMWORKERS)"
+            )
     return dataclasses.replace(base, **fields)
 
 
-def grid(kind: str, gogc: Sequence[tuple[str | None, str | None]], gomaxprocs: Sequence[int | None],
-         numworkers: Sequence[int], base: Setting, also: Sequence[Setting] = ()) -> list[Setting]:
+def grid(
+    kind: str,
+    gogc: Sequence[tuple[str | None, str | None]],
+    gomaxprocs: Sequence[int | None],
+    numworkers: Sequence[int],
+    base: Setting,
+    also: Sequence[Setting] = (),
+) -> list[Setting]:
     """The settings to run, ``base`` first, without duplicates. ``oat``: one variable at a time
     from ``base``; ``full``: the whole product."""
     if kind == "full":
@@ -205,10 +222,14 @@ def command_lines(shape: str, bucket: str, prefix: str, keys: Sequence[str], des
         return [f"cp --raw {shlex.quote(src + k)} {shlex.quote(os.path.join(dest, k))}\n" for k in keys]
     if shape == "block10":
         blocks = sorted({k[:-5] for k in keys})  # PREFIX00012 of PREFIX000123.bin: 10 keys each
-        return [f"cp --exclude '*..*' {shlex.quote(src + b + '*')} {shlex.quote(os.path.join(dest, b) + '/')}\n"
-                for b in blocks]
+        return [
+            f"cp --exclude '*..*' {shlex.quote(src + b + '*')} {shlex.quote(os.path.join(dest, b) + '/')}\n"
+            for b in blocks
+        ]
     if shape == "prefix":
-        return [f"cp --exclude '*..*' {shlex.quote(src + prefix + '*')} {shlex.quote(os.path.join(dest, prefix))}\n"]
+        return [
+            f"cp --exclude '*..*' {shlex.quote(src + prefix + '*')} {shlex.quote(os.path.join(dest, prefix))}\n"
+        ]
     if shape in PROBES:
         return [f"{shape} {shlex.quote(src + k)}\n" for k in keys]
     raise ValueError(f"unknown line shape {shape!r}; one of {', '.join(SHAPES + PROBES)}")
@@ -244,19 +265,23 @@ def aggregate(runs: Sequence[dict[str, Any]], objects: int) -> list[dict[str, An
     rows = []
     for (setting, shape), rs in groups.items():
         cpu = statistics.median(r["user_s"] + r["sys_s"] for r in rs)
-        rows.append({
-            "setting": setting, "shape": shape, "repeats": len(rs),
-            "cpu_s": cpu,
-            "cpu_ms_per_object": 1000 * cpu / objects,
-            "cpu_ms_per_object_min": 1000 * min(r["user_s"] + r["sys_s"] for r in rs) / objects,
-            "cpu_ms_per_object_max": 1000 * max(r["user_s"] + r["sys_s"] for r in rs) / objects,
-            "user_s": statistics.median(r["user_s"] for r in rs),
-            "sys_s": statistics.median(r["sys_s"] for r in rs),
-            "maxrss_mib": statistics.median(r["maxrss_kib"] for r in rs) / 1024,
-            "maxrss_mib_max": max(r["maxrss_kib"] for r in rs) / 1024,
-            "wall_s": statistics.median(r["wall_s"] for r in rs),
-            "server_cpu_ms_per_object": 1000 * statistics.median(r["server_cpu_s"] for r in rs) / objects,
-        })
+        rows.append(
+            {
+                "setting": setting,
+                "shape": shape,
+                "repeats": len(rs),
+                "cpu_s": cpu,
+                "cpu_ms_per_object": 1000 * cpu / objects,
+                "cpu_ms_per_object_min": 1000 * min(r["user_s"] + r["sys_s"] for r in rs) / objects,
+                "cpu_ms_per_object_max": 1000 * max(r["user_s"] + r["sys_s"] for r in rs) / objects,
+                "user_s": statistics.median(r["user_s"] for r in rs),
+                "sys_s": statistics.median(r["sys_s"] for r in rs),
+                "maxrss_mib": statistics.median(r["maxrss_kib"] for r in rs) / 1024,
+                "maxrss_mib_max": max(r["maxrss_kib"] for r in rs) / 1024,
+                "wall_s": statistics.median(r["wall_s"] for r in rs),
+                "server_cpu_ms_per_object": 1000 * statistics.median(r["server_cpu_s"] for r in rs) / objects,
+            }
+        )
     base = rows[0]["setting"] if rows else ""
     base_cpu = {r["shape"]: r["cpu_s"] for r in rows if r["setting"] == base}
     for r in rows:
@@ -279,28 +304,41 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
     ]
     if doc.get("requests"):
-        out += ["### S3 requests per object (default setting)", "",
-                "| line shape | lines | GET | HEAD | LIST | other | total |", "|---|---:|---:|---:|---:|---:|---:|"]
+        out += [
+            "### S3 requests per object (default setting)",
+            "",
+            "| line shape | lines | GET | HEAD | LIST | other | total |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
         for shape, c in doc["requests"].items():
             per = {k: c.get(k, 0) / s["objects"] for k in ("GET", "HEAD", "LIST", "other")}
-            out.append(f"| {shape} | {c['lines']} | {per['GET']:.3f} | {per['HEAD']:.3f} | {per['LIST']:.4f} | "
-                       f"{per['other']:.3f} | {sum(per.values()):.3f} |")
+            out.append(
+                f"| {shape} | {c['lines']} | {per['GET']:.3f} | {per['HEAD']:.3f} | {per['LIST']:.4f} | "
+                f"{per['other']:.3f} | {sum(per.values()):.3f} |"
+            )
         out.append("")
-    out += ["### CPU and memory by setting", "",
-            "| setting | shape | s5cmd CPU ms/object | vs base | user s | sys s | peak RSS MiB (max) | "
-            "server CPU ms/object | wall s |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    out += [
+        "### CPU and memory by setting",
+        "",
+        "| setting | shape | s5cmd CPU ms/object | vs base | user s | sys s | peak RSS MiB (max) | "
+        "server CPU ms/object | wall s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for shape in s["shapes"]:
         for r in doc["summary"]:
             if r["shape"] != shape:
                 continue
-            vs = "base" if r["cpu_vs_base"] is None or r["setting"] == doc["summary"][0]["setting"] \
+            vs = (
+                "base"
+                if r["cpu_vs_base"] is None or r["setting"] == doc["summary"][0]["setting"]
                 else f"{100 * r['cpu_vs_base']:+.0f}%"
+            )
             out.append(
                 f"| {r['setting']} | {shape} | {r['cpu_ms_per_object']:.3f} "
                 f"({r['cpu_ms_per_object_min']:.3f}-{r['cpu_ms_per_object_max']:.3f}) | {vs} | {r['user_s']:.2f} | "
                 f"{r['sys_s']:.2f} | {r['maxrss_mib']:.0f} ({r['maxrss_mib_max']:.0f}) | "
-                f"{r['server_cpu_ms_per_object']:.3f} | {r['wall_s']:.2f} |")
+                f"{r['server_cpu_ms_per_object']:.3f} | {r['wall_s']:.2f} |"
+            )
     return "\n".join(out) + "\n"
 
 
@@ -342,23 +380,46 @@ def _base_env(endpoint: str) -> dict[str, str]:
     return env
 
 
-def run_once(s5cmd: str, endpoint: str, setting: Setting, shape: str, source: str, keys: Sequence[str],
-             work: str, server_pid: int | None) -> dict[str, Any]:
+def run_once(
+    s5cmd: str,
+    endpoint: str,
+    setting: Setting,
+    shape: str,
+    source: str,
+    keys: Sequence[str],
+    work: str,
+    server_pid: int | None,
+) -> dict[str, Any]:
     """One measured ``s5cmd run``; raises if any object was not copied."""
     dest = tempfile.mkdtemp(prefix=f"{shape}-", dir=work)
     cmd_file = os.path.join(work, f"{shape}.txt")
     with open(cmd_file, "w") as f:
         f.writelines(command_lines(shape, *split_source(source), keys, dest))
     out_path, err_path = cmd_file + ".out", cmd_file + ".err"
-    argv = [s5cmd, "--json", "--retry-count", "3", "--endpoint-url", endpoint,
-            "--numworkers", str(setting.numworkers), "run", cmd_file]
+    argv = [
+        s5cmd,
+        "--json",
+        "--retry-count",
+        "3",
+        "--endpoint-url",
+        endpoint,
+        "--numworkers",
+        str(setting.numworkers),
+        "run",
+        cmd_file,
+    ]
     server0 = _proc_cpu(server_pid) if server_pid else 0.0
     t0 = time.monotonic()
     usage_path = cmd_file + ".usage"
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        proc = subprocess.run([sys.executable, "-I", "-S", "-c", _SPAWN, usage_path, *argv], stdout=out,
-                              stderr=err, stdin=subprocess.DEVNULL, env=setting.env(_base_env(endpoint)),
-                              check=False)
+        proc = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", _SPAWN, usage_path, *argv],
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            env=setting.env(_base_env(endpoint)),
+            check=False,
+        )
     wall = time.monotonic() - t0
     with open(usage_path) as f:
         usage = json.load(f)
@@ -370,14 +431,24 @@ def run_once(s5cmd: str, endpoint: str, setting: Setting, shape: str, source: st
     if proc.returncode != 0 or ok != len(keys) or files != (0 if shape in PROBES else len(keys)):
         with open(err_path, errors="replace") as f:
             tail = f.read()[-2000:]
-        raise RuntimeError(f"{shlex.join(argv)} ({setting.label}): exit code {proc.returncode}, {ok} copies "
-                           f"reported and {files} files for {len(keys)} objects; {errors} {tail}")
-    return {"setting": setting.label, "shape": shape, "user_s": usage["user_s"], "sys_s": usage["sys_s"],
-            "maxrss_kib": usage["maxrss_kib"], "wall_s": wall, "server_cpu_s": server}
+        raise RuntimeError(
+            f"{shlex.join(argv)} ({setting.label}): exit code {proc.returncode}, {ok} copies "
+            f"reported and {files} files for {len(keys)} objects; {errors} {tail}"
+        )
+    return {
+        "setting": setting.label,
+        "shape": shape,
+        "user_s": usage["user_s"],
+        "sys_s": usage["sys_s"],
+        "maxrss_kib": usage["maxrss_kib"],
+        "wall_s": wall,
+        "server_cpu_s": server,
+    }
 
 
-def count_requests(s5cmd: str, endpoint: str, source: str, keys: Sequence[str], work: str,
-                   shapes: Sequence[str]) -> dict[str, dict[str, int]]:
+def count_requests(
+    s5cmd: str, endpoint: str, source: str, keys: Sequence[str], work: str, shapes: Sequence[str]
+) -> dict[str, dict[str, int]]:
     """The S3 requests of one run per shape (default setting) through the counting proxy."""
     sys.path.insert(0, HERE)
     from s5loader_bench.proxy import ProxyProcess
@@ -412,26 +483,59 @@ def upload(s5cmd: str, endpoint: str, source: str, keys: Sequence[str], size: in
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="s5cmd_costs.py", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--objects", type=int, default=4000, help="objects in the data set (default 4000)")
-    p.add_argument("--size", type=parse_size, default=parse_size("100KB"), help="bytes per object (default 100KB)")
-    p.add_argument("--repeat", type=int, default=3, help="repeats of every run; figures are medians (default 3)")
-    p.add_argument("--shapes", default=",".join(SHAPES),
-                   help=f"line shapes (default {','.join(SHAPES)}; also {' and '.join(PROBES)}: one such command per object)")
-    p.add_argument("--grid", default="oat", choices=("oat", "full"),
-                   help="oat: one variable at a time from the base (default); full: the whole product")
-    p.add_argument("--gogc", default="100,200,400,800,off:256MiB,off:512MiB",
-                   help="GOGC values, each optionally :GOMEMLIMIT (default 100,200,400,800,off:256MiB,off:512MiB)")
+    p.add_argument(
+        "--size", type=parse_size, default=parse_size("100KB"), help="bytes per object (default 100KB)"
+    )
+    p.add_argument(
+        "--repeat", type=int, default=3, help="repeats of every run; figures are medians (default 3)"
+    )
+    p.add_argument(
+        "--shapes",
+        default=",".join(SHAPES),
+        help=f"line shapes (default {','.join(SHAPES)}; also {' and '.join(PROBES)}: one such command per object)",
+    )
+    p.add_argument(
+        "--grid",
+        default="oat",
+        choices=("oat", "full"),
+        help="oat: one variable at a time from the base (default); full: the whole product",
+    )
+    p.add_argument(
+        "--gogc",
+        default="100,200,400,800,off:256MiB,off:512MiB",
+        help="GOGC values, each optionally :GOMEMLIMIT (default 100,200,400,800,off:256MiB,off:512MiB)",
+    )
     p.add_argument("--gomaxprocs", default="default,1,2", help="GOMAXPROCS values (default default,1,2)")
-    p.add_argument("--numworkers", default="32,64,128,256", help="s5cmd --numworkers values (default 32,64,128,256)")
-    p.add_argument("--base", default="numworkers=256", help="the base setting (default numworkers=256, as s5loader)")
-    p.add_argument("--also", action="append", default=[], metavar="SETTING",
-                   help="one more setting to run, e.g. GOGC=400,GOMAXPROCS=1,NUMWORKERS=64 (repeatable)")
+    p.add_argument(
+        "--numworkers", default="32,64,128,256", help="s5cmd --numworkers values (default 32,64,128,256)"
+    )
+    p.add_argument(
+        "--base", default="numworkers=256", help="the base setting (default numworkers=256, as s5loader)"
+    )
+    p.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="SETTING",
+        help="one more setting to run, e.g. GOGC=400,GOMAXPROCS=1,NUMWORKERS=64 (repeatable)",
+    )
     p.add_argument("--no-requests", action="store_true", help="do not count requests through the proxy")
-    p.add_argument("--source", default=SOURCE, help=f"where the objects are, s3://bucket/prefix/ (default {SOURCE})")
-    p.add_argument("--endpoint-url", help="use this server (its bucket must exist) instead of a SeaweedFS of its own")
-    p.add_argument("--upload", action="store_true",
-                   help="with --endpoint-url: upload the objects first (a server of its own is always filled)")
-    p.add_argument("--work-dir", default="/dev/shm" if os.path.isdir("/dev/shm") else None,
-                   help="where the copies land (default /dev/shm)")
+    p.add_argument(
+        "--source", default=SOURCE, help=f"where the objects are, s3://bucket/prefix/ (default {SOURCE})"
+    )
+    p.add_argument(
+        "--endpoint-url", help="use this server (its bucket must exist) instead of a SeaweedFS of its own"
+    )
+    p.add_argument(
+        "--upload",
+        action="store_true",
+        help="with --endpoint-url: upload the objects first (a server of its own is always filled)",
+    )
+    p.add_argument(
+        "--work-dir",
+        default="/dev/shm" if os.path.isdir("/dev/shm") else None,
+        help="where the copies land (default /dev/shm)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the run order")
     p.add_argument("--json", default=os.path.join(HERE, "results", "s5cmd-costs.json"))
     p.add_argument("--markdown", default=os.path.join(HERE, "results", "s5cmd-costs.md"))
@@ -444,10 +548,14 @@ def main(argv: list[str] | None = None) -> int:
         for shape in shapes:
             command_lines(shape, bucket, prefix, [], "/d")
         base = parse_setting(args.base, Setting())
-        settings = grid(args.grid, [parse_gogc(x) for x in args.gogc.split(",")],
-                        [parse_gomaxprocs(x) for x in args.gomaxprocs.split(",")],
-                        [parse_numworkers(x) for x in args.numworkers.split(",")], base,
-                        [parse_setting(a, base) for a in args.also])
+        settings = grid(
+            args.grid,
+            [parse_gogc(x) for x in args.gogc.split(",")],
+            [parse_gomaxprocs(x) for x in args.gomaxprocs.split(",")],
+            [parse_numworkers(x) for x in args.numworkers.split(",")],
+            base,
+            [parse_setting(a, base) for a in args.also],
+        )
     except ValueError as exc:
         p.error(str(exc))
     s5cmd = _s5cmd()
@@ -466,7 +574,9 @@ def main(argv: list[str] | None = None) -> int:
         if server is not None or args.upload:
             print(f"{endpoint}: uploading {args.objects} x {args.size} B", file=sys.stderr)
             upload(s5cmd, endpoint, args.source, keys, args.size, work)
-        requests = {} if args.no_requests else count_requests(s5cmd, endpoint, args.source, keys, work, shapes)
+        requests = (
+            {} if args.no_requests else count_requests(s5cmd, endpoint, args.source, keys, work, shapes)
+        )
         for shape, c in requests.items():
             print(f"requests {shape}: {c}", file=sys.stderr)
         rng = random.Random(args.seed)
@@ -479,9 +589,12 @@ def main(argv: list[str] | None = None) -> int:
                 r = run_once(s5cmd, endpoint, setting, shape, args.source, keys, work, server_pid)
                 r["repeat"] = rep
                 runs.append(r)
-                print(f"[{rep + 1}/{args.repeat} {i + 1}/{len(order)}] {setting.label} {shape}: "
-                      f"cpu {r['user_s'] + r['sys_s']:.2f}s rss {r['maxrss_kib'] / 1024:.0f}MiB "
-                      f"wall {r['wall_s']:.2f}s", file=sys.stderr)
+                print(
+                    f"[{rep + 1}/{args.repeat} {i + 1}/{len(order)}] {setting.label} {shape}: "
+                    f"cpu {r['user_s'] + r['sys_s']:.2f}s rss {r['maxrss_kib'] / 1024:.0f}MiB "
+                    f"wall {r['wall_s']:.2f}s",
+                    file=sys.stderr,
+                )
     finally:
         if server is not None:
             server.stop()
@@ -491,11 +604,23 @@ def main(argv: list[str] | None = None) -> int:
     runs.sort(key=lambda r: ([s.label for s in settings].index(r["setting"]), shapes.index(r["shape"])))
     version = subprocess.run([s5cmd, "version"], capture_output=True, text=True, check=False).stdout.strip()
     doc = {
-        "settings": {"source": args.source, "objects": args.objects, "size": args.size, "repeat": args.repeat, "shapes": shapes,
-                     "grid": args.grid, "base": base.label, "settings": [s.label for s in settings],
-                     "seed": args.seed},
-        "machine": {"cpus": len(os.sched_getaffinity(0)), "platform": platform.platform(),
-                    "load_avg_end": os.getloadavg(), "python": platform.python_version()},
+        "settings": {
+            "source": args.source,
+            "objects": args.objects,
+            "size": args.size,
+            "repeat": args.repeat,
+            "shapes": shapes,
+            "grid": args.grid,
+            "base": base.label,
+            "settings": [s.label for s in settings],
+            "seed": args.seed,
+        },
+        "machine": {
+            "cpus": len(os.sched_getaffinity(0)),
+            "platform": platform.platform(),
+            "load_avg_end": os.getloadavg(),
+            "python": platform.python_version(),
+        },
         "s5cmd_version": version,
         "elapsed_s": time.monotonic() - t0,
         "requests": requests,

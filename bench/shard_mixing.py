@@ -64,8 +64,13 @@ def shard_bytes(s: int, per_shard: int, size: int) -> bytes:
 
 def write_shards(endpoint: str, shards: int, per_shard: int, size: int) -> int:
     """Upload the shards and build their index; returns the largest shard's size."""
-    s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="local", aws_secret_access_key="local",
-                      region_name="us-east-1")
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id="local",
+        aws_secret_access_key="local",
+        region_name="us-east-1",
+    )
     sizes = []
 
     def put(s: int) -> None:
@@ -75,8 +80,20 @@ def write_shards(endpoint: str, shards: int, per_shard: int, size: int) -> int:
 
     with ThreadPoolExecutor(8) as ex:
         list(ex.map(put, range(shards)))
-    subprocess.run([sys.executable, "-m", "s5loader", "index-shards", f"s3://{BUCKET}/{PREFIX}", "--endpoint-url",
-                    endpoint, "--force"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "s5loader",
+            "index-shards",
+            f"s3://{BUCKET}/{PREFIX}",
+            "--endpoint-url",
+            endpoint,
+            "--force",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return max(sizes)
 
 
@@ -101,12 +118,21 @@ def webdataset(args: argparse.Namespace, endpoint: str, seed: int) -> list[int]:
 
 def sampler(args: argparse.Namespace, ds: S5Dataset, budget: int, seed: int, root: str) -> list[int]:
     with S5Sampler(ds, shuffle=True, seed=seed, budget=budget, staging_dir=root) as s:
-        return read(DataLoader(ds, sampler=s, batch_size=args.batch, num_workers=args.workers, collate_fn=list))
+        return read(
+            DataLoader(ds, sampler=s, batch_size=args.batch, num_workers=args.workers, collate_fn=list)
+        )
 
 
 def iterable(args: argparse.Namespace, ds: S5Dataset, budget: int, seed: int, root: str) -> list[int]:
-    with S5IterableDataset(ds, shuffle=True, seed=seed, budget=budget, staging_dir=root, batch_size=args.batch,
-                           num_workers=args.workers) as it:
+    with S5IterableDataset(
+        ds,
+        shuffle=True,
+        seed=seed,
+        budget=budget,
+        staging_dir=root,
+        batch_size=args.batch,
+        num_workers=args.workers,
+    ) as it:
         return read(DataLoader(it, batch_size=args.batch, num_workers=args.workers, collate_fn=list))
 
 
@@ -121,28 +147,58 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=3, help="epochs read by each loader, one seed each")
     p.add_argument("--json", help="write the figures here too")
     args = p.parse_args(argv)
-    for var, value in (("AWS_ACCESS_KEY_ID", "local"), ("AWS_SECRET_ACCESS_KEY", "local"), ("AWS_REGION", "us-east-1")):
+    for var, value in (
+        ("AWS_ACCESS_KEY_ID", "local"),
+        ("AWS_SECRET_ACCESS_KEY", "local"),
+        ("AWS_REGION", "us-east-1"),
+    ):
         os.environ.setdefault(var, value)
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="s5loader-mixing-") as tmp, \
-            SeaweedFS(os.path.join(tmp, "weed"), (BUCKET,)) as weed:
+    with (
+        tempfile.TemporaryDirectory(prefix="s5loader-mixing-") as tmp,
+        SeaweedFS(os.path.join(tmp, "weed"), (BUCKET,)) as weed,
+    ):
         largest = write_shards(weed.endpoint, args.shards, args.per_shard, args.sample_size)
         ds = S5Dataset.from_shards(f"s3://{BUCKET}/{PREFIX}", endpoint_url=weed.endpoint)
         per_sample = ds.total_bytes / len(ds)  # a shard's bytes per sample (its tar headers and end included)
         equal = int(args.workers * args.buffer * per_sample)
         default = StagingOptions().budget
         runs: list[tuple[str, int, Callable[[int], list[int]]]] = [
-            (f"webdataset, shardshuffle + shuffle({args.buffer}) per worker", equal,
-             lambda seed: webdataset(args, weed.endpoint, seed)),
-            ("S5Sampler(shuffle=True), equal memory", equal, lambda seed: sampler(args, ds, equal, seed, tmp)),
-            ("S5IterableDataset(shuffle=True), equal memory", equal, lambda seed: iterable(args, ds, equal, seed, tmp)),
-            ("S5Sampler(shuffle=True), a budget of 4 shards", 4 * largest,
-             lambda seed: sampler(args, ds, 4 * largest, seed, tmp)),
-            ("S5IterableDataset(shuffle=True), a budget of 4 shards", 4 * largest,
-             lambda seed: iterable(args, ds, 4 * largest, seed, tmp)),
-            ("S5Sampler(shuffle=True), default budget", default, lambda seed: sampler(args, ds, default, seed, tmp)),
-            ("S5IterableDataset(shuffle=True), default budget", default,
-             lambda seed: iterable(args, ds, default, seed, tmp)),
+            (
+                f"webdataset, shardshuffle + shuffle({args.buffer}) per worker",
+                equal,
+                lambda seed: webdataset(args, weed.endpoint, seed),
+            ),
+            (
+                "S5Sampler(shuffle=True), equal memory",
+                equal,
+                lambda seed: sampler(args, ds, equal, seed, tmp),
+            ),
+            (
+                "S5IterableDataset(shuffle=True), equal memory",
+                equal,
+                lambda seed: iterable(args, ds, equal, seed, tmp),
+            ),
+            (
+                "S5Sampler(shuffle=True), a budget of 4 shards",
+                4 * largest,
+                lambda seed: sampler(args, ds, 4 * largest, seed, tmp),
+            ),
+            (
+                "S5IterableDataset(shuffle=True), a budget of 4 shards",
+                4 * largest,
+                lambda seed: iterable(args, ds, 4 * largest, seed, tmp),
+            ),
+            (
+                "S5Sampler(shuffle=True), default budget",
+                default,
+                lambda seed: sampler(args, ds, default, seed, tmp),
+            ),
+            (
+                "S5IterableDataset(shuffle=True), default budget",
+                default,
+                lambda seed: iterable(args, ds, default, seed, tmp),
+            ),
         ]
         rows = []
         everything = sorted(s for s in range(args.shards) for _ in range(args.per_shard))
@@ -159,30 +215,49 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:  # reported in the table, as s5loader bench reports a failed method
                 row["error"] = f"{type(exc).__name__}: {exc}"
             rows.append(row)
-            print(f"{name}: {row['per_64']} / {row['first_64']} {row.get('error', '')}", file=sys.stderr, flush=True)
+            print(
+                f"{name}: {row['per_64']} / {row['first_64']} {row.get('error', '')}",
+                file=sys.stderr,
+                flush=True,
+            )
     ref = rows[0]
 
     def mean(xs: list[float]) -> float:
         return sum(xs) / len(xs) if xs else float("nan")
 
-    print(f"\n{args.shards} class-sorted shards x {args.per_shard} samples of {per_sample / 1000:.1f} kB (one class "
-          f"per shard), {args.workers} DataLoader workers, batch {args.batch}, {args.seeds} epoch(s) each; equal "
-          f"memory: {args.workers} x {args.buffer} samples = {equal / 2**20:.2f} MiB\n")
-    print(f"| loader | memory (budget) | distinct classes per {SPAN} | in the first {SPAN} | per {SPAN} vs webdataset |")
+    print(
+        f"\n{args.shards} class-sorted shards x {args.per_shard} samples of {per_sample / 1000:.1f} kB (one class "
+        f"per shard), {args.workers} DataLoader workers, batch {args.batch}, {args.seeds} epoch(s) each; equal "
+        f"memory: {args.workers} x {args.buffer} samples = {equal / 2**20:.2f} MiB\n"
+    )
+    print(
+        f"| loader | memory (budget) | distinct classes per {SPAN} | in the first {SPAN} | per {SPAN} vs webdataset |"
+    )
     print("|---|---:|---:|---:|---:|")
     for r in rows:
         if "error" in r:
             print(f"| {r['loader']} | {r['memory_bytes'] / 2**20:.2f} MiB | failed: {r['error'][:200]} | | |")
             continue
         ratio = mean(r["per_64"]) / mean(ref["per_64"])
-        print(f"| {r['loader']} | {r['memory_bytes'] / 2**20:.2f} MiB | {mean(r['per_64']):.1f} | "
-              f"{mean(r['first_64']):.1f} | {ratio:.2f}x |")
+        print(
+            f"| {r['loader']} | {r['memory_bytes'] / 2**20:.2f} MiB | {mean(r['per_64']):.1f} | "
+            f"{mean(r['first_64']):.1f} | {ratio:.2f}x |"
+        )
     print(f"\n({time.monotonic() - t0:.0f}s)")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"args": vars(args), "shard_bytes": largest, "bytes_per_sample": per_sample,
-                       "equal_memory_bytes": equal, "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                       "rows": rows}, fh, indent=1)
+            json.dump(
+                {
+                    "args": vars(args),
+                    "shard_bytes": largest,
+                    "bytes_per_sample": per_sample,
+                    "equal_memory_bytes": equal,
+                    "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+                    "rows": rows,
+                },
+                fh,
+                indent=1,
+            )
     return 1 if any("error" in r for r in rows) else 0
 
 

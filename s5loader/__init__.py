@@ -55,12 +55,19 @@ if TYPE_CHECKING:
 # ``import s5loader`` and the command line start in a fraction of the time, so the ``s5loader``
 # command takes its signals (and answers ``prefetch --status``) before torch is loaded.
 _LAZY = {
-    "checkpoint": ("checkpoint", None), "dcp": ("dcp", None), "fetch": ("fetch", None),
+    "checkpoint": ("checkpoint", None),
+    "dcp": ("dcp", None),
+    "fetch": ("fetch", None),
     "S5Dataset": ("dataset", "S5Dataset"),
-    "S5IterableDataset": ("iterable", "S5IterableDataset"), "Metrics": ("metrics", "Metrics"),
-    "log_metrics": ("metrics", "log_metrics"), "PackResult": ("packing", "PackResult"), "pack": ("packing", "pack"),
-    "Prefetcher": ("prefetch", "Prefetcher"), "Progress": ("progress", "Progress"),
-    "find_s5cmd": ("s5cmd", "find_s5cmd"), "S5Sampler": ("sampler", "S5Sampler"),
+    "S5IterableDataset": ("iterable", "S5IterableDataset"),
+    "Metrics": ("metrics", "Metrics"),
+    "log_metrics": ("metrics", "log_metrics"),
+    "PackResult": ("packing", "PackResult"),
+    "pack": ("packing", "pack"),
+    "Prefetcher": ("prefetch", "Prefetcher"),
+    "Progress": ("progress", "Progress"),
+    "find_s5cmd": ("s5cmd", "find_s5cmd"),
+    "S5Sampler": ("sampler", "S5Sampler"),
 }
 
 __version__ = "0.1.0"

@@ -113,8 +113,13 @@ def save(
 
     if stream is not False:
         plan = plan_parts(need, part_size=part, concurrency=concurrency)
-        log.info("%s: streaming about %s into the upload (%d MiB parts, %d at once)", uri, format_size(need),
-                 plan.part_mib, plan.concurrency)
+        log.info(
+            "%s: streaming about %s into the upload (%d MiB parts, %d at once)",
+            uri,
+            format_size(need),
+            plan.part_mib,
+            plan.concurrency,
+        )
         writer = MultipartWriter(uri, store, plan)
         try:
             try:
@@ -143,8 +148,9 @@ def save(
         size = os.path.getsize(path)
         log.info("%s: uploading %s staged in %s", uri, format_size(size), root)
         with _transfer.UploadGuard(uri, store) as guard:
-            proc = _transfer.s5cmd_copy(S5cmd(access=store), path, uri, size=size, concurrency=concurrency,
-                                        part_size=part)
+            proc = _transfer.s5cmd_copy(
+                S5cmd(access=store), path, uri, size=size, concurrency=concurrency, part_size=part
+            )
             guard.attach(proc)
             _transfer.run(proc, uri)
     finally:
@@ -223,15 +229,25 @@ def load(
                 f"{format_size(available)} available; pass stream=False to stage it on disk"
             )
         plan = plan_parts(size, part_size=part, concurrency=concurrency)
-        log.info("%s: reading %s into memory (%d MiB parts, %d at once%s)", uri, format_size(size),
-                 plan.part_mib, plan.concurrency, ", mapped" if mapped else "")
+        log.info(
+            "%s: reading %s into memory (%d MiB parts, %d at once%s)",
+            uri,
+            format_size(size),
+            plan.part_mib,
+            plan.concurrency,
+            ", mapped" if mapped else "",
+        )
         if mapped:
             return _load_mapped(uri, store, size, etag, plan, map_location, weights_only, torch_load_kwargs)
         buf = anonymous_buffer(size)
         reader = RangedRead(uri, store, buf, etag=etag, plan=plan).start()
         try:  # torch.load reads each part as soon as it has arrived
-            obj = torch.load(ArrivingFile(reader, buf), map_location=map_location,  # type: ignore[arg-type]
-                             weights_only=weights_only, **in_memory_kwargs)
+            obj = torch.load(
+                ArrivingFile(reader, buf),
+                map_location=map_location,  # type: ignore[arg-type]
+                weights_only=weights_only,
+                **in_memory_kwargs,
+            )
             reader.join()
         except BaseException as exc:
             reader.stop(exc)
@@ -252,8 +268,16 @@ def load(
         area.remove()
 
 
-def _load_mapped(uri: str, store: Access, size: int, etag: str, plan: Any, map_location: Any, weights_only: bool,
-                 kwargs: dict[str, Any]) -> Any:
+def _load_mapped(
+    uri: str,
+    store: Access,
+    size: int,
+    etag: str,
+    plan: Any,
+    map_location: Any,
+    weights_only: bool,
+    kwargs: dict[str, Any],
+) -> Any:
     """``torch.load(mmap=True)`` of the object read into an anonymous in-memory file (a memfd,
     which no other process sees and which needs no cleanup): the tensors are views of its pages,
     nothing is copied, and it is freed with the last of them."""
@@ -268,7 +292,9 @@ def _load_mapped(uri: str, store: Access, size: int, etag: str, plan: Any, map_l
             read_into(uri, store, view, etag=etag, plan=plan)  # on an error, threads still writing keep it
             view.release()
             m.close()
-        return torch.load(f"/proc/self/fd/{fd}", map_location=map_location, weights_only=weights_only, **kwargs)
+        return torch.load(
+            f"/proc/self/fd/{fd}", map_location=map_location, weights_only=weights_only, **kwargs
+        )
     finally:
         os.close(fd)
 
@@ -296,7 +322,12 @@ def _pinned_host_copies(on: bool) -> Iterator[None]:
     except ImportError:  # an older torch: its pageable copies
         settings = None  # type: ignore[assignment]
     cfg = getattr(settings, "save", None)
-    if not on or cfg is None or not hasattr(cfg, "use_pinned_memory_for_d2h") or cfg.use_pinned_memory_for_d2h:
+    if (
+        not on
+        or cfg is None
+        or not hasattr(cfg, "use_pinned_memory_for_d2h")
+        or cfg.use_pinned_memory_for_d2h
+    ):
         yield
         return
     import torch

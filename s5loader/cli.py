@@ -54,13 +54,17 @@ def _index_shards(argv: list[str]) -> int:
         "(default: wids.json in the shards' folder), for S5Dataset.from_shards.",
     )
     p.add_argument(
-        "source", nargs="+",
+        "source",
+        nargs="+",
         help="s3://bucket/prefix/ (every *.tar, *.tar.gz and *.tgz below it), a brace pattern "
         "('s3://b/train/shard-{000000..000999}.tar', quoted) or shard URIs",
     )
     p.add_argument("--output", help="where to write the index (s3 URI or local path)")
-    p.add_argument("--force", action="store_true",
-                   help="replace an index already there (else refused: s5loader pack's has each shard's MD5)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an index already there (else refused: s5loader pack's has each shard's MD5)",
+    )
     p.add_argument("--jobs", type=int, default=8, help="shards read at once (default 8)")
     Access.add_arguments(p)
     args = p.parse_args(argv)
@@ -68,7 +72,11 @@ def _index_shards(argv: list[str]) -> int:
     # a bar on a terminal, a line every few seconds otherwise (stderr)
     with Progress("indexing shards", unit="shards") as bar:
         where, shards = build_index(
-            source, Access.from_args(args), args.output, lambda done, total, _bytes: bar.set(done, total), args.jobs,
+            source,
+            Access.from_args(args),
+            args.output,
+            lambda done, total, _bytes: bar.set(done, total),
+            args.jobs,
             overwrite=args.force,
         )
     print(f"{len(shards)} shards, {sum(s.nsamples for s in shards)} samples: wrote {where}")
@@ -81,7 +89,10 @@ COMMANDS = {
     "prefetch": ("keep a bounded local cache filled for any consumer", "s5loader.daemon.cli:main"),
     "bench": ("measure loading methods on your bucket", "s5loader_bench.cli:main"),
     "fetch": ("download big objects or a split archive through a small disk", "s5loader.fetch:main"),
-    "pack": ("pack objects or a split archive into WebDataset tar shards with an index", "s5loader.packing:main"),
+    "pack": (
+        "pack objects or a split archive into WebDataset tar shards with an index",
+        "s5loader.packing:main",
+    ),
 }
 BENCH_INSTALL = "pip install 's5loader[bench]'"
 # Commands that end with exit code 0 on SIGTERM and SIGINT from their very start, while their
@@ -107,8 +118,11 @@ def _load(command: str) -> Any:
         if command != "bench":
             raise
         missing = exc.name or str(exc)
-        what = ("the benchmark package s5loader_bench is not installed" if missing.startswith("s5loader_bench")
-                else f"the benchmark needs {missing}, which is not installed")
+        what = (
+            "the benchmark package s5loader_bench is not installed"
+            if missing.startswith("s5loader_bench")
+            else f"the benchmark needs {missing}, which is not installed"
+        )
         print(f"s5loader bench: error: {what}: {BENCH_INSTALL}", file=sys.stderr)
         return None
 

@@ -160,7 +160,9 @@ class Access:
 
     def region_name(self) -> str:
         """The region in effect: the option, ``AWS_REGION``, ``AWS_DEFAULT_REGION``, ``us-east-1``."""
-        return self.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+        return (
+            self.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+        )
 
     def warn_insecure(self) -> None:
         """Log, once per endpoint and process, that TLS verification is off."""
@@ -216,10 +218,14 @@ class Access:
                 endpoint_url=self.endpoint(),
                 region_name=self.region_name(),
                 verify=False if not self.verify_ssl else None,
-                config=Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=64, **extra),
+                config=Config(
+                    retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=64, **extra
+                ),
             )
         except botocore.exceptions.ProfileNotFound as exc:
-            raise ConfigError(f"profile {self.profile!r} is not in the AWS config or credentials files: {exc}") from exc
+            raise ConfigError(
+                f"profile {self.profile!r} is not in the AWS config or credentials files: {exc}"
+            ) from exc
         if self.requester_pays:
             # On every request, those of download_file's transfer manager included.
             client.meta.events.register("before-sign.s3", _request_payer)
@@ -256,15 +262,37 @@ class Access:
         """Add the access flags (``--endpoint-url``, ``--no-sign-request``, ``--profile``, ...),
         named as s5cmd names them, to a command's parser."""
         g = parser.add_argument_group("access to the store")
-        g.add_argument("--endpoint-url", help="the S3 endpoint (default: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL or S3_ENDPOINT_URL, else AWS)")
-        g.add_argument("--no-sign-request", action="store_true", help="unsigned requests, no credentials (public buckets)")
-        g.add_argument("--profile", help="a named profile of the shared credentials file (default: AWS_PROFILE)")
+        g.add_argument(
+            "--endpoint-url",
+            help="the S3 endpoint (default: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL or S3_ENDPOINT_URL, else AWS)",
+        )
+        g.add_argument(
+            "--no-sign-request",
+            action="store_true",
+            help="unsigned requests, no credentials (public buckets)",
+        )
+        g.add_argument(
+            "--profile", help="a named profile of the shared credentials file (default: AWS_PROFILE)"
+        )
         g.add_argument("--credentials-file", help="a credentials file instead of ~/.aws/credentials")
         g.add_argument("--region", help="the region (default: AWS_REGION, AWS_DEFAULT_REGION, us-east-1)")
-        g.add_argument("--request-payer", choices=["requester"], help="the requester pays (requester-pays buckets)")
-        g.add_argument("--no-verify-ssl", action="store_true", help="do not verify the TLS certificate (self-signed stores; warns)")
-        g.add_argument("--use-list-objects-v1", action="store_true", help="list with ListObjects v1 (old stores)")
-        g.add_argument("--addressing-style", choices=list(ADDRESSING_STYLES), default="auto", help="path or virtual-host bucket addressing")
+        g.add_argument(
+            "--request-payer", choices=["requester"], help="the requester pays (requester-pays buckets)"
+        )
+        g.add_argument(
+            "--no-verify-ssl",
+            action="store_true",
+            help="do not verify the TLS certificate (self-signed stores; warns)",
+        )
+        g.add_argument(
+            "--use-list-objects-v1", action="store_true", help="list with ListObjects v1 (old stores)"
+        )
+        g.add_argument(
+            "--addressing-style",
+            choices=list(ADDRESSING_STYLES),
+            default="auto",
+            help="path or virtual-host bucket addressing",
+        )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Access:
@@ -285,13 +313,22 @@ class Access:
         """The flags :meth:`add_arguments` added that give these settings (the inverse of
         :meth:`from_args`), for running ``s5loader`` commands from Python."""
         argv = ["--endpoint-url", self.endpoint_url] if self.endpoint_url else []
-        for flag, value in (("--profile", self.profile), ("--credentials-file", self.credentials_file),
-                            ("--region", self.region)):
+        for flag, value in (
+            ("--profile", self.profile),
+            ("--credentials-file", self.credentials_file),
+            ("--region", self.region),
+        ):
             if value:
                 argv += [flag, value]
-        argv += [flag for flag, on in (
-            ("--no-sign-request", self.anonymous), ("--no-verify-ssl", not self.verify_ssl),
-            ("--use-list-objects-v1", self.list_objects_v1)) if on]
+        argv += [
+            flag
+            for flag, on in (
+                ("--no-sign-request", self.anonymous),
+                ("--no-verify-ssl", not self.verify_ssl),
+                ("--use-list-objects-v1", self.list_objects_v1),
+            )
+            if on
+        ]
         if self.requester_pays:
             argv += ["--request-payer", "requester"]
         if self.addressing_style != "auto":
@@ -365,19 +402,29 @@ class StagingOptions:
                 option (naming the closest one), or a value is invalid.
         """
         if options is not None and not isinstance(options, StagingOptions):
-            raise ConfigError(f"{who}: options must be an s5loader.StagingOptions, got {type(options).__name__}")
+            raise ConfigError(
+                f"{who}: options must be an s5loader.StagingOptions, got {type(options).__name__}"
+            )
         names = [f.name for f in fields(cls)]
         for name in overrides:
             if name not in names:
                 close = difflib.get_close_matches(name, names, 1)
-                hint = f"; did you mean {close[0]}?" if close else f"; the staging options are {', '.join(names)}"
+                hint = (
+                    f"; did you mean {close[0]}?"
+                    if close
+                    else f"; the staging options are {', '.join(names)}"
+                )
                 raise ConfigError(f"{who} got an unknown option {name}={overrides[name]!r}{hint}")
         base = options if options is not None else cls()
         return replace(base, **overrides) if overrides else base
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "budget", parse_size(self.budget, "budget"))
-        object.__setattr__(self, "epoch_cache", 0 if self.epoch_cache in (0, None) else parse_size(self.epoch_cache, "epoch_cache"))
+        object.__setattr__(
+            self,
+            "epoch_cache",
+            0 if self.epoch_cache in (0, None) else parse_size(self.epoch_cache, "epoch_cache"),
+        )
         if self.epoch_cache and self.keep_staged:
             raise ConfigError(
                 "keep_staged=True keeps every staged sample already; epoch_cache is for a data set "
@@ -390,9 +437,19 @@ class StagingOptions:
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if not isinstance(self.retries, int) or isinstance(self.retries, bool) or self.retries < 0:
             raise ConfigError(f"retries must be an int >= 0, got {self.retries!r}")
-        if isinstance(self.stall_timeout, bool) or not isinstance(self.stall_timeout, (int, float)) or not self.stall_timeout > 0:
-            raise ConfigError(f"stall_timeout must be a positive number of seconds, got {self.stall_timeout!r}")
-        if isinstance(self.retry_backoff, bool) or not isinstance(self.retry_backoff, (int, float)) or self.retry_backoff < 0:
+        if (
+            isinstance(self.stall_timeout, bool)
+            or not isinstance(self.stall_timeout, (int, float))
+            or not self.stall_timeout > 0
+        ):
+            raise ConfigError(
+                f"stall_timeout must be a positive number of seconds, got {self.stall_timeout!r}"
+            )
+        if (
+            isinstance(self.retry_backoff, bool)
+            or not isinstance(self.retry_backoff, (int, float))
+            or self.retry_backoff < 0
+        ):
             raise ConfigError(f"retry_backoff must be a number of seconds >= 0, got {self.retry_backoff!r}")
         if self.on_error not in ON_ERROR:
             raise ConfigError(f"on_error must be one of {', '.join(ON_ERROR)}; got {self.on_error!r}")

@@ -46,7 +46,14 @@ from .handover import (
 )
 
 __all__ = [
-    "END_MARKER", "EPOCH_FILE", "ERROR_MARKER", "KEY_FILE", "SEQ_WIDTH", "ReadySample", "consume", "parse_seq",
+    "END_MARKER",
+    "EPOCH_FILE",
+    "ERROR_MARKER",
+    "KEY_FILE",
+    "SEQ_WIDTH",
+    "ReadySample",
+    "consume",
+    "parse_seq",
     "ready_names",
 ]
 
@@ -262,7 +269,8 @@ def consume(
             if timeout is not None and time.monotonic() - since > timeout:
                 why = (
                     "only the end marker of a finished run, whose samples were all consumed, is there"
-                    if stale is not None and end == stale else "the end marker is not there"
+                    if stale is not None and end == stale
+                    else "the end marker is not there"
                 )
                 raise StallError(
                     f"no sample arrived in {cache} for {timeout:g}s and {why}; "

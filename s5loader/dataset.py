@@ -284,4 +284,3 @@ class S5Dataset(Dataset[Any]):
 
     def __repr__(self) -> str:
         return f"S5Dataset({self.source!r}, {self._reader.describe()})"
-

@@ -93,8 +93,13 @@ class _Settings:
     _staged: _Staged
 
     def _setup(
-        self, uri: str, endpoint_url: str | None, staging_dir: str | None, concurrency: int,
-        part_size: int | str | None, access: Access | None,
+        self,
+        uri: str,
+        endpoint_url: str | None,
+        staging_dir: str | None,
+        concurrency: int,
+        part_size: int | str | None,
+        access: Access | None,
     ) -> None:
         self.uri = _prefix(uri)
         self.access = Access.coerce(access, endpoint_url)
@@ -297,7 +302,9 @@ class S5StorageReader(_Settings, FileSystemReader):
         self.path = Path(self._staged.path(size, uri, "the checkpoint's metadata"))
         local = os.path.join(self.path, METADATA)
         try:
-            _transfer.download(self._s5(), uri, local, size=size, concurrency=self.concurrency, part_size=self.part_size)
+            _transfer.download(
+                self._s5(), uri, local, size=size, concurrency=self.concurrency, part_size=self.part_size
+            )
             return super().read_metadata(*args, **kwargs)
         finally:
             _unlink(local)
@@ -324,9 +331,12 @@ class S5StorageReader(_Settings, FileSystemReader):
                     used += size[n]
                 if used > room:
                     raise _transfer.space_error(
-                        self.uri + batch[0], used, f"{format_size(room)} free in {self.path}", "reading this file"
+                        self.uri + batch[0],
+                        used,
+                        f"{format_size(room)} free in {self.path}",
+                        "reading this file",
                     )
-                names = names[len(batch):]
+                names = names[len(batch) :]
                 self._download(batch, size)
                 items = [i for n in batch for i in per_file[n]]
                 try:
@@ -343,8 +353,12 @@ class S5StorageReader(_Settings, FileSystemReader):
     def _download(self, names: Sequence[str], size: dict[str, int]) -> None:
         def one(name: str) -> None:
             _transfer.download(
-                self._s5(), self.uri + name, os.path.join(self.path, name),
-                size=size[name], concurrency=self.concurrency, part_size=self.part_size,
+                self._s5(),
+                self.uri + name,
+                os.path.join(self.path, name),
+                size=size[name],
+                concurrency=self.concurrency,
+                part_size=self.part_size,
             )
 
         _transfer.side_by_side(one, names)

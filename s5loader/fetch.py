@@ -147,8 +147,16 @@ def fetch(
 
 
 def _fetch_plain(
-    objects: list[ObjectInfo], names: dict[str, str], checkers: dict[str, _verify.Checker | None], s5: S5cmd,
-    work: FetchWork, concurrency: int, part: int, progress: ProgressFn | None, single_file: bool, dest: str,
+    objects: list[ObjectInfo],
+    names: dict[str, str],
+    checkers: dict[str, _verify.Checker | None],
+    s5: S5cmd,
+    work: FetchWork,
+    concurrency: int,
+    part: int,
+    progress: ProgressFn | None,
+    single_file: bool,
+    dest: str,
 ) -> None:
     files = os.path.join(work.path, "files")
     stop = poll_progress(progress, lambda: tree_bytes(files), sum(o.size for o in objects))
@@ -156,8 +164,11 @@ def _fetch_plain(
         for o in objects:
             path = os.path.join(files, names[o.uri])
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            proc = work.start(lambda o=o, path=path: _transfer.s5cmd_copy(  # type: ignore[misc]
-                s5, o.uri, path, size=o.size, concurrency=concurrency, part_size=part))
+            proc = work.start(
+                lambda o=o, path=path: _transfer.s5cmd_copy(  # type: ignore[misc]
+                    s5, o.uri, path, size=o.size, concurrency=concurrency, part_size=part
+                )
+            )
             _transfer.run(proc, o.uri)
             checker = checkers[o.uri]
             if checker is not None:
@@ -171,8 +182,15 @@ def _fetch_plain(
 
 
 def _fetch_extract(
-    objects: list[ObjectInfo], checkers: dict[str, _verify.Checker | None], s5: S5cmd, work: FetchWork,
-    budget: int, concurrency: int, part: int, result: FetchResult, progress: ProgressFn | None,
+    objects: list[ObjectInfo],
+    checkers: dict[str, _verify.Checker | None],
+    s5: S5cmd,
+    work: FetchWork,
+    budget: int,
+    concurrency: int,
+    part: int,
+    result: FetchResult,
+    progress: ProgressFn | None,
 ) -> None:
     out = os.path.join(work.path, "tree")
     os.makedirs(out)
@@ -183,7 +201,11 @@ def _fetch_extract(
         volumes.finish()
     except BaseException as exc:
         work.kill()  # the downloader thread must not go on
-        if isinstance(exc, OSError) and not isinstance(exc, S5LoaderError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if (
+            isinstance(exc, OSError)
+            and not isinstance(exc, S5LoaderError)
+            and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        ):
             raise StagingSpaceError(f"{objects[0].uri}: the disk of {work.path} filled up") from exc
         raise
     finally:
@@ -201,22 +223,48 @@ def main(argv: list[str]) -> int:
         description="Download objects (one, several, a prefix, the volumes of a split archive) with "
         "parallel ranged requests; optionally verify them and extract them as one tar archive.",
     )
-    p.add_argument("sources", nargs="+", metavar="SOURCE", help="s3://bucket/key, s3://bucket/prefix/, or a key prefix")
+    p.add_argument(
+        "sources", nargs="+", metavar="SOURCE", help="s3://bucket/key, s3://bucket/prefix/, or a key prefix"
+    )
     p.add_argument("dest", metavar="DEST", help="destination directory (or file, for one object)")
     p.add_argument("--verify", action="store_true", help="check each object against KEY.md5, else its ETag")
-    p.add_argument("--extract", action="store_true", help="join the objects in order and extract the tar archive")
-    p.add_argument("--budget", type=size_arg, default=None, help="with --extract: most bytes of volumes on disk at once (default 1GiB)")
+    p.add_argument(
+        "--extract", action="store_true", help="join the objects in order and extract the tar archive"
+    )
+    p.add_argument(
+        "--budget",
+        type=size_arg,
+        default=None,
+        help="with --extract: most bytes of volumes on disk at once (default 1GiB)",
+    )
     Access.add_arguments(p)
-    p.add_argument("--concurrency", type=positive_int, default=DEFAULT_CONCURRENCY,
-                   help=f"parallel parts per object (default {DEFAULT_CONCURRENCY})")
-    p.add_argument("--part-size", type=size_arg, default=None,
-                   help="bytes per part (default: per object, about 64 parts of 5 to 64 MiB)")
+    p.add_argument(
+        "--concurrency",
+        type=positive_int,
+        default=DEFAULT_CONCURRENCY,
+        help=f"parallel parts per object (default {DEFAULT_CONCURRENCY})",
+    )
+    p.add_argument(
+        "--part-size",
+        type=size_arg,
+        default=None,
+        help="bytes per part (default: per object, about 64 parts of 5 to 64 MiB)",
+    )
     args = p.parse_args(argv)
     logging.getLogger("botocore").setLevel(logging.WARNING)
-    bar = Progress(f"fetching into {args.dest}", unit="bytes", final_line=False)  # main() prints the last line
+    bar = Progress(
+        f"fetching into {args.dest}", unit="bytes", final_line=False
+    )  # main() prints the last line
     result = fetch(
-        args.sources, args.dest, verify=args.verify, extract=args.extract, budget=args.budget,
-        access=Access.from_args(args), concurrency=args.concurrency, part_size=args.part_size, progress=bar,
+        args.sources,
+        args.dest,
+        verify=args.verify,
+        extract=args.extract,
+        budget=args.budget,
+        access=Access.from_args(args),
+        concurrency=args.concurrency,
+        part_size=args.part_size,
+        progress=bar,
     )
     bar.close()
     rate = result.bytes / result.seconds / 1e6 if result.seconds else 0.0

@@ -163,7 +163,9 @@ class DaemonStatus:
         if self.state == "running":
             return f"{who} runs on {self.cache}" + (f": {progress}" if progress else "")
         if self.state == "done":
-            return f"{who} delivered every sample into {self.cache} and ended" + (f" ({progress})" if progress else "")
+            return f"{who} delivered every sample into {self.cache} and ended" + (
+                f" ({progress})" if progress else ""
+            )
         if self.state == "failed":
             return f"{who} on the cache {self.cache} failed: {self.error}"
         if self.state == "gone":

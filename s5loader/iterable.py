@@ -115,8 +115,14 @@ class S5IterableDataset(IterableDataset[Any]):
     ) -> None:
         require_linux("S5IterableDataset")
         self._options, root, self._cache = check_options(
-            dataset, StagingOptions.merge(options, staging, "S5IterableDataset"), shuffle, seed, shuffle_buffer,
-            drop_last, num_replicas, rank,
+            dataset,
+            StagingOptions.merge(options, staging, "S5IterableDataset"),
+            shuffle,
+            seed,
+            shuffle_buffer,
+            drop_last,
+            num_replicas,
+            rank,
         )
         self._num_workers = check_count("num_workers", num_workers, 0)
         self._chunk = check_count("batch_size", batch_size, 1) or 1
@@ -141,7 +147,9 @@ class S5IterableDataset(IterableDataset[Any]):
         self._area.create()
         self._finalizer: Any = weakref.finalize(self, StagingArea.remove, self._area)
         # the rank's staging run, in the process that hosts it
-        self._hosting = Hosting(dataset, replace(self._options, staging_dir=self._area.path), self.shuffle, self._cache)
+        self._hosting = Hosting(
+            dataset, replace(self._options, staging_dir=self._area.path), self.shuffle, self._cache
+        )
 
     # -- constructors -------------------------------------------------------------------
     @classmethod
@@ -162,7 +170,12 @@ class S5IterableDataset(IterableDataset[Any]):
         ``shuffle_buffer``, ``budget``, ``staging_dir``, ...).
         """
         ds = S5Dataset.from_prefix(
-            prefix, endpoint_url=endpoint_url, access=access, group_by=group_by, transform=transform, label=label
+            prefix,
+            endpoint_url=endpoint_url,
+            access=access,
+            group_by=group_by,
+            transform=transform,
+            label=label,
         )
         return cls(ds, **options)
 
@@ -204,8 +217,15 @@ class S5IterableDataset(IterableDataset[Any]):
         if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise ConfigError(f"epoch must be an int >= 0, got {epoch!r}")
         # each epoch draws its buffer anew: over tar shards, check what it keeps staged
-        check_buffer(self.dataset, self._order(), self.shuffle_buffer, epoch, self._options,
-                     self._cache is not None, self._area.path)
+        check_buffer(
+            self.dataset,
+            self._order(),
+            self.shuffle_buffer,
+            epoch,
+            self._options,
+            self._cache is not None,
+            self._area.path,
+        )
         self.epoch = epoch
         self._epoch_set = True
 
@@ -237,7 +257,14 @@ class S5IterableDataset(IterableDataset[Any]):
             )
         loaded, self._loaded = self._loaded, None
         return start_pass(
-            loaded, Order(self.shuffle, self.seed, world, rank, self.drop_last), self.shuffle_buffer, self.epoch, len(self.dataset), worker, nw, self._chunk,
+            loaded,
+            Order(self.shuffle, self.seed, world, rank, self.drop_last),
+            self.shuffle_buffer,
+            self.epoch,
+            len(self.dataset),
+            worker,
+            nw,
+            self._chunk,
             self.dataset.source or "the data set",
         )
 
@@ -277,7 +304,9 @@ class S5IterableDataset(IterableDataset[Any]):
         if here is not None:
             return here
         rank, _ = rank_info(self._num_replicas, self._rank)
-        return read_board(self._area.path, rank) or Metrics(epoch=self.epoch, samples=len(self), budget=self.budget)
+        return read_board(self._area.path, rank) or Metrics(
+            epoch=self.epoch, samples=len(self), budget=self.budget
+        )
 
     # -- resume (torchdata's Stateful protocol) ------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -15,7 +15,9 @@ class _HasMetrics(Protocol):
     def metrics(self) -> Metrics: ...
 
 
-def log_metrics(writer: Any, sampler: _HasMetrics, step: int, *, every: int = 1, prefix: str = "s5loader/") -> bool:
+def log_metrics(
+    writer: Any, sampler: _HasMetrics, step: int, *, every: int = 1, prefix: str = "s5loader/"
+) -> bool:
     """Write the sampler's metrics as scalars, one tag per field (``s5loader/mb_s``, ...).
 
     Made for ``torch.utils.tensorboard.SummaryWriter``; any object with

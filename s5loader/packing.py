@@ -175,16 +175,27 @@ def pack(
                 f"of at least {format_size(2 * int(options.shard_size))} or a smaller shard size"
             )
         volumes, checkers = volumes_of([source], s5, verify)
-        doc = {"version": _plan.VERSION, "fingerprint": archive_fingerprint(volumes, checkers, options.content()),
-               "source": source, "options": options.content(), "shards": None}
+        doc = {
+            "version": _plan.VERSION,
+            "fingerprint": archive_fingerprint(volumes, checkers, options.content()),
+            "source": source,
+            "options": options.content(),
+            "shards": None,
+        }
         if (finished := state.claim(doc, r, index_timeout)) is not None:
             return _finished(result, finished, dest, r, t0)
         total = 0
         with open_work(root) as work:
             packer = Packer(s5, store, state, work, missing, options.workers, shard_done)
             nshards, result.peak_staged = pack_archive(
-                volumes, checkers, packer, int(options.shard_size), int(options.budget), state.done(),
-                min(16, options.workers))
+                volumes,
+                checkers,
+                packer,
+                int(options.shard_size),
+                int(options.budget),
+                state.done(),
+                min(16, options.workers),
+            )
         result.shards = nshards
     else:
         planned, base, blocks = _samples(source, dest, options, store)
@@ -192,8 +203,13 @@ def pack(
         sizes = [planned[i].tar_bytes for i in order]
         cuts = _plan.cut(sizes, int(options.shard_size))
         _plan.check_budget(planned, order, cuts, int(options.budget), dest)
-        doc = {"version": _plan.VERSION, "fingerprint": _plan.fingerprint([planned[i] for i in order], options),
-               "source": source, "options": options.content(), "shards": len(cuts)}
+        doc = {
+            "version": _plan.VERSION,
+            "fingerprint": _plan.fingerprint([planned[i] for i in order], options),
+            "source": source,
+            "options": options.content(),
+            "shards": len(cuts),
+        }
         if (finished := state.claim(doc, r, index_timeout)) is not None:
             return _finished(result, finished, dest, r, t0)
         done = state.done()
@@ -204,11 +220,20 @@ def pack(
                 samples = [planned[n] for n in numbers]
                 jobs.append((i, numbers, samples, _plan.disk_bytes(samples)))
         total = sum(len(s) for _, _, s, _ in jobs)
-        log.info("packing %s into %s: %d samples, %d shards (%d done before; this rank packs %d)",
-                 source, dest, len(planned), len(cuts), len(done), len(jobs))
+        log.info(
+            "packing %s into %s: %d samples, %d shards (%d done before; this rank packs %d)",
+            source,
+            dest,
+            len(planned),
+            len(cuts),
+            len(done),
+            len(jobs),
+        )
         gate = Gate(int(options.budget))
         with open_work(root, min(int(options.budget), sum(j[3] for j in jobs))) as work:
-            packer = Packer(s5, store, state, work, missing, max(4, options.workers // parallel), shard_done, blocks)
+            packer = Packer(
+                s5, store, state, work, missing, max(4, options.workers // parallel), shard_done, blocks
+            )
             entries = run_shards(packer, jobs, gate, parallel)
         result.peak_staged = gate.peak
         result.skipped = [k for e in entries for k in e.get("skipped", [])]
@@ -218,7 +243,9 @@ def pack(
         entries = state.entries(nshards)
         result.samples = sum(int(e["nsamples"]) for e in entries)
         result.skipped = [k for e in entries for k in e.get("skipped", [])]
-        if not from_archive and result.samples + len(result.skipped) != len(planned):  # checked before it is indexed
+        if not from_archive and result.samples + len(result.skipped) != len(
+            planned
+        ):  # checked before it is indexed
             raise ShardIndexError(
                 f"{dest}: the shards' markers count {result.samples} samples and {len(result.skipped)} left out; "
                 f"the plan has {len(planned)}; no index written"
@@ -268,16 +295,28 @@ def main(argv: list[str]) -> int:
         "s3 prefix, with the wids.json index that S5Dataset.from_shards reads. Run it again with the same "
         "arguments to finish an interrupted pack.",
     )
-    p.add_argument("source", help="s3://bucket/prefix/, a manifest (.jsonl), or with --from-archive an archive's volumes")
-    p.add_argument("dest", help="s3://bucket/prefix/ for the shards (empty, or an unfinished pack of the same source)")
-    p.add_argument("--shard-size", type=size_arg, default="100MB", help="cut shards at this size (default 100MB)")
+    p.add_argument(
+        "source", help="s3://bucket/prefix/, a manifest (.jsonl), or with --from-archive an archive's volumes"
+    )
+    p.add_argument(
+        "dest", help="s3://bucket/prefix/ for the shards (empty, or an unfinished pack of the same source)"
+    )
+    p.add_argument(
+        "--shard-size", type=size_arg, default="100MB", help="cut shards at this size (default 100MB)"
+    )
     p.add_argument("--group-by", default="stem", choices=["stem", "folder", "object"])
-    p.add_argument("--label", choices=["folder"], help="folder: a 'cls' member with each sample's class index")
+    p.add_argument(
+        "--label", choices=["folder"], help="folder: a 'cls' member with each sample's class index"
+    )
     p.add_argument("--shuffle", action="store_true", help="shuffle samples across and within shards")
     p.add_argument("--seed", type=int, default=0, help="the shuffle's seed (default 0)")
-    p.add_argument("--budget", type=size_arg, default="1GiB",
-                   help="most local disk at once, a limit: the shards under way, each its tar and its largest "
-                   "object once more; a sample or shard that cannot fit is refused at the start (default 1GiB)")
+    p.add_argument(
+        "--budget",
+        type=size_arg,
+        default="1GiB",
+        help="most local disk at once, a limit: the shards under way, each its tar and its largest "
+        "object once more; a sample or shard that cannot fit is refused at the start (default 1GiB)",
+    )
     p.add_argument("--workers", type=positive_int, default=64, help="parallel requests (default 64)")
     p.add_argument("--from-archive", action="store_true", help="SOURCE is a (split) tar archive, streamed")
     p.add_argument("--no-verify", action="store_true", help="with --from-archive: do not check volumes")
@@ -289,17 +328,30 @@ def main(argv: list[str]) -> int:
     bar = Progress(f"packing into {args.dest}", unit="samples", final_line=False)
     try:
         result = pack(
-            args.source, args.dest, shard_size=args.shard_size, group_by=args.group_by, label=args.label,
-            shuffle=args.shuffle, seed=args.seed, budget=args.budget, workers=args.workers,
-            from_archive=args.from_archive, verify=not args.no_verify,
-            missing="skip" if args.skip_missing else "raise", staging_dir=args.staging_dir,
-            index_timeout=args.index_timeout, access=Access.from_args(args), progress=bar,
+            args.source,
+            args.dest,
+            shard_size=args.shard_size,
+            group_by=args.group_by,
+            label=args.label,
+            shuffle=args.shuffle,
+            seed=args.seed,
+            budget=args.budget,
+            workers=args.workers,
+            from_archive=args.from_archive,
+            verify=not args.no_verify,
+            missing="skip" if args.skip_missing else "raise",
+            staging_dir=args.staging_dir,
+            index_timeout=args.index_timeout,
+            access=Access.from_args(args),
+            progress=bar,
         )
     finally:
         bar.close()
-    line = (f"packed {result.packed} of {result.shards} shards ({format_size(result.bytes)}) in "
-            f"{result.seconds:.1f} s; peak local disk {format_size(result.peak_staged)} of a "
-            f"{format_size(result.budget)} budget")
+    line = (
+        f"packed {result.packed} of {result.shards} shards ({format_size(result.bytes)}) in "
+        f"{result.seconds:.1f} s; peak local disk {format_size(result.peak_staged)} of a "
+        f"{format_size(result.budget)} budget"
+    )
     if result.index:
         line += f"; {result.samples} samples indexed in {result.index}"
     if result.skipped:

@@ -27,6 +27,7 @@ from .exceptions import ConfigError, DaemonError
 
 log = logging.getLogger(__name__)
 
+
 def _stop_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
     # SIGTERM, not SIGKILL: the daemon then stops cleanly (kills s5cmd, removes partial files).
     die_with_parent(signal.SIGTERM)
@@ -83,14 +84,27 @@ class Prefetcher:
         **staging: Any,
     ) -> None:
         if not start_timeout > 0 or not stop_timeout > 0:
-            raise ConfigError(f"start_timeout and stop_timeout must be positive, got {start_timeout!r}, {stop_timeout!r}")
+            raise ConfigError(
+                f"start_timeout and stop_timeout must be positive, got {start_timeout!r}, {stop_timeout!r}"
+            )
         self.source = source
         self.cache = os.path.abspath(os.fspath(cache))
         self.options = StagingOptions.merge(options, staging, "Prefetcher")
         self.budget = self.options.budget
         check_shuffle(shuffle)
-        argv = [source, "--cache", self.cache, "--group-by", group_by, "--seed", str(int(seed)),
-                "--epochs", str(int(epochs)), "--no-progress", *staging_to_args(self.options)]
+        argv = [
+            source,
+            "--cache",
+            self.cache,
+            "--group-by",
+            group_by,
+            "--seed",
+            str(int(seed)),
+            "--epochs",
+            str(int(epochs)),
+            "--no-progress",
+            *staging_to_args(self.options),
+        ]
         argv += Access.coerce(access, endpoint_url).to_args()
         argv += ["--shuffle", "block"] if shuffle == "block" else ["--shuffle"] if shuffle else []
         argv += ["--fresh"] if fresh else []
@@ -121,12 +135,17 @@ class Prefetcher:
         main_thread = threading.current_thread() is threading.main_thread()
         with open(self._log_path, "wb") as err:
             self.proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
                 # The daemon stops when the thread that started it dies: only the main thread
                 # lives as long as this process.
                 preexec_fn=_stop_with_parent if main_thread else None,  # noqa: PLW1509
             )
-        log.info("started the prefetch daemon (pid %d) for %s into %s", self.proc.pid, self.source, self.cache)
+        log.info(
+            "started the prefetch daemon (pid %d) for %s into %s", self.proc.pid, self.source, self.cache
+        )
         deadline = time.monotonic() + self.start_timeout
         try:
             while not self._started(events):
@@ -196,7 +215,9 @@ class Prefetcher:
         if rc is None:
             return False
         if rc != 0:
-            raise DaemonError(f"the prefetch daemon for {self.source} failed with exit code {rc}: {self._log_tail()}")
+            raise DaemonError(
+                f"the prefetch daemon for {self.source} failed with exit code {rc}: {self._log_tail()}"
+            )
         return True
 
     def wait(self, timeout: float | None = None) -> int:
@@ -230,7 +251,11 @@ class Prefetcher:
             try:
                 proc.wait(self.stop_timeout)
             except subprocess.TimeoutExpired:
-                log.warning("the prefetch daemon (pid %d) did not stop within %gs; killing it", proc.pid, self.stop_timeout)
+                log.warning(
+                    "the prefetch daemon (pid %d) did not stop within %gs; killing it",
+                    proc.pid,
+                    self.stop_timeout,
+                )
                 proc.kill()
                 proc.wait()
         workdir, self._workdir = self._workdir, None

@@ -114,20 +114,33 @@ class S5Sampler(Sampler[int]):
         if not isinstance(dataset, S5Dataset):
             raise ConfigError(f"S5Sampler needs an S5Dataset, got {type(dataset).__name__}")
         options = staging_options(
-            options, staging, "S5Sampler",
-            buffers=("calls_in_flight", buffers), numworkers=("s5cmd_workers", numworkers),
+            options,
+            staging,
+            "S5Sampler",
+            buffers=("calls_in_flight", buffers),
+            numworkers=("s5cmd_workers", numworkers),
         )
         self.dataset = dataset
         self._order, self._window, options, root = configure(
-            dataset, options, shuffle=shuffle, seed=seed, num_replicas=num_replicas, rank=rank,
-            drop_last=drop_last, batch_size=batch_size,
+            dataset,
+            options,
+            shuffle=shuffle,
+            seed=seed,
+            num_replicas=num_replicas,
+            rank=rank,
+            drop_last=drop_last,
+            batch_size=batch_size,
         )
         self._cost: Freeing | None = None
         cache = open_cache_run(dataset, self._order, self._window, options, root, self._local_orders)
         # over tar shards that do not fit: the budget used as a shuffle buffer (see Order.shard_order)
         self._can_free = can_free(dataset, cache is not None, root, options.keep_staged)
-        self._cost = freeing_cost(dataset, self._order.shuffle, cache is not None, options.budget, root, options.keep_staged)
-        self._run = StagingRun(dataset, options, root, options.keep_staged, cache, frees=self._cost is not None)
+        self._cost = freeing_cost(
+            dataset, self._order.shuffle, cache is not None, options.budget, root, options.keep_staged
+        )
+        self._run = StagingRun(
+            dataset, options, root, options.keep_staged, cache, frees=self._cost is not None
+        )
         self._warned = False
         self.keep_staged = options.keep_staged
         self.epoch = 0
@@ -289,7 +302,9 @@ class S5Sampler(Sampler[int]):
         :meth:`set_epoch` names.
         """
         room = (self._cost.room or 0) if self._cost is not None else 0
-        return make_state(self._order, self.epoch, len(self.dataset), self._pos, self._window, self._run.units.name, room)
+        return make_state(
+            self._order, self.epoch, len(self.dataset), self._pos, self._window, self._run.units.name, room
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict`, staging only what is left.

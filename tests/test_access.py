@@ -76,7 +76,13 @@ def private_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
 def _put(store: Store, objects: dict[str, bytes]) -> dict[str, bytes]:
     import boto3
 
-    c = boto3.client("s3", endpoint_url=store.endpoint, region_name="us-east-1", aws_access_key_id=KEY, aws_secret_access_key=SECRET)
+    c = boto3.client(
+        "s3",
+        endpoint_url=store.endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=KEY,
+        aws_secret_access_key=SECRET,
+    )
     for k, v in objects.items():
         c.put_object(Bucket=store.bucket, Key=store.prefix + k, Body=v)
     return {store.prefix + k: v for k, v in objects.items()}
@@ -107,10 +113,16 @@ def test_profile_and_credentials_file_reach_both_clients(
     creds = _credentials(tmp_path)
     # The file's default profile holds keys the store refuses; the profile "train" its own.
     with pytest.raises(AccessDeniedError, match=re.escape(private_store.uri())):
-        S5Dataset.from_prefix(private_store.uri(), access=Access(private_store.endpoint, credentials_file=creds))
+        S5Dataset.from_prefix(
+            private_store.uri(), access=Access(private_store.endpoint, credentials_file=creds)
+        )
     with pytest.raises(AccessDeniedError, match=re.escape(private_store.uri("0000.image"))):
-        S5Dataset.from_objects([private_store.uri("0000.image")], access=Access(private_store.endpoint, credentials_file=creds))
-    ds = S5Dataset.from_prefix(private_store.uri(), access=Access(private_store.endpoint, profile="train", credentials_file=creds))
+        S5Dataset.from_objects(
+            [private_store.uri("0000.image")], access=Access(private_store.endpoint, credentials_file=creds)
+        )
+    ds = S5Dataset.from_prefix(
+        private_store.uri(), access=Access(private_store.endpoint, profile="train", credentials_file=creds)
+    )
     through_every_path(ds, staging_root, data)
     # The standard environment: AWS_PROFILE and AWS_SHARED_CREDENTIALS_FILE, for both clients.
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
@@ -126,7 +138,10 @@ def test_region_signs_every_request(moto: Store, proxy: FaultProxy, staging_root
     ds = S5Dataset.from_prefix(moto.uri(), access=Access(proxy.endpoint, region="eu-west-3"))
     through_every_path(ds, staging_root, data)
     assert EVERY_PATH <= kinds(proxy)
-    scopes = {re.search(r"Credential=[^/]+/\d+/([^/]+)/s3/", h.get("authorization", "")) for _, _, h in proxy.requests}
+    scopes = {
+        re.search(r"Credential=[^/]+/\d+/([^/]+)/s3/", h.get("authorization", ""))
+        for _, _, h in proxy.requests
+    }
     assert {m.group(1) if m else None for m in scopes} == {"eu-west-3"}
 
 
@@ -134,7 +149,9 @@ def test_requester_pays_header_on_every_request(moto: Store, proxy: FaultProxy, 
     data = moto.put(make_pairs(3))
     ds = S5Dataset.from_prefix(moto.uri(), access=Access(proxy.endpoint, requester_pays=True))
     through_every_path(ds, staging_root, data)
-    S5Dataset.from_objects([moto.uri("0000.image")], access=Access(proxy.endpoint, requester_pays=True))  # HEAD
+    S5Dataset.from_objects(
+        [moto.uri("0000.image")], access=Access(proxy.endpoint, requester_pays=True)
+    )  # HEAD
     assert EVERY_PATH | {"boto3 HEAD"} <= kinds(proxy)
     unpaid = [(m, p) for m, p, h in proxy.requests if h.get("x-amz-request-payer") != "requester"]
     assert not unpaid
@@ -145,7 +162,9 @@ def test_list_objects_v1_and_path_style(moto: Store, proxy: FaultProxy, staging_
     old_store = Access(proxy.endpoint, list_objects_v1=True, addressing_style="path")
     ds = S5Dataset.from_prefix(moto.uri(), access=old_store)
     through_every_path(ds, staging_root, data)
-    assert len(list(_list_boto3(moto.bucket, moto.prefix, old_store))) == 6  # the API listing, for glob prefixes
+    assert (
+        len(list(_list_boto3(moto.bucket, moto.prefix, old_store))) == 6
+    )  # the API listing, for glob prefixes
     lists = [p for m, p, _ in proxy.requests if "prefix=" in p]
     assert {"s5cmd list", "boto3 list"} <= kinds(proxy)
     assert lists and not [p for p in lists if "list-type=2" in p]  # ListObjectsV2 sends list-type=2
@@ -159,14 +178,33 @@ def self_signed(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     d = tmp_path_factory.mktemp("tls")
     cert, key = str(d / "cert.pem"), str(d / "key.pem")
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
-        check=True, capture_output=True,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            key,
+            "-out",
+            cert,
+        ],
+        check=True,
+        capture_output=True,
     )
     return cert, key
 
 
-def test_self_signed_tls_store(moto: Store, self_signed: tuple[str, str], staging_root: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_self_signed_tls_store(
+    moto: Store, self_signed: tuple[str, str], staging_root: str, caplog: pytest.LogCaptureFixture
+) -> None:
     data = moto.put(make_pairs(3))
     tls = FaultProxy(moto.endpoint, tls=self_signed)
     try:
@@ -190,8 +228,17 @@ def test_daemon_and_fetch_take_the_access_flags(private_store: Store, tmp_path: 
     from s5loader.fetch import main as fetch_main
 
     data = _put(private_store, make_pairs(3))
-    flags = ["--endpoint-url", private_store.endpoint, "--profile", "train", "--credentials-file", _credentials(tmp_path)]
-    args = build_parser().parse_args([private_store.uri(), "--cache", str(tmp_path / "cache"), "--budget", "1MiB", *flags])
+    flags = [
+        "--endpoint-url",
+        private_store.endpoint,
+        "--profile",
+        "train",
+        "--credentials-file",
+        _credentials(tmp_path),
+    ]
+    args = build_parser().parse_args(
+        [private_store.uri(), "--cache", str(tmp_path / "cache"), "--budget", "1MiB", *flags]
+    )
     with PrefetchDaemon(options_from_args(args)) as p:
         p.open()
         assert p.run().delivered == 3
@@ -199,7 +246,15 @@ def test_daemon_and_fetch_take_the_access_flags(private_store: Store, tmp_path: 
     assert fetch_main([f"s3://{private_store.bucket}/{key}", str(tmp_path / "out"), "--verify", *flags]) == 0
     assert (tmp_path / "out").read_bytes() == data[key]  # one object: DEST is the file
     with pytest.raises(AccessDeniedError, match=re.escape(private_store.uri())):
-        fetch_main([private_store.uri(), str(tmp_path / "denied"), "--endpoint-url", private_store.endpoint, "--no-sign-request"])
+        fetch_main(
+            [
+                private_store.uri(),
+                str(tmp_path / "denied"),
+                "--endpoint-url",
+                private_store.endpoint,
+                "--no-sign-request",
+            ]
+        )
 
 
 def test_bench_takes_the_access_flags(private_store: Store, tmp_path: Path) -> None:
@@ -207,9 +262,27 @@ def test_bench_takes_the_access_flags(private_store: Store, tmp_path: Path) -> N
 
     _put(private_store, make_pairs(8))
     out = tmp_path / "r.json"
-    argv = [private_store.uri(), "--endpoint-url", private_store.endpoint, "--profile", "train",
-            "--credentials-file", _credentials(tmp_path), "--steps", "2", "--batch-size", "2", "--num-workers", "0",
-            "--samples-per-call", "4", "--methods", "s5loader,boto3,s5cmd-run,s3torchconnector", "--json", str(out)]
+    argv = [
+        private_store.uri(),
+        "--endpoint-url",
+        private_store.endpoint,
+        "--profile",
+        "train",
+        "--credentials-file",
+        _credentials(tmp_path),
+        "--steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--num-workers",
+        "0",
+        "--samples-per-call",
+        "4",
+        "--methods",
+        "s5loader,boto3,s5cmd-run,s3torchconnector",
+        "--json",
+        str(out),
+    ]
     assert bench.main(argv) == 0
     by = {r["method"]: r for r in json.loads(out.read_text())["results"]}
     assert [by[m]["status"] for m in ("s5loader", "boto3", "s5cmd-run")] == ["ok"] * 3, by

@@ -74,8 +74,9 @@ def test_argument_error_through_the_cli(capsys: pytest.CaptureFixture[str]) -> N
     assert "unknown method 'nope'" in capsys.readouterr().err
 
 
-def test_plot_without_matplotlib_is_a_clear_error(monkeypatch: pytest.MonkeyPatch,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_plot_without_matplotlib_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     assert bench.main(["s3://b/p/", "--plot", "x.png"]) == 2
     err = capsys.readouterr().err
@@ -89,8 +90,9 @@ def test_counting_needs_a_plain_http_endpoint(capsys: pytest.CaptureFixture[str]
     assert "--delay-ms must be 0 or more" in capsys.readouterr().err
 
 
-def test_missing_bench_dependency_names_the_extra(monkeypatch: pytest.MonkeyPatch,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_bench_dependency_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     for name in [m for m in sys.modules if m == "s5loader_bench" or m.startswith("s5loader_bench.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "psutil", None)  # import psutil -> ModuleNotFoundError
@@ -109,13 +111,26 @@ def data(seaweed_server: str) -> dict[str, str]:
     """16 samples of 2 KB under a fresh prefix, and 4 tar shards of them beside it."""
     base = f"bench-{uuid.uuid4().hex[:8]}/"
     source = f"s3://data/{base}train/"
-    rc = bench.main(["--generate", "16", source, "--endpoint-url", seaweed_server, "--sample-size", "2KB",
-                     "--shard-samples", "4"])
+    rc = bench.main(
+        [
+            "--generate",
+            "16",
+            source,
+            "--endpoint-url",
+            seaweed_server,
+            "--sample-size",
+            "2KB",
+            "--shard-samples",
+            "4",
+        ]
+    )
     assert rc == 0
     return {"endpoint": seaweed_server, "source": source, "base": base}
 
 
-def test_generate_writes_the_expected_objects(data: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+def test_generate_writes_the_expected_objects(
+    data: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
     samples = _keys(data["endpoint"], "data", data["base"] + "train/")
     assert len(samples) == 32
     for i in range(16):
@@ -123,7 +138,8 @@ def test_generate_writes_the_expected_objects(data: dict[str, str], capsys: pyte
         assert 1 <= samples[f"{data['base']}train/{i:06d}.label"] <= 4
     shards = _keys(data["endpoint"], "data", data["base"] + "train-shards/")
     assert sorted(shards) == [f"{data['base']}train-shards/shard-{n:06d}.tar" for n in range(4)] + [
-        f"{data['base']}train-shards/wids.json"]  # the shards' index, as s5loader index-shards writes it
+        f"{data['base']}train-shards/wids.json"
+    ]  # the shards' index, as s5loader index-shards writes it
     body = _client(data["endpoint"]).get_object(Bucket="data", Key=sorted(shards)[1])["Body"].read()
     with tarfile.open(fileobj=io.BytesIO(body)) as tar:
         names = tar.getnames()
@@ -136,17 +152,56 @@ def test_generate_writes_the_expected_objects(data: dict[str, str], capsys: pyte
 def test_generate_without_labels_writes_one_object_per_sample(seaweed_server: str, tmp_path) -> None:
     base = f"bench-{uuid.uuid4().hex[:8]}/"
     source = f"s3://data/{base}one/"
-    assert bench.main(["--generate", "6", source, "--endpoint-url", seaweed_server, "--sample-size", "1KB",
-                       "--shard-samples", "3", "--no-label"]) == 0
-    assert sorted(_keys(seaweed_server, "data", base + "one/")) == [f"{base}one/{i:06d}.image" for i in range(6)]
-    body = _client(seaweed_server).get_object(Bucket="data", Key=f"{base}one-shards/shard-000001.tar")["Body"].read()
+    assert (
+        bench.main(
+            [
+                "--generate",
+                "6",
+                source,
+                "--endpoint-url",
+                seaweed_server,
+                "--sample-size",
+                "1KB",
+                "--shard-samples",
+                "3",
+                "--no-label",
+            ]
+        )
+        == 0
+    )
+    assert sorted(_keys(seaweed_server, "data", base + "one/")) == [
+        f"{base}one/{i:06d}.image" for i in range(6)
+    ]
+    body = (
+        _client(seaweed_server)
+        .get_object(Bucket="data", Key=f"{base}one-shards/shard-000001.tar")["Body"]
+        .read()
+    )
     with tarfile.open(fileobj=io.BytesIO(body)) as tar:
         assert tar.getnames() == [f"{i:06d}.image" for i in range(3, 6)]
     # the first batch alone, at a batch of 4: one step per method, counted at the proxy
     out_json = tmp_path / "first.json"
-    assert bench.main([source, "--endpoint-url", seaweed_server, "--first-batch", "--batch-size", "4",
-                       "--num-workers", "2", "--count-requests", "--methods", "s5loader", "boto3",
-                       "--json", str(out_json)]) == 0
+    assert (
+        bench.main(
+            [
+                source,
+                "--endpoint-url",
+                seaweed_server,
+                "--first-batch",
+                "--batch-size",
+                "4",
+                "--num-workers",
+                "2",
+                "--count-requests",
+                "--methods",
+                "s5loader",
+                "boto3",
+                "--json",
+                str(out_json),
+            ]
+        )
+        == 0
+    )
     doc = json.loads(out_json.read_text())
     assert doc["settings"]["first_batch"] and doc["settings"]["samples_per_call"] == 1000
     for r in doc["results"]:
@@ -156,8 +211,22 @@ def test_generate_without_labels_writes_one_object_per_sample(seaweed_server: st
 
 def test_generate_shows_progress_on_stderr(seaweed_server: str, capsys: pytest.CaptureFixture[str]) -> None:
     source = f"s3://data/bench-{uuid.uuid4().hex[:8]}/p/"
-    assert bench.main(["--generate", "3", source, "--endpoint-url", seaweed_server, "--sample-size", "10",
-                       "--shards-prefix", source + "tars/"]) == 0
+    assert (
+        bench.main(
+            [
+                "--generate",
+                "3",
+                source,
+                "--endpoint-url",
+                seaweed_server,
+                "--sample-size",
+                "10",
+                "--shards-prefix",
+                source + "tars/",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr()
     # not a terminal (captured): a line at the end instead of a bar
     assert "uploading to" in out.err and "7 objects of 7" in out.err and "wrote 3 samples" in out.out
@@ -171,10 +240,27 @@ def _installed(name: str) -> bool:
     return True
 
 
-def test_short_run_of_every_method(data: dict[str, str], tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_short_run_of_every_method(
+    data: dict[str, str], tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out_json, out_md, out_png = tmp_path / "r.json", tmp_path / "r.md", tmp_path / "r.png"
-    argv = [data["source"], "--endpoint-url", data["endpoint"], "--steps", "3", "--batch-size", "2",
-            "--num-workers", "2", "--samples-per-call", "4", "--json", str(out_json), "--markdown", str(out_md)]
+    argv = [
+        data["source"],
+        "--endpoint-url",
+        data["endpoint"],
+        "--steps",
+        "3",
+        "--batch-size",
+        "2",
+        "--num-workers",
+        "2",
+        "--samples-per-call",
+        "4",
+        "--json",
+        str(out_json),
+        "--markdown",
+        str(out_md),
+    ]
     if _installed("matplotlib"):
         argv += ["--plot", str(out_png)]
     rc = bench.main(argv)
@@ -201,7 +287,12 @@ def test_short_run_of_every_method(data: dict[str, str], tmp_path, capsys: pytes
         assert m in table
     assert by["s5loader"]["ratio_to_s5loader"] == 1
     s = doc["settings"]
-    assert s["source"] == data["source"] and s["batch_size"] == 2 and s["steps"] == 3 and s["methods"] == list(METHODS)
+    assert (
+        s["source"] == data["source"]
+        and s["batch_size"] == 2
+        and s["steps"] == 3
+        and s["methods"] == list(METHODS)
+    )
     assert doc["machine"]["logical_cpus"] >= 1 and doc["machine"]["versions"]["torch"]
     assert out_md.read_text().startswith("| method |")
     if _installed("matplotlib"):
@@ -209,24 +300,56 @@ def test_short_run_of_every_method(data: dict[str, str], tmp_path, capsys: pytes
 
 
 @pytest.mark.parametrize("mode", ["none", "full"])
-def test_shard_shuffle_sets_both_sides_shuffle(data: dict[str, str], tmp_path, mode: str,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shard_shuffle_sets_both_sides_shuffle(
+    data: dict[str, str], tmp_path, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     seen: dict[str, object] = {}
     for name in ("S5Sampler", "S5IterableDataset"):
         real = getattr(bench_methods, name)
-        monkeypatch.setattr(bench_methods, name, type(name, (real,), {
-            "__init__": lambda self, *a, _real=real, _name=name, **kw: (
-                seen.__setitem__(_name, kw["shuffle"]), _real.__init__(self, *a, **kw))[1]}))
+        monkeypatch.setattr(
+            bench_methods,
+            name,
+            type(
+                name,
+                (real,),
+                {
+                    "__init__": lambda self, *a, _real=real, _name=name, **kw: (
+                        seen.__setitem__(_name, kw["shuffle"]),
+                        _real.__init__(self, *a, **kw),
+                    )[1]
+                },
+            ),
+        )
     methods = ["s5loader-shards", "s5loader-iterable"] + (["webdataset"] if _installed("webdataset") else [])
     if "webdataset" in methods:
         import webdataset
 
         real_shuffle = webdataset.WebDataset.shuffle
-        monkeypatch.setattr(webdataset.WebDataset, "shuffle", lambda self, n, *a, **kw: (
-            seen.__setitem__("webdataset", n), real_shuffle(self, n, *a, **kw))[1])
+        monkeypatch.setattr(
+            webdataset.WebDataset,
+            "shuffle",
+            lambda self, n, *a, **kw: (seen.__setitem__("webdataset", n), real_shuffle(self, n, *a, **kw))[1],
+        )
     out_json = tmp_path / "r.json"
-    rc = bench.main([data["source"], "--endpoint-url", data["endpoint"], "--steps", "2", "--batch-size", "2",
-                     "--num-workers", "2", "--methods", *methods, "--shard-shuffle", mode, "--json", str(out_json)])
+    rc = bench.main(
+        [
+            data["source"],
+            "--endpoint-url",
+            data["endpoint"],
+            "--steps",
+            "2",
+            "--batch-size",
+            "2",
+            "--num-workers",
+            "2",
+            "--methods",
+            *methods,
+            "--shard-shuffle",
+            mode,
+            "--json",
+            str(out_json),
+        ]
+    )
     doc = json.loads(out_json.read_text())
     assert rc == 0 and all(r["status"] == "ok" for r in doc["results"]), [r["note"] for r in doc["results"]]
     assert doc["settings"]["shard_shuffle"] == mode
@@ -236,13 +359,28 @@ def test_shard_shuffle_sets_both_sides_shuffle(data: dict[str, str], tmp_path, m
         assert seen.get("webdataset") == (1000 if expect else None)
 
 
-def test_absent_peer_is_reported_not_faked(data: dict[str, str], tmp_path, monkeypatch: pytest.MonkeyPatch,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_absent_peer_is_reported_not_faked(
+    data: dict[str, str], tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setitem(sys.modules, "s3torchconnector", None)
     monkeypatch.setitem(sys.modules, "webdataset", None)
     out_json = tmp_path / "r.json"
-    rc = bench.main([data["source"], "--endpoint-url", data["endpoint"], "--steps", "2", "--batch-size", "2",
-                     "--methods", "s3torchconnector,webdataset", "s5cmd-bulk", "--json", str(out_json)])
+    rc = bench.main(
+        [
+            data["source"],
+            "--endpoint-url",
+            data["endpoint"],
+            "--steps",
+            "2",
+            "--batch-size",
+            "2",
+            "--methods",
+            "s3torchconnector,webdataset",
+            "s5cmd-bulk",
+            "--json",
+            str(out_json),
+        ]
+    )
     assert rc == 0
     table = capsys.readouterr().out
     by = {r["method"]: r for r in json.loads(out_json.read_text())["results"]}
@@ -255,12 +393,27 @@ def test_absent_peer_is_reported_not_faked(data: dict[str, str], tmp_path, monke
     assert by["s5cmd-bulk"]["status"] == "ok" and by["s5cmd-bulk"]["ratio_to_s5loader"] is None
 
 
-def test_missing_shards_are_a_skip(data: dict[str, str], tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_shards_are_a_skip(
+    data: dict[str, str], tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
     if not _installed("webdataset"):
         pytest.skip("webdataset is not installed")
     out_json = tmp_path / "r.json"
-    rc = bench.main([data["source"], "--endpoint-url", data["endpoint"], "--steps", "1", "--methods", "webdataset",
-                     "--shards-prefix", f"s3://data/{data['base']}nothing-here/", "--json", str(out_json)])
+    rc = bench.main(
+        [
+            data["source"],
+            "--endpoint-url",
+            data["endpoint"],
+            "--steps",
+            "1",
+            "--methods",
+            "webdataset",
+            "--shards-prefix",
+            f"s3://data/{data['base']}nothing-here/",
+            "--json",
+            str(out_json),
+        ]
+    )
     assert rc == 0
     r = json.loads(out_json.read_text())["results"][0]
     assert r["status"] == "skipped" and "no tar shards under" in r["note"]
@@ -277,7 +430,9 @@ def test_no_shards_note_points_at_shards_prefix_first(tmp_path, monkeypatch: pyt
     """A user with their own bucket needs --shards-prefix (their shards); --generate only writes a
     synthetic data set."""
     monkeypatch.setattr(bench_methods, "list_uris", lambda ctx, prefix: [])
-    shard_methods = ["s5loader-shards", "s5loader-iterable"] + (["webdataset"] if _installed("webdataset") else [])
+    shard_methods = ["s5loader-shards", "s5loader-iterable"] + (
+        ["webdataset"] if _installed("webdataset") else []
+    )
     for prefix, default in ((None, True), ("s3://my-bucket/tars/", False)):
         ctx = _offline_context(tmp_path, shards_prefix=prefix)
         for m in shard_methods:
@@ -286,12 +441,13 @@ def test_no_shards_note_points_at_shards_prefix_first(tmp_path, monkeypatch: pyt
             assert f.note.startswith(f"no tar shards under {prefix or 's3://my-bucket/train-shards/'}")
             assert "point --shards-prefix at" in f.note
             assert f.note.index("--shards-prefix") < f.note.index("--generate")
-            assert "synthetic" in f.note[f.note.index("--generate") - 60:]
+            assert "synthetic" in f.note[f.note.index("--generate") - 60 :]
             assert ("(the default" in f.note) is default
 
 
 def test_webdataset_with_fewer_shards_than_workers_runs_one_worker_per_shard(
-        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """2 shards and --num-workers 4: webdataset runs with 2 workers and says so, in the table and
     the JSON. The shards are local files that a stand-in for s5cmd cats."""
     if not _installed("webdataset"):
@@ -325,24 +481,65 @@ def test_webdataset_with_fewer_shards_than_workers_runs_one_worker_per_shard(
 # -- the table ------------------------------------------------------------------------------
 def _realistic_results(counted: bool = False) -> list[Figures]:
     """Figures like a real run's (the README's loopback figures), every method, one skipped."""
-    rates = {"s5loader": 396.0, "s5loader-block": 591.0, "s5loader-sorted": 601.0, "boto3": 239.0, "s5cmd-run": 343.0, "s5cmd-bulk": 590.0,
-             "webdataset": 1302.4, "s5loader-shards": 1881.2, "s5loader-iterable": 1453.0}
-    cpu = {"s5loader": 2.68, "s5loader-block": 1.98, "s5loader-sorted": 1.95, "boto3": 4.18, "s5cmd-run": 2.44, "s5cmd-bulk": 1.07,
-           "webdataset": 0.83, "s5loader-shards": 0.64, "s5loader-iterable": 0.67}
+    rates = {
+        "s5loader": 396.0,
+        "s5loader-block": 591.0,
+        "s5loader-sorted": 601.0,
+        "boto3": 239.0,
+        "s5cmd-run": 343.0,
+        "s5cmd-bulk": 590.0,
+        "webdataset": 1302.4,
+        "s5loader-shards": 1881.2,
+        "s5loader-iterable": 1453.0,
+    }
+    cpu = {
+        "s5loader": 2.68,
+        "s5loader-block": 1.98,
+        "s5loader-sorted": 1.95,
+        "boto3": 4.18,
+        "s5cmd-run": 2.44,
+        "s5cmd-bulk": 1.07,
+        "webdataset": 0.83,
+        "s5loader-shards": 0.64,
+        "s5loader-iterable": 0.67,
+    }
     out = []
     for m in METHODS:
         if m not in rates:
-            out.append(Figures(m, status="skipped", note=f"{m} is not installed (No module named '{m}'); "
-                               "pip install 's5loader[bench]'"))
+            out.append(
+                Figures(
+                    m,
+                    status="skipped",
+                    note=f"{m} is not installed (No module named '{m}'); pip install 's5loader[bench]'",
+                )
+            )
             continue
-        f = Figures(m, samples=2000, bytes=200_002_000, steps=500, seconds=2000 / rates[m],
-                    samples_per_s=rates[m], mb_per_s=rates[m] * 0.100001, step100_mean_s=400 / rates[m],
-                    step100_var_s2=0.0123, step100_s=[400 / rates[m]] * 5, wait_fraction=0.87,
-                    cpu_s=cpu[m] * 2, cpu_util=1.43, cpu_s_per_1k_samples=cpu[m],
-                    cpu_split_s_per_1k_samples={"s5cmd": cpu[m] / 2, "main": cpu[m] / 4, "workers": cpu[m] / 4,
-                                                "unattributed": 0.01},
-                    peak_mem_mb=1234.5, ratio_to_s5loader=rates[m] / rates["s5loader"], first_batch_s=0.25,
-                    repeats_samples_per_s=[rates[m] * 0.9, rates[m], rates[m] * 1.1])
+        f = Figures(
+            m,
+            samples=2000,
+            bytes=200_002_000,
+            steps=500,
+            seconds=2000 / rates[m],
+            samples_per_s=rates[m],
+            mb_per_s=rates[m] * 0.100001,
+            step100_mean_s=400 / rates[m],
+            step100_var_s2=0.0123,
+            step100_s=[400 / rates[m]] * 5,
+            wait_fraction=0.87,
+            cpu_s=cpu[m] * 2,
+            cpu_util=1.43,
+            cpu_s_per_1k_samples=cpu[m],
+            cpu_split_s_per_1k_samples={
+                "s5cmd": cpu[m] / 2,
+                "main": cpu[m] / 4,
+                "workers": cpu[m] / 4,
+                "unattributed": 0.01,
+            },
+            peak_mem_mb=1234.5,
+            ratio_to_s5loader=rates[m] / rates["s5loader"],
+            first_batch_s=0.25,
+            repeats_samples_per_s=[rates[m] * 0.9, rates[m], rates[m] * 1.1],
+        )
         f.num_workers = None if m.startswith("s5cmd") else 4
         if counted:
             f.requests = {"GET": 4000, "HEAD": 0, "LIST": 2000, "other": 0}
@@ -362,7 +559,7 @@ def test_default_table_is_compact(counted: bool) -> None:
     header = lines[0].split("  ")
     expected = list(bench.COMPACT_COLUMNS) + (["$/M samples"] if counted else [])
     assert [c.strip() for c in header if c.strip()] == expected
-    by_method = {ln.split()[0]: ln for ln in lines[1:1 + len(METHODS)]}
+    by_method = {ln.split()[0]: ln for ln in lines[1 : 1 + len(METHODS)]}
     assert list(by_method) == list(METHODS)
     assert by_method["s5loader"].split()[1:6] == ["396.0", "39.6", "0.25", "1.00x", "2.68"]
     assert by_method["s3torchconnector"].split()[1] == "skipped"
@@ -373,8 +570,14 @@ def test_default_table_is_compact(counted: bool) -> None:
     assert len(lines) <= len(METHODS) + 8, "\n" + table  # a note per method at most, not per figure
     if counted:  # 2 GETs and a LIST per sample at S3 list prices: 2 x $0.0004 + $0.005 per 1,000
         assert by_method["s5loader"].split()[6] == "5.80"
-    for wide_only in ("s/100 steps (mean)", "GET/HEAD/LIST/other per sample", "peak mem MB", "waited",
-                      "new conns/request", "requests/sample"):
+    for wide_only in (
+        "s/100 steps (mean)",
+        "GET/HEAD/LIST/other per sample",
+        "peak mem MB",
+        "waited",
+        "new conns/request",
+        "requests/sample",
+    ):
         assert wide_only not in table
     assert "--wide" in lines[-1]
 
@@ -396,12 +599,21 @@ def test_prices_are_s3_list_prices_unless_given() -> None:
     parse = bench.build_parser().parse_args
     assert parse(["s3://b/p/"]).prices == {"GET": 0.0004, "HEAD": 0.0004, "LIST": 0.005, "other": 0.005}
     assert parse(["s3://b/p/", "--prices", "list=0.0054,GET=0.00043"]).prices == {
-        "GET": 0.00043, "HEAD": 0.0004, "LIST": 0.0054, "other": 0.005}
+        "GET": 0.00043,
+        "HEAD": 0.0004,
+        "LIST": 0.0054,
+        "other": 0.005,
+    }
 
 
 def test_dollars_and_connections_per_request() -> None:
-    f = Figures("x", samples=2000, objects=4000, requests={"GET": 4000, "HEAD": 4000, "LIST": 4, "other": 0,
-                                                           "unreadable": 1}, new_connections=800)
+    f = Figures(
+        "x",
+        samples=2000,
+        objects=4000,
+        requests={"GET": 4000, "HEAD": 4000, "LIST": 4, "other": 0, "unreadable": 1},
+        new_connections=800,
+    )
     bench_methods.fill_request_rates(f, bench_methods.S3_PRICES)
     # (8,000 x $0.0004 + 4 x $0.005) / 1,000 per 2,000 samples
     assert f.dollars_per_million_samples == pytest.approx(1.61)
@@ -413,8 +625,9 @@ def test_dollars_and_connections_per_request() -> None:
 def test_readme_table_quotes_dollars_connections_and_the_first_batch() -> None:
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("bench_run", os.path.join(os.path.dirname(__file__), "..",
-                                                                           "bench", "run.py"))
+    spec = importlib.util.spec_from_file_location(
+        "bench_run", os.path.join(os.path.dirname(__file__), "..", "bench", "run.py")
+    )
     assert spec is not None and spec.loader is not None
     run = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(run)
@@ -422,17 +635,34 @@ def test_readme_table_quotes_dollars_connections_and_the_first_batch() -> None:
     def doc(**by_method: dict) -> dict:  # type: ignore[type-arg]
         return {"results": [{"method": m, "status": "ok", **r} for m, r in by_method.items()]}
 
-    counted = {"samples_per_s": 400.0, "first_batch_s": 0.3, "requests_per_sample": 4.0,
-               "requests_per_sample_by_kind": {"GET": 2.0, "HEAD": 2.0, "LIST": 0.0},
-               "dollars_per_million_samples": 1.61, "connections_per_request": 0.5, "peak_open_connections": 300}
-    runs = {"proxy": doc(**{"s5loader": counted, "s3torchconnector": {**counted, "dollars_per_million_samples": 0.81}})}
-    extra = {"first-direct": doc(s5loader={"first_batch_s": 0.21}, s3torchconnector={"first_batch_s": 0.35}),
-             "first-proxy": doc(s5loader={"first_batch_s": 0.4}),
-             "single": doc(s5loader={"dollars_per_million_samples": 0.8})}
+    counted = {
+        "samples_per_s": 400.0,
+        "first_batch_s": 0.3,
+        "requests_per_sample": 4.0,
+        "requests_per_sample_by_kind": {"GET": 2.0, "HEAD": 2.0, "LIST": 0.0},
+        "dollars_per_million_samples": 1.61,
+        "connections_per_request": 0.5,
+        "peak_open_connections": 300,
+    }
+    runs = {
+        "proxy": doc(
+            **{"s5loader": counted, "s3torchconnector": {**counted, "dollars_per_million_samples": 0.81}}
+        )
+    }
+    extra = {
+        "first-direct": doc(s5loader={"first_batch_s": 0.21}, s3torchconnector={"first_batch_s": 0.35}),
+        "first-proxy": doc(s5loader={"first_batch_s": 0.4}),
+        "single": doc(s5loader={"dollars_per_million_samples": 0.8}),
+    }
     table = run.readme_table(runs, 20.0, extra)
-    rows = {cells[0]: cells[1:] for cells in ([c.strip() for c in ln.strip("|").split(" | ")]
-                                              for ln in table.splitlines())}
-    assert rows["first batch, s, batch 32 and 4 workers: direct / 20 ms proxy"][:2] == ["0.21 / 0.40", "0.35 / -"]
+    rows = {
+        cells[0]: cells[1:]
+        for cells in ([c.strip() for c in ln.strip("|").split(" | ")] for ln in table.splitlines())
+    }
+    assert rows["first batch, s, batch 32 and 4 workers: direct / 20 ms proxy"][:2] == [
+        "0.21 / 0.40",
+        "0.35 / -",
+    ]
     assert rows["$ per million samples at S3 list prices (image + label, proxy run)"][:2] == ["1.61", "0.81"]
     assert rows["$ per million samples at S3 list prices (one object per sample)"][0] == "0.80"
     assert rows["new TCP connections per request / most open at once (proxy run)"][0] == "0.500 / 300"
@@ -445,7 +675,9 @@ def test_recorder_windows_of_100_steps() -> None:
     rec.samples, rec.bytes, rec.wait_s = 500, 5000, 1.0
     f = Figures("x")
     rec.fill(f)
-    assert f.steps == 250 and f.step100_mean_s == pytest.approx(1.0) and f.step100_var_s2 == pytest.approx(0.0)
+    assert (
+        f.steps == 250 and f.step100_mean_s == pytest.approx(1.0) and f.step100_var_s2 == pytest.approx(0.0)
+    )
     assert f.samples_per_s == pytest.approx(200.0) and f.wait_fraction == pytest.approx(0.4)
 
 
@@ -477,8 +709,10 @@ def test_first_batch_is_timed_from_iter_of_the_first_epoch() -> None:
 def test_tree_monitor_counts_children() -> None:
     mon = TreeMonitor(interval=0.05).start()
     burn = "import time\nwhile time.process_time() < 0.4: pass"
-    subprocess.run([sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}])"],
-                   check=True)
+    subprocess.run(
+        [sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}])"],
+        check=True,
+    )
     cpu, peak = mon.stop()
     assert cpu >= 0.4 and peak > 0
     split = mon.cpu_split()
@@ -538,9 +772,27 @@ def test_checkpoint_bench_runs_every_method_side_by_side(tmp_path) -> None:
     archive within its budget."""
     out = tmp_path / "checkpoint.json"
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "bench", "checkpoint.py"), "--sizes", "6MiB", "--archive", "8MiB",
-         "--volume", "5MiB", "--budget", "5MiB", "--repeat", "2", "--out", str(out)],
-        capture_output=True, text=True, timeout=240, cwd=ROOT)
+        [
+            sys.executable,
+            os.path.join(ROOT, "bench", "checkpoint.py"),
+            "--sizes",
+            "6MiB",
+            "--archive",
+            "8MiB",
+            "--volume",
+            "5MiB",
+            "--budget",
+            "5MiB",
+            "--repeat",
+            "2",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     result = json.loads(out.read_text())
     size = str(6 * 1024**2)
@@ -581,7 +833,7 @@ def test_classify(method: str, target: str, kind: str) -> None:
 
 def _feed_in_pieces(parser: RequestParser, data: bytes, size: int) -> None:
     for i in range(0, len(data), size):
-        parser.feed(data[i:i + size])
+        parser.feed(data[i : i + size])
 
 
 @pytest.mark.parametrize("piece", [1, 7, 64, 100_000])
@@ -589,10 +841,14 @@ def test_request_parser_follows_bodies_and_kept_alive_connections(piece: int) ->
     fake = b"GET /data/fake HTTP/1.1\r\nHost: x\r\n\r\n"  # inside bodies: never a request
     stream = (
         b"GET /data/a HTTP/1.1\r\nHost: x\r\n\r\n"
-        + b"PUT /data/b HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(fake) + fake
+        + b"PUT /data/b HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(fake)
+        + fake
         + b"HEAD /data/a HTTP/1.1\r\n\r\n"
         + b"PUT /data/c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
-        + b"%x;ext=1\r\n" % len(fake) + fake + b"\r\n" + b"3\r\nabc\r\n0\r\nx-trailer: 1\r\n\r\n"
+        + b"%x;ext=1\r\n" % len(fake)
+        + fake
+        + b"\r\n"
+        + b"3\r\nabc\r\n0\r\nx-trailer: 1\r\n\r\n"
         + b"GET /data?list-type=2&prefix=t HTTP/1.1\r\n\r\n"
     )
     counts: dict[str, int] = {}
@@ -660,10 +916,30 @@ def test_wildcard_cover_names_exactly_the_needed_keys() -> None:
     assert singles == ["train/odd*key"] and prefixes == ["train/000003.image"]
 
 
-def test_repeat_reports_the_median(data: dict[str, str], tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_repeat_reports_the_median(
+    data: dict[str, str], tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out_json = tmp_path / "r.json"
-    assert bench.main([data["source"], "--endpoint-url", data["endpoint"], "--steps", "2", "--batch-size", "2",
-                       "--methods", "s5cmd-bulk", "--repeat", "3", "--json", str(out_json)]) == 0
+    assert (
+        bench.main(
+            [
+                data["source"],
+                "--endpoint-url",
+                data["endpoint"],
+                "--steps",
+                "2",
+                "--batch-size",
+                "2",
+                "--methods",
+                "s5cmd-bulk",
+                "--repeat",
+                "3",
+                "--json",
+                str(out_json),
+            ]
+        )
+        == 0
+    )
     r = json.loads(out_json.read_text())["results"][0]
     assert r["status"] == "ok" and len(r["repeats_samples_per_s"]) == 3
     assert r["samples_per_s"] == sorted(r["repeats_samples_per_s"])[1]
@@ -673,15 +949,31 @@ def test_repeat_reports_the_median(data: dict[str, str], tmp_path, capsys: pytes
 # -- CPU split and requests in a real run ------------------------------------------------------
 def _counted_run(data: dict[str, str], tmp_path, *args: str) -> dict[str, dict]:  # type: ignore[type-arg]
     out_json = tmp_path / f"r-{uuid.uuid4().hex[:6]}.json"
-    rc = bench.main([data["source"], "--endpoint-url", data["endpoint"], "--count-requests", "--batch-size", "2",
-                     "--num-workers", "2", "--samples-per-call", "4", "--json", str(out_json), *args])
+    rc = bench.main(
+        [
+            data["source"],
+            "--endpoint-url",
+            data["endpoint"],
+            "--count-requests",
+            "--batch-size",
+            "2",
+            "--num-workers",
+            "2",
+            "--samples-per-call",
+            "4",
+            "--json",
+            str(out_json),
+            *args,
+        ]
+    )
     by = {r["method"]: r for r in json.loads(out_json.read_text())["results"]}
     assert rc == 0, {m: r["note"] for m, r in by.items()}
     return by
 
 
-def test_real_run_reports_cpu_split_and_requests(data: dict[str, str], tmp_path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_real_run_reports_cpu_split_and_requests(
+    data: dict[str, str], tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
     methods = ["s5loader", "s5loader-block", "boto3", "s5cmd-run", "s5cmd-bulk"]
     by = _counted_run(data, tmp_path, "--steps", "3", "--wide", "--methods", *methods)
     table = capsys.readouterr().out
@@ -727,8 +1019,24 @@ def test_steps_bound_the_calls_of_s5cmd_run(data: dict[str, str], tmp_path) -> N
     """--samples-per-call 1000 with one step of 2 samples: calls of 2 samples, not of the whole
     data set."""
     out_json = tmp_path / "r.json"
-    rc = bench.main([data["source"], "--endpoint-url", data["endpoint"], "--count-requests", "--batch-size", "2",
-                     "--steps", "1", "--samples-per-call", "1000", "--methods", "s5cmd-run", "--json", str(out_json)])
+    rc = bench.main(
+        [
+            data["source"],
+            "--endpoint-url",
+            data["endpoint"],
+            "--count-requests",
+            "--batch-size",
+            "2",
+            "--steps",
+            "1",
+            "--samples-per-call",
+            "1000",
+            "--methods",
+            "s5cmd-run",
+            "--json",
+            str(out_json),
+        ]
+    )
     doc = json.loads(out_json.read_text())
     assert rc == 0 and doc["settings"]["samples_per_call_used"] == 2
     r = doc["results"][0]
@@ -753,8 +1061,12 @@ print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in heavy)))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
-    imported = subprocess.run([sys.executable, "-X", "importtime", "-c", "import s5loader"], capture_output=True,
-                              text=True, check=True).stderr
+    imported = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import s5loader"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stderr
     assert "s5loader_bench" not in imported and "matplotlib" not in imported and "psutil" not in imported
 
 
@@ -766,7 +1078,8 @@ def test_runtime_package_ships_no_benchmark() -> None:
     runtime = {d.split(">")[0].split("[")[0].strip() for d in project["dependencies"]}
     assert runtime.isdisjoint({"psutil", "matplotlib", "webdataset", "s3torchconnector"})
     assert {"psutil", "matplotlib", "s3torchconnector"} <= {
-        d.split(">")[0].strip() for d in project["optional-dependencies"]["bench"]}
+        d.split(">")[0].strip() for d in project["optional-dependencies"]["bench"]
+    }
     package = os.path.join(ROOT, "s5loader")
     for name in os.listdir(package):
         if name.endswith(".py"):

@@ -48,7 +48,9 @@ def test_unsafe_keys_get_no_block() -> None:
     for b in layout.block_of:
         if b >= 0:
             assert all(part not in layout.blocks[b].prefix for part in ("*", ".."))
-            assert " " not in "".join(layout.blocks[b].rels[0]) and "'" not in "".join(layout.blocks[b].rels[0])
+            assert " " not in "".join(layout.blocks[b].rels[0]) and "'" not in "".join(
+                layout.blocks[b].rels[0]
+            )
     assert layout.block_of[0] == -1 and layout.block_of[2] == -1 and layout.block_of[5] == -1
 
 
@@ -60,7 +62,8 @@ def test_objects_outside_the_samples_keep_blocks_exact() -> None:
     assert all(not blk.prefix == "train/" for blk in layout.blocks)
     for blk in layout.blocks:
         assert [k for k in listing if k.startswith(blk.prefix)] == [
-            k for i in range(blk.start, blk.stop) for k in listing_of([samples[i]])]
+            k for i in range(blk.start, blk.stop) for k in listing_of([samples[i]])
+        ]
     assert plan_blocks(samples, 8, None).blocks == []  # no listing (manifest): no blocks
 
 
@@ -83,7 +86,9 @@ def test_block_shuffle_end_to_end(seaweed: Store, staging_root: str, tmp_path) -
     source = seaweed.put(make_pairs(120, size=300))
     ds = S5Dataset.from_prefix(seaweed.uri(), endpoint_url=seaweed.endpoint)
     orders = []
-    with S5Sampler(ds, shuffle="block", block_size=10, samples_per_call=40, staging_dir=staging_root) as sampler:
+    with S5Sampler(
+        ds, shuffle="block", block_size=10, samples_per_call=40, staging_dir=staging_root
+    ) as sampler:
         files = sampler.write_command_files(str(tmp_path / "plan"))
         text = "".join(open(f).read() for f in files)
         assert text.count("*' ") >= 9  # whole blocks go as wildcard lines

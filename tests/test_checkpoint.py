@@ -114,7 +114,9 @@ def test_load_options_and_errors(moto: Store, tmp_path) -> None:
         checkpoint.save({}, "s3://data/prefix/", endpoint_url=moto.endpoint)
 
 
-def test_streams_when_staging_has_no_room(moto: Store, small_fs: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_streams_when_staging_has_no_room(
+    moto: Store, small_fs: str, caplog: pytest.LogCaptureFixture
+) -> None:
     sd = state_dict(scale=2)
     uri = moto.uri("big.pt")
     with caplog.at_level("INFO", logger="s5loader"):
@@ -123,7 +125,9 @@ def test_streams_when_staging_has_no_room(moto: Store, small_fs: str, caplog: py
     with pytest.raises(StagingSpaceError, match=r"needs [\d.]+ MiB .* free in " + small_fs) as e:
         checkpoint.save(sd, uri, endpoint_url=moto.endpoint, staging_dir=small_fs, stream=False)
     assert uri in str(e.value)
-    assert_same(sd, checkpoint.load(uri, endpoint_url=moto.endpoint, staging_dir=small_fs))  # read into memory
+    assert_same(
+        sd, checkpoint.load(uri, endpoint_url=moto.endpoint, staging_dir=small_fs)
+    )  # read into memory
     with pytest.raises(StagingSpaceError, match=r"loading this checkpoint needs [\d.]+ MiB") as e:
         checkpoint.load(uri, endpoint_url=moto.endpoint, staging_dir=small_fs, stream=False)
     assert uri in str(e.value)
@@ -134,7 +138,9 @@ def test_disk_filling_up_while_staging_is_a_space_error(moto: Store, small_fs: s
     # Plain Python numbers: the size estimate sees almost nothing, torch.save writes ~7 MB.
     obj = {"numbers": list(range(1_500_000))}
     with pytest.raises(StagingSpaceError, match=moto.uri("py.pt")):
-        checkpoint.save(obj, moto.uri("py.pt"), endpoint_url=moto.endpoint, staging_dir=small_fs, stream=False)
+        checkpoint.save(
+            obj, moto.uri("py.pt"), endpoint_url=moto.endpoint, staging_dir=small_fs, stream=False
+        )
     assert os.listdir(small_fs) == []
     assert not object_exists(moto, moto.prefix + "py.pt")
     # streamed (the default), the estimate only sizes the parts: ~7 MB in two 5 MiB parts
@@ -151,8 +157,12 @@ def test_streamed_save_in_many_parts_and_parallel_ranged_load(store: Store) -> N
     sent: list[dict[str, str]] = []
 
     def headers(request: object, **kwargs: object) -> None:
-        sent.append({k.lower(): v.decode() if isinstance(v, bytes) else str(v)
-                     for k, v in getattr(request, "headers", {}).items()})
+        sent.append(
+            {
+                k.lower(): v.decode() if isinstance(v, bytes) else str(v)
+                for k, v in getattr(request, "headers", {}).items()
+            }
+        )
 
     events = transfer_client(store.endpoint).meta.events
     events.register("before-send.s3.UploadPart", headers)
@@ -186,7 +196,9 @@ def test_parallel_ranged_read_is_byte_exact_and_checks_the_etag(store: Store) ->
     assert buf == data
     # an ETag that is not the object's: the object changed since the HEAD
     with pytest.raises(FetchError, match="changed while it was read"):
-        read_into(store.uri("raw.bin"), store.endpoint, memoryview(bytearray(len(data))), etag="0" * 32, plan=plan)
+        read_into(
+            store.uri("raw.bin"), store.endpoint, memoryview(bytearray(len(data))), etag="0" * 32, plan=plan
+        )
 
 
 def _mapped_checkpoints() -> int:
@@ -209,11 +221,15 @@ def test_mapped_load_is_byte_exact_and_freed_with_its_tensors(store: Store, tmp_
     gc.collect()
     assert _mapped_checkpoints() == before
     stage = str(tmp_path / "stage")  # staged: torch maps the staging file, removed at once
-    assert_same(sd, checkpoint.load(uri, endpoint_url=store.endpoint, stream=False, staging_dir=stage, mmap=True))
+    assert_same(
+        sd, checkpoint.load(uri, endpoint_url=store.endpoint, stream=False, staging_dir=stage, mmap=True)
+    )
     assert os.listdir(stage) == []
 
 
-def test_torch_reads_parts_as_they_arrive_and_a_failed_read_is_its_own_error(moto: Store, monkeypatch) -> None:
+def test_torch_reads_parts_as_they_arrive_and_a_failed_read_is_its_own_error(
+    moto: Store, monkeypatch
+) -> None:
     from s5loader._largeobj import transfer as _transfer
     from s5loader.exceptions import AccessDeniedError, FetchError
 
@@ -233,7 +249,9 @@ def test_torch_reads_parts_as_they_arrive_and_a_failed_read_is_its_own_error(mot
         for mapped in (False, True):
             proxy.rules[:] = [Rule("arriving.pt", "pass", times=2), Rule("arriving.pt", "403")]
             with pytest.raises(AccessDeniedError, match=uri):
-                checkpoint.load(uri, endpoint_url=proxy.endpoint, part_size="5MiB", concurrency=2, mmap=mapped)
+                checkpoint.load(
+                    uri, endpoint_url=proxy.endpoint, part_size="5MiB", concurrency=2, mmap=mapped
+                )
     finally:
         proxy.close()
     # an object replaced after its HEAD: each GET is conditional on the ETag it had
@@ -251,8 +269,9 @@ def test_ctrl_c_while_a_load_waits_for_a_part_is_a_keyboard_interrupt(moto: Stor
     uri = moto.uri("interrupted-load.pt")
     checkpoint.save(state_dict(scale=8), uri, endpoint_url=moto.endpoint, part_size="5MiB")
     # the last part (the zip's directory) arrives, the others are held: torch.load waits
-    proxy = FaultProxy(moto.endpoint, [Rule("interrupted-load.pt", "pass", times=1),
-                                       Rule("interrupted-load.pt", "hold")])
+    proxy = FaultProxy(
+        moto.endpoint, [Rule("interrupted-load.pt", "pass", times=1), Rule("interrupted-load.pt", "hold")]
+    )
 
     def interrupt() -> None:
         if proxy.wait_held("interrupted-load.pt", 2, 30):
@@ -300,10 +319,14 @@ def test_ranged_reads_reuse_their_connections(store: Store) -> None:
         return sum(pools[k].num_connections for k in pools.keys())
 
     buf = memoryview(bytearray(len(data)))
-    read_into(store.uri("reuse.bin"), store.endpoint, buf, etag=etag, plan=plan_parts(len(data), concurrency=1))
+    read_into(
+        store.uri("reuse.bin"), store.endpoint, buf, etag=etag, plan=plan_parts(len(data), concurrency=1)
+    )
     first = opened()
     for _ in range(3):  # three parts each, read straight from the socket, one connection throughout
-        read_into(store.uri("reuse.bin"), store.endpoint, buf, etag=etag, plan=plan_parts(len(data), concurrency=1))
+        read_into(
+            store.uri("reuse.bin"), store.endpoint, buf, etag=etag, plan=plan_parts(len(data), concurrency=1)
+        )
     assert buf == data
     assert opened() == first
 
@@ -314,8 +337,13 @@ def test_failed_part_leaves_no_object_and_no_upload(moto: Store) -> None:
     key = moto.prefix + "failing.pt"
     moto.client.put_object(Bucket=moto.bucket, Key=key, Body=b"the previous checkpoint")
     with failing_part(moto, 3), pytest.raises(FetchError, match=moto.uri("failing.pt")):
-        checkpoint.save(state_dict(scale=8), moto.uri("failing.pt"), endpoint_url=moto.endpoint,
-                        part_size="5MiB", concurrency=2)
+        checkpoint.save(
+            state_dict(scale=8),
+            moto.uri("failing.pt"),
+            endpoint_url=moto.endpoint,
+            part_size="5MiB",
+            concurrency=2,
+        )
     assert pending_uploads(moto, key) == []
     assert moto.client.get_object(Bucket=moto.bucket, Key=key)["Body"].read() == b"the previous checkpoint"
 
@@ -328,8 +356,9 @@ def test_a_part_failing_in_the_middle_of_a_tensor_is_the_error_raised(moto: Stor
     key = moto.prefix + "one-big-tensor.pt"
     sd = {"w": torch.randn(40 * 1024 * 1024 // 4, generator=torch.Generator().manual_seed(0))}  # 40 MiB
     with failing_part(moto, 1), pytest.raises(FetchError, match=moto.uri("one-big-tensor.pt")) as err:
-        checkpoint.save(sd, moto.uri("one-big-tensor.pt"), endpoint_url=moto.endpoint, part_size="5MiB",
-                        concurrency=1)
+        checkpoint.save(
+            sd, moto.uri("one-big-tensor.pt"), endpoint_url=moto.endpoint, part_size="5MiB", concurrency=1
+        )
     assert "part 1 broke off" in str(err.value)
     assert pending_uploads(moto, key) == []
     assert "Contents" not in moto.client.list_objects_v2(Bucket=moto.bucket, Prefix=key)
@@ -360,8 +389,10 @@ def stored_parts(store: Store, key: str) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig,stream", [(signal.SIGINT, False), (signal.SIGTERM, False),
-                                        (signal.SIGINT, True), (signal.SIGTERM, True)])
+@pytest.mark.parametrize(
+    "sig,stream",
+    [(signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGINT, True), (signal.SIGTERM, True)],
+)
 def test_interrupted_save_leaves_nothing(moto: Store, tmp_path, sig: int, stream: bool) -> None:
     key = moto.prefix + "interrupted.pt"
     moto.client.put_object(Bucket=moto.bucket, Key=key, Body=b"the previous checkpoint")
@@ -373,7 +404,9 @@ def test_interrupted_save_leaves_nothing(moto: Store, tmp_path, sig: int, stream
     proxy = FaultProxy(moto.endpoint, [] if stream else [Rule("partNumber=", "hold", method="PUT")])
     proc = subprocess.Popen(
         [sys.executable, str(script), moto.uri("interrupted.pt"), proxy.endpoint, "1" if stream else "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     s5: list[psutil.Process] = []
     try:
@@ -448,7 +481,10 @@ def test_distributed_checkpoint_two_gloo_ranks(seaweed: Store, tmp_path) -> None
     uri = seaweed.uri("dcp/step-10")
     r = subprocess.run(
         [sys.executable, str(script), str(free_port()), seaweed.endpoint, uri, str(stage)],
-        capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "both ranks ok" in r.stdout
@@ -464,15 +500,22 @@ def test_distributed_writer_streams_and_a_failed_part_leaves_no_checkpoint(moto:
     from s5loader.dcp import S5StorageReader, S5StorageWriter
 
     sd = {"w": torch.randn(3 * 1024 * 1024, generator=torch.Generator().manual_seed(2)), "step": 3}  # 12 MiB
-    dcp.save(sd, storage_writer=S5StorageWriter(moto.uri("ok/"), endpoint_url=moto.endpoint, part_size="5MiB"))
+    dcp.save(
+        sd, storage_writer=S5StorageWriter(moto.uri("ok/"), endpoint_url=moto.endpoint, part_size="5MiB")
+    )
     head = moto.client.head_object(Bucket=moto.bucket, Key=moto.prefix + "ok/__0_0.distcp")
     assert head["ETag"].strip('"').endswith("-3")  # streamed in three parts
     out = {"w": torch.zeros_like(sd["w"]), "step": 0}
     dcp.load(out, storage_reader=S5StorageReader(moto.uri("ok/"), endpoint_url=moto.endpoint))
     assert torch.equal(out["w"], sd["w"]) and out["step"] == 3
 
-    with failing_part(moto, 2), pytest.raises(BaseException, match="part 2 broke off"):  # torch: CheckpointException
-        dcp.save(sd, storage_writer=S5StorageWriter(moto.uri("bad/"), endpoint_url=moto.endpoint, part_size="5MiB"))
+    with (
+        failing_part(moto, 2),
+        pytest.raises(BaseException, match="part 2 broke off"),
+    ):  # torch: CheckpointException
+        dcp.save(
+            sd, storage_writer=S5StorageWriter(moto.uri("bad/"), endpoint_url=moto.endpoint, part_size="5MiB")
+        )
     assert not object_exists(moto, moto.prefix + "bad/")  # neither the file nor .metadata
     assert pending_uploads(moto, moto.prefix + "bad/__0_0.distcp") == []
 
@@ -486,9 +529,13 @@ def test_a_part_failing_in_the_middle_of_a_distributed_tensor_is_the_error_raise
 
     sd = {"w": torch.randn(40 * 1024 * 1024 // 4, generator=torch.Generator().manual_seed(3))}  # 40 MiB
     with failing_part(moto, 1), pytest.raises(CheckpointException) as err:
-        dcp.save(sd, storage_writer=S5StorageWriter(moto.uri("mid/"), endpoint_url=moto.endpoint, part_size="5MiB",
-                                                    concurrency=1))
-    (exc, _), = err.value.failures.values()
+        dcp.save(
+            sd,
+            storage_writer=S5StorageWriter(
+                moto.uri("mid/"), endpoint_url=moto.endpoint, part_size="5MiB", concurrency=1
+            ),
+        )
+    ((exc, _),) = err.value.failures.values()
     assert isinstance(exc, FetchError) and "part 1 broke off" in str(exc), exc
     assert moto.uri("mid/__0_0.distcp") in str(exc)
     assert not object_exists(moto, moto.prefix + "mid/")

@@ -25,7 +25,9 @@ def collate(batch):  # keep samples as dicts: the test counts them one by one
 
 
 def run_epoch(dataset, sampler, num_workers, batch_size=4):
-    loader = DataLoader(dataset, sampler=sampler, batch_size=batch_size, num_workers=num_workers, collate_fn=collate)
+    loader = DataLoader(
+        dataset, sampler=sampler, batch_size=batch_size, num_workers=num_workers, collate_fn=collate
+    )
     return [s for batch in loader for s in batch]
 
 
@@ -69,11 +71,13 @@ def test_shuffle_order(moto: Store, staging_root: str) -> None:
 
 
 def test_group_by_folder(seaweed: Store, staging_root: str) -> None:
-    source = seaweed.put({
-        f"folder{i}/{name}": f"{name}-{i}".encode() * (i + 1)
-        for i in range(6)
-        for name in ("text.txt", "video.mp4", "sub/extra.bin")
-    })
+    source = seaweed.put(
+        {
+            f"folder{i}/{name}": f"{name}-{i}".encode() * (i + 1)
+            for i in range(6)
+            for name in ("text.txt", "video.mp4", "sub/extra.bin")
+        }
+    )
     ds = S5Dataset.from_prefix(seaweed.uri(), endpoint_url=seaweed.endpoint, group_by="folder")
     assert len(ds) == 6
     with S5Sampler(ds, staging_dir=staging_root, samples_per_call=4) as sampler:
@@ -87,7 +91,9 @@ def test_group_by_folder(seaweed: Store, staging_root: str) -> None:
 def test_group_by_object_and_transform(moto: Store, staging_root: str) -> None:
     source = moto.put({f"{i}.bin": bytes([i]) * (i + 1) for i in range(12)})
     ds = S5Dataset.from_prefix(
-        moto.uri(), endpoint_url=moto.endpoint, group_by="object",
+        moto.uri(),
+        endpoint_url=moto.endpoint,
+        group_by="object",
         transform=lambda s: (s["__key__"], len(s["data"]), s["data"]),
     )
     with S5Sampler(ds, staging_dir=staging_root) as sampler:
@@ -113,7 +119,9 @@ def test_from_objects_and_manifest(store: Store, staging_root: str, tmp_path) ->
                 rec["size"] = len(source[u.split("/", 3)[3]])
             lines.append(json.dumps(rec))
     manifest.write_text("\n".join(lines) + "\n\n")
-    store.client.put_object(Bucket=store.bucket, Key=store.prefix + "manifest.jsonl", Body=manifest.read_bytes())
+    store.client.put_object(
+        Bucket=store.bucket, Key=store.prefix + "manifest.jsonl", Body=manifest.read_bytes()
+    )
     for path in (str(manifest), store.uri("manifest.jsonl")):
         m = S5Dataset.from_manifest(path, endpoint_url=store.endpoint)
         assert len(m) == 10

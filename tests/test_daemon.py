@@ -57,7 +57,18 @@ def sha(b: bytes) -> str:
 
 
 def daemon_argv(source: str, cache: Path, budget: int, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "s5loader", "prefetch", source, "--cache", str(cache), "--budget", str(budget), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "s5loader",
+        "prefetch",
+        source,
+        "--cache",
+        str(cache),
+        "--budget",
+        str(budget),
+        *extra,
+    ]
 
 
 def start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -83,7 +94,9 @@ def received(out: Path) -> list[dict]:
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
-def expected_names(store: Store, group_by: str = "stem", shuffle: bool = False, seed: int = 0, epochs: int = 1):
+def expected_names(
+    store: Store, group_by: str = "stem", shuffle: bool = False, seed: int = 0, epochs: int = 1
+):
     """Folder names in delivery order, and the samples they hold, from the library's index."""
     ds = S5Dataset.from_prefix(store.uri(), endpoint_url=store.endpoint, group_by=group_by)
     order = Order(shuffle, seed, 1, 0, False)
@@ -140,7 +153,9 @@ def cache(tmp_path: Path) -> Iterator[Path]:
 
 
 # -- delivery -----------------------------------------------------------------------------------
-def test_stem_samples_shuffled_epochs_once_in_order_within_budget(seaweed: Store, cache: Path, tmp_path: Path) -> None:
+def test_stem_samples_shuffled_epochs_once_in_order_within_budget(
+    seaweed: Store, cache: Path, tmp_path: Path
+) -> None:
     source = seaweed.put(make_pairs(24, size=2000))
     want = expected_names(seaweed, shuffle=True, seed=7, epochs=2)
     budget = 5 * PAIR
@@ -150,8 +165,20 @@ def test_stem_samples_shuffled_epochs_once_in_order_within_budget(seaweed: Store
     with Peak(lambda: cache_bytes(cache), interval=0.002) as peak:
         daemon = start(
             daemon_argv(
-                seaweed.uri(), cache, budget, "--endpoint-url", seaweed.endpoint, "--shuffle",
-                "--seed", "7", "--epochs", "2", "--samples-per-call", "3", "--json-log", str(log),
+                seaweed.uri(),
+                cache,
+                budget,
+                "--endpoint-url",
+                seaweed.endpoint,
+                "--shuffle",
+                "--seed",
+                "7",
+                "--epochs",
+                "2",
+                "--samples-per-call",
+                "3",
+                "--json-log",
+                str(log),
             ),
             tmp_path / "daemon.log",
         )
@@ -196,9 +223,13 @@ def test_folder_samples_text_and_video(moto: Store, cache: Path, tmp_path: Path)
 def test_shell_consumer_with_ls_head_rm(seaweed: Store, cache: Path, tmp_path: Path) -> None:
     source = seaweed.put(make_pairs(12, size=2000))
     want = expected_names(seaweed)
-    shell = subprocess.Popen(["bash", "-c", SHELL_CONSUMER, "consumer", str(cache)], stdout=subprocess.PIPE, text=True)
+    shell = subprocess.Popen(
+        ["bash", "-c", SHELL_CONSUMER, "consumer", str(cache)], stdout=subprocess.PIPE, text=True
+    )
     daemon = start(
-        daemon_argv(seaweed.uri(), cache, 3 * PAIR, "--endpoint-url", seaweed.endpoint, "--samples-per-call", "2"),
+        daemon_argv(
+            seaweed.uri(), cache, 3 * PAIR, "--endpoint-url", seaweed.endpoint, "--samples-per-call", "2"
+        ),
         tmp_path / "daemon.log",
     )
     assert finish(daemon) == 0, (tmp_path / "daemon.log").read_text()
@@ -218,7 +249,9 @@ def test_sigterm_then_sigkill_then_restart_delivers_every_sample_once(
     want = expected_names(seaweed)
     out = tmp_path / "got.jsonl"
     consumer = start_consumer(cache, out, delay=0.04)
-    argv = daemon_argv(seaweed.uri(), cache, 4 * PAIR, "--endpoint-url", seaweed.endpoint, "--samples-per-call", "2")
+    argv = daemon_argv(
+        seaweed.uri(), cache, 4 * PAIR, "--endpoint-url", seaweed.endpoint, "--samples-per-call", "2"
+    )
 
     def run(name: str) -> subprocess.Popen[bytes]:
         return start(argv + ["--json-log", str(tmp_path / f"{name}.jsonl")], tmp_path / f"{name}.log")
@@ -286,13 +319,19 @@ def test_restart_completes_a_delivery_cut_by_a_crash(
     assert os.listdir(cache / STAGING_DIR) == []
 
 
-def test_second_daemon_refused_and_sigint_leaves_ready_samples(seaweed: Store, cache: Path, tmp_path: Path) -> None:
+def test_second_daemon_refused_and_sigint_leaves_ready_samples(
+    seaweed: Store, cache: Path, tmp_path: Path
+) -> None:
     seaweed.put(make_pairs(10, size=2000))
-    argv = daemon_argv(seaweed.uri(), cache, 3 * PAIR, "--endpoint-url", seaweed.endpoint, "--samples-per-call", "1")
+    argv = daemon_argv(
+        seaweed.uri(), cache, 3 * PAIR, "--endpoint-url", seaweed.endpoint, "--samples-per-call", "1"
+    )
     first = start(argv, tmp_path / "first.log")
     try:
         wait_for(lambda: len(ready_names(str(cache))) == 3, what="a full cache")  # nobody consumes
-        second = subprocess.run(argv, cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=20)
+        second = subprocess.run(
+            argv, cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=20
+        )
         assert second.returncode == 1
         assert str(cache) in second.stderr and f"pid {first.pid}" in second.stderr, second.stderr
         first.send_signal(signal.SIGINT)
@@ -315,7 +354,11 @@ def test_sample_larger_than_budget_fails_before_download(seaweed: Store, cache: 
     seaweed.put(make_pairs(3, size=2000))
     proc = subprocess.run(
         daemon_argv(seaweed.uri(), cache, PAIR - 1, "--endpoint-url", seaweed.endpoint),
-        cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=20,
+        cwd=ROOT,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=20,
     )
     assert proc.returncode == 1
     assert "larger than the budget" in proc.stderr, proc.stderr
@@ -323,8 +366,12 @@ def test_sample_larger_than_budget_fails_before_download(seaweed: Store, cache: 
     foreign = tmp_path / "home"
     (foreign / "2023-photos").mkdir(parents=True)
     proc = subprocess.run(
-        daemon_argv(seaweed.uri(), foreign, 10 * PAIR, "--fresh"), cwd=ROOT, env=dict(os.environ),
-        capture_output=True, text=True, timeout=20,
+        daemon_argv(seaweed.uri(), foreign, 10 * PAIR, "--fresh"),
+        cwd=ROOT,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=20,
     )
     assert proc.returncode == 1 and "not empty" in proc.stderr, proc.stderr
     assert os.listdir(foreign) == ["2023-photos"]  # untouched, not even a lock file
@@ -342,8 +389,16 @@ def test_starvation_and_progress_are_reported(seaweed: Store, cache: Path, tmp_p
     # consumer always waits on the daemon.
     daemon = start(
         daemon_argv(
-            seaweed.uri(), cache, PAIR, "--endpoint-url", seaweed.endpoint, "--samples-per-call", "1",
-            "--json-log", str(log), "--progress",
+            seaweed.uri(),
+            cache,
+            PAIR,
+            "--endpoint-url",
+            seaweed.endpoint,
+            "--samples-per-call",
+            "1",
+            "--json-log",
+            str(log),
+            "--progress",
         ),
         tmp_path / "daemon.log",
     )

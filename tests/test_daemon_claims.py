@@ -36,12 +36,15 @@ def test_consumers_in_several_processes_take_each_sample_once(seaweed: Store, tm
     cache = tmp_path / "cache"
     budget = 6 * PAIR
     daemon = start(
-        daemon_argv(seaweed.uri(), cache, budget, "--endpoint-url", seaweed.endpoint, "--samples-per-call", "4"),
+        daemon_argv(
+            seaweed.uri(), cache, budget, "--endpoint-url", seaweed.endpoint, "--samples-per-call", "4"
+        ),
         tmp_path / "d.log",
     )
     outs = [tmp_path / f"got{i}.txt" for i in range(3)]
     consumers = [
-        subprocess.Popen([sys.executable, "-c", CONSUMER, str(cache), str(out), "0.03"], cwd=ROOT) for out in outs
+        subprocess.Popen([sys.executable, "-c", CONSUMER, str(cache), str(out), "0.03"], cwd=ROOT)
+        for out in outs
     ]
     shell = run_shell_loop(cache, tmp_path)  # the docs' loop beside them, claiming with mv
     with Peak(lambda: sample_bytes(cache) if cache.exists() else 0, interval=0.002) as peak:
@@ -62,12 +65,16 @@ def test_consumers_in_several_processes_take_each_sample_once(seaweed: Store, tm
 def test_leaving_the_loop_hands_the_sample_back(seaweed: Store, tmp_path: Path) -> None:
     seaweed.put(make_pairs(4, size=2000))
     cache = tmp_path / "cache"
-    daemon = start(daemon_argv(seaweed.uri(), cache, 4 * PAIR, "--endpoint-url", seaweed.endpoint), tmp_path / "d.log")
+    daemon = start(
+        daemon_argv(seaweed.uri(), cache, 4 * PAIR, "--endpoint-url", seaweed.endpoint), tmp_path / "d.log"
+    )
     for sample in consume(cache, timeout=60):
         assert os.path.dirname(sample.path) == str(cache / CLAIMED_DIR)  # claimed while it is ours
         first = sample.name
         break
-    assert (cache / first).is_dir() and not (cache / CLAIMED_DIR / first).exists()  # handed back, in its place
+    assert (cache / first).is_dir() and not (
+        cache / CLAIMED_DIR / first
+    ).exists()  # handed back, in its place
     names = [s.name for s in consume(cache, timeout=60)]
     assert finish(daemon) == 0, (tmp_path / "d.log").read_text()
     assert names[0] == first and len(names) == 4
@@ -90,8 +97,13 @@ def test_a_slow_consumer_costs_few_s5cmd_processes(seaweed: Store, tmp_path: Pat
     budget = 20 * PAIR
     with open(tmp_path / "d.log", "wb") as log:
         daemon = subprocess.Popen(
-            daemon_argv(seaweed.uri(), cache, budget, "--endpoint-url", seaweed.endpoint, "--json-log", str(events)),
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            daemon_argv(
+                seaweed.uri(), cache, budget, "--endpoint-url", seaweed.endpoint, "--json-log", str(events)
+            ),
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
     consumed = 0
     for _ in consume(cache, timeout=60):

@@ -71,7 +71,9 @@ def shell_env(tmp_path: Path) -> dict[str, str]:
 def run_shell_loop(cache: Path, tmp_path: Path) -> subprocess.Popen[str]:
     (tmp_path / "done").mkdir(exist_ok=True)
     script = doc_shell_consumer().replace("/data/cache", str(cache))
-    return subprocess.Popen(["bash", "-c", script], env=shell_env(tmp_path), stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        ["bash", "-c", script], env=shell_env(tmp_path), stderr=subprocess.PIPE, text=True
+    )
 
 
 def sigcaught(pid: int, sig: int) -> bool:
@@ -94,9 +96,22 @@ def test_a_start_up_failure_reaches_every_consumer_with_its_message(seaweed: Sto
     shell = run_shell_loop(cache, tmp_path)  # the consumers first, as a pipeline starts them
     log = tmp_path / "events.jsonl"
     daemon = subprocess.run(  # a budget smaller than a sample: it fails after listing, with the lock held
-        prefetch(seaweed.uri(), "--cache", str(cache), "--budget", "1kB", "--endpoint-url", seaweed.endpoint,
-                 "--json-log", str(log)),
-        cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=60,
+        prefetch(
+            seaweed.uri(),
+            "--cache",
+            str(cache),
+            "--budget",
+            "1kB",
+            "--endpoint-url",
+            seaweed.endpoint,
+            "--json-log",
+            str(log),
+        ),
+        cwd=ROOT,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert daemon.returncode == 1 and "larger than the budget" in daemon.stderr, daemon.stderr
     error = (cache / ERROR_MARKER).read_text()
@@ -110,9 +125,13 @@ def test_a_start_up_failure_reaches_every_consumer_with_its_message(seaweed: Sto
     _, err = shell.communicate(timeout=60)
     assert shell.returncode == 1 and "larger than the budget" in err and str(cache) in err, err
     status = subprocess.run(prefetch("--status", str(cache)), capture_output=True, text=True, timeout=60)
-    assert status.returncode == 1 and "failed: " in status.stderr and "larger than the budget" in status.stderr
+    assert (
+        status.returncode == 1 and "failed: " in status.stderr and "larger than the budget" in status.stderr
+    )
     # a daemon started again with a budget that holds the samples takes over: ERROR goes
-    fixed = start(daemon_argv(seaweed.uri(), cache, 3 * PAIR, "--endpoint-url", seaweed.endpoint), tmp_path / "d.log")
+    fixed = start(
+        daemon_argv(seaweed.uri(), cache, 3 * PAIR, "--endpoint-url", seaweed.endpoint), tmp_path / "d.log"
+    )
     assert len(list(consume(cache, timeout=60))) == 3
     assert finish(fixed) == 0, (tmp_path / "d.log").read_text()
     assert not (cache / ERROR_MARKER).exists() and daemon_status(cache).state == "done"
@@ -121,12 +140,17 @@ def test_a_start_up_failure_reaches_every_consumer_with_its_message(seaweed: Sto
 def test_kill_9_ends_the_consumers_and_a_restart_serves_them_again(seaweed: Store, tmp_path: Path) -> None:
     seaweed.put(make_pairs(20, size=2000))
     cache = tmp_path / "cache"
-    argv = daemon_argv(seaweed.uri(), cache, 3 * PAIR, "--endpoint-url", seaweed.endpoint, "--samples-per-call", "2")
+    argv = daemon_argv(
+        seaweed.uri(), cache, 3 * PAIR, "--endpoint-url", seaweed.endpoint, "--samples-per-call", "2"
+    )
     daemon = start(argv, tmp_path / "first.log")
     wait_for(lambda: daemon_status(cache).state == "running", timeout=60, what="the daemon to take the cache")
     got = tmp_path / "got.txt"
     consumer = subprocess.Popen(
-        [sys.executable, "-c", CONSUME, str(cache), str(got), "2"], cwd=ROOT, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", CONSUME, str(cache), str(got), "2"],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     shell = run_shell_loop(cache, tmp_path)
     wait_for(lambda: state(cache).get("delivered", 0) >= 6, what="6 deliveries")
@@ -145,14 +169,18 @@ def test_kill_9_ends_the_consumers_and_a_restart_serves_them_again(seaweed: Stor
     again = start(argv, tmp_path / "second.log")
     more = [s.name for s in consume(cache, timeout=60)]
     assert finish(again) == 0, (tmp_path / "second.log").read_text()
-    seen = (got.read_text().split() if got.exists() else []) + sorted(p.name for p in (tmp_path / "done").iterdir())
+    seen = (got.read_text().split() if got.exists() else []) + sorted(
+        p.name for p in (tmp_path / "done").iterdir()
+    )
     assert sorted(seen + more) == sorted(set(seen + more)) and len(seen + more) == 20
 
 
 def test_a_probe_of_the_lock_never_fails_a_restart(seaweed: Store, tmp_path: Path) -> None:
     seaweed.put(make_pairs(4, size=2000))
     cache = tmp_path / "cache"
-    argv = daemon_argv(seaweed.uri(), cache, 2 * PAIR, "--endpoint-url", seaweed.endpoint, "--samples-per-call", "1")
+    argv = daemon_argv(
+        seaweed.uri(), cache, 2 * PAIR, "--endpoint-url", seaweed.endpoint, "--samples-per-call", "1"
+    )
     first = start(argv, tmp_path / "first.log")
     wait_for(lambda: len(ready_names(str(cache))) == 2, what="a full cache")
     first.kill()
@@ -161,7 +189,9 @@ def test_a_probe_of_the_lock_never_fails_a_restart(seaweed: Store, tmp_path: Pat
     # a consumer's probe holds the lock when the daemon starts again (util-linux flock; an
     # exclusive one, the obvious check, which the docs' shared one is gentler than)
     probe = subprocess.Popen(["flock", "-n", str(cache / LOCK_FILE), "cat"], stdin=subprocess.PIPE)
-    wait_for(lambda: daemon_status(cache).state == "running", what="the probe to hold the lock")  # as if a daemon
+    wait_for(
+        lambda: daemon_status(cache).state == "running", what="the probe to hold the lock"
+    )  # as if a daemon
     log = tmp_path / "second.log"
     second = start(argv, log)
     wait_for(lambda: "is held for now" in log.read_text(), what="the daemon to wait for the lock")
@@ -176,7 +206,9 @@ def test_a_probe_of_the_lock_never_fails_a_restart(seaweed: Store, tmp_path: Pat
 def test_sigterm_while_python_loads_the_daemon_exits_0_and_says_so(seaweed: Store, tmp_path: Path) -> None:
     seaweed.put(make_pairs(2, size=100))
     log = tmp_path / "d.log"
-    daemon = start(daemon_argv(seaweed.uri(), tmp_path / "cache", 10 * PAIR, "--endpoint-url", seaweed.endpoint), log)
+    daemon = start(
+        daemon_argv(seaweed.uri(), tmp_path / "cache", 10 * PAIR, "--endpoint-url", seaweed.endpoint), log
+    )
     # SIGTERM once the command has a handler for it, and torch is not loaded yet
     deadline = time.monotonic() + 30
     while not sigcaught(daemon.pid, signal.SIGTERM):
@@ -194,7 +226,9 @@ def test_sigterm_stops_a_daemon_whose_samples_are_always_ready(seaweed: Store, t
     seaweed.put({f"{i:04d}.bin": b"x" for i in range(600)})
     cache, events = tmp_path / "cache", tmp_path / "events.jsonl"
     daemon = start(
-        daemon_argv(seaweed.uri(), cache, 10**6, "--endpoint-url", seaweed.endpoint, "--json-log", str(events)),
+        daemon_argv(
+            seaweed.uri(), cache, 10**6, "--endpoint-url", seaweed.endpoint, "--json-log", str(events)
+        ),
         tmp_path / "d.log",
     )
     wait_for(lambda: state(cache).get("delivered", 0) >= 5, timeout=60, what="5 deliveries")
@@ -209,7 +243,9 @@ def test_status_of_a_running_daemon_counts_the_budget_as_du_cannot(seaweed: Stor
     cache = tmp_path / "cache"
     budget = 20 * PAIR
     daemon = start(
-        daemon_argv(seaweed.uri(), cache, budget, "--endpoint-url", seaweed.endpoint, "--samples-per-call", "20"),
+        daemon_argv(
+            seaweed.uri(), cache, budget, "--endpoint-url", seaweed.endpoint, "--samples-per-call", "20"
+        ),
         tmp_path / "d.log",
     )
     try:
@@ -228,8 +264,19 @@ def test_cli_errors_name_the_flag_and_echo_the_size_as_typed(tmp_path: Path) -> 
     port = free_port()  # nobody listens
     cache = tmp_path / "cache"
     r = subprocess.run(
-        prefetch("s3://demo/train/", "--cache", str(cache), "--budget", "300kB", "--endpoint-url", f"http://127.0.0.1:{port}"),
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        prefetch(
+            "s3://demo/train/",
+            "--cache",
+            str(cache),
+            "--budget",
+            "300kB",
+            "--endpoint-url",
+            f"http://127.0.0.1:{port}",
+        ),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert r.returncode == 1
     assert "--endpoint-url" in r.stderr and "endpoint_url=" not in r.stderr, r.stderr
@@ -239,8 +286,19 @@ def test_cli_errors_name_the_flag_and_echo_the_size_as_typed(tmp_path: Path) -> 
 def test_a_budget_too_small_names_it_as_typed(seaweed: Store, tmp_path: Path) -> None:
     seaweed.put(make_pairs(2, size=300_500))
     r = subprocess.run(
-        prefetch(seaweed.uri(), "--cache", str(tmp_path / "cache"), "--budget", "300kB", "--endpoint-url", seaweed.endpoint),
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        prefetch(
+            seaweed.uri(),
+            "--cache",
+            str(tmp_path / "cache"),
+            "--budget",
+            "300kB",
+            "--endpoint-url",
+            seaweed.endpoint,
+        ),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert r.returncode == 1 and "budget of 293.0 KiB (300 kB)" in r.stderr, r.stderr
 
@@ -249,8 +307,18 @@ def test_the_start_event_and_each_sample_say_the_epoch(seaweed: Store, tmp_path:
     seaweed.put(make_pairs(5, size=100))
     cache, events = tmp_path / "cache", tmp_path / "events.jsonl"
     daemon = start(
-        daemon_argv(seaweed.uri(), cache, 10**5, "--endpoint-url", seaweed.endpoint, "--epochs", "3", "--shuffle",
-                    "--json-log", str(events)),
+        daemon_argv(
+            seaweed.uri(),
+            cache,
+            10**5,
+            "--endpoint-url",
+            seaweed.endpoint,
+            "--epochs",
+            "3",
+            "--shuffle",
+            "--json-log",
+            str(events),
+        ),
         tmp_path / "d.log",
     )
     got = [(s.seq, s.epoch, sorted(s.files)) for s in consume(cache, timeout=60)]
@@ -268,8 +336,20 @@ def test_the_epoch_cache_folder_goes_after_the_end_through_kill_9_and_restarts(
 ) -> None:
     seaweed.put(make_pairs(12, size=2000))
     cache = tmp_path / "cache"
-    argv = daemon_argv(seaweed.uri(), cache, 3 * PAIR, "--endpoint-url", seaweed.endpoint, "--samples-per-call", "2",
-                       "--epochs", "2", "--shuffle", "--epoch-cache", str(12 * PAIR))
+    argv = daemon_argv(
+        seaweed.uri(),
+        cache,
+        3 * PAIR,
+        "--endpoint-url",
+        seaweed.endpoint,
+        "--samples-per-call",
+        "2",
+        "--epochs",
+        "2",
+        "--shuffle",
+        "--epoch-cache",
+        str(12 * PAIR),
+    )
     names = []
     # in the first epoch, twice (the second epoch's samples come from the epoch cache, beside the
     # budget, and a daemon delivers them all at once)
@@ -281,7 +361,11 @@ def test_the_epoch_cache_folder_goes_after_the_end_through_kill_9_and_restarts(
             names.append(s.name)
         daemon.kill()
         daemon.wait()
-        assert (cache / EPOCH_DIR).is_dir(), (kill_at, os.listdir(cache), (tmp_path / f"d{kill_at}.log").read_text()[-3000:])  # kept for the next run
+        assert (cache / EPOCH_DIR).is_dir(), (
+            kill_at,
+            os.listdir(cache),
+            (tmp_path / f"d{kill_at}.log").read_text()[-3000:],
+        )  # kept for the next run
     last = start(argv, tmp_path / "last.log")
     try:
         names += [s.name for s in consume(cache, timeout=60)]

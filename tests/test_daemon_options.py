@@ -16,10 +16,24 @@ from s5loader.exceptions import ConfigError
 
 def test_staging_options_reach_the_engine(moto: Store, tmp_path: Path) -> None:
     moto.put(make_pairs(6, size=100))
-    args = build_parser().parse_args([
-        moto.uri(), "--cache", str(tmp_path / "cache"), "--budget", "1MiB", "--endpoint-url", moto.endpoint,
-        "--verify", "--retries", "0", "--stall-timeout", "7.5", "--samples-per-call", "2",
-    ])
+    args = build_parser().parse_args(
+        [
+            moto.uri(),
+            "--cache",
+            str(tmp_path / "cache"),
+            "--budget",
+            "1MiB",
+            "--endpoint-url",
+            moto.endpoint,
+            "--verify",
+            "--retries",
+            "0",
+            "--stall-timeout",
+            "7.5",
+            "--samples-per-call",
+            "2",
+        ]
+    )
     opts = options_from_args(args)
     assert (opts.staging.verify, opts.staging.retries, opts.staging.stall_timeout) == (True, 0, 7.5)
     with PrefetchDaemon(opts) as p:
@@ -33,8 +47,12 @@ def test_staging_options_reach_the_engine(moto: Store, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("change", "message"),
-    [({"retries": -1}, "retries must be an int >= 0"), ({"stall_timeout": 0}, "stall_timeout must be a positive"),
-     ({"calls_in_flight": 0}, "calls_in_flight must be a positive int"), ({"on_error": "ignore"}, "on_error must be one of")],
+    [
+        ({"retries": -1}, "retries must be an int >= 0"),
+        ({"stall_timeout": 0}, "stall_timeout must be a positive"),
+        ({"calls_in_flight": 0}, "calls_in_flight must be a positive int"),
+        ({"on_error": "ignore"}, "on_error must be one of"),
+    ],
 )
 def test_staging_options_checked_as_the_samplers(tmp_path: Path, change: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -44,9 +62,22 @@ def test_staging_options_checked_as_the_samplers(tmp_path: Path, change: dict, m
 @pytest.mark.parametrize("bad", [["--retries", "-1"], ["--stall-timeout", "0"]])
 def test_bad_staging_option_is_a_usage_error(tmp_path: Path, bad: list[str]) -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "s5loader", "prefetch", "s3://b/p/", "--cache", str(tmp_path / "c"),
-         "--budget", "1MiB", *bad],
-        capture_output=True, text=True, timeout=60, env={**os.environ},
+        [
+            sys.executable,
+            "-m",
+            "s5loader",
+            "prefetch",
+            "s3://b/p/",
+            "--cache",
+            str(tmp_path / "c"),
+            "--budget",
+            "1MiB",
+            *bad,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ},
     )
     assert r.returncode == 2, r.stderr
     assert bad[0] in r.stderr
@@ -57,16 +88,33 @@ def test_block_shuffle_delivers_the_samplers_order(moto: Store, tmp_path: Path, 
     from s5loader.daemon.protocol import sample_folder_name
 
     moto.put({f"{d}/{i:02d}.bin": bytes([i]) * 10 for d in ("a", "b", "c") for i in range(4)})
-    args = build_parser().parse_args([
-        moto.uri(), "--cache", str(tmp_path / "cache"), "--budget", "1MiB", "--endpoint-url", moto.endpoint,
-        "--shuffle", "block", "--block-size", "2", "--seed", "3", "--samples-per-call", "4",
-    ])
+    args = build_parser().parse_args(
+        [
+            moto.uri(),
+            "--cache",
+            str(tmp_path / "cache"),
+            "--budget",
+            "1MiB",
+            "--endpoint-url",
+            moto.endpoint,
+            "--shuffle",
+            "block",
+            "--block-size",
+            "2",
+            "--seed",
+            "3",
+            "--samples-per-call",
+            "4",
+        ]
+    )
     with PrefetchDaemon(options_from_args(args)) as p:
         p.open()
         assert p.run().delivered == 12
     delivered = sorted(n for n in os.listdir(tmp_path / "cache") if not n.startswith(".") and n != "END")
     ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
-    sampler = S5Sampler(ds, shuffle="block", block_size=2, seed=3, samples_per_call=4, staging_dir=staging_root)
+    sampler = S5Sampler(
+        ds, shuffle="block", block_size=2, seed=3, samples_per_call=4, staging_dir=staging_root
+    )
     expected = [sample_folder_name(seq, ds.samples[i].key) for seq, i in enumerate(sampler._epoch_order(0))]
     assert delivered == expected
     assert expected != sorted(expected, key=lambda n: n.split("-", 1)[1])  # shuffled, not key order

@@ -47,7 +47,9 @@ def test_stem_over_folder_per_sample_data_warns_with_the_cli_flag(
 ) -> None:
     """The report's layout: video/folderN/text.txt + video/folderN/video.mp4 under the prefix,
     read with the default --group-by stem: 120 one-file samples."""
-    moto.put({f"video/folder{i}/{name}": b"x" * 10 for i in range(1, 61) for name in ("text.txt", "video.mp4")})
+    moto.put(
+        {f"video/folder{i}/{name}": b"x" * 10 for i in range(1, 61) for name in ("text.txt", "video.mp4")}
+    )
     caplog.set_level(logging.INFO)
     opts = PrefetchOptions.of(moto.uri(), str(tmp_path / "cache"), 10**6, endpoint_url=moto.endpoint)
     with PrefetchDaemon(opts) as daemon:
@@ -60,10 +62,14 @@ def test_stem_over_folder_per_sample_data_warns_with_the_cli_flag(
 
 
 # -- 2. an idle daemon ---------------------------------------------------------------------------
-def test_ledger_looks_at_an_unchanged_cache_without_listing_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ledger_looks_at_an_unchanged_cache_without_listing_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The engine asks about every delivered sample several times a second while the cache is
     full: an unchanged cache costs a stat, not a listing of thousands of folders."""
-    monkeypatch.setattr(daemon_state, "_MTIME_MARGIN_NS", 0, raising=False)  # no waiting for coarse timestamps
+    monkeypatch.setattr(
+        daemon_state, "_MTIME_MARGIN_NS", 0, raising=False
+    )  # no waiting for coarse timestamps
     cache = tmp_path / "cache"
     cache.mkdir()
     ledger = Ledger(str(cache))
@@ -109,7 +115,9 @@ def _cpu_seconds(proc: psutil.Process) -> float:
     return total
 
 
-def test_an_idle_daemon_with_a_full_cache_of_many_samples_spends_little_cpu(seaweed: Store, tmp_path: Path) -> None:
+def test_an_idle_daemon_with_a_full_cache_of_many_samples_spends_little_cpu(
+    seaweed: Store, tmp_path: Path
+) -> None:
     """The report: 21 CPU s in 10 minutes while a full cache waited for its consumer. Its
     cost grew with the samples in the cache (each look listed them all); 2800 small samples
     here."""
@@ -120,7 +128,9 @@ def test_an_idle_daemon_with_a_full_cache_of_many_samples_spends_little_cpu(seaw
         (objects / f"{i:05d}.bin").write_bytes(bytes([i % 256]) * size)
     subprocess.run(
         [find_s5cmd(), "--endpoint-url", seaweed.endpoint, "cp", f"{objects}/*", seaweed.uri()],
-        check=True, capture_output=True, timeout=120,
+        check=True,
+        capture_output=True,
+        timeout=120,
     )
     with _fast_dir(tmp_path) as fast:
         cache = fast / "cache"
@@ -139,12 +149,16 @@ def test_an_idle_daemon_with_a_full_cache_of_many_samples_spends_little_cpu(seaw
             proc.send_signal(signal.SIGTERM)
             finish(proc, timeout=30)
     per_minute = used * 60 / took
-    print(f"idle daemon, {held} samples in its cache: {used:.2f} CPU s in {took:.0f} s, {per_minute:.2f} per minute")
+    print(
+        f"idle daemon, {held} samples in its cache: {used:.2f} CPU s in {took:.0f} s, {per_minute:.2f} per minute"
+    )
     assert per_minute < 1.5, f"{used:.2f} CPU s in {took:.0f} s idle ({per_minute:.2f} per minute)"
 
 
 # -- 3. the budget across SIGTERM and restart ----------------------------------------------------
-def test_a_restart_removes_every_leftover_of_a_stopped_run_before_it_fetches(moto: Store, tmp_path: Path) -> None:
+def test_a_restart_removes_every_leftover_of_a_stopped_run_before_it_fetches(
+    moto: Store, tmp_path: Path
+) -> None:
     """What a killed run can leave in .staging: its area (lock free), an area it was still
     setting up, and a folder that one of its s5cmd copies recreated after the area was
     removed (s5cmd creates a missing destination folder), which has no lock to test. None of
@@ -168,7 +182,9 @@ def test_a_restart_removes_every_leftover_of_a_stopped_run_before_it_fetches(mot
     assert cache_bytes(cache) == 2016 + 2 * PAIR
     with PrefetchDaemon(opts) as daemon:
         daemon.open()
-        assert os.listdir(staging) == []  # the dead runs' folders are gone; this run's comes with its first pass
+        assert (
+            os.listdir(staging) == []
+        )  # the dead runs' folders are gone; this run's comes with its first pass
         assert cache_bytes(cache) == 0  # before the first fetch, the cache holds nothing uncounted
         daemon.stop.set()
         daemon.run()
@@ -185,7 +201,9 @@ def test_budget_holds_across_sigterm_and_restart_at_any_moment(seaweed: Store, t
     cache = tmp_path / "cache"
     out = tmp_path / "got.jsonl"
     budget = 6 * PAIR
-    argv = daemon_argv(seaweed.uri(), cache, budget, "--endpoint-url", seaweed.endpoint, "--samples-per-call", "3")
+    argv = daemon_argv(
+        seaweed.uri(), cache, budget, "--endpoint-url", seaweed.endpoint, "--samples-per-call", "3"
+    )
     rng = random.Random(3)
     consumer = start_consumer(cache, out, delay=0.03)
     codes = []
@@ -198,16 +216,22 @@ def test_budget_holds_across_sigterm_and_restart_at_any_moment(seaweed: Store, t
                 try:
                     if cycle % 3 == 0:  # as soon as it holds the lock: while it lists and opens
                         wait_for(
-                            lambda p=proc: (cache / LOCK_FILE).exists()
-                            and (cache / LOCK_FILE).read_text().strip() == str(p.pid) or p.poll() is not None,
-                            30, "the lock",
+                            lambda p=proc: (
+                                (cache / LOCK_FILE).exists()
+                                and (cache / LOCK_FILE).read_text().strip() == str(p.pid)
+                                or p.poll() is not None
+                            ),
+                            30,
+                            "the lock",
                         )
                     else:  # after a few deliveries, then at once or a moment later (calls in flight)
                         more = rng.randint(1, 5)
                         wait_for(
-                            lambda d=done, k=more, p=proc: state(cache).get("delivered", 0) >= min(n, d + k)
-                            or p.poll() is not None,
-                            30, "deliveries",
+                            lambda d=done, k=more, p=proc: (
+                                state(cache).get("delivered", 0) >= min(n, d + k) or p.poll() is not None
+                            ),
+                            30,
+                            "deliveries",
                         )
                         time.sleep(rng.choice([0.0, 0.05, 0.2]))
                 finally:
@@ -225,6 +249,9 @@ def test_budget_holds_across_sigterm_and_restart_at_any_moment(seaweed: Store, t
     got = received(out)
     assert [g["name"] for g in got] == [name for name, _ in want]  # every sample once, in order
     for g, (_, sample) in zip(got, want, strict=True):
-        assert g["files"] == {"image": sha(source[sample.key + ".image"]), "label": sha(source[sample.key + ".label"])}
+        assert g["files"] == {
+            "image": sha(source[sample.key + ".image"]),
+            "label": sha(source[sample.key + ".label"]),
+        }
     assert peak.looks > 100 and 2 * PAIR <= peak.peak <= budget, f"peak {peak.peak} of a budget of {budget}"
     assert os.listdir(cache / STAGING_DIR) == []

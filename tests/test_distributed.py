@@ -58,9 +58,22 @@ def torchrun(tmp_path, store: Store, drop_last: bool) -> list[dict]:
     script.write_text(DDP_SCRIPT)
     out = tmp_path / ("drop" if drop_last else "pad")
     out.mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-           f"--master_port={free_port()}", str(script), store.uri(), store.endpoint, str(out), "1" if drop_last else "0"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        str(script),
+        store.uri(),
+        store.endpoint,
+        str(out),
+        "1" if drop_last else "0",
+    ]
+    r = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return [json.loads((out / f"rank{i}.json").read_text()) for i in range(2)]
 
@@ -122,8 +135,21 @@ def test_stateful_dataloader_resume(seaweed: Store, tmp_path, num_workers: int) 
     state = str(tmp_path / "state.pt")
 
     def run(mode: str) -> list[str]:
-        r = subprocess.run([sys.executable, str(script), seaweed.uri(), seaweed.endpoint, mode, state,
-                            str(num_workers), "4"], capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [
+                sys.executable,
+                str(script),
+                seaweed.uri(),
+                seaweed.endpoint,
+                mode,
+                state,
+                str(num_workers),
+                "4",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
         return json.loads(r.stdout.strip().splitlines()[-1])
 

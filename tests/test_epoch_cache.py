@@ -72,8 +72,13 @@ def check(got: list[dict], source: dict[str, bytes]) -> None:
 
 def test_a_data_set_that_fits_is_fetched_once(data, proxy: FaultProxy, staging_root: str) -> None:
     source, ds = data
-    with S5Sampler(ds, budget=ds.total_bytes // 4, epoch_cache=ds.total_bytes, samples_per_call=8,
-                   staging_dir=staging_root) as sampler:
+    with S5Sampler(
+        ds,
+        budget=ds.total_bytes // 4,
+        epoch_cache=ds.total_bytes,
+        samples_per_call=8,
+        staging_dir=staging_root,
+    ) as sampler:
         check(epoch(sampler, ds, 0), source)
         first = len(object_reads(proxy))
         assert first >= 2 * N
@@ -89,10 +94,14 @@ def test_a_data_set_that_fits_is_fetched_once(data, proxy: FaultProxy, staging_r
     assert not os.path.exists(cache_dirs[0])  # removed with the sampler
 
 
-def test_half_cache_fetches_half_and_never_exceeds_budget_plus_cache(data, proxy: FaultProxy, staging_root: str) -> None:
+def test_half_cache_fetches_half_and_never_exceeds_budget_plus_cache(
+    data, proxy: FaultProxy, staging_root: str
+) -> None:
     source, ds = data
     budget, cache = ds.total_bytes // 5, ds.total_bytes // 2
-    with S5Sampler(ds, budget=budget, epoch_cache=cache, samples_per_call=8, staging_dir=staging_root) as sampler:
+    with S5Sampler(
+        ds, budget=budget, epoch_cache=cache, samples_per_call=8, staging_dir=staging_root
+    ) as sampler:
         with Peak(lambda: staged_bytes(staging_root) - _manifests(staging_root)) as watcher:
             check(epoch(sampler, ds, 0), source)
             fetched = [sampler.metrics().fetched_bytes]
@@ -113,14 +122,18 @@ def test_half_cache_fetches_half_and_never_exceeds_budget_plus_cache(data, proxy
 
 
 def _manifests(root: str) -> int:
-    return sum(os.path.getsize(p) for p in glob.glob(os.path.join(root, "s5loader-cache-*", ".manifest.json")))
+    return sum(
+        os.path.getsize(p) for p in glob.glob(os.path.join(root, "s5loader-cache-*", ".manifest.json"))
+    )
 
 
 def test_the_order_does_not_change(data, staging_root: str) -> None:
     source, ds = data
     orders = []
     for cache in (0, ds.total_bytes // 2):
-        with S5Sampler(ds, budget=ds.total_bytes // 4, epoch_cache=cache, seed=7, staging_dir=staging_root) as sampler:
+        with S5Sampler(
+            ds, budget=ds.total_bytes // 4, epoch_cache=cache, seed=7, staging_dir=staging_root
+        ) as sampler:
             orders.append([[s["__key__"] for s in epoch(sampler, ds, e, workers=0)] for e in range(3)])
     assert orders[0] == orders[1]
     assert orders[0][0] != orders[0][1]  # a shuffled order each epoch
@@ -131,8 +144,13 @@ def test_resume_with_a_cache_fetches_no_sample_twice_in_an_epoch(
     data, proxy: FaultProxy, staging_root: str, survives: bool
 ) -> None:
     source, ds = data
-    opts = dict(budget=ds.total_bytes // 4, epoch_cache=ds.total_bytes // 2, seed=3, staging_dir=staging_root,
-                samples_per_call=8)
+    opts = dict(
+        budget=ds.total_bytes // 4,
+        epoch_cache=ds.total_bytes // 2,
+        seed=3,
+        staging_dir=staging_root,
+        samples_per_call=8,
+    )
     with S5Sampler(ds, **opts) as ref:
         want = [[s["__key__"] for s in epoch(ref, ds, e, workers=0)] for e in range(3)]
     a = S5Sampler(ds, keep_epoch_cache=survives, **opts)
@@ -150,7 +168,9 @@ def test_resume_with_a_cache_fetches_no_sample_twice_in_an_epoch(
     mark = len(proxy.requests)
     b = S5Sampler(ds, **opts)
     b.load_state_dict(state)
-    got += [s["__key__"] for batch in DataLoader(ds, sampler=b, batch_size=4, collate_fn=collate) for s in batch]
+    got += [
+        s["__key__"] for batch in DataLoader(ds, sampler=b, batch_size=4, collate_fn=collate) for s in batch
+    ]
     assert got == want[1]
     by_b = images(object_reads(proxy, mark, methods=("GET",)))
     assert len(by_b) == len(set(by_b)) and not set(by_b) & set(got[:12])  # nothing the first run read
@@ -167,8 +187,15 @@ def test_two_local_ranks_share_one_cache(
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     samplers = [
-        S5Sampler(ds, num_replicas=2, rank=r, budget=ds.total_bytes // 4, epoch_cache=ds.total_bytes,
-                  samples_per_call=8, staging_dir=staging_root)
+        S5Sampler(
+            ds,
+            num_replicas=2,
+            rank=r,
+            budget=ds.total_bytes // 4,
+            epoch_cache=ds.total_bytes,
+            samples_per_call=8,
+            staging_dir=staging_root,
+        )
         for r in (0, 1)
     ]
     try:
@@ -190,7 +217,9 @@ def test_two_local_ranks_share_one_cache(
 
 def test_a_damaged_entry_is_fetched_again(data, proxy: FaultProxy, staging_root: str) -> None:
     source, ds = data
-    with S5Sampler(ds, budget=ds.total_bytes // 4, epoch_cache=ds.total_bytes, staging_dir=staging_root) as sampler:
+    with S5Sampler(
+        ds, budget=ds.total_bytes // 4, epoch_cache=ds.total_bytes, staging_dir=staging_root
+    ) as sampler:
         epoch(sampler, ds, 0)
         (cache,) = glob.glob(os.path.join(staging_root, "s5loader-cache-*"))
         entry = sorted(n for n in os.listdir(cache) if n.isdigit())[0]
@@ -207,14 +236,22 @@ def test_a_damaged_entry_is_fetched_again(data, proxy: FaultProxy, staging_root:
 @pytest.mark.parametrize("share", [1.0, 0.5])
 def test_iterable_workers_share_one_cache(data, proxy: FaultProxy, staging_root: str, share: float) -> None:
     source, ds = data
-    it = S5IterableDataset(ds, budget=ds.total_bytes // 4, epoch_cache=int(ds.total_bytes * share),
-                           samples_per_call=8, staging_dir=staging_root)
+    it = S5IterableDataset(
+        ds,
+        budget=ds.total_bytes // 4,
+        epoch_cache=int(ds.total_bytes * share),
+        samples_per_call=8,
+        staging_dir=staging_root,
+    )
     try:
         reads = []
         for e in range(3):
             it.set_epoch(e)
             mark = len(proxy.requests)
-            check([s for b in DataLoader(it, batch_size=4, num_workers=2, collate_fn=collate) for s in b], source)
+            check(
+                [s for b in DataLoader(it, batch_size=4, num_workers=2, collate_fn=collate) for s in b],
+                source,
+            )
             reads.append(len(object_reads(proxy, mark)))
         assert len(glob.glob(os.path.join(staging_root, "s5loader-cache-*"))) == 1
     finally:
@@ -235,8 +272,17 @@ def test_the_daemon_keeps_samples_for_the_next_epoch(data, proxy: FaultProxy, tm
     source, ds = data
     cache, log = tmp_path / "cache", tmp_path / "progress.jsonl"
     size = int(ds.total_bytes * share)
-    opts = PrefetchOptions.of(ds.source, str(cache), ds.total_bytes // 4, endpoint_url=proxy.endpoint, shuffle=True,
-                           epochs=3, samples_per_call=8, epoch_cache=size, json_log=str(log))
+    opts = PrefetchOptions.of(
+        ds.source,
+        str(cache),
+        ds.total_bytes // 4,
+        endpoint_url=proxy.endpoint,
+        shuffle=True,
+        epochs=3,
+        samples_per_call=8,
+        epoch_cache=size,
+        json_log=str(log),
+    )
     errors: list[BaseException] = []
 
     def run() -> None:
@@ -250,7 +296,9 @@ def test_the_daemon_keeps_samples_for_the_next_epoch(data, proxy: FaultProxy, tm
     t = threading.Thread(target=run)
     t.start()
     with Peak(lambda: sample_bytes(cache) if cache.exists() else 0, interval=0.002) as peak:
-        got = [(s.key, s.read("image")) for s in consume(cache, timeout=30, finished=lambda: not t.is_alive())]
+        got = [
+            (s.key, s.read("image")) for s in consume(cache, timeout=30, finished=lambda: not t.is_alive())
+        ]
         t.join(30)
     assert not errors, errors
     assert len(got) == 3 * N
@@ -282,10 +330,15 @@ def _rank_opens_the_cache(ds: S5Dataset, root: str, env: dict[str, str], start, 
     node's ranks opening the epoch cache at once (a forked child)."""
     try:
         os.environ.update(env)
-        with S5Sampler(ds, budget=ds.total_bytes // 4, epoch_cache=ds.total_bytes, samples_per_call=4,
-                       staging_dir=root) as sampler:
+        with S5Sampler(
+            ds, budget=ds.total_bytes // 4, epoch_cache=ds.total_bytes, samples_per_call=4, staging_dir=root
+        ) as sampler:
             start.wait(60)
-            got = [s["__key__"] for b in DataLoader(ds, sampler=sampler, batch_size=2, collate_fn=collate) for s in b]
+            got = [
+                s["__key__"]
+                for b in DataLoader(ds, sampler=sampler, batch_size=2, collate_fn=collate)
+                for s in b
+            ]
             assert sampler._run.cache is not None
             out.put((env["RANK"], sampler._run.cache.cache.path, sorted(got), ""))
     except BaseException as exc:  # noqa: BLE001 - reported to the test
@@ -299,8 +352,10 @@ def _launch(ds: S5Dataset, root: str, local: Callable[[int], dict[str, str]], ra
     ctx = multiprocessing.get_context("fork")
     start, out = ctx.Barrier(ranks), ctx.Queue()
     procs = [
-        ctx.Process(target=_rank_opens_the_cache,
-                    args=(ds, root, {"RANK": str(r), "WORLD_SIZE": str(ranks), **local(r)}, start, out))
+        ctx.Process(
+            target=_rank_opens_the_cache,
+            args=(ds, root, {"RANK": str(r), "WORLD_SIZE": str(ranks), **local(r)}, start, out),
+        )
         for r in range(ranks)
     ]
     for p in procs:
@@ -313,9 +368,19 @@ def _launch(ds: S5Dataset, root: str, local: Callable[[int], dict[str, str]], ra
     return results
 
 
-NOT_TORCHRUN = ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
-                "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE",
-                "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_NODEID")
+NOT_TORCHRUN = (
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "MPI_LOCALRANKID",
+    "MPI_LOCALNRANKS",
+    "SLURM_LOCALID",
+    "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_TASKS_PER_NODE",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_NODEID",
+)
 
 
 @pytest.mark.parametrize("launcher", ["srun", "mpirun"])
@@ -334,7 +399,9 @@ def test_eight_ranks_that_srun_or_mpirun_started_open_one_cache_at_once(
     for _ in range(2):  # again: the first round's cache is gone, and nothing else was left
         results = _launch(ds, staging_root, local)
         assert len({path for _, path, _, _ in results}) == 1  # one cache for the node
-        assert sorted(k for _, _, keys, _ in results for k in keys) == sorted({k.rsplit(".", 1)[0] for k in source})
+        assert sorted(k for _, _, keys, _ in results for k in keys) == sorted(
+            {k.rsplit(".", 1)[0] for k in source}
+        )
         assert os.listdir(staging_root) == []
 
 

@@ -55,7 +55,13 @@ def test_a_cache_that_holds_every_shard_fetches_nothing_after_the_first_epoch(
 ) -> None:
     ds, tars, big = shards
     total = sum(map(len, tars.values()))
-    opts = {"budget": 3 * big, "epoch_cache": total, "staging_dir": staging_root, "shuffle": "block", "seed": 3}
+    opts = {
+        "budget": 3 * big,
+        "epoch_cache": total,
+        "staging_dir": staging_root,
+        "shuffle": "block",
+        "seed": 3,
+    }
     if form == "sampler":
         with S5Sampler(ds, **opts) as sampler:
             first = sampler_epoch(ds, sampler, 0)
@@ -81,7 +87,13 @@ def test_half_a_cache_keeps_half_the_shards_in_the_same_order_within_budget_plus
     budget, cache = 3 * big, total // 2
 
     def run(epoch_cache: int) -> tuple[list[list[str]], int, int]:
-        opts = {"budget": budget, "epoch_cache": epoch_cache, "staging_dir": staging_root, "shuffle": True, "seed": 5}
+        opts = {
+            "budget": budget,
+            "epoch_cache": epoch_cache,
+            "staging_dir": staging_root,
+            "shuffle": True,
+            "seed": 5,
+        }
         mark = len(proxy.requests)
         with Peak(lambda: staged_bytes(staging_root)) as peak:
             if form == "sampler":

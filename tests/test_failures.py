@@ -40,7 +40,10 @@ def test_failure_line_is_matched_by_its_destination() -> None:
     r = parse_line(line)
     assert r is not None and not r.ok and r.error == "AccessDenied: x"
     assert list(reported_destinations(r.command)) == [
-        "s3://b/a b.bin /stage dir/.c1/.r/3.0", "b.bin /stage dir/.c1/.r/3.0", "/stage dir/.c1/.r/3.0", "dir/.c1/.r/3.0"
+        "s3://b/a b.bin /stage dir/.c1/.r/3.0",
+        "b.bin /stage dir/.c1/.r/3.0",
+        "/stage dir/.c1/.r/3.0",
+        "dir/.c1/.r/3.0",
     ]
     assert list(partial_of("3.01083930865"))[:2] == ["3.0108393086", "3.010839308"]
     assert "3.0" in partial_of("3.01083930865") and "3.01" in partial_of("3.01083930865")
@@ -63,8 +66,13 @@ def test_mixed_failures_in_one_call_each_get_their_own_cause(
     moto: Store, proxy: FaultProxy, staging_root: str, caplog, block_size: int
 ) -> None:
     ds = _mixed(moto, proxy)
-    opts = {"staging_dir": staging_root, "shuffle": False, "samples_per_call": 1000, "retries": 1,
-            "block_size": block_size}
+    opts = {
+        "staging_dir": staging_root,
+        "shuffle": False,
+        "samples_per_call": 1000,
+        "retries": 1,
+        "block_size": block_size,
+    }
     with pytest.raises(AccessDeniedError, match=r"s3://data/train/0002\.image: AccessDenied") as e:
         with S5Sampler(ds, **opts) as sampler:
             for idx in sampler:
@@ -78,7 +86,11 @@ def test_mixed_failures_in_one_call_each_get_their_own_cause(
         stats = sampler.stats
         assert stats is not None
     assert got == [f"train/{i:04d}" for i in range(12) if i not in (2, 5, 8)]
-    denied, slow, gone = "s3://data/train/0002.image", "s3://data/train/0005.label", "s3://data/train/0008.image"
+    denied, slow, gone = (
+        "s3://data/train/0002.image",
+        "s3://data/train/0005.label",
+        "s3://data/train/0008.image",
+    )
     assert sorted(stats.skipped) == [denied, slow, gone]
     errors = stats.skip_errors
     assert type(errors[denied]) is AccessDeniedError and "AccessDenied" in str(errors[denied])
@@ -86,7 +98,11 @@ def test_mixed_failures_in_one_call_each_get_their_own_cause(
     assert type(errors[gone]) is ObjectNotFoundError and "404" in str(errors[gone])
     causes = {denied: "AccessDenied", slow: "InternalError", gone: "NoSuchKey"}
     for uri, cause in causes.items():
-        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("skipping sample") and uri in r.getMessage()]
+        lines = [
+            r.getMessage()
+            for r in caplog.records
+            if r.getMessage().startswith("skipping sample") and uri in r.getMessage()
+        ]
         assert len(lines) == 1, (uri, lines)
         assert cause in lines[0] and not any(c in lines[0] for c in causes.values() if c != cause), lines[0]
     retried = [r.getMessage() for r in caplog.records if r.getMessage().startswith("retrying")]
@@ -113,7 +129,11 @@ def test_object_without_an_error_line_never_gets_another_objects_error(
     assert got == ["train/0000", "train/0002", "train/0003", "train/0005"]
     gone = "s3://data/train/0004.label"
     assert sorted(stats.skipped) == ["s3://data/train/0001.image", gone]
-    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"skipping sample 'train/0004': cannot stage {gone}")]
+    [line] = [
+        r.getMessage()
+        for r in caplog.records
+        if r.getMessage().startswith(f"skipping sample 'train/0004': cannot stage {gone}")
+    ]
     assert "NoSuchKey" in line and "AccessDenied" not in line, line
     assert type(stats.skip_errors[gone]) is ObjectNotFoundError, stats.skip_errors[gone]
     assert "AccessDenied" not in str(stats.skip_errors[gone])
@@ -133,8 +153,16 @@ def test_one_hung_request_among_many_is_retried_alone(
     caplog.set_level(logging.WARNING, logger="s5loader")
     got: dict[str, bytes] = {}
     failed: list[BaseException] = []
-    with S5Sampler(ds, staging_dir=staging_root, shuffle=False, samples_per_call=1000, stall_timeout=2,
-                   retries=5, block_size=block_size, budget="64MiB") as sampler:
+    with S5Sampler(
+        ds,
+        staging_dir=staging_root,
+        shuffle=False,
+        samples_per_call=1000,
+        stall_timeout=2,
+        retries=5,
+        block_size=block_size,
+        budget="64MiB",
+    ) as sampler:
 
         def consume() -> None:
             try:
@@ -151,7 +179,9 @@ def test_one_hung_request_among_many_is_retried_alone(
             assert proxy.wait_held("0000.bin", 2, timeout=30), proxy.held
             # ... while its first call still runs (the trickled object is on its first GET) ...
             assert slow.hits == 1
-            assert any("no answer for 2s for s3://data/train/0000.bin" in r.getMessage() for r in caplog.records)
+            assert any(
+                "no answer for 2s for s3://data/train/0000.bin" in r.getMessage() for r in caplog.records
+            )
             # ... and delivers every other sample of it meanwhile.
             stats = sampler.stats
             assert stats is not None
@@ -169,7 +199,9 @@ def test_one_hung_request_among_many_is_retried_alone(
     assert got == source  # every sample once, with its own bytes (the late answer changed nothing)
 
 
-def test_hung_request_never_released_is_a_stall_error_naming_it(moto: Store, proxy: FaultProxy, staging_root: str) -> None:
+def test_hung_request_never_released_is_a_stall_error_naming_it(
+    moto: Store, proxy: FaultProxy, staging_root: str
+) -> None:
     moto.put({f"{i:04d}.bin": b"x" * 100 for i in range(10)})
     proxy.rules.append(Rule("0003.bin", "hold", method="*"))
     ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=proxy.endpoint, group_by="object")

@@ -35,7 +35,9 @@ def tree_files() -> dict[str, bytes]:
     return files
 
 
-def make_tar(files: dict[str, bytes], mode: str = "w:gz", extra: list[tuple[tarfile.TarInfo, bytes]] = ()) -> bytes:
+def make_tar(
+    files: dict[str, bytes], mode: str = "w:gz", extra: list[tuple[tarfile.TarInfo, bytes]] = ()
+) -> bytes:
     buf = io.BytesIO()
     if mode == "w:zst":
         zstd = pytest.importorskip("zstandard")
@@ -89,8 +91,15 @@ def test_extract_split_archive_within_budget(store: Store, tmp_path, mode: str, 
     assert len(keys) >= 4
     dest = tmp_path / "out"
     seen = []
-    r = fetch(store.uri("set" + suffix + ".part"), str(dest), extract=True, verify=True, budget=250 * KiB,
-              endpoint_url=store.endpoint, progress=lambda done, total: seen.append((done, total)))
+    r = fetch(
+        store.uri("set" + suffix + ".part"),
+        str(dest),
+        extract=True,
+        verify=True,
+        budget=250 * KiB,
+        endpoint_url=store.endpoint,
+        progress=lambda done, total: seen.append((done, total)),
+    )
     assert read_tree(str(dest)) == files  # file by file, byte by byte
     assert r.objects == len(keys) and r.verified == len(keys) and r.bytes == len(blob)
     assert 0 < r.peak_staged <= 250 * KiB  # never more than the budget of volumes on disk
@@ -102,8 +111,14 @@ def test_volumes_larger_than_the_budget_are_streamed(moto: Store, tmp_path) -> N
     files = tree_files()
     blob = make_tar(files)
     keys = put_volumes(moto, "s.tgz", blob, volume=100 * KiB)
-    r = fetch(moto.uri("s.tgz.part"), str(tmp_path / "o"), extract=True, verify=True, budget=64 * KiB,
-              endpoint_url=moto.endpoint)
+    r = fetch(
+        moto.uri("s.tgz.part"),
+        str(tmp_path / "o"),
+        extract=True,
+        verify=True,
+        budget=64 * KiB,
+        endpoint_url=moto.endpoint,
+    )
     assert read_tree(str(tmp_path / "o")) == files
     assert r.peak_staged == 0 and r.verified == len(keys)  # read with s5cmd cat, nothing staged
 
@@ -115,11 +130,16 @@ def test_fetch_objects_prefix_and_multipart_etag(store: Store, tmp_path) -> None
     c.upload_fileobj(io.BytesIO(big), store.bucket, store.prefix + "set/big.bin", Config=cfg)
     assert c.head_object(Bucket=store.bucket, Key=store.prefix + "set/big.bin")["ETag"].endswith('-3"')
     small = store.put({"set/sub/small.txt": b"hello", "set/other.bin": b"x" * 1000})
-    r = fetch(store.uri("set/"), str(tmp_path / "all"), verify=True, endpoint_url=store.endpoint, part_size="5MiB")
+    r = fetch(
+        store.uri("set/"), str(tmp_path / "all"), verify=True, endpoint_url=store.endpoint, part_size="5MiB"
+    )
     assert r.objects == 3 and r.verified == 3
     got = read_tree(str(tmp_path / "all"))
-    assert got == {"big.bin": big, "sub/small.txt": small[store.prefix + "set/sub/small.txt"],
-                   "other.bin": small[store.prefix + "set/other.bin"]}
+    assert got == {
+        "big.bin": big,
+        "sub/small.txt": small[store.prefix + "set/sub/small.txt"],
+        "other.bin": small[store.prefix + "set/other.bin"],
+    }
     one = tmp_path / "one.bin"
     fetch(store.uri("set/big.bin"), str(one), verify=True, endpoint_url=store.endpoint)
     assert one.read_bytes() == big
@@ -140,8 +160,13 @@ def test_one_large_object_in_parallel_parts_picked_from_its_size(
     wrapper.chmod(0o755)
     monkeypatch.setenv("S5LOADER_S5CMD", str(wrapper))
     fetch(store.uri("big.bin"), str(tmp_path / "auto.bin"), endpoint_url=store.endpoint)
-    fetch(store.uri("big.bin"), str(tmp_path / "set.bin"), endpoint_url=store.endpoint, part_size="6MiB",
-          concurrency=2)
+    fetch(
+        store.uri("big.bin"),
+        str(tmp_path / "set.bin"),
+        endpoint_url=store.endpoint,
+        part_size="6MiB",
+        concurrency=2,
+    )
     assert (tmp_path / "auto.bin").read_bytes() == big and (tmp_path / "set.bin").read_bytes() == big
     copies = [ln.split() for ln in argv_log.read_text().splitlines() if " cp " in f" {ln} "]
     flags = [(a[a.index("--concurrency") + 1], a[a.index("--part-size") + 1]) for a in copies]
@@ -153,14 +178,30 @@ def test_corrupted_volume_fails_verification_naming_it(moto: Store, tmp_path) ->
     files = tree_files()
     keys = put_volumes(moto, "a.tar.gz", make_tar(files), volume=128 * KiB)
     bad = keys[2]
-    moto.client.put_object(Bucket=moto.bucket, Key=bad + ".md5", Body=b"0" * 32 + b"  " + bad.rsplit("/", 1)[1].encode())
+    moto.client.put_object(
+        Bucket=moto.bucket, Key=bad + ".md5", Body=b"0" * 32 + b"  " + bad.rsplit("/", 1)[1].encode()
+    )
     dest = tmp_path / "out"
     with pytest.raises(ChecksumError, match=f"s3://data/{bad}: MD5 [0-9a-f]{{32}} does not match 0{{32}}"):
         fetch(moto.uri("a.tar.gz.part"), str(dest), extract=True, verify=True, endpoint_url=moto.endpoint)
     assert os.listdir(dest) == []  # nothing extracted is left, nor any volume
     # the same through the command line: one line naming the volume, exit code 1
-    r = subprocess.run([sys.executable, "-m", "s5loader", "fetch", moto.uri("a.tar.gz.part"), str(dest),
-                        "--extract", "--verify", "--endpoint-url", moto.endpoint], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "s5loader",
+            "fetch",
+            moto.uri("a.tar.gz.part"),
+            str(dest),
+            "--extract",
+            "--verify",
+            "--endpoint-url",
+            moto.endpoint,
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 1 and f"s3://data/{bad}" in r.stderr and "ChecksumError" not in r.stderr
     assert os.listdir(dest) == []
 
@@ -213,7 +254,11 @@ def test_escaping_members_are_refused(moto: Store, tmp_path, bad, why: str) -> N
 
 
 def test_links_inside_the_destination_are_kept(moto: Store, tmp_path) -> None:
-    blob = make_tar({"d/real.txt": b"real"}, "w", extra=[link("d/alias", "real.txt"), link("hard", "d/real.txt", tarfile.LNKTYPE)])
+    blob = make_tar(
+        {"d/real.txt": b"real"},
+        "w",
+        extra=[link("d/alias", "real.txt"), link("hard", "d/real.txt", tarfile.LNKTYPE)],
+    )
     put_volumes(moto, "ok.tar", blob, volume=len(blob))
     fetch(moto.uri("ok.tar.part"), str(tmp_path / "o"), extract=True, endpoint_url=moto.endpoint)
     assert os.readlink(tmp_path / "o" / "d" / "alias") == "real.txt"
@@ -229,7 +274,9 @@ def small_fs() -> Iterator[str]:
 
 def test_space_is_checked_before_the_first_byte(moto: Store, small_fs: str) -> None:
     moto.put({"big/one.bin": os.urandom(3 * MiB)})
-    with pytest.raises(StagingSpaceError, match=r"needs 3\.0 MiB \(1 objects\); 1\.\d MiB free|needs 3\.0 MiB .*free there"):
+    with pytest.raises(
+        StagingSpaceError, match=r"needs 3\.0 MiB \(1 objects\); 1\.\d MiB free|needs 3\.0 MiB .*free there"
+    ):
         fetch(moto.uri("big/"), small_fs, endpoint_url=moto.endpoint)
     assert os.listdir(small_fs) == []
 
@@ -239,12 +286,20 @@ def test_archive_larger_than_the_disk_is_one_clear_error(moto: Store, small_fs: 
     files = {f"z{i}.bin": bytes(1 * MiB) for i in range(8)}
     put_volumes(moto, "zeros.tar.gz", make_tar(files), volume=64 * KiB)
     with pytest.raises(StagingSpaceError, match=r"needs 1\.0 MiB; .* free in .*after") as e:
-        fetch(moto.uri("zeros.tar.gz.part"), small_fs, extract=True, budget=128 * KiB, endpoint_url=moto.endpoint)
+        fetch(
+            moto.uri("zeros.tar.gz.part"),
+            small_fs,
+            extract=True,
+            budget=128 * KiB,
+            endpoint_url=moto.endpoint,
+        )
     assert "zeros.tar.gz.part00" in str(e.value)
     assert os.listdir(small_fs) == []
 
 
-def test_zstd_without_the_module_is_a_clear_error(moto: Store, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_zstd_without_the_module_is_a_clear_error(
+    moto: Store, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     put_volumes(moto, "x.tar.zst", b"\x28\xb5\x2f\xfd" + b"0" * 100, volume=1000)
     monkeypatch.setitem(sys.modules, "zstandard", None)
     with pytest.raises(ConfigError, match="zstandard archive; install the 'zstandard' module"):
@@ -270,8 +325,12 @@ def test_interrupted_fetch_leaves_nothing(moto: Store, tmp_path, sig: int) -> No
     script.write_text(FETCHER)
     dest = tmp_path / "dest"
     dest.mkdir()
-    proc = subprocess.Popen([sys.executable, str(script), moto.uri("i.tar.part"), str(dest), moto.endpoint],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), moto.uri("i.tar.part"), str(dest), moto.endpoint],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         # Freeze a volume's download (s5cmd cp) so the fetch cannot finish before the signal
         # lands; by then the work directory holds a volume or part of one.
@@ -305,7 +364,10 @@ def test_md5_files_and_etags_units() -> None:
     text = "d41d8cd98f00b204e9800998ecf8427e  a.part00\n0cc175b9c0f1b6a831c399e269772661 *a.part01\n"
     assert parse_md5_file(text, "a.part01") == "0cc175b9c0f1b6a831c399e269772661"
     assert parse_md5_file(text, "other") is None
-    assert parse_md5_file("d41d8cd98f00b204e9800998ecf8427e  whatever\n", "x") == "d41d8cd98f00b204e9800998ecf8427e"
+    assert (
+        parse_md5_file("d41d8cd98f00b204e9800998ecf8427e  whatever\n", "x")
+        == "d41d8cd98f00b204e9800998ecf8427e"
+    )
     data = os.urandom(20 * MiB + 5)
     parts = [data[i : i + 8 * MiB] for i in range(0, len(data), 8 * MiB)]
     etag = hashlib.md5(b"".join(hashlib.md5(p).digest() for p in parts)).hexdigest() + "-3"

@@ -23,8 +23,9 @@ def proxy(moto: Store):
     p.close()
 
 
-def test_a_dataloader_gets_its_first_fill_before_it_is_staged(moto: Store, proxy: FaultProxy,
-                                                              staging_root: str) -> None:
+def test_a_dataloader_gets_its_first_fill_before_it_is_staged(
+    moto: Store, proxy: FaultProxy, staging_root: str
+) -> None:
     source = moto.put(make_pairs(24))
     keys = sorted({k.rsplit(".", 1)[0] for k in source})
     ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
@@ -60,8 +61,9 @@ def test_a_dataloader_with_workers_reads_every_sample_once(seaweed: Store, stagi
     keys = sorted({k.rsplit(".", 1)[0] for k in source})
     ds = S5Dataset.from_prefix(seaweed.uri(), endpoint_url=seaweed.endpoint)
     with S5Sampler(ds, shuffle=True, staging_dir=staging_root, samples_per_call=40) as sampler:
-        loader = DataLoader(ds, sampler=sampler, batch_size=8, num_workers=3, persistent_workers=True,
-                            collate_fn=lambda b: b)
+        loader = DataLoader(
+            ds, sampler=sampler, batch_size=8, num_workers=3, persistent_workers=True, collate_fn=lambda b: b
+        )
         for epoch in range(2):
             sampler.set_epoch(epoch)
             got = [s for b in loader for s in b]
@@ -70,8 +72,11 @@ def test_a_dataloader_with_workers_reads_every_sample_once(seaweed: Store, stagi
             assert all(s["image"] == source[s["__key__"] + ".image"] for s in got)
             assert staged_samples(sampler.staging_dir) == []
             # each early sample's word was read and removed by its reader
-            words = [os.listdir(os.path.join(sampler.staging_dir, p, ".e")) for p in os.listdir(sampler.staging_dir)
-                     if os.path.isdir(os.path.join(sampler.staging_dir, p, ".e"))]
+            words = [
+                os.listdir(os.path.join(sampler.staging_dir, p, ".e"))
+                for p in os.listdir(sampler.staging_dir)
+                if os.path.isdir(os.path.join(sampler.staging_dir, p, ".e"))
+            ]
             assert words and all(w == [] for w in words)
 
 
@@ -100,7 +105,9 @@ def test_an_early_sample_skipped_under_skip_is_left_out(moto: Store, staging_roo
     assert got[0] == [moto.prefix + f"{i:04d}" for i in range(40) if i != 2]
 
 
-def test_an_early_sample_that_stalls_is_a_stall_error(moto: Store, proxy: FaultProxy, staging_root: str) -> None:
+def test_an_early_sample_that_stalls_is_a_stall_error(
+    moto: Store, proxy: FaultProxy, staging_root: str
+) -> None:
     moto.put(make_pairs(20))
     ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
     ds.endpoint_url = proxy.endpoint

@@ -61,7 +61,10 @@ def test_cli_ls_of_a_prefix_without_its_slash(seaweed: Store, capsys: pytest.Cap
     from s5loader.cli import main
 
     _classes_layout(seaweed)
-    assert main(["ls", seaweed.uri().rstrip("/"), "--group-by", "object", "--endpoint-url", seaweed.endpoint]) == 0
+    assert (
+        main(["ls", seaweed.uri().rstrip("/"), "--group-by", "object", "--endpoint-url", seaweed.endpoint])
+        == 0
+    )
     out = capsys.readouterr().out
     assert out.startswith("2 samples") and "-old/" not in out and "val/" not in out
 
@@ -76,7 +79,9 @@ def test_an_empty_folder_names_the_keys_beside_it(seaweed: Store) -> None:
     assert f"s3://{seaweed.bucket}/{base}-2024/a.jpg" in msg and "names a folder" in msg
 
 
-def test_a_compressed_shard_is_named_as_such_first(seaweed: Store, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_compressed_shard_is_named_as_such_first(
+    seaweed: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
     from s5loader.cli import main
 
     gz = seaweed.uri("shard-000000.tar.xz")  # gzip shards are read; others are named first
@@ -117,28 +122,42 @@ def test_an_unreachable_endpoint_says_what_to_check() -> None:
     port = free_port()
     env = {**os.environ, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
     r = subprocess.run(
-        [sys.executable, "-m", "s5loader", "ls", "s3://demo/train/"], capture_output=True, text=True, env=env, timeout=120
+        [sys.executable, "-m", "s5loader", "ls", "s3://demo/train/"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
     assert r.returncode == 1
     assert f"http://127.0.0.1:{port}" in r.stderr
-    assert "AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL or S3_ENDPOINT_URL" in r.stderr and "bin/s3-local start" in r.stderr
+    assert (
+        "AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL or S3_ENDPOINT_URL" in r.stderr
+        and "bin/s3-local start" in r.stderr
+    )
 
 
 def test_the_cli_does_not_log_the_aws_libraries_routine(moto: Store) -> None:
     moto.put(make_pairs(2, size=10))
     r = subprocess.run(
         [sys.executable, "-m", "s5loader", "ls", moto.uri(), "--endpoint-url", moto.endpoint],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("2 samples")
     assert "Found credentials" not in r.stderr
 
 
-def test_index_shards_on_an_object_says_it_is_an_object(seaweed: Store, capsys: pytest.CaptureFixture[str]) -> None:
+def test_index_shards_on_an_object_says_it_is_an_object(
+    seaweed: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
     from s5loader.cli import main
 
     seaweed.put({"data.zip": b"PK"})
     assert main(["index-shards", seaweed.uri("data.zip"), "--endpoint-url", seaweed.endpoint]) == 1
     err = capsys.readouterr().err
-    assert f"{seaweed.uri('data.zip')} is an object, not a tar shard" in err and "no *.tar shard under" not in err
+    assert (
+        f"{seaweed.uri('data.zip')} is an object, not a tar shard" in err
+        and "no *.tar shard under" not in err
+    )

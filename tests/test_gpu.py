@@ -57,15 +57,21 @@ def test_a_checkpoint_of_cuda_tensors_round_trips_and_lands_where_map_location_s
     uri = moto.uri("run/step-2.pt")
     # each storage goes to the host through pinned memory, released once the save returns
     before = torch.cuda.host_memory_stats()
-    checkpoint.save(state, uri, endpoint_url=moto.endpoint, stream=stream, staging_dir=str(tmp_path), part_size="5MiB")
+    checkpoint.save(
+        state, uri, endpoint_url=moto.endpoint, stream=stream, staging_dir=str(tmp_path), part_size="5MiB"
+    )
     after = torch.cuda.host_memory_stats()
     assert after["num_host_alloc"] > before["num_host_alloc"]
     assert after["allocated_bytes.current"] <= before["allocated_bytes.current"]
     assert serialization_config.save.use_pinned_memory_for_d2h is False
-    for where, device in ((None, want["/model/0.weight"].device), ("cpu", torch.device("cpu")),
-                          ("cuda:0", torch.device("cuda:0"))):
-        got = checkpoint.load(uri, map_location=where, endpoint_url=moto.endpoint, stream=stream,
-                              staging_dir=str(tmp_path))
+    for where, device in (
+        (None, want["/model/0.weight"].device),
+        ("cpu", torch.device("cpu")),
+        ("cuda:0", torch.device("cuda:0")),
+    ):
+        got = checkpoint.load(
+            uri, map_location=where, endpoint_url=moto.endpoint, stream=stream, staging_dir=str(tmp_path)
+        )
         back = tensors(got)
         assert back.keys() == want.keys() and got["step"] == 2
         for k, t in want.items():
@@ -100,17 +106,24 @@ def test_a_pinned_loader_feeds_a_model_on_the_gpu_every_sample_once(moto: Store,
     n, dim = 96, 128
     g = torch.Generator().manual_seed(3)
     rows = {i: torch.randn(dim, generator=g) for i in range(n)}
-    moto.put({f"{i:04d}.x": rows[i].numpy().tobytes() for i in range(n)}
-             | {f"{i:04d}.y": b"%d" % (i % 10) for i in range(n)})
+    moto.put(
+        {f"{i:04d}.x": rows[i].numpy().tobytes() for i in range(n)}
+        | {f"{i:04d}.y": b"%d" % (i % 10) for i in range(n)}
+    )
 
     def decode(sample: dict) -> dict:
-        return {"x": torch.frombuffer(bytearray(sample["x"]), dtype=torch.float32),
-                "y": int(sample["y"]), "key": int(sample["__key__"].rsplit("/", 1)[-1])}
+        return {
+            "x": torch.frombuffer(bytearray(sample["x"]), dtype=torch.float32),
+            "y": int(sample["y"]),
+            "key": int(sample["__key__"].rsplit("/", 1)[-1]),
+        }
 
     ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint, group_by="stem", transform=decode)
     model = torch.nn.Linear(dim, 10).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with S5Sampler(ds, shuffle=True, seed=0, budget="1MiB", batch_size=8, staging_dir=staging_root) as sampler:
+    with S5Sampler(
+        ds, shuffle=True, seed=0, budget="1MiB", batch_size=8, staging_dir=staging_root
+    ) as sampler:
         loader = DataLoader(ds, sampler=sampler, batch_size=8, num_workers=2, pin_memory=True)
         for epoch in range(2):
             sampler.set_epoch(epoch)
@@ -140,14 +153,21 @@ def test_an_iterable_over_shards_feeds_pinned_batches_to_the_gpu_every_sample_on
     g = torch.Generator().manual_seed(4)
     rows = {f"s{s}-{j:03d}": torch.randn(64, generator=g) for s in range(4) for j in range(50)}
     shards = {
-        f"shard-{s}.tar": tar_of([(f"{k}.x", rows[k].numpy().tobytes()) for k in rows if k.startswith(f"s{s}-")])
+        f"shard-{s}.tar": tar_of(
+            [(f"{k}.x", rows[k].numpy().tobytes()) for k in rows if k.startswith(f"s{s}-")]
+        )
         for s in range(4)
     }
     source = put_indexed(moto, shards)
-    with S5IterableDataset.from_shards(source, endpoint_url=moto.endpoint, shuffle=True, seed=1,
-                                       budget=3 * max(map(len, shards.values())), staging_dir=staging_root,
-                                       transform=lambda s: (s["__key__"], torch.frombuffer(bytearray(s["x"]),
-                                                                                          dtype=torch.float32))) as it:
+    with S5IterableDataset.from_shards(
+        source,
+        endpoint_url=moto.endpoint,
+        shuffle=True,
+        seed=1,
+        budget=3 * max(map(len, shards.values())),
+        staging_dir=staging_root,
+        transform=lambda s: (s["__key__"], torch.frombuffer(bytearray(s["x"]), dtype=torch.float32)),
+    ) as it:
         seen: list[str] = []
         for keys, x in DataLoader(it, batch_size=16, num_workers=2, pin_memory=True):
             assert x.is_pinned()

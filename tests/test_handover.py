@@ -26,8 +26,18 @@ PAIR = 2017  # bytes of one make_pairs(n, 2000) sample
 
 def daemon_argv(store: Store, cache: Path, budget: int, *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "s5loader", "prefetch", store.uri(), "--cache", str(cache), "--budget", str(budget),
-        "--endpoint-url", store.endpoint, *extra,
+        sys.executable,
+        "-m",
+        "s5loader",
+        "prefetch",
+        store.uri(),
+        "--cache",
+        str(cache),
+        "--budget",
+        str(budget),
+        "--endpoint-url",
+        store.endpoint,
+        *extra,
     ]
 
 
@@ -55,17 +65,26 @@ def test_fresh_with_a_consumer_started_at_once(seaweed: Store, tmp_path: Path) -
     # The consumer first (it sees the old END), then the daemon with --fresh.
     out = tmp_path / "got.txt"
     consumer = subprocess.Popen(
-        [sys.executable, "-c", (
-            "import sys\nfrom s5loader.consume import consume\n"
-            "out = open(sys.argv[2], 'w'); print('ready', file=out, flush=True)\n"
-            "for s in consume(sys.argv[1], timeout=60):\n    print(s.name, file=out, flush=True)\n"
-        ), str(cache), str(out)],
-        cwd=ROOT, env=dict(os.environ),
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys\nfrom s5loader.consume import consume\n"
+                "out = open(sys.argv[2], 'w'); print('ready', file=out, flush=True)\n"
+                "for s in consume(sys.argv[1], timeout=60):\n    print(s.name, file=out, flush=True)\n"
+            ),
+            str(cache),
+            str(out),
+        ],
+        cwd=ROOT,
+        env=dict(os.environ),
     )
     while not (out.exists() and out.read_text()):  # the consumer is up and looking
         assert consumer.poll() is None
         time.sleep(0.02)
-    daemon = run_daemon(daemon_argv(seaweed, cache, 3 * PAIR, "--samples-per-call", "2", "--fresh"), tmp_path / "d.log")
+    daemon = run_daemon(
+        daemon_argv(seaweed, cache, 3 * PAIR, "--samples-per-call", "2", "--fresh"), tmp_path / "d.log"
+    )
     assert consumer.wait(60) == 0
     assert daemon.wait(60) == 0, (tmp_path / "d.log").read_text()  # it exits by itself after END
     names = out.read_text().split()
@@ -93,9 +112,13 @@ def test_doc_shell_consumer_with_fresh_and_a_crash(seaweed: Store, tmp_path: Pat
     script = doc_shell_consumer().replace("/data/cache", str(cache))
     done = tmp_path / "done"
     done.mkdir()
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}")  # s5loader too
+    env = dict(
+        os.environ, PATH=f"{bin_dir}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
+    )  # s5loader too
     shell = subprocess.Popen(["bash", "-c", script], env=env)
-    daemon = run_daemon(daemon_argv(seaweed, cache, 3 * PAIR, "--samples-per-call", "2", "--fresh"), tmp_path / "d.log")
+    daemon = run_daemon(
+        daemon_argv(seaweed, cache, 3 * PAIR, "--samples-per-call", "2", "--fresh"), tmp_path / "d.log"
+    )
     assert daemon.wait(60) == 0, (tmp_path / "d.log").read_text()
     assert shell.wait(60) == 0
     results = sorted(p.name for p in done.iterdir())
@@ -114,7 +137,9 @@ def test_doc_shell_consumer_with_fresh_and_a_crash(seaweed: Store, tmp_path: Pat
 def test_restart_starvation_is_catching_up(seaweed: Store, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     seaweed.put(make_pairs(10, size=2000))
-    argv = daemon_argv(seaweed, cache, 2 * PAIR, "--samples-per-call", "2", "--json-log", str(tmp_path / "j.jsonl"))
+    argv = daemon_argv(
+        seaweed, cache, 2 * PAIR, "--samples-per-call", "2", "--json-log", str(tmp_path / "j.jsonl")
+    )
     first = run_daemon(argv, tmp_path / "first.log")
     got = []
     for s in consume(cache, timeout=30):
@@ -140,8 +165,15 @@ def test_restart_starvation_is_catching_up(seaweed: Store, tmp_path: Path) -> No
 def test_help_shows_every_default() -> None:
     text = build_parser().format_help().split("options:", 1)[1]
     for option, default in (
-        ("--group-by", "stem"), ("--seed", "0"), ("--epochs", "1"), ("--samples-per-call", "1000"),
-        ("--calls-in-flight", "2"), ("--s5cmd-workers", "256"), ("--block-size", "64"), ("--on-error", "raise"), ("--shuffle", "off"),
+        ("--group-by", "stem"),
+        ("--seed", "0"),
+        ("--epochs", "1"),
+        ("--samples-per-call", "1000"),
+        ("--calls-in-flight", "2"),
+        ("--s5cmd-workers", "256"),
+        ("--block-size", "64"),
+        ("--on-error", "raise"),
+        ("--shuffle", "off"),
     ):
         section = text.split(f"\n  {option}", 1)[1].split("\n  --", 1)[0]
         assert f"(default: {default})" in " ".join(section.split()), (option, section)

@@ -29,11 +29,33 @@ from s5loader import exceptions as exc_mod
 from s5loader.testing import SeaweedFS
 
 HOSTILE = [
-    "sp ace.bin", "tab\there.bin", "q'uote.bin", 'dq"uote.bin', "back\\slash.bin", "star*.bin", "what?.bin",
-    "br[acket].bin", "hash#.bin", "dollar$HOME.bin", "semi;colon.bin", "-leading.bin", "a/../b.bin",
-    "../up.bin", "../../../../etc/passwd", "/abs.bin", "ünïcødé-日本.bin", "L" * 900 + ".bin", "Case.bin",
-    "case.bin", "%41percent.bin", "plus+sign.bin", "amp&.bin", "trail space .bin", "$(touch pwned).bin",
-    "`id`.bin", "x' ; rm -rf / ; '.bin",
+    "sp ace.bin",
+    "tab\there.bin",
+    "q'uote.bin",
+    'dq"uote.bin',
+    "back\\slash.bin",
+    "star*.bin",
+    "what?.bin",
+    "br[acket].bin",
+    "hash#.bin",
+    "dollar$HOME.bin",
+    "semi;colon.bin",
+    "-leading.bin",
+    "a/../b.bin",
+    "../up.bin",
+    "../../../../etc/passwd",
+    "/abs.bin",
+    "ünïcødé-日本.bin",
+    "L" * 900 + ".bin",
+    "Case.bin",
+    "case.bin",
+    "%41percent.bin",
+    "plus+sign.bin",
+    "amp&.bin",
+    "trail space .bin",
+    "$(touch pwned).bin",
+    "`id`.bin",
+    "x' ; rm -rf / ; '.bin",
 ]
 
 
@@ -43,7 +65,11 @@ def collate(b):
 
 def load_all(ds: S5Dataset, staging_dir: str, **kw) -> list[dict]:
     with S5Sampler(ds, staging_dir=staging_dir, samples_per_call=5, **kw) as sampler:
-        return [s for b in DataLoader(ds, sampler=sampler, batch_size=3, num_workers=2, collate_fn=collate) for s in b]
+        return [
+            s
+            for b in DataLoader(ds, sampler=sampler, batch_size=3, num_workers=2, collate_fn=collate)
+            for s in b
+        ]
 
 
 def test_hostile_keys_load_with_right_bytes_and_stay_inside(moto: Store, tmp_path) -> None:
@@ -75,8 +101,11 @@ def test_hostile_stems_group_and_load(moto: Store, staging_root: str) -> None:
 
 def test_newline_keys_fetched_aside_and_injection_deletes_nothing(seaweed: Store, staging_root: str) -> None:
     victim = seaweed.put({"victim.bin": b"must survive"})
-    evil = ["new\nline.bin", f"x'\nrm s3://{seaweed.bucket}/{seaweed.prefix}victim.bin\n'.bin",
-            f"y\nrm -rf {staging_root}\n.bin"]
+    evil = [
+        "new\nline.bin",
+        f"x'\nrm s3://{seaweed.bucket}/{seaweed.prefix}victim.bin\n'.bin",
+        f"y\nrm -rf {staging_root}\n.bin",
+    ]
     seaweed.put({k: k.encode() for k in evil})
     ds = S5Dataset.from_prefix(seaweed.uri(), endpoint_url=seaweed.endpoint, group_by="object")
     listed = {s.key: s for s in ds.samples}
@@ -105,10 +134,16 @@ def via(proxy: FaultProxy, moto: Store) -> Store:
     return Store("proxy", proxy.endpoint, moto.bucket, moto.prefix)
 
 
-def test_transient_503_500_truncation_and_drops_are_retried(moto: Store, proxy: FaultProxy, staging_root: str) -> None:
+def test_transient_503_500_truncation_and_drops_are_retried(
+    moto: Store, proxy: FaultProxy, staging_root: str
+) -> None:
     source = moto.put(make_pairs(20, size=2000))
-    proxy.rules += [Rule("0003.image", "503", times=6), Rule("0005.image", "500", times=6),
-                    Rule("0007.image", "truncate", times=6), Rule("0009.label", "drop", times=6)]
+    proxy.rules += [
+        Rule("0003.image", "503", times=6),
+        Rule("0005.image", "500", times=6),
+        Rule("0007.image", "truncate", times=6),
+        Rule("0009.label", "drop", times=6),
+    ]
     ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=proxy.endpoint)
     got = load_all(ds, staging_root, retries=4, verify=True)
     assert sorted(s["__key__"] for s in got) == sorted({k.rsplit(".", 1)[0] for k in source})
@@ -162,8 +197,15 @@ def test_bad_input_errors(moto: Store, proxy: FaultProxy, tmp_path, staging_root
     with pytest.raises(ManifestError, match=r"line 2: not an s3 URI"):
         S5Dataset.from_manifest(str(manifest), endpoint_url=moto.endpoint)
     ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
-    for bad in ({"samples_per_call": 0}, {"samples_per_call": -3}, {"calls_in_flight": 0}, {"budget": "lots"},
-                {"budget": -1}, {"on_error": "ignore"}, {"stall_timeout": 0}):
+    for bad in (
+        {"samples_per_call": 0},
+        {"samples_per_call": -3},
+        {"calls_in_flight": 0},
+        {"budget": "lots"},
+        {"budget": -1},
+        {"on_error": "ignore"},
+        {"stall_timeout": 0},
+    ):
         with pytest.raises(ConfigError):
             S5Sampler(ds, staging_dir=staging_root, **bad)
     proxy.rules.append(Rule("", "badkey", method="*"))
@@ -175,8 +217,9 @@ def test_bad_input_errors(moto: Store, proxy: FaultProxy, tmp_path, staging_root
     assert time.monotonic() - t0 < 60
 
 
-@pytest.mark.parametrize("cls", [c for c in vars(exc_mod).values()
-                                 if isinstance(c, type) and issubclass(c, exc_mod.S5LoaderError)])
+@pytest.mark.parametrize(
+    "cls", [c for c in vars(exc_mod).values() if isinstance(c, type) and issubclass(c, exc_mod.S5LoaderError)]
+)
 def test_exceptions_survive_pickling(cls) -> None:
     e = cls("cannot stage s3://b/k: boom")
     e2 = pickle.loads(pickle.dumps(e))
@@ -213,7 +256,11 @@ def test_s5cmd_killed_mid_call_recovers(seaweed: Store, staging_root: str) -> No
     t = threading.Thread(target=killer)
     with S5Sampler(ds, staging_dir=staging_root, samples_per_call=100, calls_in_flight=1) as sampler:
         t.start()
-        got = [s for b in DataLoader(ds, sampler=sampler, batch_size=4, num_workers=2, collate_fn=collate) for s in b]
+        got = [
+            s
+            for b in DataLoader(ds, sampler=sampler, batch_size=4, num_workers=2, collate_fn=collate)
+            for s in b
+        ]
         t.join()
         assert killed
         assert sampler.stats is not None and sampler.stats.retries > 0
@@ -228,8 +275,15 @@ def test_server_restarted_mid_epoch(tmp_path, staging_root: str) -> None:
         source = store.put(make_pairs(60, size=500))
         ds = S5Dataset.from_prefix(store.uri(), endpoint_url=store.endpoint)
         got = []
-        with S5Sampler(ds, staging_dir=staging_root, samples_per_call=4, calls_in_flight=1, budget=8 * 600,
-                       retries=8, stall_timeout=5) as sampler:
+        with S5Sampler(
+            ds,
+            staging_dir=staging_root,
+            samples_per_call=4,
+            calls_in_flight=1,
+            budget=8 * 600,
+            retries=8,
+            stall_timeout=5,
+        ) as sampler:
             for i, b in enumerate(DataLoader(ds, sampler=sampler, batch_size=2, collate_fn=collate)):
                 got += b
                 if i == 3:
@@ -295,7 +349,9 @@ def test_secrets_never_written_logged_or_shown(moto: Store, staging_root: str, m
         assert secret not in text and "AKIDSECRETID0000" not in text
 
 
-def test_profile_secrets_stay_in_the_credentials_file(moto: Store, staging_root: str, tmp_path, caplog) -> None:
+def test_profile_secrets_stay_in_the_credentials_file(
+    moto: Store, staging_root: str, tmp_path, caplog
+) -> None:
     from s5loader import Access
 
     secret = "PROFILEsecret0987654321zyxwvuQRS"
@@ -303,7 +359,9 @@ def test_profile_secrets_stay_in_the_credentials_file(moto: Store, staging_root:
     creds.write_text(f"[p]\naws_access_key_id = AKIDPROFILE00000\naws_secret_access_key = {secret}\n")
     caplog.set_level(logging.DEBUG)
     moto.put(make_pairs(20, size=2000))
-    ds = S5Dataset.from_prefix(moto.uri(), access=Access(moto.endpoint, profile="p", credentials_file=str(creds)))
+    ds = S5Dataset.from_prefix(
+        moto.uri(), access=Access(moto.endpoint, profile="p", credentials_file=str(creds))
+    )
     seen_argv = []
     with S5Sampler(ds, staging_dir=staging_root, samples_per_call=5) as sampler:
         for idx in sampler:

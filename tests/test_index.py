@@ -56,7 +56,9 @@ def object_sets(draw: st.DrawFn) -> tuple[list[ObjectInfo], str, dict[str, dict[
         objects = [o for o in objects if not (o.uri in seen or seen.add(o.uri))]  # type: ignore[func-returns-value]
     extras = None
     if shape == "manifest":
-        values = st.dictionaries(st.sampled_from(["label", "w", "x"]), st.integers(0, 5) | st.text(max_size=3), max_size=2)
+        values = st.dictionaries(
+            st.sampled_from(["label", "w", "x"]), st.integers(0, 5) | st.text(max_size=3), max_size=2
+        )
         extras = {o.uri: draw(values) for o in objects}
     return objects, base, extras, draw(st.booleans())
 
@@ -146,12 +148,21 @@ def test_labelled_manifest_in_the_bucket_stages_every_sample(
     # not in key order) read from the bucket, so by the fast path a chunk at a time: the index
     # is the reference's, and staging every sample gives its bytes and its label, JSON type kept
     labels: list[object] = [3, "cat", 0.5, True, None, -2]
-    data = store.put({f"{i:04d}.{ext}": f"{i}-{ext}".encode() * (i + 1) for i in range(12) for ext in ("jpg", "cls")})
+    data = store.put(
+        {f"{i:04d}.{ext}": f"{i}-{ext}".encode() * (i + 1) for i in range(12) for ext in ("jpg", "cls")}
+    )
     keys = sorted(data, reverse=True)
     label_of = {k: labels[int(k.rsplit("/", 1)[1][:4]) % len(labels)] for k in keys}
-    objs = [ObjectInfo(f"s3://{store.bucket}/{k}", k, len(data[k]), hashlib.md5(data[k]).hexdigest()) for k in keys]
-    lines = [json.dumps({"uri": o.uri, "size": o.size, "etag": o.etag, "label": label_of[o.key]}) for o in objs]
-    store.client.put_object(Bucket=store.bucket, Key=store.prefix + "labels.jsonl", Body=("\n".join(lines) + "\n").encode())
+    objs = [
+        ObjectInfo(f"s3://{store.bucket}/{k}", k, len(data[k]), hashlib.md5(data[k]).hexdigest())
+        for k in keys
+    ]
+    lines = [
+        json.dumps({"uri": o.uri, "size": o.size, "etag": o.etag, "label": label_of[o.key]}) for o in objs
+    ]
+    store.client.put_object(
+        Bucket=store.bucket, Key=store.prefix + "labels.jsonl", Body=("\n".join(lines) + "\n").encode()
+    )
     ds = S5Dataset.from_manifest(store.uri("labels.jsonl"), endpoint_url=store.endpoint, group_by=group_by)
     extras = {o.uri: {"label": label_of[o.key]} for o in objs}
     assert list(ds.samples) == reference_group(objs, group_by, extras=extras)
@@ -248,17 +259,25 @@ def test_interrupted_listing_is_listed_again(
         ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
     assert len(ds) == 3
     assert log.read_text().count(" ls ") == 2
-    assert any("connection reset by peer" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
-    done = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO and "listed " in r.getMessage()]
+    assert any(
+        "connection reset by peer" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
+    )
+    done = [
+        r.getMessage() for r in caplog.records if r.levelno == logging.INFO and "listed " in r.getMessage()
+    ]
     assert done and f"listed {moto.uri()} with s5cmd ls: 6 objects" in done[0]
     assert "2 attempt(s), about 2 LIST requests" in done[0]
 
 
-def test_listing_that_keeps_failing_names_the_prefix(moto: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_listing_that_keeps_failing_names_the_prefix(
+    moto: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     moto.put(make_pairs(1))
     binary, log = wrapper(tmp_path, fail_first=100)
     monkeypatch.setenv("S5LOADER_S5CMD", binary)
-    with pytest.raises(FetchError, match=rf"cannot list {moto.uri()} \(4 attempts\).*connection reset by peer"):
+    with pytest.raises(
+        FetchError, match=rf"cannot list {moto.uri()} \(4 attempts\).*connection reset by peer"
+    ):
         S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
     assert log.read_text().count(" ls ") == 4
 
@@ -285,14 +304,27 @@ sampler.close()
 @pytest.mark.parametrize("mode", ["dist", "local", "dist-split"])
 def test_torchrun_lists_once(seaweed: Store, tmp_path: Path, mode: str) -> None:
     pairs = make_pairs(9, size=32)
-    seaweed.put({f"{half}/{k}": v for k, v in pairs.items() for half in "ab"} if mode == "dist-split" else pairs)
+    seaweed.put(
+        {f"{half}/{k}": v for k, v in pairs.items() for half in "ab"} if mode == "dist-split" else pairs
+    )
     binary, log = wrapper(tmp_path, fail_first=0)
     script = tmp_path / "job.py"
     script.write_text(LIST_ONCE_SCRIPT)
     out = tmp_path / "out"
     out.mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-           f"--master_port={free_port()}", str(script), seaweed.uri(), seaweed.endpoint, str(out), mode]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        str(script),
+        seaweed.uri(),
+        seaweed.endpoint,
+        str(out),
+        mode,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "S5LOADER_S5CMD": binary}
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -300,7 +332,9 @@ def test_torchrun_lists_once(seaweed: Store, tmp_path: Path, mode: str) -> None:
     if mode == "dist-split":  # each rank lists its own source
         assert log.read_text().count(" ls ") == 2
         assert len(r0["samples"]) == len(r1["samples"]) == 9
-        assert all("/train/a/" in s[0] for s in r0["samples"]) and all("/train/b/" in s[0] for s in r1["samples"])
+        assert all("/train/a/" in s[0] for s in r0["samples"]) and all(
+            "/train/b/" in s[0] for s in r1["samples"]
+        )
         return
     assert log.read_text().count(" ls ") == 1  # one listing for the whole job
     assert len(r0["samples"]) == 9 and r0 == r1
@@ -338,7 +372,9 @@ def test_local_ranks_share_one_index_through_a_file(tmp_path: Path, monkeypatch:
     with pytest.raises(NoSuchBucketError):
         shared_index(fails, what)
     monkeypatch.setenv("LOCAL_RANK", "1")
-    with pytest.raises(NoSuchBucketError, match="local rank 0 could not build the index: s3://b/p/: NoSuchBucket"):
+    with pytest.raises(
+        NoSuchBucketError, match="local rank 0 could not build the index: s3://b/p/: NoSuchBucket"
+    ):
         shared_index(never, what)
 
 

@@ -81,7 +81,10 @@ def test_the_rank_order_through_a_buffer_is_the_plain_order_reshuffled() -> None
     from s5loader._sampling.units import ObjectUnits
 
     ds = S5Dataset([Sample(f"{i}", (Field("data", f"s3://b/{i}", 10, ""),)) for i in range(23)])
-    units, blocks = ObjectUnits(ds), SimpleNamespace(units=uneven_units(23))  # the blocks a block order permutes
+    units, blocks = (
+        ObjectUnits(ds),
+        SimpleNamespace(units=uneven_units(23)),
+    )  # the blocks a block order permutes
     for shuffle in (True, False, "block"):
         o = Order(shuffle, 7, 2, 1, False)
         plain, _ = rank_order(units, o, 2, 0, blocks, 4)
@@ -101,8 +104,16 @@ def test_shuffle_buffer_is_webdatasets_draw() -> None:
 
 def test_bad_options_and_states_are_config_and_state_errors(staging_root: str) -> None:
     ds = S5Dataset([Sample(f"{i}", (Field("data", f"s3://b/{i}", 10, ""),)) for i in range(5)])
-    for bad in ({"shuffle": "yes"}, {"shuffle_buffer": -1}, {"seed": 1.5}, {"drop_last": 1},
-                {"num_replicas": 2, "rank": 2}, {"calls_in_flight": 0}, {"on_error": "ignore"}, {"budget": "lots"}):
+    for bad in (
+        {"shuffle": "yes"},
+        {"shuffle_buffer": -1},
+        {"seed": 1.5},
+        {"drop_last": 1},
+        {"num_replicas": 2, "rank": 2},
+        {"calls_in_flight": 0},
+        {"on_error": "ignore"},
+        {"budget": "lots"},
+    ):
         with pytest.raises(ConfigError):
             S5IterableDataset(ds, staging_dir=staging_root, **bad)
     with pytest.raises(ConfigError, match="S5Dataset"):
@@ -112,12 +123,19 @@ def test_bad_options_and_states_are_config_and_state_errors(staging_root: str) -
     with S5IterableDataset(ds, staging_dir=staging_root) as it:
         state = it.state_dict()
         assert check_state(state, 5)["yielded"] == 0
-        for broken, match in (({**state, "dataset_len": 6}, "6 samples"), ({**state, "worker": 3}, "worker"),
-                              ({k: v for k, v in state.items() if k != "epoch"}, "epoch"), ([], "dict")):
+        for broken, match in (
+            ({**state, "dataset_len": 6}, "6 samples"),
+            ({**state, "worker": 3}, "worker"),
+            ({k: v for k, v in state.items() if k != "epoch"}, "epoch"),
+            ([], "dict"),
+        ):
             with pytest.raises(StateError, match=match):
                 it.load_state_dict(broken)  # type: ignore[arg-type]
         it.load_state_dict({**state, "num_replicas": 2})
-        with pytest.raises(StateError, match="saved mid-epoch by rank 0 of 2, worker 0 of 1, chunk 1 cannot resume rank 0 of 1"):
+        with pytest.raises(
+            StateError,
+            match="saved mid-epoch by rank 0 of 2, worker 0 of 1, chunk 1 cannot resume rank 0 of 1",
+        ):
             iter(it)
         area = it._area.path
         assert os.path.isdir(area)
@@ -129,7 +147,9 @@ def test_every_sample_once_per_epoch_with_0_and_2_workers(pairs, staging_root: s
     store, source = pairs
     with make(store, staging_root, budget="64KiB") as it:
         for workers in (0, 2):
-            got = [s for b in DataLoader(it, batch_size=4, num_workers=workers, collate_fn=collate) for s in b]
+            got = [
+                s for b in DataLoader(it, batch_size=4, num_workers=workers, collate_fn=collate) for s in b
+            ]
             assert sorted(s["__key__"] for s in got) == keys_of(source)
             assert all(s["image"] == source[s["__key__"] + ".image"] for s in got)
         assert len(it) == len(source) // 2
@@ -187,11 +207,15 @@ def test_order_follows_seed_and_epoch(pairs, staging_root: str) -> None:  # type
 
 
 @pytest.mark.parametrize(("shuffle", "persistent"), [(True, False), ("block", True)])
-def test_mid_epoch_resume_through_stateful_dataloader_is_exact(pairs, staging_root: str, shuffle, persistent) -> None:  # type: ignore[no-untyped-def]
+def test_mid_epoch_resume_through_stateful_dataloader_is_exact(
+    pairs, staging_root: str, shuffle, persistent
+) -> None:  # type: ignore[no-untyped-def]
     store, source = pairs
 
     def loader(it: S5IterableDataset) -> StatefulDataLoader:
-        return StatefulDataLoader(it, batch_size=2, num_workers=2, persistent_workers=persistent, collate_fn=collate)
+        return StatefulDataLoader(
+            it, batch_size=2, num_workers=2, persistent_workers=persistent, collate_fn=collate
+        )
 
     opts = {"shuffle": shuffle, "seed": 9, "shuffle_buffer": 4, "block_size": 4, "samples_per_call": 5}
     with make(store, staging_root, **opts) as it:
@@ -265,7 +289,9 @@ def test_with_the_batch_size_the_loader_yields_the_rank_order_exactly(pairs, sta
     store, source = pairs
     with make(store, staging_root, seed=3, batch_size=2) as it:
         got = keys(DataLoader(it, batch_size=2, num_workers=3, collate_fn=collate))
-        expected = [it.dataset.samples[i].key for i in Order(True, 3, 1, 0, False).indices(len(it.dataset), 0)]
+        expected = [
+            it.dataset.samples[i].key for i in Order(True, 3, 1, 0, False).indices(len(it.dataset), 0)
+        ]
     assert got == expected  # the sampler's order: workers take turns a batch at a time
     with make(store, staging_root, seed=3) as it:  # a sample at a time: the same samples, batched by worker
         got = keys(DataLoader(it, batch_size=2, num_workers=3, collate_fn=collate))
@@ -287,7 +313,9 @@ def test_the_feed_hands_each_worker_its_own_positions_and_a_host_gone_is_an_erro
     name = f"s5loader-test-{secrets.token_hex(4)}"
     host = feed.FeedHost(name, feed.Hello(0, 2, 0, 0, ()), serve, lambda pos: pos % 2).start()
     got: dict[int, list[object]] = {}
-    t = threading.Thread(target=lambda: got.__setitem__(1, list(feed.connect(name, feed.Hello(1, 2, 0, 2, ())))))
+    t = threading.Thread(
+        target=lambda: got.__setitem__(1, list(feed.connect(name, feed.Hello(1, 2, 0, 2, ()))))
+    )
     t.start()
     got[0] = list(feed.local(host))
     t.join(30)
@@ -324,7 +352,9 @@ def slow_in_worker_1(sample):  # type: ignore[no-untyped-def]
     return sample
 
 
-def test_workers_still_reading_when_the_hosting_worker_ends_read_staged_files(moto: Store, staging_root: str) -> None:
+def test_workers_still_reading_when_the_hosting_worker_ends_read_staged_files(
+    moto: Store, staging_root: str
+) -> None:
     from support.faults import FaultProxy
 
     source = moto.put(make_pairs(40, size=500))
@@ -335,7 +365,11 @@ def test_workers_still_reading_when_the_hosting_worker_ends_read_staged_files(mo
         # which the DataLoader then shuts down: its staged files must stay for worker 1
         with S5IterableDataset(ds, staging_dir=staging_root, batch_size=10, shuffle=False) as it:
             got = keys(DataLoader(it, batch_size=10, num_workers=2, collate_fn=collate))
-        gets = Counter(path.split("?")[0] for method, path, _ in proxy.requests if method == "GET" and "list-type" not in path)
+        gets = Counter(
+            path.split("?")[0]
+            for method, path, _ in proxy.requests
+            if method == "GET" and "list-type" not in path
+        )
     finally:
         proxy.close()
     assert got == keys_of(source)  # the rank's order: key order, a batch per worker in turn

@@ -38,31 +38,43 @@ def collate(batch: list[dict]) -> list[dict]:
 def test_from_prefix_labels_like_imagefolder(seaweed: Store, staging_root: str) -> None:
     seaweed.put(LAYOUT)
     classes, class_to_idx = torchvision_classes(list(LAYOUT))
-    ds = S5Dataset.from_prefix(seaweed.uri(), endpoint_url=seaweed.endpoint, group_by="object", label="folder")
+    ds = S5Dataset.from_prefix(
+        seaweed.uri(), endpoint_url=seaweed.endpoint, group_by="object", label="folder"
+    )
     assert ds.classes == classes == ["Ant", "cat", "zebra"]
     assert ds.class_to_idx == class_to_idx
     with S5Sampler(ds, staging_dir=staging_root, batch_size=2) as sampler:
-        got = [s for b in DataLoader(ds, sampler=sampler, batch_size=2, num_workers=2, collate_fn=collate) for s in b]
+        got = [
+            s
+            for b in DataLoader(ds, sampler=sampler, batch_size=2, num_workers=2, collate_fn=collate)
+            for s in b
+        ]
     assert len(got) == len(LAYOUT)
     for s in got:
-        rel = s["__key__"][len(seaweed.prefix):]
+        rel = s["__key__"][len(seaweed.prefix) :]
         assert s["data"] == LAYOUT[rel]
         assert s["label"] == class_to_idx[rel.split("/", 1)[0]]
         assert type(s["label"]) is int
 
 
-def test_stem_grouping_labels_and_warns_of_mixed_case(seaweed: Store, caplog: pytest.LogCaptureFixture) -> None:
+def test_stem_grouping_labels_and_warns_of_mixed_case(
+    seaweed: Store, caplog: pytest.LogCaptureFixture
+) -> None:
     seaweed.put(LAYOUT)
     _, class_to_idx = torchvision_classes(list(LAYOUT))
     with caplog.at_level(logging.WARNING, logger="s5loader"):
-        ds = S5Dataset.from_prefix(seaweed.uri(), endpoint_url=seaweed.endpoint, group_by="stem", label="folder")
+        ds = S5Dataset.from_prefix(
+            seaweed.uri(), endpoint_url=seaweed.endpoint, group_by="stem", label="folder"
+        )
     assert "mixes cases" in caplog.text and "'JPEG'" in caplog.text and "'jpg'" in caplog.text
-    assert {ds[i]["__key__"][len(seaweed.prefix):]: ds[i]["label"] for i in range(len(ds))} == {
+    assert {ds[i]["__key__"][len(seaweed.prefix) :]: ds[i]["label"] for i in range(len(ds))} == {
         k.rpartition(".")[0]: class_to_idx[k.split("/", 1)[0]] for k in LAYOUT
     }
 
 
-def test_folder_grouping_of_class_folders_is_warned_about(moto: Store, caplog: pytest.LogCaptureFixture) -> None:
+def test_folder_grouping_of_class_folders_is_warned_about(
+    moto: Store, caplog: pytest.LogCaptureFixture
+) -> None:
     moto.put({f"c{c}/{i:03d}.jpg": b"x" for c in range(2) for i in range(30)})
     with caplog.at_level(logging.WARNING, logger="s5loader"):
         ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint, group_by="folder")

@@ -66,16 +66,26 @@ def check(got: list[dict[str, Any]], want: list[str], source: dict[str, bytes]) 
         assert s["image"] == source[s["__key__"] + ".image"] and s["label"] == source[s["__key__"] + ".label"]
 
 
-def test_two_samplers_on_one_dataset(moto: Store, staging_root: str, no_direct_fetch: CountingEndpoint) -> None:
+def test_two_samplers_on_one_dataset(
+    moto: Store, staging_root: str, no_direct_fetch: CountingEndpoint
+) -> None:
     """A training and an evaluation sampler on the same dataset, used one after the other and
     with both iterators alive at once: each loader reads its own staging directory."""
     source = moto.put(make_pairs(30, size=200))
     ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
     budget = 8 * max(s.size for s in ds.samples)  # two batches and the workers' prefetch
-    train = S5Sampler(ds, shuffle=True, seed=3, budget=budget, samples_per_call=4, staging_dir=staging_root,
-                      stall_timeout=20)
-    evaluation = S5Sampler(ds, shuffle=False, budget=budget, samples_per_call=4, staging_dir=staging_root,
-                           stall_timeout=20)
+    train = S5Sampler(
+        ds,
+        shuffle=True,
+        seed=3,
+        budget=budget,
+        samples_per_call=4,
+        staging_dir=staging_root,
+        stall_timeout=20,
+    )
+    evaluation = S5Sampler(
+        ds, shuffle=False, budget=budget, samples_per_call=4, staging_dir=staging_root, stall_timeout=20
+    )
     ds.endpoint_url = no_direct_fetch.url  # the samplers stage with s5cmd; the dataset cannot fetch
     assert train.staging_dir != evaluation.staging_dir
     train_loader = DataLoader(ds, sampler=train, batch_size=2, num_workers=2, collate_fn=collate)
@@ -129,8 +139,9 @@ def test_persistent_workers_after_a_break(
     ds.gate, ds.free = str(tmp_path / "gate"), 2  # each worker's first batch, then the gate
     with S5Sampler(ds, seed=9, samples_per_call=4, staging_dir=staging_root) as sampler:
         ds.endpoint_url = no_direct_fetch.url
-        loader = DataLoader(ds, sampler=sampler, batch_size=2, num_workers=2, persistent_workers=True,
-                            collate_fn=collate)
+        loader = DataLoader(
+            ds, sampler=sampler, batch_size=2, num_workers=2, persistent_workers=True, collate_fn=collate
+        )
         sampler.set_epoch(0)
         it = iter(loader)
         first = next(it)
@@ -215,8 +226,12 @@ def test_sigterm_while_the_sampler_waits(moto: Store, staging_root: str, tmp_pat
     hole = BlackHole()
     script = tmp_path / "wait.py"
     script.write_text(WAITING_SCRIPT)
-    proc = subprocess.Popen([sys.executable, str(script), moto.uri(), moto.endpoint, hole.url, staging_root, where],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), moto.uri(), moto.endpoint, hole.url, staging_root, where],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         staging = proc.stdout.readline().strip()

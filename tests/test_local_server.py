@@ -29,7 +29,9 @@ def _clean_env(tmpdir: Path) -> dict[str, str]:
 
 
 def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, S3_LOCAL, *args], capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, S3_LOCAL, *args], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 @pytest.fixture
@@ -112,11 +114,15 @@ def test_readme_quick_start_in_a_fresh_shell(local: tuple[Path, dict[str, str]])
     # without .venv/bin), the server's folder the test's own; `python` is whatever the block
     # activated.
     venv_bin = os.path.dirname(sys.executable)
-    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if os.path.realpath(p) != os.path.realpath(venv_bin))
+    path = os.pathsep.join(
+        p for p in os.environ["PATH"].split(os.pathsep) if os.path.realpath(p) != os.path.realpath(venv_bin)
+    )
     script = start.replace("bin/s3-local start", f"bin/s3-local start --dir {server_dir}")
     script += f"\npython - <<'PYEOF'\n{code}PYEOF\n"
     shell_env = {"PATH": path, "HOME": env.get("HOME", "/root"), "TMPDIR": env["TMPDIR"]}
-    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=shell_env, cwd=ROOT, timeout=300)
+    out = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, env=shell_env, cwd=ROOT, timeout=300
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert [line for line in out.stdout.splitlines() if line.startswith("epoch")] == [
         f"epoch {e}: 100 samples staged" for e in range(3)
@@ -132,7 +138,10 @@ def test_s3_local_without_the_environment_says_to_make_it(tmp_path: Path) -> Non
     (clone / "s5loader").mkdir()
     (clone / "s5loader" / "__init__.py").write_text("import torch_that_is_not_installed\n")
     r = subprocess.run(
-        [sys.executable, "-I", str(clone / "bin" / "s3-local"), "start"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-I", str(clone / "bin" / "s3-local"), "start"],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert r.returncode != 0 and r.stdout == ""
     assert "Traceback" not in r.stderr

@@ -22,7 +22,9 @@ from s5loader.exceptions import AccessDeniedError, BudgetError, ConfigError, NoS
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_short_run_is_not_starvation(moto: Store, staging_root: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_short_run_is_not_starvation(
+    moto: Store, staging_root: str, caplog: pytest.LogCaptureFixture
+) -> None:
     moto.put(make_pairs(2))
     ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
     with S5Sampler(ds, staging_dir=staging_root) as sampler, caplog.at_level(logging.INFO, logger="s5loader"):
@@ -40,7 +42,13 @@ def test_demo_does_not_warn_and_leaves_no_temp_files(short_tmp: Path) -> None:
     tmpdir = short_tmp
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "S3_"))}
     env.update(TMPDIR=str(tmpdir), PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, str(ROOT / "bin" / "demo"), "--samples", "256"], capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "bin" / "demo"), "--samples", "256"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     out = r.stdout + r.stderr
     assert "Done." in out and "epoch 3" in out
@@ -52,7 +60,9 @@ def test_budget_below_one_batch_fails_at_once(moto: Store, staging_root: str) ->
     moto.put(make_pairs(12, size=1000))
     ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
     one = max(s.size for s in ds.samples)
-    with pytest.raises(BudgetError, match=r"does not hold one batch: batch_size=4 .* raise it to at least") as exc:
+    with pytest.raises(
+        BudgetError, match=r"does not hold one batch: batch_size=4 .* raise it to at least"
+    ) as exc:
         S5Sampler(ds, budget=one, staging_dir=staging_root, batch_size=4)
     assert moto.uri() in str(exc.value)
     with pytest.raises(ConfigError, match="batch_size"):
@@ -104,7 +114,10 @@ def test_a_missing_bucket_names_the_bucket_and_the_endpoint_when_listing_and_sta
         S5Dataset.from_prefix("s3://no-such-bucket/train/", endpoint_url=store.endpoint)
     with pytest.raises(NoSuchBucketError) as staging:
         _stage_manifest("s3://no-such-bucket/train/0.bin", str(tmp_path), store.endpoint)
-    for exc, uri in ((listing.value, "s3://no-such-bucket/train/"), (staging.value, "s3://no-such-bucket/train/0.bin")):
+    for exc, uri in (
+        (listing.value, "s3://no-such-bucket/train/"),
+        (staging.value, "s3://no-such-bucket/train/0.bin"),
+    ):
         message = str(exc)
         assert uri in message
         assert f"the store at {store.endpoint} has no bucket 'no-such-bucket'" in message

@@ -44,8 +44,17 @@ def test_metrics_as_dict_has_every_field() -> None:
     m = Metrics(epoch=2, budget=10, skips=1)
     d = m.as_dict()
     assert d["epoch"] == 2 and d["budget"] == 10 and d["skips"] == 1
-    assert set(d) >= {"staged_bytes", "ready_ahead", "calls_in_flight", "objects_in_flight", "mb_s",
-                      "samples_s", "waited_s", "retries", "position"}
+    assert set(d) >= {
+        "staged_bytes",
+        "ready_ahead",
+        "calls_in_flight",
+        "objects_in_flight",
+        "mb_s",
+        "samples_s",
+        "waited_s",
+        "retries",
+        "position",
+    }
 
 
 # -- the real path ----------------------------------------------------------------------------
@@ -54,17 +63,34 @@ def test_sampler_metrics_match_a_known_run(moto: Store, staging_root: str) -> No
     verify), two deleted after the listing (skipped), one request held at the proxy."""
     moto.put({f"{i:04d}.bin": bytes([i]) * SIZE for i in range(20)})
     proxy = FaultProxy(moto.endpoint)
-    proxy.rules += [Rule("0006.bin", "corrupt", times=1), Rule("0007.bin", "corrupt", times=1),
-                    Rule("0019.bin", "hold", times=1)]
+    proxy.rules += [
+        Rule("0006.bin", "corrupt", times=1),
+        Rule("0007.bin", "corrupt", times=1),
+        Rule("0019.bin", "hold", times=1),
+    ]
     try:
         ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=proxy.endpoint)
         for i in (12, 13):
             moto.client.delete_object(Bucket="data", Key=f"train/{i:04d}.bin")
         budget = 4 * SIZE
-        with S5Sampler(ds, staging_dir=staging_root, shuffle=False, budget=budget, on_error="skip",
-                       verify=True, retries=2, block_size=1) as sampler:
+        with S5Sampler(
+            ds,
+            staging_dir=staging_root,
+            shuffle=False,
+            budget=budget,
+            on_error="skip",
+            verify=True,
+            retries=2,
+            block_size=1,
+        ) as sampler:
             m0 = sampler.metrics()
-            assert (m0.position, m0.samples, m0.budget, m0.staged_bytes, m0.calls_in_flight) == (0, 20, budget, 0, 0)
+            assert (m0.position, m0.samples, m0.budget, m0.staged_bytes, m0.calls_in_flight) == (
+                0,
+                20,
+                budget,
+                0,
+                0,
+            )
 
             held: list[Metrics] = []
 
@@ -82,9 +108,16 @@ def test_sampler_metrics_match_a_known_run(moto: Store, staging_root: str) -> No
                 assert 0 <= m.ready_ahead <= 3  # the sample handed out holds the fourth slot
                 if n == 0:
                     # the engine fills the budget ahead of the loader, then waits for a release
-                    assert wait_for(lambda: sampler.metrics().ready_ahead == 3 and sampler.metrics().calls_in_flight == 0)
+                    assert wait_for(
+                        lambda: sampler.metrics().ready_ahead == 3 and sampler.metrics().calls_in_flight == 0
+                    )
                     m = sampler.metrics()
-                    assert (m.position, m.staged_bytes, m.objects_in_flight, m.fetched_units) == (1, budget, 0, 4)
+                    assert (m.position, m.staged_bytes, m.objects_in_flight, m.fetched_units) == (
+                        1,
+                        budget,
+                        0,
+                        4,
+                    )
                     assert m.fetched_bytes == 4 * SIZE
                 keys.append(ds[idx]["__key__"])
             watcher.join()
@@ -106,14 +139,39 @@ def test_daemon_json_log_carries_the_metrics(moto: Store, tmp_path) -> None:
 
     moto.put({f"{i:04d}.bin": b"x" * SIZE for i in range(6)})
     log = tmp_path / "progress.jsonl"
-    rc = main([moto.uri(), "--cache", str(tmp_path / "cache"), "--budget", str(12 * SIZE), "--endpoint-url",
-               moto.endpoint, "--json-log", str(log), "--no-progress", "--epochs", "2"])
+    rc = main(
+        [
+            moto.uri(),
+            "--cache",
+            str(tmp_path / "cache"),
+            "--budget",
+            str(12 * SIZE),
+            "--endpoint-url",
+            moto.endpoint,
+            "--json-log",
+            str(log),
+            "--no-progress",
+            "--epochs",
+            "2",
+        ]
+    )
     assert rc == 0
     events = [json.loads(line) for line in log.read_text().splitlines()]
     progress = [e for e in events if e["event"] == "progress"]
     assert progress and all(set(Metrics().as_dict()) <= set(e) for e in progress)
     done = events[-1]
     assert done["event"] == "done"
-    assert (done["position"], done["samples"], done["fetched_units"], done["fetched_bytes"]) == (12, 12, 12, 12 * SIZE)
-    assert (done["epoch"], done["budget"], done["skips"], done["retries"], done["calls_in_flight"]) == (1, 12 * SIZE, 0, 0, 0)
+    assert (done["position"], done["samples"], done["fetched_units"], done["fetched_bytes"]) == (
+        12,
+        12,
+        12,
+        12 * SIZE,
+    )
+    assert (done["epoch"], done["budget"], done["skips"], done["retries"], done["calls_in_flight"]) == (
+        1,
+        12 * SIZE,
+        0,
+        0,
+        0,
+    )
     assert done["staged_bytes"] == 12 * SIZE  # nothing was consumed: the cache is full

@@ -34,7 +34,9 @@ def webdataset_classes(shards: dict[str, bytes], folder: Path) -> list[int]:
         (folder / name).write_bytes(data)
         paths.append(str(folder / name))
     ds = wds.WebDataset(paths, shardshuffle=len(paths), seed=0, empty_check=False).shuffle(BUFFER)
-    loader = DataLoader(ds, batch_size=BATCH, num_workers=WORKERS, collate_fn=lambda b: [int(x["cls"]) for x in b])
+    loader = DataLoader(
+        ds, batch_size=BATCH, num_workers=WORKERS, collate_fn=lambda b: [int(x["cls"]) for x in b]
+    )
     return [c for b in loader for c in b]
 
 
@@ -50,7 +52,9 @@ def test_class_sorted_shards_mix_as_well_as_webdataset_with_the_same_bytes_every
     figures = {}
     with S5Sampler(ds, shuffle=True, seed=0, budget=budget, staging_dir=staging_root) as sampler:
         quality = sampler.shuffle_quality(span=BATCH)  # from the order alone
-        loader = DataLoader(ds, sampler=sampler, batch_size=BATCH, num_workers=WORKERS, collate_fn=lambda b: b)
+        loader = DataLoader(
+            ds, sampler=sampler, batch_size=BATCH, num_workers=WORKERS, collate_fn=lambda b: b
+        )
         with Peak(lambda: on_disk(sampler.staging_dir)) as peak:
             got = [x for b in loader for x in b]
         assert leftovers(sampler.staging_dir) == []
@@ -58,18 +62,34 @@ def test_class_sorted_shards_mix_as_well_as_webdataset_with_the_same_bytes_every
     figures["sampler"] = [int(x["cls"]) for x in got]
     assert quality.units_per_64 == pytest.approx(per_64(figures["sampler"])) and quality.first_units >= 6
     assert 0 < peak.peak <= budget + 40 * 4096, (peak.peak, budget)  # whole blocks on disk
-    with S5IterableDataset(ds, shuffle=True, seed=0, budget=budget, staging_dir=staging_root,
-                           batch_size=BATCH, num_workers=WORKERS) as it:
+    with S5IterableDataset(
+        ds,
+        shuffle=True,
+        seed=0,
+        budget=budget,
+        staging_dir=staging_root,
+        batch_size=BATCH,
+        num_workers=WORKERS,
+    ) as it:
         with Peak(lambda: on_disk(it._area.path)) as peak:
-            got = [x for b in DataLoader(it, batch_size=BATCH, num_workers=WORKERS, collate_fn=lambda b: b) for x in b]
+            got = [
+                x
+                for b in DataLoader(it, batch_size=BATCH, num_workers=WORKERS, collate_fn=lambda b: b)
+                for x in b
+            ]
         assert leftovers(it._area.path) == []
     assert sorted(x["__key__"] for x in got) == everything
     figures["iterable"] = [int(x["cls"]) for x in got]
     assert 0 < peak.peak <= budget + 40 * 4096, (peak.peak, budget)
-    for form, classes in figures.items():  # at the same bytes: 90% of WebDataset's mixing, a first batch better
+    for (
+        form,
+        classes,
+    ) in figures.items():  # at the same bytes: 90% of WebDataset's mixing, a first batch better
         assert per_64(classes) >= 0.9 * per_64(reference), (form, per_64(classes), per_64(reference))
         assert len(set(classes[:64])) >= len(set(reference[:64])), form
-    with S5Sampler(ds, shuffle=True, seed=0, staging_dir=staging_root) as sampler:  # the default budget: all fit
+    with S5Sampler(
+        ds, shuffle=True, seed=0, staging_dir=staging_root
+    ) as sampler:  # the default budget: all fit
         quality = sampler.shuffle_quality(span=64)
     assert quality.units_per_64 >= per_64(reference) and quality.first_units >= len(set(reference[:64]))
 
@@ -81,8 +101,11 @@ def test_a_budget_that_holds_few_shards_warns_at_iter_naming_one_that_mixes_like
     ds = S5Dataset.from_shards(source, endpoint_url=seaweed.endpoint)
     with S5Sampler(ds, shuffle=True, budget=3 * big, staging_dir=staging_root) as sampler:
         assert sampler.shuffle_quality(span=64).first_units >= 2  # three shards: the first batch mixes
-        with pytest.warns(UserWarning, match=r"holds about 3 of its shards .* A budget of ([\d.]+ \w+) mixes at least "
-                                             r"like that buffer.*`s5loader pack --shuffle`") as caught:
+        with pytest.warns(
+            UserWarning,
+            match=r"holds about 3 of its shards .* A budget of ([\d.]+ \w+) mixes at least "
+            r"like that buffer.*`s5loader pack --shuffle`",
+        ) as caught:
             it = iter(sampler)
             next(it)
         it.close()
@@ -91,17 +114,24 @@ def test_a_budget_that_holds_few_shards_warns_at_iter_naming_one_that_mixes_like
     with S5IterableDataset(ds, shuffle=True, budget=3 * big, staging_dir=staging_root) as it:
         with pytest.warns(UserWarning, match=r"S5IterableDataset\(shuffle=True\) .* A budget of"):
             next(iter(it))
-    for make in (lambda b: S5Sampler(ds, shuffle=True, budget=b, staging_dir=staging_root),
-                 lambda b: S5IterableDataset(ds, shuffle=True, budget=b, staging_dir=staging_root)):
+    for make in (
+        lambda b: S5Sampler(ds, shuffle=True, budget=b, staging_dir=staging_root),
+        lambda b: S5IterableDataset(ds, shuffle=True, budget=b, staging_dir=staging_root),
+    ):
         with make(named) as loader, warnings.catch_warnings():
             warnings.simplefilter("error")  # the named budget: no warning
             next(iter(loader))
-    with S5Sampler(ds, shuffle=False, budget=3 * big, staging_dir=staging_root) as sampler, warnings.catch_warnings():
+    with (
+        S5Sampler(ds, shuffle=False, budget=3 * big, staging_dir=staging_root) as sampler,
+        warnings.catch_warnings(),
+    ):
         warnings.simplefilter("error")  # shard order on purpose: nothing to say
         next(iter(sampler))
 
 
-def test_a_state_saved_mid_epoch_resumes_the_order_that_counted_what_was_read(seaweed: Store, staging_root: str) -> None:
+def test_a_state_saved_mid_epoch_resumes_the_order_that_counted_what_was_read(
+    seaweed: Store, staging_root: str
+) -> None:
     source, _, big = class_sorted_shards(seaweed, 12, 20, SIZE)
     ds = S5Dataset.from_shards(source, endpoint_url=seaweed.endpoint)
     opts = {"shuffle": True, "seed": 3, "budget": 4 * big, "staging_dir": staging_root}

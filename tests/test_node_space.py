@@ -49,10 +49,22 @@ def run_ranks(store: Store, root: str, tmp_path, shrink: bool) -> list[dict]:
     script.write_text(RANK_SCRIPT)
     procs = []
     for rank in range(3):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "3"}
-        procs.append(subprocess.Popen([sys.executable, str(script), store.uri(), store.endpoint, root,
-                                       "1" if shrink else "0"], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": "3",
+            "LOCAL_WORLD_SIZE": "3",
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script), store.uri(), store.endpoint, root, "1" if shrink else "0"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     out = []
     for p in procs:
         stdout, stderr = p.communicate(timeout=180)

@@ -81,13 +81,18 @@ def listed(store: Store, prefix: str) -> dict[str, bytes]:
     out = {}
     for page in c.get_paginator("list_objects_v2").paginate(Bucket=store.bucket, Prefix=prefix):
         for o in page.get("Contents", []):
-            out[o["Key"][len(prefix):]] = c.get_object(Bucket=store.bucket, Key=o["Key"])["Body"].read()
+            out[o["Key"][len(prefix) :]] = c.get_object(Bucket=store.bucket, Key=o["Key"])["Body"].read()
     return out
 
 
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "s5loader", "pack", *args], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "s5loader", "pack", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
 
 
 # -- the real path ----------------------------------------------------------------------------
@@ -97,11 +102,19 @@ def test_packed_prefix_reads_back_byte_exact_with_index_md5(seaweed: Store, tmp_
     objects = seaweed.put(dataset(120))
     src, dest = seaweed.uri(), seaweed.uri().replace("/train/", "/shards/")
     with Peak(lambda: work_bytes(str(tmp_path))) as peak:
-        r = s5loader.pack(src, dest, shard_size="40KB", shuffle=True, seed=3, budget="100KB",
-                          endpoint_url=seaweed.endpoint, staging_dir=str(tmp_path))
+        r = s5loader.pack(
+            src,
+            dest,
+            shard_size="40KB",
+            shuffle=True,
+            seed=3,
+            budget="100KB",
+            endpoint_url=seaweed.endpoint,
+            staging_dir=str(tmp_path),
+        )
     assert r.shards == r.packed > 3 and r.samples == 120 and r.index == dest + "wids.json"
     got = as_dict(read_back(dest, seaweed.endpoint))
-    want = expected_samples({k[len(seaweed.prefix):]: v for k, v in objects.items()})
+    want = expected_samples({k[len(seaweed.prefix) :]: v for k, v in objects.items()})
     assert got == want  # keys relative to the source prefix, fields and bytes equal
     # the index gives each shard's size and MD5; samples are consecutive in each shard
     files = listed(seaweed, seaweed.prefix.replace("/train/", "/shards/"))
@@ -124,16 +137,34 @@ def test_sigkill_midway_then_rerun_completes_without_redoing(seaweed: Store, tmp
     seaweed.put(dataset(48, size=1 * KiB))
     src, dest = seaweed.uri(), seaweed.uri().replace("/train/", "/packed/")
     dest_prefix = seaweed.prefix.replace("/train/", "/packed/")
-    args = [src, dest, "--shard-size", "12KB", "--budget", "30KB", "--shuffle", "--seed", "5",
-            "--endpoint-url", seaweed.endpoint, "--staging-dir", str(tmp_path)]
+    args = [
+        src,
+        dest,
+        "--shard-size",
+        "12KB",
+        "--budget",
+        "30KB",
+        "--shuffle",
+        "--seed",
+        "5",
+        "--endpoint-url",
+        seaweed.endpoint,
+        "--staging-dir",
+        str(tmp_path),
+    ]
     # the command line, one shard at a time, so that it is still at work when killed
-    proc = subprocess.Popen([sys.executable, "-m", "s5loader", "pack", *args, "--workers", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "s5loader", "pack", *args, "--workers", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     c = seaweed.client
     deadline = time.monotonic() + 60
     done: list = []
     while time.monotonic() < deadline and len(done) < 2 and proc.poll() is None:
-        done = c.list_objects_v2(Bucket=seaweed.bucket, Prefix=dest_prefix + ".s5pack/done/").get("Contents", [])
+        done = c.list_objects_v2(Bucket=seaweed.bucket, Prefix=dest_prefix + ".s5pack/done/").get(
+            "Contents", []
+        )
         time.sleep(0.05)
     assert proc.poll() is None, "the pack ended before it could be killed"
     proc.send_signal(signal.SIGKILL)
@@ -144,11 +175,19 @@ def test_sigkill_midway_then_rerun_completes_without_redoing(seaweed: Store, tmp
         if name.endswith(".tar"):
             _tar.scan_bytes(body, name)
     # the same arguments (the parallelism may differ), here through the API
-    kw = {"shard_size": "12KB", "budget": "30KB", "shuffle": True, "seed": 5, "endpoint_url": seaweed.endpoint,
-          "staging_dir": str(tmp_path)}
+    kw = {
+        "shard_size": "12KB",
+        "budget": "30KB",
+        "shuffle": True,
+        "seed": 5,
+        "endpoint_url": seaweed.endpoint,
+        "staging_dir": str(tmp_path),
+    }
     r = s5loader.pack(src, dest, **kw)
     plan = json.loads(at_kill[".s5pack/plan.json"])
-    assert r.shards == plan["shards"] and r.packed <= plan["shards"] - len(done)  # finished shards not packed again
+    assert r.shards == plan["shards"] and r.packed <= plan["shards"] - len(
+        done
+    )  # finished shards not packed again
     assert state_keys(seaweed, dest_prefix) == []  # the plan and the markers, gone once the index is written
     got = as_dict(read_back(dest, seaweed.endpoint))
     assert got == expected_samples(listed(seaweed, seaweed.prefix))
@@ -183,8 +222,15 @@ def test_split_tar_gz_with_md5_files_packs_into_shards(seaweed: Store, tmp_path)
             tar.addfile(info, io.BytesIO(data))
     source = put_volumes(seaweed, "set.tar.gz", buf.getvalue(), volume=20 * KiB)
     dest = seaweed.uri().replace("/train/", "/fromtar/")
-    r = s5loader.pack(source, dest, from_archive=True, shard_size="50KB", budget="120KB",
-                      endpoint_url=seaweed.endpoint, staging_dir=str(tmp_path))
+    r = s5loader.pack(
+        source,
+        dest,
+        from_archive=True,
+        shard_size="50KB",
+        budget="120KB",
+        endpoint_url=seaweed.endpoint,
+        staging_dir=str(tmp_path),
+    )
     assert r.samples == 80 and r.shards == r.packed > 3
     assert 0 < r.peak_staged <= 120_000  # the budget, a limit
     assert as_dict(read_back(dest, seaweed.endpoint)) == expected_samples(files)
@@ -192,21 +238,52 @@ def test_split_tar_gz_with_md5_files_packs_into_shards(seaweed: Store, tmp_path)
     bad = f"{seaweed.prefix}set.tar.gz.part01"
     seaweed.client.put_object(Bucket=seaweed.bucket, Key=bad, Body=b"x" * 100)
     with pytest.raises(s5loader.ChecksumError, match=bad):
-        s5loader.pack(source, seaweed.uri().replace("/train/", "/bad/"), from_archive=True,
-                      endpoint_url=seaweed.endpoint, staging_dir=str(tmp_path))
+        s5loader.pack(
+            source,
+            seaweed.uri().replace("/train/", "/bad/"),
+            from_archive=True,
+            endpoint_url=seaweed.endpoint,
+            staging_dir=str(tmp_path),
+        )
     assert "wids.json" not in listed(seaweed, seaweed.prefix.replace("/train/", "/bad/"))
 
 
 def test_two_ranks_pack_disjoint_halves_with_one_index(seaweed: Store, tmp_path) -> None:
     seaweed.put(dataset(40))
     src, dest = seaweed.uri(), seaweed.uri().replace("/train/", "/ranks/")
-    args = [src, dest, "--shard-size", "20KB", "--endpoint-url", seaweed.endpoint, "--staging-dir", str(tmp_path)]
+    args = [
+        src,
+        dest,
+        "--shard-size",
+        "20KB",
+        "--endpoint-url",
+        seaweed.endpoint,
+        "--staging-dir",
+        str(tmp_path),
+    ]
     # torchrun starts the two ranks (RANK, WORLD_SIZE, ...); each rank's output goes to a file
     logs = tmp_path / "logs"
     run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "0",
-         "--redirects", "3", "--log-dir", str(logs), "-m", "s5loader", "pack", *args],
-        capture_output=True, text=True, timeout=180,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            "0",
+            "--redirects",
+            "3",
+            "--log-dir",
+            str(logs),
+            "-m",
+            "s5loader",
+            "pack",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     out0, out1 = (next(logs.rglob(f"attempt_0/{r}/stdout.log")).read_text() for r in (0, 1))
@@ -242,8 +319,9 @@ def test_vanished_object_is_named_or_skipped_and_counted(moto: Store, tmp_path) 
         assert "wids.json" not in listed(moto, "out1/")
         assert os.listdir(tmp_path) == []  # the work folder and s5loader-pack-UID, gone on an error too
         moto.client.put_object(Bucket=moto.bucket, Key=gone, Body=b"back")
-        r = s5loader.pack(src, "s3://data/out2/", missing="skip", endpoint_url=moto.endpoint,
-                          staging_dir=str(tmp_path))
+        r = s5loader.pack(
+            src, "s3://data/out2/", missing="skip", endpoint_url=moto.endpoint, staging_dir=str(tmp_path)
+        )
     assert r.skipped == ["0005"] and r.samples == 11
     got = as_dict(read_back("s3://data/out2/", moto.endpoint))
     assert len(got) == 11 and "0005" not in got
@@ -259,7 +337,10 @@ def test_keys_that_cannot_be_member_names_are_refused_before_any_upload(moto: St
     moto.client.delete_object(Bucket=moto.bucket, Key=moto.prefix + "a.b/0001.jpg")
     moto.put({long_key + ".jpg": b"long", "ünï/0002.jpg": b"utf8"})
     s5loader.pack(moto.uri(), "s3://data/p/", endpoint_url=moto.endpoint, staging_dir=str(tmp_path))
-    assert as_dict(read_back("s3://data/p/", moto.endpoint)) == {long_key: {"jpg": b"long"}, "ünï/0002": {"jpg": b"utf8"}}
+    assert as_dict(read_back("s3://data/p/", moto.endpoint)) == {
+        long_key: {"jpg": b"long"},
+        "ünï/0002": {"jpg": b"utf8"},
+    }
 
 
 def test_dest_inside_source_or_holding_other_shards_is_refused(moto: Store, tmp_path) -> None:
@@ -274,7 +355,9 @@ def test_dest_inside_source_or_holding_other_shards_is_refused(moto: Store, tmp_
     assert set(listed(moto, "busy/")) == {"other-000.tar"}  # nothing written
     s5loader.pack(moto.uri(), "s3://data/ok/", endpoint_url=moto.endpoint, staging_dir=str(tmp_path))
     with pytest.raises(ConfigError, match="other samples or options"):
-        s5loader.pack(moto.uri(), "s3://data/ok/", shuffle=True, endpoint_url=moto.endpoint, staging_dir=str(tmp_path))
+        s5loader.pack(
+            moto.uri(), "s3://data/ok/", shuffle=True, endpoint_url=moto.endpoint, staging_dir=str(tmp_path)
+        )
 
 
 def test_rank_0_names_the_missing_ranks_then_a_rerun_finishes(moto: Store, tmp_path) -> None:
@@ -292,23 +375,33 @@ def test_rank_0_names_the_missing_ranks_then_a_rerun_finishes(moto: Store, tmp_p
     again = s5loader.pack(moto.uri(), "s3://data/r/", rank=1, index_timeout=0.5, **kw)
     assert again.packed == 0 and again.index is None and again.samples == 30
     # key order: runs of samples under one key prefix came with one wildcard line each
-    want = expected_samples({k[len(moto.prefix):]: v for k, v in objects.items()})
+    want = expected_samples({k[len(moto.prefix) :]: v for k, v in objects.items()})
     assert as_dict(read_back("s3://data/r/", moto.endpoint)) == want
 
 
 def test_labels_and_manifests_become_members(moto: Store, tmp_path) -> None:
     moto.put({"cat/1.jpg": b"c1", "cat/2.jpg": b"c2", "dog/3.jpg": b"d3"})
-    s5loader.pack(moto.uri(), "s3://data/lab/", label="folder", endpoint_url=moto.endpoint, staging_dir=str(tmp_path))
+    s5loader.pack(
+        moto.uri(), "s3://data/lab/", label="folder", endpoint_url=moto.endpoint, staging_dir=str(tmp_path)
+    )
     got = as_dict(read_back("s3://data/lab/", moto.endpoint))
-    assert got == {"cat/1": {"jpg": b"c1", "cls": b"0"}, "cat/2": {"jpg": b"c2", "cls": b"0"},
-                   "dog/3": {"jpg": b"d3", "cls": b"1"}}
+    assert got == {
+        "cat/1": {"jpg": b"c1", "cls": b"0"},
+        "cat/2": {"jpg": b"c2", "cls": b"0"},
+        "dog/3": {"jpg": b"d3", "cls": b"1"},
+    }
     manifest = tmp_path / "m.jsonl"
-    lines = [{"uri": moto.uri("cat/1.jpg"), "caption": "a cat"}, {"uri": moto.uri("dog/3.jpg"), "caption": "a dog"}]
+    lines = [
+        {"uri": moto.uri("cat/1.jpg"), "caption": "a cat"},
+        {"uri": moto.uri("dog/3.jpg"), "caption": "a dog"},
+    ]
     manifest.write_text("".join(json.dumps(x) + "\n" for x in lines))
     s5loader.pack(str(manifest), "s3://data/man/", endpoint_url=moto.endpoint, staging_dir=str(tmp_path))
     got = as_dict(read_back("s3://data/man/", moto.endpoint))
-    assert got == {f"{moto.prefix}cat/1": {"jpg": b"c1", "json": b'{"caption": "a cat"}'},
-                   f"{moto.prefix}dog/3": {"jpg": b"d3", "json": b'{"caption": "a dog"}'}}
+    assert got == {
+        f"{moto.prefix}cat/1": {"jpg": b"c1", "json": b'{"caption": "a cat"}'},
+        f"{moto.prefix}dog/3": {"jpg": b"d3", "json": b'{"caption": "a dog"}'},
+    }
 
 
 def test_the_command_is_listed_and_names_a_mistyped_option(capsys: pytest.CaptureFixture[str]) -> None:
@@ -336,8 +429,13 @@ def test_no_shard_of_a_volume_that_fails_its_check_is_marked_done(moto: Store, t
     bad = bytearray(good)
     bad[20 * KiB] ^= 0xFF  # inside a member's data
     moto.client.put_object(Bucket=moto.bucket, Key=key, Body=bytes(bad))
-    kw = {"from_archive": True, "shard_size": "10KB", "budget": "100KB", "endpoint_url": moto.endpoint,
-          "staging_dir": str(tmp_path)}
+    kw = {
+        "from_archive": True,
+        "shard_size": "10KB",
+        "budget": "100KB",
+        "endpoint_url": moto.endpoint,
+        "staging_dir": str(tmp_path),
+    }
     with pytest.raises(s5loader.ChecksumError, match=key):
         s5loader.pack(source, "s3://data/v/", **kw)
     kept = [k for k in listed(moto, "v/") if k.startswith(".s5pack/done/")]
@@ -359,22 +457,42 @@ def test_a_sample_or_a_shard_the_budget_cannot_hold_is_refused_before_anything_i
     objects["0007.image"] = random.Random(7).randbytes(300 * KiB)
     moto.put(objects)
     big = moto.uri("0007.image")
-    with pytest.raises(s5loader.BudgetError, match=rf"{big}: its sample '0007' takes .* more than the budget of "
-                                                   r"97.7 KiB \(100000 bytes\).*pass a budget of at least"):
-        s5loader.pack(moto.uri(), "s3://data/b1/", budget="100KB", endpoint_url=moto.endpoint,
-                      staging_dir=str(tmp_path))
+    with pytest.raises(
+        s5loader.BudgetError,
+        match=rf"{big}: its sample '0007' takes .* more than the budget of "
+        r"97.7 KiB \(100000 bytes\).*pass a budget of at least",
+    ):
+        s5loader.pack(
+            moto.uri(), "s3://data/b1/", budget="100KB", endpoint_url=moto.endpoint, staging_dir=str(tmp_path)
+        )
     assert listed(moto, "b1/") == {} and os.listdir(tmp_path) == []  # nothing written, here or there
     # every sample fits, but a shard (cut at the default 100MB) does not: named, with what to pass
     moto.client.delete_object(Bucket=moto.bucket, Key=moto.prefix + "0007.image")
-    r = run_cli(moto.uri(), "s3://data/b2/", "--budget", "20KB", "--endpoint-url", moto.endpoint,
-                "--staging-dir", str(tmp_path))
+    r = run_cli(
+        moto.uri(),
+        "s3://data/b2/",
+        "--budget",
+        "20KB",
+        "--endpoint-url",
+        moto.endpoint,
+        "--staging-dir",
+        str(tmp_path),
+    )
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
-    assert "s3://data/b2/shard-000000.tar takes" in r.stderr and "budget of 19.5 KiB (20000 bytes)" in r.stderr
+    assert (
+        "s3://data/b2/shard-000000.tar takes" in r.stderr and "budget of 19.5 KiB (20000 bytes)" in r.stderr
+    )
     assert "smaller --shard-size" in r.stderr and listed(moto, "b2/") == {}
     # cut smaller, the same budget holds it, and never more than it
     with Peak(lambda: work_bytes(str(tmp_path))) as peak:
-        done = s5loader.pack(moto.uri(), "s3://data/b2/", shard_size="8KB", budget="20KB",
-                             endpoint_url=moto.endpoint, staging_dir=str(tmp_path))
+        done = s5loader.pack(
+            moto.uri(),
+            "s3://data/b2/",
+            shard_size="8KB",
+            budget="20KB",
+            endpoint_url=moto.endpoint,
+            staging_dir=str(tmp_path),
+        )
     assert done.samples == 20 and done.peak_staged <= 20_000 and peak.peak <= 20_000
 
 
@@ -390,12 +508,17 @@ def test_an_archive_is_packed_within_its_budget_or_refused_naming_the_member(mot
     source = put_volumes(moto, "set.tar", buf.getvalue(), volume=40 * KiB)
     kw = {"from_archive": True, "endpoint_url": moto.endpoint, "staging_dir": str(tmp_path)}
     # half the budget holds the shards: a shard size above it is refused at once
-    with pytest.raises(s5loader.BudgetError, match=r"half the budget \(39.1 KiB \(40 kB\)\) holds the shards"):
+    with pytest.raises(
+        s5loader.BudgetError, match=r"half the budget \(39.1 KiB \(40 kB\)\) holds the shards"
+    ):
         s5loader.pack(source, "s3://data/a1/", shard_size="50KB", budget="80KB", **kw)
     assert listed(moto, "a1/") == {}
     # a sample larger than that half is found as it streams by: named, with the budget that holds it
-    with pytest.raises(s5loader.BudgetError, match=r"set.tar.part00: its member 'set/0011.image' \(70.0 KiB\) "
-                                                   r"makes s3://data/a2/shard-00000\d.tar take"):
+    with pytest.raises(
+        s5loader.BudgetError,
+        match=r"set.tar.part00: its member 'set/0011.image' \(70.0 KiB\) "
+        r"makes s3://data/a2/shard-00000\d.tar take",
+    ):
         s5loader.pack(source, "s3://data/a2/", shard_size="20KB", budget="100KB", **kw)
     assert "wids.json" not in listed(moto, "a2/") and os.listdir(tmp_path) == []
     # a budget that holds it packs it, within that budget: the shard holds more of it while the sample is written
@@ -409,14 +532,28 @@ def test_an_archive_is_packed_within_its_budget_or_refused_naming_the_member(mot
 
 def test_index_shards_refuses_to_replace_the_index_pack_wrote_unless_forced(moto: Store, tmp_path) -> None:
     moto.put(dataset(10))
-    s5loader.pack(moto.uri(), "s3://data/ix/", shard_size="10KB", endpoint_url=moto.endpoint,
-                  staging_dir=str(tmp_path))
+    s5loader.pack(
+        moto.uri(), "s3://data/ix/", shard_size="10KB", endpoint_url=moto.endpoint, staging_dir=str(tmp_path)
+    )
     index = listed(moto, "ix/")["wids.json"]
     assert all(e["md5sum"] for e in json.loads(index)["shardlist"])
 
     def index_shards(*extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "s5loader", "index-shards", "s3://data/ix/", *extra,
-                               "--endpoint-url", moto.endpoint], capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "s5loader",
+                "index-shards",
+                "s3://data/ix/",
+                *extra,
+                "--endpoint-url",
+                moto.endpoint,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     r = index_shards()
     assert r.returncode == 1 and "Traceback" not in r.stderr
@@ -425,7 +562,9 @@ def test_index_shards_refuses_to_replace_the_index_pack_wrote_unless_forced(moto
     r = index_shards("--force")
     assert r.returncode == 0, r.stderr
     replaced = json.loads(listed(moto, "ix/")["wids.json"])
-    assert [e["nsamples"] for e in replaced["shardlist"]] == [e["nsamples"] for e in json.loads(index)["shardlist"]]
+    assert [e["nsamples"] for e in replaced["shardlist"]] == [
+        e["nsamples"] for e in json.loads(index)["shardlist"]
+    ]
     assert "md5sum" not in replaced["shardlist"][0]  # what --force gives up
     # an index pack did not write is refused the same way, without the word about MD5s
     assert "already exists; pass --force" in index_shards().stderr
@@ -456,9 +595,26 @@ def test_ctrl_c_ends_the_command_with_one_line_and_leaves_nothing(moto: Store, t
     dest, stage = "s3://data/cc/", tmp_path / "stage"
     stage.mkdir()
     proc = subprocess.Popen(
-        [sys.executable, "-c", CTRL_C, moto.uri(), dest, *extra, "--budget", "100MB", "--workers", "4",
-         "--endpoint-url", proxy.endpoint, "--staging-dir", str(stage)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        [
+            sys.executable,
+            "-c",
+            CTRL_C,
+            moto.uri(),
+            dest,
+            *extra,
+            "--budget",
+            "100MB",
+            "--workers",
+            "4",
+            "--endpoint-url",
+            proxy.endpoint,
+            "--staging-dir",
+            str(stage),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     s5: list[psutil.Process] = []
     try:

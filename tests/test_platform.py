@@ -27,7 +27,9 @@ def test_sampler_and_daemon_refuse_other_platforms(moto: Store, tmp_path, monkey
     assert str(pickle.loads(pickle.dumps(e.value))) == msg
     assert not (tmp_path / "staging").exists()
     with pytest.raises(PlatformError, match="the prefetch daemon runs on Linux only"):
-        PrefetchDaemon(PrefetchOptions.of(moto.uri(), str(tmp_path / "cache"), 10**6, endpoint_url=moto.endpoint))
+        PrefetchDaemon(
+            PrefetchOptions.of(moto.uri(), str(tmp_path / "cache"), 10**6, endpoint_url=moto.endpoint)
+        )
     with pytest.raises(PlatformError):
         daemon_main([moto.uri(), "--cache", str(tmp_path / "cache"), "--budget", "1MiB"])
     assert not (tmp_path / "cache").exists()

@@ -21,8 +21,18 @@ LONG = "a dir/ünï côde & more/" + "long-name-" * 9  # > 64 characters, spaces
 def test_delivered_folder_carries_the_full_key(moto: Store, tmp_path) -> None:
     moto.put({f"{LONG}{i}.bin": bytes([i]) * 100 for i in range(3)})
     cache = tmp_path / "cache"
-    rc = main([moto.uri(), "--cache", str(cache), "--budget", "10000", "--endpoint-url", moto.endpoint,
-               "--no-progress"])
+    rc = main(
+        [
+            moto.uri(),
+            "--cache",
+            str(cache),
+            "--budget",
+            "10000",
+            "--endpoint-url",
+            moto.endpoint,
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     got = []
     for sample in consume(cache, timeout=10):
@@ -65,7 +75,9 @@ def test_prefetcher_runs_the_daemon_and_stops_it_with_its_s5cmd(moto: Store, tmp
 
 def test_prefetcher_that_cannot_start_names_the_source(moto: Store, tmp_path) -> None:
     with pytest.raises(DaemonError, match=r"s3://nosuchbucket/x/.*exited with code 1.*nosuchbucket"):
-        with Prefetcher("s3://nosuchbucket/x/", cache=tmp_path / "c", budget=1000, endpoint_url=moto.endpoint):
+        with Prefetcher(
+            "s3://nosuchbucket/x/", cache=tmp_path / "c", budget=1000, endpoint_url=moto.endpoint
+        ):
             pass
 
 
@@ -73,8 +85,14 @@ def test_close_kills_a_daemon_that_ignores_sigterm(tmp_path) -> None:
     p = Prefetcher("s3://b/p/", cache=tmp_path / "c", budget=1000, stop_timeout=0.2)
     # stands in for a daemon stuck in a system call: it ignores SIGTERM
     p.proc = subprocess.Popen(
-        [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-         "print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE)
+        [
+            sys.executable,
+            "-c",
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('ready', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+    )
     assert p.proc.stdout is not None and p.proc.stdout.readline() == b"ready\n"
     p.close()
     assert p.proc.returncode == -9

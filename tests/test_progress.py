@@ -53,7 +53,9 @@ def test_job_log_gets_lines_not_a_bar(caplog) -> None:
     assert lines[-1].startswith("uploading: 100.0%  10 objects of 10") and lines[-1].endswith("s")
     # library code hands its lines to a logger instead
     caplog.set_level(logging.INFO, logger="test.progress")
-    p = Progress("listing", stream=out, interval=0, logger=logging.getLogger("test.progress"), final_line=False)
+    p = Progress(
+        "listing", stream=out, interval=0, logger=logging.getLogger("test.progress"), final_line=False
+    )
     p.set(3000)
     p.close()
     assert len(caplog.records) == 1 and caplog.records[0].getMessage().startswith("listing  3000 objects")

@@ -88,7 +88,9 @@ def test_releases_free_the_budget_without_polling(
     source = moto.put(make_pairs(40, size=500))
     ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
     three = 3 * max(s.size for s in ds.samples)
-    with S5Sampler(ds, budget=three, samples_per_call=4, staging_dir=staging_root, stall_timeout=10) as sampler:
+    with S5Sampler(
+        ds, budget=three, samples_per_call=4, staging_dir=staging_root, stall_timeout=10
+    ) as sampler:
         loader = DataLoader(ds, sampler=sampler, batch_size=1, num_workers=num_workers, collate_fn=collate)
         got = [s for b in loader for s in b]
         assert sampler.stats is not None and sampler.stats.peak_reserved <= three

@@ -28,8 +28,9 @@ def singles(n: int, size: int = 100) -> dict[str, bytes]:
     return {f"{i // 20:02d}-{i % 20:02d}.image": bytes([i % 251]) * size for i in range(n)}
 
 
-def counted_epoch(store: Store, proxy: LatencyProxy, staging_root: str, **sampler: object) -> tuple[
-        dict[str, float], dict[str, float], int]:
+def counted_epoch(
+    store: Store, proxy: LatencyProxy, staging_root: str, **sampler: object
+) -> tuple[dict[str, float], dict[str, float], int]:
     """One epoch read through the proxy: the requests it counted per sample by kind, those the
     sampler's metrics() counted per sample, and the samples read."""
     ds = S5Dataset.from_prefix(store.uri(), endpoint_url=store.endpoint)  # listed directly: not counted
@@ -41,12 +42,19 @@ def counted_epoch(store: Store, proxy: LatencyProxy, staging_root: str, **sample
     n = len(got)
     assert n == len(ds) and len({g["__key__"] for g in got}) == n
     at_proxy = {k: (v - before.get(k, 0)) / n for k, v in proxy.counts.items()}
-    asked = {"GET": m.get_requests / n, "HEAD": m.head_requests / n, "LIST": m.list_requests / n, "other": 0.0}
+    asked = {
+        "GET": m.get_requests / n,
+        "HEAD": m.head_requests / n,
+        "LIST": m.list_requests / n,
+        "other": 0.0,
+    }
     return at_proxy, asked, n
 
 
 @pytest.mark.slow
-def test_two_objects_per_sample_shuffled_cost_no_list(seaweed: Store, proxy: LatencyProxy, staging_root: str) -> None:
+def test_two_objects_per_sample_shuffled_cost_no_list(
+    seaweed: Store, proxy: LatencyProxy, staging_root: str
+) -> None:
     seaweed.put(make_pairs(60))
     at_proxy, asked, _ = counted_epoch(seaweed, proxy, staging_root, shuffle=True, block_size=10)
     # a cp --raw line per object: a HEAD and a GET each, and no LIST per sample
@@ -54,8 +62,9 @@ def test_two_objects_per_sample_shuffled_cost_no_list(seaweed: Store, proxy: Lat
 
 
 @pytest.mark.slow
-def test_blocks_of_enough_objects_go_as_one_wildcard_line(seaweed: Store, proxy: LatencyProxy,
-                                                          staging_root: str) -> None:
+def test_blocks_of_enough_objects_go_as_one_wildcard_line(
+    seaweed: Store, proxy: LatencyProxy, staging_root: str
+) -> None:
     seaweed.put(make_pairs(60))
     # blocks of 10 samples (20 objects), each whole in a call: a LIST per block, a GET per object
     at_proxy, asked, _ = counted_epoch(seaweed, proxy, staging_root, shuffle="block", block_size=10)
@@ -63,12 +72,16 @@ def test_blocks_of_enough_objects_go_as_one_wildcard_line(seaweed: Store, proxy:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("block_size, per_sample", [
-    (10, {"GET": 1.0, "HEAD": 1.0, "LIST": 0.0}),  # 10 objects: their HEADs cost less than a LIST
-    (20, {"GET": 1.0, "HEAD": 0.0, "LIST": 0.05}),  # 20 objects: one LIST costs less than 20 HEADs
-])
-def test_one_object_per_sample_takes_the_cheaper_line(seaweed: Store, proxy: LatencyProxy, staging_root: str,
-                                                      block_size: int, per_sample: dict[str, float]) -> None:
+@pytest.mark.parametrize(
+    "block_size, per_sample",
+    [
+        (10, {"GET": 1.0, "HEAD": 1.0, "LIST": 0.0}),  # 10 objects: their HEADs cost less than a LIST
+        (20, {"GET": 1.0, "HEAD": 0.0, "LIST": 0.05}),  # 20 objects: one LIST costs less than 20 HEADs
+    ],
+)
+def test_one_object_per_sample_takes_the_cheaper_line(
+    seaweed: Store, proxy: LatencyProxy, staging_root: str, block_size: int, per_sample: dict[str, float]
+) -> None:
     seaweed.put(singles(20))  # one call: its blocks are whole in it
     at_proxy, asked, _ = counted_epoch(seaweed, proxy, staging_root, shuffle="block", block_size=block_size)
     assert at_proxy == asked == {**per_sample, "other": 0.0}

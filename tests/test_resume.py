@@ -65,9 +65,19 @@ def test_resume_from_a_state_saved_at_the_end_of_an_epoch(
 
     def run(mode: str) -> dict[str, list[str]]:
         r = subprocess.run(
-            [sys.executable, str(script), moto.uri(), moto.endpoint, mode, state, str(num_workers),
-             "1" if persistent else "0"],
-            capture_output=True, text=True, timeout=180,
+            [
+                sys.executable,
+                str(script),
+                moto.uri(),
+                moto.endpoint,
+                mode,
+                state,
+                str(num_workers),
+                "1" if persistent else "0",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
         )
         assert r.returncode == 0, r.stderr[-3000:]
         return json.loads(r.stdout.strip().splitlines()[-1])
@@ -143,8 +153,16 @@ def test_state_just_after_the_last_sample_counts_as_complete(ds: S5Dataset, stag
 
 
 def test_version_1_states_are_still_read(ds: S5Dataset, staging_root: str) -> None:
-    v1 = {"version": 1, "epoch": 2, "seed": 2, "shuffle": True, "drop_last": False, "num_replicas": 1,
-          "dataset_len": 13, "start": 0}
+    v1 = {
+        "version": 1,
+        "epoch": 2,
+        "seed": 2,
+        "shuffle": True,
+        "drop_last": False,
+        "num_replicas": 1,
+        "dataset_len": 13,
+        "start": 0,
+    }
     with S5Sampler(ds, seed=2, staging_dir=staging_root) as s:
         s.set_epoch(3)
         want3 = list(s)
@@ -186,10 +204,18 @@ def test_order_is_distributed_samplers(shuffle: bool, drop_last: bool) -> None:
 def test_sampler_yields_distributed_samplers_order(ds: S5Dataset, staging_root: str, drop_last: bool) -> None:
     for shuffle in (True, False):
         for rank in range(3):
-            with S5Sampler(ds, shuffle=shuffle, seed=4, num_replicas=3, rank=rank, drop_last=drop_last,
-                           staging_dir=staging_root) as s:
-                ref = DistributedSampler(range(len(ds)), num_replicas=3, rank=rank, shuffle=shuffle, seed=4,
-                                         drop_last=drop_last)
+            with S5Sampler(
+                ds,
+                shuffle=shuffle,
+                seed=4,
+                num_replicas=3,
+                rank=rank,
+                drop_last=drop_last,
+                staging_dir=staging_root,
+            ) as s:
+                ref = DistributedSampler(
+                    range(len(ds)), num_replicas=3, rank=rank, shuffle=shuffle, seed=4, drop_last=drop_last
+                )
                 s.set_epoch(6)
                 ref.set_epoch(6)
                 assert list(s) == list(ref) and len(s) == len(ref)
@@ -219,7 +245,9 @@ def test_position_and_resume_arithmetic_without_a_server() -> None:
     resumed, epoch = resume(saved, Order(False, 0, 4, 3, False), 9, here, 20, units)  # now 4 ranks
     assert (resumed.shuffle, resumed.seed, resumed.num_replicas, resumed.rank, epoch) == (True, 7, 4, 3, 4)
     assert (here.start, here.yielded, here.epoch_done) == (13, 0, False)
-    done = check_state(make_state(order, 4, 20, Position(start=3, yielded=10, pass_len=10), 100, units.name), 20, units)
+    done = check_state(
+        make_state(order, 4, 20, Position(start=3, yielded=10, pass_len=10), 100, units.name), 20, units
+    )
     assert done.complete
     assert resume(done, order, 0, Position(), 20, units)[1] == 5  # the epoch after the saved one
     assert resume(done, order, 8, Position(epoch_set=True), 20, units)[1] == 8  # unless set_epoch said

@@ -54,10 +54,21 @@ def test_setting_env_replaces_inherited_go_variables() -> None:
 
 def test_one_at_a_time_grid_starts_at_the_base_without_duplicates() -> None:
     base = costs.Setting(numworkers=256)
-    settings = costs.grid("oat", [(None, None), ("400", None)], [None, 1], [64, 256], base,
-                          [costs.Setting("400", None, None, 64)])
-    assert settings == [base, costs.Setting("400", None, None, 256), costs.Setting(None, None, 1, 256),
-                        costs.Setting(numworkers=64), costs.Setting("400", None, None, 64)]
+    settings = costs.grid(
+        "oat",
+        [(None, None), ("400", None)],
+        [None, 1],
+        [64, 256],
+        base,
+        [costs.Setting("400", None, None, 64)],
+    )
+    assert settings == [
+        base,
+        costs.Setting("400", None, None, 256),
+        costs.Setting(None, None, 1, 256),
+        costs.Setting(numworkers=64),
+        costs.Setting("400", None, None, 64),
+    ]
     assert len(costs.grid("full", [(None, None), ("400", None)], [None, 1], [64, 256], base)) == 8
     with pytest.raises(ValueError):
         costs.grid("some", [], [], [], base)
@@ -70,13 +81,17 @@ def test_command_lines_are_the_lines_s5loader_writes(tmp_path) -> None:  # type:
     raw = costs.command_lines("raw", "b", "p/", keys, dest)
     assert raw == [copy_line(f"s3://b/{k}", os.path.join(dest, k)) for k in keys]
     block = costs.command_lines("block10", "b", "p/", keys, dest)
-    assert block == [wildcard_line(f"s3://b/p/0000{i}*", os.path.join(dest, f"p/0000{i}") + "/") for i in range(3)]
+    assert block == [
+        wildcard_line(f"s3://b/p/0000{i}*", os.path.join(dest, f"p/0000{i}") + "/") for i in range(3)
+    ]
     assert costs.command_lines("prefix", "b", "p/", keys, dest) == [wildcard_line("s3://b/p/*", dest + "/p/")]
     # every line is one s5cmd command: cp, flags, source, destination
     for line in raw + block:
         assert shlex.split(line)[0] == "cp"
-    assert costs.command_lines("head", "b", "p/", keys[:2], dest) == ["head s3://b/p/000000.bin\n",
-                                                                      "head s3://b/p/000001.bin\n"]
+    assert costs.command_lines("head", "b", "p/", keys[:2], dest) == [
+        "head s3://b/p/000000.bin\n",
+        "head s3://b/p/000001.bin\n",
+    ]
     with pytest.raises(ValueError, match="unknown line shape"):
         costs.command_lines("zigzag", "b", "p/", keys, dest)
 
@@ -90,9 +105,13 @@ def test_split_source() -> None:
 
 
 def test_count_successes() -> None:
-    lines = ['{"operation":"cp","success":true,"source":"s3://b/k"}\n',
-             '{"operation":"cp","success":false,"error":"NoSuchKey"}\n', "ERROR something\n", "\n",
-             '{"operation":"cp","success":true}\n']
+    lines = [
+        '{"operation":"cp","success":true,"source":"s3://b/k"}\n',
+        '{"operation":"cp","success":false,"error":"NoSuchKey"}\n',
+        "ERROR something\n",
+        "\n",
+        '{"operation":"cp","success":true}\n',
+    ]
     ok, errors = costs.count_successes(lines)
     assert ok == 2
     assert len(errors) == 2 and "NoSuchKey" in errors[0]
@@ -102,33 +121,87 @@ def test_count_successes() -> None:
 
 def test_aggregate_takes_medians_and_compares_with_the_base() -> None:
     def run(setting: str, shape: str, cpu: float, rss: int) -> dict[str, object]:
-        return {"setting": setting, "shape": shape, "user_s": cpu * 0.75, "sys_s": cpu * 0.25,
-                "maxrss_kib": rss, "wall_s": 1.0, "server_cpu_s": 2.0}
+        return {
+            "setting": setting,
+            "shape": shape,
+            "user_s": cpu * 0.75,
+            "sys_s": cpu * 0.25,
+            "maxrss_kib": rss,
+            "wall_s": 1.0,
+            "server_cpu_s": 2.0,
+        }
 
-    runs = [run("base", "raw", 4.0, 1024), run("base", "raw", 6.0, 3072), run("base", "raw", 5.0, 2048),
-            run("fast", "raw", 4.0, 4096), run("fast", "raw", 3.0, 5120), run("fast", "raw", 100.0, 6144),
-            run("base", "prefix", 2.0, 1024)]
+    runs = [
+        run("base", "raw", 4.0, 1024),
+        run("base", "raw", 6.0, 3072),
+        run("base", "raw", 5.0, 2048),
+        run("fast", "raw", 4.0, 4096),
+        run("fast", "raw", 3.0, 5120),
+        run("fast", "raw", 100.0, 6144),
+        run("base", "prefix", 2.0, 1024),
+    ]
     rows = costs.aggregate(runs, 1000)
-    assert [(r["setting"], r["shape"]) for r in rows] == [("base", "raw"), ("fast", "raw"), ("base", "prefix")]
+    assert [(r["setting"], r["shape"]) for r in rows] == [
+        ("base", "raw"),
+        ("fast", "raw"),
+        ("base", "prefix"),
+    ]
     base, fast, prefix = rows
     assert base["cpu_s"] == 5.0 and base["cpu_ms_per_object"] == 5.0 and base["repeats"] == 3
     assert base["cpu_ms_per_object_min"] == 4.0 and base["cpu_ms_per_object_max"] == 6.0
     assert base["maxrss_mib"] == 2.0 and base["maxrss_mib_max"] == 3.0
     assert base["cpu_vs_base"] == 0.0
-    assert fast["cpu_s"] == 4.0 and fast["cpu_vs_base"] == pytest.approx(-0.2)  # the outlier is not the median
+    assert fast["cpu_s"] == 4.0 and fast["cpu_vs_base"] == pytest.approx(
+        -0.2
+    )  # the outlier is not the median
     assert prefix["cpu_vs_base"] == 0.0 and prefix["server_cpu_ms_per_object"] == 2.0
-    assert "| fast | raw | 4.000" in costs.markdown({
-        "settings": {"objects": 1000, "size": 1, "repeat": 3, "shapes": ["raw", "prefix"]},
-        "machine": {"cpus": 2}, "s5cmd_version": "v", "elapsed_s": 1.0, "requests": {}, "summary": rows})
+    assert "| fast | raw | 4.000" in costs.markdown(
+        {
+            "settings": {"objects": 1000, "size": 1, "repeat": 3, "shapes": ["raw", "prefix"]},
+            "machine": {"cpus": 2},
+            "s5cmd_version": "v",
+            "elapsed_s": 1.0,
+            "requests": {},
+            "summary": rows,
+        }
+    )
 
 
 @pytest.mark.slow
 def test_real_run_counts_the_head_of_each_raw_line(seaweed_server: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
     source = f"s3://data/costs-{uuid.uuid4().hex[:8]}/"
     out_json, out_md = str(tmp_path / "c.json"), str(tmp_path / "c.md")
-    rc = costs.main(["--endpoint-url", seaweed_server, "--upload", "--source", source, "--objects", "20",
-                     "--size", "2KB", "--repeat", "2", "--gogc", "100,off:256MiB", "--gomaxprocs", "default",
-                     "--numworkers", "8", "--base", "numworkers=8", "--shapes", "raw,block10,prefix,head,presign", "--work-dir", str(tmp_path), "--json", out_json, "--markdown", out_md])
+    rc = costs.main(
+        [
+            "--endpoint-url",
+            seaweed_server,
+            "--upload",
+            "--source",
+            source,
+            "--objects",
+            "20",
+            "--size",
+            "2KB",
+            "--repeat",
+            "2",
+            "--gogc",
+            "100,off:256MiB",
+            "--gomaxprocs",
+            "default",
+            "--numworkers",
+            "8",
+            "--base",
+            "numworkers=8",
+            "--shapes",
+            "raw,block10,prefix,head,presign",
+            "--work-dir",
+            str(tmp_path),
+            "--json",
+            out_json,
+            "--markdown",
+            out_md,
+        ]
+    )
     assert rc == 0
     with open(out_json) as f:
         doc = json.load(f)

@@ -60,10 +60,15 @@ def load_all(ds: S5Dataset, sampler: S5Sampler, workers: int = 2) -> list[dict]:
 
 def test_brace_patterns_expand_as_webdataset_does() -> None:
     assert _shards.expand_braces("s3://b/shard-{000..002}.tar") == [
-        "s3://b/shard-000.tar", "s3://b/shard-001.tar", "s3://b/shard-002.tar"
+        "s3://b/shard-000.tar",
+        "s3://b/shard-001.tar",
+        "s3://b/shard-002.tar",
     ]
     assert _shards.expand_braces("s3://b/{a,b}-{1..2}.tar") == [
-        "s3://b/a-1.tar", "s3://b/a-2.tar", "s3://b/b-1.tar", "s3://b/b-2.tar"
+        "s3://b/a-1.tar",
+        "s3://b/a-2.tar",
+        "s3://b/b-1.tar",
+        "s3://b/b-2.tar",
     ]
     with pytest.raises(ConfigError, match="backwards"):
         _shards.expand_braces("s3://b/{3..1}.tar")
@@ -76,7 +81,10 @@ def test_the_wids_index_round_trips_with_relative_urls() -> None:
     assert doc["__kind__"] == "wids-shard-index-v1" and doc["wids_version"] == 1
     assert doc["shardlist"][0] == {"url": "shard-0.tar", "nsamples": 3, "filesize": 100}
     assert doc["shardlist"][1]["url"] == "s3://c/x.tar"
-    assert _shards.parse_index(data, "s3://b/train/wids.json") == {"s3://b/train/shard-0.tar": 3, "s3://c/x.tar": 1}
+    assert _shards.parse_index(data, "s3://b/train/wids.json") == {
+        "s3://b/train/shard-0.tar": 3,
+        "s3://c/x.tar": 1,
+    }
     with pytest.raises(ShardIndexError, match="entry 0"):
         _shards.parse_index(b'{"shardlist": [{"url": "a.tar"}]}', "s3://b/i.json")
     with pytest.raises(ShardIndexError, match="not valid JSON"):
@@ -86,14 +94,21 @@ def test_the_wids_index_round_trips_with_relative_urls() -> None:
 def test_members_group_into_samples_by_the_first_dot_of_the_file_name() -> None:
     data = tar_of([("d/0001.jpg", b"J"), ("d/0001.seg.PNG", b"P"), ("d/0002.jpg", b"K"), ("README", b"x")])
     samples = _tar.scan_bytes(data, "s3://b/s.tar")
-    assert [(s.key, [m.field for m in s.members]) for s in samples] == [("d/0001", ["jpg", "seg.png"]), ("d/0002", ["jpg"])]
+    assert [(s.key, [m.field for m in s.members]) for s in samples] == [
+        ("d/0001", ["jpg", "seg.png"]),
+        ("d/0002", ["jpg"]),
+    ]
     assert _tar.read_sample(io.BytesIO(data), samples[0]) == {"jpg": b"J", "seg.png": b"P"}
 
 
 @pytest.mark.parametrize(
     ("data", "error", "words"),
     [
-        (tar_of([("0001.txt", b"a" * 1000), ("0002.txt", b"b")])[:900], ShardError, "0001.txt"),  # cut in a member
+        (
+            tar_of([("0001.txt", b"a" * 1000), ("0002.txt", b"b")])[:900],
+            ShardError,
+            "0001.txt",
+        ),  # cut in a member
         (tar_of([("0001.txt", b"a"), ("0002.txt", b"b")])[:1100], ShardError, "0001.txt"),  # cut in a header
         (tar_of([("0001.txt", b"a")])[:1024], ShardError, "end-of-archive"),  # no end blocks
         (b"this is not a tar file" * 40, ShardError, "not a tar"),
@@ -118,7 +133,9 @@ def test_end_padding_of_any_length_passes_and_anything_after_it_does_not() -> No
     for stream in (False, True):
         assert len(_tar.scan(io.BytesIO(data), len(data), "s3://b/s.tar", stream=stream)) == 2
         bad = data + b"x"
-        with pytest.raises(ShardError, match="s3://b/s.tar: a truncated or damaged tar after member '0002.txt'"):
+        with pytest.raises(
+            ShardError, match="s3://b/s.tar: a truncated or damaged tar after member '0002.txt'"
+        ):
             _tar.scan(io.BytesIO(bad), len(bad), "s3://b/s.tar", stream=stream)
 
 
@@ -132,7 +149,10 @@ def test_index_urls_resolve_as_wids_does_and_never_leave_the_bucket() -> None:
         return {"shardlist": [{"url": u, "nsamples": 1} for u in names]}
 
     assert parse(urls("./a.tar", "./.b.tar", "sub/../c.tar", "../val/d.tar")) == {
-        "s3://b/train/a.tar": 1, "s3://b/train/.b.tar": 1, "s3://b/train/c.tar": 1, "s3://b/val/d.tar": 1
+        "s3://b/train/a.tar": 1,
+        "s3://b/train/.b.tar": 1,
+        "s3://b/train/c.tar": 1,
+        "s3://b/val/d.tar": 1,
     }
     # widsindex writes a "base" (update --rebase: an absolute URL; --base: anything)
     assert parse({"base": "s3://other/x", **urls("a.tar")}) == {"s3://other/x/a.tar": 1}
@@ -177,11 +197,21 @@ def test_decode_by_extension_never_unpickles() -> None:
 
     Image.new("RGB", (3, 2)).save(png, format="PNG")
     evil = pickle.dumps(print)
-    out = decode({
-        "__key__": "k", "cls": b"7", "txt": b"hi", "json": b'{"a": 1}', "npy": npy.getvalue(),
-        "pth": pth.getvalue(), "seg.png": png.getvalue(), "pickle": evil, "pyd": evil, "bin": b"\x00",
-        "index": b"x1",
-    })
+    out = decode(
+        {
+            "__key__": "k",
+            "cls": b"7",
+            "txt": b"hi",
+            "json": b'{"a": 1}',
+            "npy": npy.getvalue(),
+            "pth": pth.getvalue(),
+            "seg.png": png.getvalue(),
+            "pickle": evil,
+            "pyd": evil,
+            "bin": b"\x00",
+            "index": b"x1",
+        }
+    )
     assert out["cls"] == 7 and out["txt"] == "hi" and out["json"] == {"a": 1} and out["index"] == "x1"
     assert out["npy"].tolist() == [0, 1, 2] and out["pth"]["w"].tolist() == [1.0, 1.0]
     assert out["seg.png"].size == (3, 2)
@@ -232,8 +262,15 @@ def test_the_first_call_stages_the_shards_of_the_first_samples_together(tmp_path
     area = StagingArea(str(tmp_path))
     area.create()
     try:  # the engine skips the streamed shard inside the call's span and stages the other three
-        stager = Stager(ds.shards, p.engine_order, area, S5cmd(), StagingOptions(budget=10_000),
-                        kept=p.engine_kept(None), first_call=p.first_call)
+        stager = Stager(
+            ds.shards,
+            p.engine_order,
+            area,
+            S5cmd(),
+            StagingOptions(budget=10_000),
+            kept=p.engine_kept(None),
+            first_call=p.first_call,
+        )
         started: list[list[int]] = []
         stager._start_call = started.append  # type: ignore[method-assign]
         stager._schedule()
@@ -248,7 +285,9 @@ def test_the_first_call_stages_the_shards_of_the_first_samples_together(tmp_path
 # -- real path: s5cmd against local S3 servers --------------------------------------------
 
 
-def test_webdataset_and_gnu_tar_shards_load_byte_exact_through_both_datasets_and_the_daemon(seaweed: Store, tmp_path, staging_root: str) -> None:
+def test_webdataset_and_gnu_tar_shards_load_byte_exact_through_both_datasets_and_the_daemon(
+    seaweed: Store, tmp_path, staging_root: str
+) -> None:
     import webdataset as wds
 
     expected: dict[str, dict[str, bytes]] = {}
@@ -256,7 +295,11 @@ def test_webdataset_and_gnu_tar_shards_load_byte_exact_through_both_datasets_and
     local.mkdir()
     with wds.ShardWriter(str(local / "shard-%03d.tar"), maxcount=8, verbose=0) as sink:
         for i in range(20):
-            fields = {"bin": sample_bytes(i, 2000 + i), "cls": str(i % 3).encode(), "meta.json": b'{"i": %d}' % i}
+            fields = {
+                "bin": sample_bytes(i, 2000 + i),
+                "cls": str(i % 3).encode(),
+                "meta.json": b'{"i": %d}' % i,
+            }
             expected[f"w{i:04d}"] = fields
             sink.write({"__key__": f"w{i:04d}", **fields})
     gnu = tmp_path / "gnu"
@@ -267,7 +310,9 @@ def test_webdataset_and_gnu_tar_shards_load_byte_exact_through_both_datasets_and
         for f, v in fields.items():
             (gnu / "d" / f"g{i:04d}.{f}").write_bytes(v)
     names = sorted(p.name for p in (gnu / "d").iterdir())
-    subprocess.run(["tar", "cf", str(local / "shard-100.tar"), *[f"d/{n}" for n in names]], cwd=gnu, check=True)
+    subprocess.run(
+        ["tar", "cf", str(local / "shard-100.tar"), *[f"d/{n}" for n in names]], cwd=gnu, check=True
+    )
     store_shards = {p.name: p.read_bytes() for p in sorted(local.iterdir())}
     assert len(store_shards) == 4
     seaweed.put(store_shards)
@@ -277,14 +322,21 @@ def test_webdataset_and_gnu_tar_shards_load_byte_exact_through_both_datasets_and
     # the CLI builds and uploads the index; without a terminal, progress comes as lines
     r = subprocess.run(
         [sys.executable, "-m", "s5loader", "index-shards", seaweed.uri(), "--endpoint-url", seaweed.endpoint],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert r.returncode == 0, r.stderr
     assert "4 shards of 4" in r.stderr and "26 samples" in r.stdout
     ds = S5Dataset.from_shards(seaweed.uri(), endpoint_url=seaweed.endpoint)
     assert len(ds) == 26 and len(ds.samples) == 4
-    assert len(S5Dataset.from_shards(source, index=seaweed.uri("wids.json"), endpoint_url=seaweed.endpoint)) == 20
-    with S5Sampler(ds, shuffle="block", seed=1, budget=200_000, samples_per_call=8, staging_dir=staging_root) as sampler:
+    assert (
+        len(S5Dataset.from_shards(source, index=seaweed.uri("wids.json"), endpoint_url=seaweed.endpoint))
+        == 20
+    )
+    with S5Sampler(
+        ds, shuffle="block", seed=1, budget=200_000, samples_per_call=8, staging_dir=staging_root
+    ) as sampler:
         for epoch in range(2):
             sampler.set_epoch(epoch)
             got = load_all(ds, sampler)
@@ -302,9 +354,24 @@ def test_webdataset_and_gnu_tar_shards_load_byte_exact_through_both_datasets_and
     assert all({k: v for k, v in x.items() if k != "__key__"} == expected[x["__key__"]] for x in got)
     cache = tmp_path / "cache"
     r = subprocess.run(
-        [sys.executable, "-m", "s5loader", "prefetch", "--shards", seaweed.uri(), "--cache", str(cache),
-         "--budget", "1MB", "--endpoint-url", seaweed.endpoint, "--no-progress"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "s5loader",
+            "prefetch",
+            "--shards",
+            seaweed.uri(),
+            "--cache",
+            str(cache),
+            "--budget",
+            "1MB",
+            "--endpoint-url",
+            seaweed.endpoint,
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert r.returncode == 0, r.stderr
     delivered = {}
@@ -313,39 +380,66 @@ def test_webdataset_and_gnu_tar_shards_load_byte_exact_through_both_datasets_and
     assert delivered == expected
 
 
-def test_every_sample_once_per_epoch_over_two_ranks_and_a_mid_epoch_resume(moto: Store, staging_root: str) -> None:
+def test_every_sample_once_per_epoch_over_two_ranks_and_a_mid_epoch_resume(
+    moto: Store, staging_root: str
+) -> None:
     shards, expected = make_shards(5, 7)
     source = put_indexed(moto, shards)
     ds = S5Dataset.from_shards(source, endpoint_url=moto.endpoint)
     keys: list[str] = []
     for rank in range(2):
-        with S5Sampler(ds, shuffle="block", num_replicas=2, rank=rank, drop_last=True, budget=70_000,
-                       samples_per_call=6, staging_dir=staging_root) as sampler:
+        with S5Sampler(
+            ds,
+            shuffle="block",
+            num_replicas=2,
+            rank=rank,
+            drop_last=True,
+            budget=70_000,
+            samples_per_call=6,
+            staging_dir=staging_root,
+        ) as sampler:
             got = load_all(ds, sampler)
             keys += [x["__key__"] for x in got]
     assert len(keys) == 34 and len(set(keys)) == 34  # 35 samples, drop_last: each once, equal parts
 
-    with S5Sampler(ds, shuffle="block", seed=3, budget=70_000, samples_per_call=6, staging_dir=staging_root) as s:
+    with S5Sampler(
+        ds, shuffle="block", seed=3, budget=70_000, samples_per_call=6, staging_dir=staging_root
+    ) as s:
         it = iter(s)
         first = [ds[next(it)]["__key__"] for _ in range(11)]
         state = s.state_dict()
-    with S5Sampler(ds, shuffle="block", seed=3, budget=70_000, samples_per_call=6, staging_dir=staging_root) as s:
+    with S5Sampler(
+        ds, shuffle="block", seed=3, budget=70_000, samples_per_call=6, staging_dir=staging_root
+    ) as s:
         s.load_state_dict(state)
         rest = [x["__key__"] for x in load_all(ds, s)]
         assert leftovers(s.staging_dir) == []
     assert len(first) + len(rest) == 35 and set(first) | set(rest) == set(expected)
 
 
-def test_three_ranks_over_uneven_shards_each_sample_once_with_and_without_drop_last(moto: Store, staging_root: str) -> None:
-    shards = {f"shard-{i:03d}.tar": tar_of([(f"k{i:02d}{j:02d}.bin", b"%d" % j) for j in range(n)])
-              for i, n in enumerate((1, 6, 2, 5, 3))}  # 17 samples
+def test_three_ranks_over_uneven_shards_each_sample_once_with_and_without_drop_last(
+    moto: Store, staging_root: str
+) -> None:
+    shards = {
+        f"shard-{i:03d}.tar": tar_of([(f"k{i:02d}{j:02d}.bin", b"%d" % j) for j in range(n)])
+        for i, n in enumerate((1, 6, 2, 5, 3))
+    }  # 17 samples
     source = put_indexed(moto, shards)
     ds = S5Dataset.from_shards(source, endpoint_url=moto.endpoint)
     for drop_last in (False, True):
         parts = []
         for rank in range(3):
-            with S5Sampler(ds, shuffle="block", seed=1, num_replicas=3, rank=rank, drop_last=drop_last,
-                           budget=60_000, samples_per_call=4, staging_dir=staging_root) as sampler:
+            with S5Sampler(
+                ds,
+                shuffle="block",
+                seed=1,
+                num_replicas=3,
+                rank=rank,
+                drop_last=drop_last,
+                budget=60_000,
+                samples_per_call=4,
+                staging_dir=staging_root,
+            ) as sampler:
                 parts.append([x["__key__"] for x in load_all(ds, sampler, workers=0)])
                 assert leftovers(sampler.staging_dir) == []
         keys = [k for p in parts for k in p]
@@ -365,7 +459,9 @@ def test_budget_and_shuffle_rules_over_shards(moto: Store, staging_root: str) ->
         S5Sampler(ds, budget=big - 1, shuffle="block", staging_dir=staging_root)
     # shuffle=True over shards that do not all fit keeps as many open as fit beside one more
     with S5Sampler(ds, budget=2 * big, shuffle=True, staging_dir=staging_root) as s:
-        assert s.window == 1 and sorted(x["__key__"] for x in load_all(ds, s, workers=0)) == [f"s{k:05d}" for k in range(12)]
+        assert s.window == 1 and sorted(x["__key__"] for x in load_all(ds, s, workers=0)) == [
+            f"s{k:05d}" for k in range(12)
+        ]
     with S5Sampler(ds, budget=4 * big, shuffle=True, staging_dir=staging_root) as s:
         assert s.window == 3 and len(load_all(ds, s, workers=0)) == 12
     with S5Sampler(ds, budget=big, shuffle=False, staging_dir=staging_root, verify=True) as s:
@@ -375,10 +471,14 @@ def test_budget_and_shuffle_rules_over_shards(moto: Store, staging_root: str) ->
         for epoch in range(2):
             s.set_epoch(epoch)
             assert len(load_all(ds, s)) == 12
-            assert s.stats is not None and (s.stats.staged_units, s.stats.calls > 0) == ((3, True) if epoch == 0 else (0, False))
+            assert s.stats is not None and (s.stats.staged_units, s.stats.calls > 0) == (
+                (3, True) if epoch == 0 else (0, False)
+            )
 
 
-def test_staged_shard_bytes_never_exceed_the_budget_and_shards_go_once_read(moto: Store, staging_root: str) -> None:
+def test_staged_shard_bytes_never_exceed_the_budget_and_shards_go_once_read(
+    moto: Store, staging_root: str
+) -> None:
     from support.stores import Peak
 
     shards, expected = make_shards(6, 4, size=4000)
@@ -388,7 +488,9 @@ def test_staged_shard_bytes_never_exceed_the_budget_and_shards_go_once_read(moto
     big = max(len(v) for v in shards.values())
     budget = 2 * big + 1000
 
-    with S5Sampler(ds, budget=budget, shuffle="block", seed=5, samples_per_call=4, staging_dir=staging_root) as s:
+    with S5Sampler(
+        ds, budget=budget, shuffle="block", seed=5, samples_per_call=4, staging_dir=staging_root
+    ) as s:
 
         def staged() -> int:
             total = 0
@@ -422,19 +524,29 @@ def test_bad_shards_raise_naming_them_or_are_skipped(moto: Store, staging_root: 
     with S5Sampler(ds, shuffle=False, budget=100_000, staging_dir=staging_root, on_error="skip") as s:
         got = load_all(ds, s)
         assert sorted(x["__key__"] for x in got) == sorted(expected)
-        assert s.stats is not None and sorted(s.stats.skipped) == sorted(moto.uri(n) for n in shards if n not in good)
+        assert s.stats is not None and sorted(s.stats.skipped) == sorted(
+            moto.uri(n) for n in shards if n not in good
+        )
         assert leftovers(s.staging_dir) == []
     assert not os.path.exists(os.path.join(staging_root, "..", "escape.txt"))
     # a shard gone after the listing (404) is skipped too, with its URI
     ds = S5Dataset.from_shards(source, endpoint_url=moto.endpoint)
     moto.client.delete_object(Bucket=moto.bucket, Key=moto.prefix + "shard-001.tar")
-    with S5Sampler(ds, shuffle=False, budget=100_000, staging_dir=staging_root, on_error="skip", retries=0) as s:
+    with S5Sampler(
+        ds, shuffle=False, budget=100_000, staging_dir=staging_root, on_error="skip", retries=0
+    ) as s:
         got = load_all(ds, s, workers=0)
         assert sorted(x["__key__"] for x in got) == sorted(expected)[:3]
         assert moto.uri("shard-001.tar") in s.stats.skipped  # type: ignore[union-attr]
     # an index that disagrees with its shard
-    moto.put({"wids.json": _shards.format_index(
-        [_shards.Shard(moto.uri("shard-000.tar"), len(good["shard-000.tar"]), "", 4)], moto.uri("wids.json"))})
+    moto.put(
+        {
+            "wids.json": _shards.format_index(
+                [_shards.Shard(moto.uri("shard-000.tar"), len(good["shard-000.tar"]), "", 4)],
+                moto.uri("wids.json"),
+            )
+        }
+    )
     ds = S5Dataset.from_shards([moto.uri("shard-000.tar")], endpoint_url=moto.endpoint)
     with S5Sampler(ds, shuffle=False, budget=100_000, staging_dir=staging_root) as s:
         with pytest.raises(ShardError, match=r"shard-000.tar holds 3 samples.*says 4"):
@@ -453,13 +565,21 @@ def test_an_index_that_widsindex_writes_loads(moto: Store) -> None:
         {"url": f"./{n}", "md5sum": hashlib.md5(d).hexdigest(), "nsamples": 3, "filesize": len(d)}
         for n, d in shards.items()
     ]
-    doc = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "shardlist": listed, "name": "t", "base": source}
+    doc = {
+        "__kind__": "wids-shard-index-v1",
+        "wids_version": 1,
+        "shardlist": listed,
+        "name": "t",
+        "base": source,
+    }
     moto.put({"meta/train.json": json.dumps(doc).encode()})
     ds = S5Dataset.from_shards(source, index=moto.uri("meta/train.json"), endpoint_url=moto.endpoint)
     assert len(ds) == 6 and ds[4]["bin"] == expected["s00004"]["bin"]
     # shards compressed other than with gzip are not read, and a prefix of only those says so
     moto.put({"zst/shard-000.tar.zst": b"(\xb5/\xfd" + bytes(20)})
-    with pytest.raises(EmptySourceError, match=r"only other compressed ones such as s3://.*/zst/shard-000.tar.zst"):
+    with pytest.raises(
+        EmptySourceError, match=r"only other compressed ones such as s3://.*/zst/shard-000.tar.zst"
+    ):
         S5Dataset.from_shards(moto.uri("zst/"), endpoint_url=moto.endpoint)
 
 
@@ -470,14 +590,18 @@ def test_wids_reads_the_index_that_index_shards_writes(moto: Store, tmp_path) ->
     put_indexed(moto, shards)
     # with the shards beside the index, as they are in the bucket
     for name in ["wids.json", *shards]:
-        (tmp_path / name).write_bytes(moto.client.get_object(Bucket=moto.bucket, Key=moto.prefix + name)["Body"].read())
+        (tmp_path / name).write_bytes(
+            moto.client.get_object(Bucket=moto.bucket, Key=moto.prefix + name)["Body"].read()
+        )
     wds = wids.ShardListDataset(str(tmp_path / "wids.json"), cache_dir=str(tmp_path / "cache"))
     assert len(wds) == 6
     got = {wds[i]["__key__"]: wds[i][".bin"].read() for i in range(6)}
     assert got == {k: v["bin"] for k, v in expected.items()}
 
 
-def test_over_shards_the_metrics_count_shards_as_units_and_the_old_name_warns(moto: Store, staging_root: str) -> None:
+def test_over_shards_the_metrics_count_shards_as_units_and_the_old_name_warns(
+    moto: Store, staging_root: str
+) -> None:
     shards, expected = make_shards(3, 5)  # 15 samples in 3 shards
     source = put_indexed(moto, shards)
     ds = S5Dataset.from_shards(source, endpoint_url=moto.endpoint)
@@ -490,7 +614,9 @@ def test_over_shards_the_metrics_count_shards_as_units_and_the_old_name_warns(mo
             assert m.fetched_samples == 3
         with pytest.warns(DeprecationWarning, match="staged_units"):
             assert sampler.stats.staged_samples == 3
-        assert m.as_dict()["fetched_units"] == m.as_dict()["fetched_samples"] == 3  # JSON readers: one release
+        assert (
+            m.as_dict()["fetched_units"] == m.as_dict()["fetched_samples"] == 3
+        )  # JSON readers: one release
 
 
 def test_a_source_that_names_no_shard_says_what_exists_near_it(moto: Store) -> None:
@@ -505,11 +631,19 @@ def test_a_source_that_names_no_shard_says_what_exists_near_it(moto: Store) -> N
             S5Dataset.from_shards(given, endpoint_url=moto.endpoint)
         message = str(empty.value)
         assert f"no object under {moto.uri('shard/')}" in message
-        assert f"such as {moto.uri('shard-000.tar')}" in message and f"name the folder they are in ({moto.uri()})" in message
-    assert "a prefix names a folder" in str(pytest.raises(EmptySourceError, S5Dataset.from_shards, moto.uri("shard"),
-                                                          endpoint_url=moto.endpoint).value)
+        assert (
+            f"such as {moto.uri('shard-000.tar')}" in message
+            and f"name the folder they are in ({moto.uri()})" in message
+        )
+    assert "a prefix names a folder" in str(
+        pytest.raises(
+            EmptySourceError, S5Dataset.from_shards, moto.uri("shard"), endpoint_url=moto.endpoint
+        ).value
+    )
     # a folder of objects that are not shards says what it holds
-    with pytest.raises(EmptySourceError, match=r"it holds 2 other object\(s\), such as s3://\S+/jpegs/0001\.cls"):
+    with pytest.raises(
+        EmptySourceError, match=r"it holds 2 other object\(s\), such as s3://\S+/jpegs/0001\.cls"
+    ):
         S5Dataset.from_shards(moto.uri("jpegs/"), endpoint_url=moto.endpoint)
     # a brace pattern that matches nothing names the shards nearest to it by name
     with pytest.raises(ObjectNotFoundError) as braces:
@@ -517,8 +651,12 @@ def test_a_source_that_names_no_shard_says_what_exists_near_it(moto: Store) -> N
     assert "3 of the 3 shards" in str(braces.value)
     assert f"nearest to it by name: {moto.uri('shard-000.tar')}" in str(braces.value)
     # a list, and one shard: the same, and an empty folder or a missing bucket is said
-    with pytest.raises(ObjectNotFoundError, match=r"shard-003.tar: no such shard; the keys nearest to it by name: "):
-        S5Dataset.from_shards([moto.uri("shard-000.tar"), moto.uri("shard-003.tar")], endpoint_url=moto.endpoint)
+    with pytest.raises(
+        ObjectNotFoundError, match=r"shard-003.tar: no such shard; the keys nearest to it by name: "
+    ):
+        S5Dataset.from_shards(
+            [moto.uri("shard-000.tar"), moto.uri("shard-003.tar")], endpoint_url=moto.endpoint
+        )
     with pytest.raises(ObjectNotFoundError, match=r"nothing exists under s3://\S+/train/none/$"):
         S5Dataset.from_shards(moto.uri("none/shard-000.tar"), endpoint_url=moto.endpoint)
     with pytest.raises(NoSuchBucketError, match=r"has no bucket 'no-such-bucket'"):
@@ -557,7 +695,9 @@ def test_decode_and_the_direct_read_without_a_sampler(moto: Store) -> None:
     # a field that is not what its extension says names the field, the key and its URI
     moto.put({"bad/shard-000.tar": tar_of([("x.json", b"{nope")]), "rawbad/y.json": b"{nope"})
     _indexing.build_index(moto.uri("bad/"), moto.endpoint)
-    with pytest.raises(DecodeError, match=r"s3://\S+/bad/shard-000.tar: field 'json' of sample 'x' cannot be decoded"):
+    with pytest.raises(
+        DecodeError, match=r"s3://\S+/bad/shard-000.tar: field 'json' of sample 'x' cannot be decoded"
+    ):
         S5Dataset.from_shards(moto.uri("bad/"), endpoint_url=moto.endpoint, decode=True)[0]
     with pytest.raises(DecodeError, match=r"s3://\S+/rawbad/y.json: field 'json' of sample '\S*y'"):
         S5Dataset.from_prefix(moto.uri("rawbad/"), endpoint_url=moto.endpoint, decode=True)[0]
@@ -612,10 +752,31 @@ def test_the_daemon_delivers_shard_samples_as_folders_within_budget(
 
     with Peak(cache_bytes, interval=0.002) as peak:
         r = subprocess.run(
-            [sys.executable, "-m", "s5loader", "prefetch", "--shards", source, "--cache", str(cache),
-             "--budget", str(budget), "--endpoint-url", seaweed.endpoint, "--shuffle", "--seed", "3",
-             "--epochs", "2", "--samples-per-call", "2"],
-            capture_output=True, text=True, timeout=120, env=env,
+            [
+                sys.executable,
+                "-m",
+                "s5loader",
+                "prefetch",
+                "--shards",
+                source,
+                "--cache",
+                str(cache),
+                "--budget",
+                str(budget),
+                "--endpoint-url",
+                seaweed.endpoint,
+                "--shuffle",
+                "--seed",
+                "3",
+                "--epochs",
+                "2",
+                "--samples-per-call",
+                "2",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
         )
         assert r.returncode == 0, r.stderr
         assert consumer.wait(60) == 0
@@ -642,10 +803,15 @@ def test_the_daemon_delivers_shard_samples_as_folders_within_budget(
     # punch them out of it) is refused before any download
     from s5loader.daemon import PrefetchDaemon, PrefetchOptions, stream
 
-    opts = PrefetchOptions.of(source, str(tmp_path / "c2"), big + 10, endpoint_url=seaweed.endpoint, shards=True)
+    opts = PrefetchOptions.of(
+        source, str(tmp_path / "c2"), big + 10, endpoint_url=seaweed.endpoint, shards=True
+    )
     with monkeypatch.context() as m:
         m.setattr(stream, "punches_holes", lambda folder, most: False)
-        with PrefetchDaemon(opts) as p, pytest.raises(BudgetError, match=r"shard s3://.*shard-00\d.tar.*twice the largest shard"):
+        with (
+            PrefetchDaemon(opts) as p,
+            pytest.raises(BudgetError, match=r"shard s3://.*shard-00\d.tar.*twice the largest shard"),
+        ):
             p.open()
     assert not list((tmp_path / "c2" / ".staging").glob("*/tar"))
 
@@ -660,8 +826,9 @@ def test_a_shard_daemon_cut_mid_shard_continues_without_loss_or_repeat(moto: Sto
     source = put_indexed(moto, shards)
     big = max(len(v) for v in shards.values())
     cache = tmp_path / "cache"
-    opts = PrefetchOptions.of(source, str(cache), 2 * big + 2000, endpoint_url=moto.endpoint, shards=True,
-                           samples_per_call=1)
+    opts = PrefetchOptions.of(
+        source, str(cache), 2 * big + 2000, endpoint_url=moto.endpoint, shards=True, samples_per_call=1
+    )
 
     class Cut(Exception):
         pass
@@ -702,7 +869,9 @@ def test_a_member_name_that_is_not_utf8_keeps_its_bytes_through_the_daemon(moto:
     name = b"caf\xe9".decode("utf-8", "surrogateescape")
     data = tar_of([(f"{name}.cls", b"1"), (f"{name}.txt", b"t"), ("plain.cls", b"2")])
     source = put_indexed(moto, {"shard-000.tar": data})
-    opts = PrefetchOptions.of(source, str(tmp_path / "cache"), 4 * len(data), endpoint_url=moto.endpoint, shards=True)
+    opts = PrefetchOptions.of(
+        source, str(tmp_path / "cache"), 4 * len(data), endpoint_url=moto.endpoint, shards=True
+    )
     with PrefetchDaemon(opts) as daemon:
         daemon.open()
         assert daemon.run().delivered == 2
@@ -730,11 +899,19 @@ def test_iterable_workers_split_shards_not_samples_so_each_shard_is_fetched_once
         # "block": a worker's share holds a window of all four shards; each worker still
         # windows only its own run of them
         budget = 80_000 if shuffle is False else 400_000
-        with S5IterableDataset.from_shards(source, endpoint_url=proxy.endpoint, shuffle=shuffle, budget=budget,
-                                           staging_dir=staging_root) as it:
-            got = [x["__key__"] for b in DataLoader(it, batch_size=4, num_workers=2, collate_fn=lambda b: b) for x in b]
-        gets = Counter(path.split("?")[0].rsplit("/", 1)[-1] for method, path, _ in proxy.requests
-                       if method == "GET" and ".tar" in path)
+        with S5IterableDataset.from_shards(
+            source, endpoint_url=proxy.endpoint, shuffle=shuffle, budget=budget, staging_dir=staging_root
+        ) as it:
+            got = [
+                x["__key__"]
+                for b in DataLoader(it, batch_size=4, num_workers=2, collate_fn=lambda b: b)
+                for x in b
+            ]
+        gets = Counter(
+            path.split("?")[0].rsplit("/", 1)[-1]
+            for method, path, _ in proxy.requests
+            if method == "GET" and ".tar" in path
+        )
     finally:
         proxy.close()
     assert sorted(got) == sorted(expected)
@@ -743,14 +920,26 @@ def test_iterable_workers_split_shards_not_samples_so_each_shard_is_fetched_once
 
 
 @pytest.mark.parametrize("shuffle", [True, "block"])
-def test_the_first_shard_is_read_from_its_front_while_it_downloads(shuffle: bool | str, moto: Store, staging_root: str) -> None:
+def test_the_first_shard_is_read_from_its_front_while_it_downloads(
+    shuffle: bool | str, moto: Store, staging_root: str
+) -> None:
     from s5loader import S5IterableDataset
 
     shards, expected = make_shards(3, 100)
     source = put_indexed(moto, shards)
-    with S5IterableDataset.from_shards(source, endpoint_url=moto.endpoint, shuffle=shuffle, seed=1, budget=2_000_000,
-                                       staging_dir=staging_root) as it:
-        got = [x["__key__"] for b in DataLoader(it, batch_size=4, num_workers=0, collate_fn=lambda b: b) for x in b]
+    with S5IterableDataset.from_shards(
+        source,
+        endpoint_url=moto.endpoint,
+        shuffle=shuffle,
+        seed=1,
+        budget=2_000_000,
+        staging_dir=staging_root,
+    ) as it:
+        got = [
+            x["__key__"]
+            for b in DataLoader(it, batch_size=4, num_workers=0, collate_fn=lambda b: b)
+            for x in b
+        ]
         assert leftovers(it._area.path) == []
     assert sorted(got) == sorted(expected)  # each sample once
     number = [int(k[1:]) for k in got]
@@ -762,7 +951,9 @@ def test_the_first_shard_is_read_from_its_front_while_it_downloads(shuffle: bool
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
-def test_iterable_dataset_over_shards_resumes_mid_epoch_exactly(shuffle: bool, moto: Store, staging_root: str) -> None:
+def test_iterable_dataset_over_shards_resumes_mid_epoch_exactly(
+    shuffle: bool, moto: Store, staging_root: str
+) -> None:
     # with the shuffle buffer; "block" resumes through the same path (test_iterable); True is a
     # shard order over shards that do not all fit (six shards' worth for two workers)
     from torchdata.stateful_dataloader import StatefulDataLoader
@@ -775,8 +966,15 @@ def test_iterable_dataset_over_shards_resumes_mid_epoch_exactly(shuffle: bool, m
 
     def run(state: dict | None, stop: int | None) -> tuple[list[str], dict]:
         budget = 6 * max(map(len, shards.values())) if shuffle else 200_000  # a worker: two open, one staging
-        with S5IterableDataset.from_shards(source, endpoint_url=moto.endpoint, shuffle=shuffle, seed=4,
-                                           shuffle_buffer=3, budget=budget, staging_dir=staging_root) as it:
+        with S5IterableDataset.from_shards(
+            source,
+            endpoint_url=moto.endpoint,
+            shuffle=shuffle,
+            seed=4,
+            shuffle_buffer=3,
+            budget=budget,
+            staging_dir=staging_root,
+        ) as it:
             it.set_epoch(1)
             ld = StatefulDataLoader(it, batch_size=2, num_workers=2, collate_fn=lambda b: b)
             if state is not None:
@@ -795,15 +993,25 @@ def test_iterable_dataset_over_shards_resumes_mid_epoch_exactly(shuffle: bool, m
     assert head + rest == whole  # the same samples, in the same order, none twice
 
 
-def test_iterable_dataset_over_shards_every_sample_once_per_rank_split(moto: Store, staging_root: str) -> None:
+def test_iterable_dataset_over_shards_every_sample_once_per_rank_split(
+    moto: Store, staging_root: str
+) -> None:
     from s5loader import S5IterableDataset
 
     shards, expected = make_shards(6, 5)
     source = put_indexed(moto, shards)
     keys: list[str] = []
     for rank in range(2):
-        with S5IterableDataset.from_shards(source, endpoint_url=moto.endpoint, shuffle="block", seed=2, budget=80_000,
-                                           num_replicas=2, rank=rank, staging_dir=staging_root) as it:
+        with S5IterableDataset.from_shards(
+            source,
+            endpoint_url=moto.endpoint,
+            shuffle="block",
+            seed=2,
+            budget=80_000,
+            num_replicas=2,
+            rank=rank,
+            staging_dir=staging_root,
+        ) as it:
             loader = DataLoader(it, batch_size=4, num_workers=2, collate_fn=lambda b: b)
             got = [x for b in loader for x in b]
             assert all(x["bin"] == expected[x["__key__"]]["bin"] for x in got)
@@ -821,10 +1029,17 @@ def test_iterable_shuffle_buffer_too_big_for_the_budget_names_the_buffer_and_a_b
     shards, _ = make_shards(12, 10)
     source = put_indexed(moto, shards)
     big = max(map(len, shards.values()))
-    opts = {"endpoint_url": moto.endpoint, "shuffle": True, "shuffle_buffer": 60, "budget": 3 * big,
-            "staging_dir": staging_root}
+    opts = {
+        "endpoint_url": moto.endpoint,
+        "shuffle": True,
+        "shuffle_buffer": 60,
+        "budget": 3 * big,
+        "staging_dir": staging_root,
+    }
     # refused in this process when made, before any worker starts
-    with pytest.raises(BudgetError, match=r"shuffle_buffer=60 over the tar shards .* budget of .* Give shuffle_buffer="):
+    with pytest.raises(
+        BudgetError, match=r"shuffle_buffer=60 over the tar shards .* budget of .* Give shuffle_buffer="
+    ):
         S5IterableDataset.from_shards(source, **opts)
     assert os.listdir(staging_root) == []
 
@@ -842,11 +1057,21 @@ def test_two_ranks_fetch_each_shard_once_per_epoch_and_class_sorted_shards_mix_f
         keys: list[str] = []
         firsts: list[list[int]] = []
         for rank in range(2):
-            with S5Sampler(ds, shuffle=shuffle, seed=9, num_replicas=2, rank=rank, budget=4 * big,
-                           samples_per_call=8, staging_dir=staging_root) as sampler:
+            with S5Sampler(
+                ds,
+                shuffle=shuffle,
+                seed=9,
+                num_replicas=2,
+                rank=rank,
+                budget=4 * big,
+                samples_per_call=8,
+                staging_dir=staging_root,
+            ) as sampler:
                 sampler.set_epoch(1)
                 got = load_all(ds, sampler)
-                assert all(x["bin"] == sample_bytes(int(x["cls"]) * 1000 + int(x["__key__"][-3:]), 2000) for x in got)
+                assert all(
+                    x["bin"] == sample_bytes(int(x["cls"]) * 1000 + int(x["__key__"][-3:]), 2000) for x in got
+                )
                 keys += [x["__key__"] for x in got]
                 firsts.append([int(x["cls"]) for x in got[:8]])
                 if shuffle is True:
@@ -875,8 +1100,14 @@ def test_iterable_shuffle_over_shards_that_do_not_fit_mixes_and_fetches_each_sha
     proxy = FaultProxy(seaweed.endpoint)
     try:
         # two workers share the budget: each keeps 2 shards open beside one being staged
-        with S5IterableDataset.from_shards(source, endpoint_url=proxy.endpoint, shuffle=True, seed=3,
-                                           budget=8 * big, staging_dir=staging_root) as it:
+        with S5IterableDataset.from_shards(
+            source,
+            endpoint_url=proxy.endpoint,
+            shuffle=True,
+            seed=3,
+            budget=8 * big,
+            staging_dir=staging_root,
+        ) as it:
             loader = DataLoader(it, batch_size=8, num_workers=2, collate_fn=lambda b: b)
             batches = [[int(x["cls"]) for x in b] for b in loader]
             assert leftovers(it._area.path) == []
@@ -884,7 +1115,9 @@ def test_iterable_shuffle_over_shards_that_do_not_fit_mixes_and_fetches_each_sha
     finally:
         proxy.close()
     assert sorted(c for b in batches for c in b) == sorted(s for s in range(8) for _ in range(25))
-    assert len(set(batches[0])) >= 2 and len(set(batches[1])) >= 2, batches[:2]  # each worker's first batch mixes
+    assert len(set(batches[0])) >= 2 and len(set(batches[1])) >= 2, batches[
+        :2
+    ]  # each worker's first batch mixes
     assert gets == Counter(list(shards)), gets
 
 
@@ -900,8 +1133,14 @@ def test_an_iterable_frees_each_sample_it_reads_so_more_shards_mix_within_the_bu
     budget = 4 * big  # read in this process: 3 shards open beside one being staged, when nothing is freed
 
     def run() -> tuple[list[int], int]:
-        with S5IterableDataset.from_shards(source, endpoint_url=seaweed.endpoint, shuffle=True, seed=2,
-                                           budget=budget, staging_dir=staging_root) as it:
+        with S5IterableDataset.from_shards(
+            source,
+            endpoint_url=seaweed.endpoint,
+            shuffle=True,
+            seed=2,
+            budget=budget,
+            staging_dir=staging_root,
+        ) as it:
 
             def allocated() -> int:  # the blocks staged shards take on disk (punched ones do not)
                 total = 0
@@ -939,7 +1178,9 @@ def test_an_iterable_frees_each_sample_it_reads_so_more_shards_mix_within_the_bu
     assert big < peak <= budget + slack and big < peak_whole <= budget + slack, (peak, peak_whole, budget)
 
 
-def test_a_shard_order_resumes_mid_epoch_exactly_and_stages_nothing_twice(seaweed: Store, staging_root: str) -> None:
+def test_a_shard_order_resumes_mid_epoch_exactly_and_stages_nothing_twice(
+    seaweed: Store, staging_root: str
+) -> None:
     from support.faults import FaultProxy
 
     source, shards, big = class_sorted_shards(seaweed, n_shards=6, per_shard=10)
@@ -970,19 +1211,28 @@ def test_a_shard_order_resumes_mid_epoch_exactly_and_stages_nothing_twice(seawee
     assert sum(shard_gets(proxy.requests).values()) - before <= 6 + 6 - len(drained)
 
 
-def test_the_iterable_checks_its_budget_and_worker_count_in_the_main_process(seaweed: Store, staging_root: str) -> None:
+def test_the_iterable_checks_its_budget_and_worker_count_in_the_main_process(
+    seaweed: Store, staging_root: str
+) -> None:
     from s5loader import S5IterableDataset
 
     source, _, big = class_sorted_shards(seaweed, n_shards=4, per_shard=5)
     # a budget that cannot hold the largest shard: an error now, before any worker starts
     with pytest.raises(BudgetError) as e:
-        S5IterableDataset.from_shards(source, endpoint_url=seaweed.endpoint, budget=big // 2,
-                                      staging_dir=staging_root, num_workers=2)
+        S5IterableDataset.from_shards(
+            source, endpoint_url=seaweed.endpoint, budget=big // 2, staging_dir=staging_root, num_workers=2
+        )
     assert source in str(e.value) and "budget" in str(e.value), str(e.value)
     assert os.listdir(staging_root) == []  # nothing was made
     # the rank's whole budget serves all its workers: one and a half shards do for 2 workers
-    with S5IterableDataset.from_shards(source, endpoint_url=seaweed.endpoint, budget=3 * big // 2,
-                                       staging_dir=staging_root, num_workers=2, shuffle=False) as it:
+    with S5IterableDataset.from_shards(
+        source,
+        endpoint_url=seaweed.endpoint,
+        budget=3 * big // 2,
+        staging_dir=staging_root,
+        num_workers=2,
+        shuffle=False,
+    ) as it:
         with pytest.raises(ConfigError, match="num_workers=2, but its DataLoader runs 1 worker"):
             next(iter(DataLoader(it, batch_size=2, num_workers=1)))
         got = [x for b in DataLoader(it, batch_size=2, num_workers=2, collate_fn=lambda b: b) for x in b]
@@ -1026,13 +1276,21 @@ def test_the_iterable_leaves_no_staging_folder_after_an_error_and_the_next_start
 
     source, _, big = class_sorted_shards(seaweed, n_shards=4, per_shard=10)
     script = tmp_path / "train.py"
-    script.write_text(ITERABLE_SCRIPT.format(
-        source=source, endpoint=seaweed.endpoint, root=staging_root,
-        budget=4 * big,
-        bad_key="c2-004" if how == "worker-error" else "",
-        action={"keyboardinterrupt": "raise KeyboardInterrupt", "sigkill": "time.sleep(60)"}.get(how, "pass"),
-    ))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    script.write_text(
+        ITERABLE_SCRIPT.format(
+            source=source,
+            endpoint=seaweed.endpoint,
+            root=staging_root,
+            budget=4 * big,
+            bad_key="c2-004" if how == "worker-error" else "",
+            action={"keyboardinterrupt": "raise KeyboardInterrupt", "sigkill": "time.sleep(60)"}.get(
+                how, "pass"
+            ),
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None
     staging = proc.stdout.readline().strip()
     assert staging.startswith(staging_root), staging
@@ -1051,8 +1309,10 @@ def test_the_iterable_leaves_no_staging_folder_after_an_error_and_the_next_start
         assert not os.path.exists(staging), leftovers(staging)
         return
     deadline = time.monotonic() + 15  # the killed run's workers notice their parent is gone
-    while os.path.isdir(staging) and time.monotonic() < deadline and any(
-        str(script) in " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])
+    while (
+        os.path.isdir(staging)
+        and time.monotonic() < deadline
+        and any(str(script) in " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
     ):
         time.sleep(0.2)
     assert os.path.isdir(staging)  # SIGKILL leaves it behind; the next start removes it
@@ -1061,7 +1321,9 @@ def test_the_iterable_leaves_no_staging_folder_after_an_error_and_the_next_start
     assert os.listdir(staging_root) == []
 
 
-def gzip_shards(store: Store, n_shards: int = 6, per_shard: int = 10) -> tuple[str, dict[str, bytes], dict[str, dict[str, bytes]]]:
+def gzip_shards(
+    store: Store, n_shards: int = 6, per_shard: int = 10
+) -> tuple[str, dict[str, bytes], dict[str, dict[str, bytes]]]:
     """Class-sorted shards, gzip-compressed, named .tar.gz and .tgz by turns, and indexed."""
     shards: dict[str, bytes] = {}
     expected: dict[str, dict[str, bytes]] = {}
@@ -1076,16 +1338,25 @@ def gzip_shards(store: Store, n_shards: int = 6, per_shard: int = 10) -> tuple[s
     return put_indexed(store, shards), shards, expected
 
 
-def test_gzip_shards_load_byte_exact_within_a_budget_that_counts_their_tar(seaweed: Store, staging_root: str) -> None:
+def test_gzip_shards_load_byte_exact_within_a_budget_that_counts_their_tar(
+    seaweed: Store, staging_root: str
+) -> None:
     from s5loader import S5IterableDataset
 
     source, shards, expected = gzip_shards(seaweed)
-    index = json.loads(seaweed.client.get_object(Bucket=seaweed.bucket, Key=seaweed.prefix + "wids.json")["Body"].read())
+    index = json.loads(
+        seaweed.client.get_object(Bucket=seaweed.bucket, Key=seaweed.prefix + "wids.json")["Body"].read()
+    )
     tarsize = {e["url"]: e["tarsize"] for e in index["shardlist"]}
-    assert set(tarsize) == set(shards) and all(tarsize[n] == len(gzip.decompress(d)) for n, d in shards.items())
+    assert set(tarsize) == set(shards) and all(
+        tarsize[n] == len(gzip.decompress(d)) for n, d in shards.items()
+    )
     disk = max(len(d) + tarsize[n] for n, d in shards.items())
     ds = S5Dataset.from_shards(source, endpoint_url=seaweed.endpoint)
-    assert len(ds) == 60 and ds[13] == {"__key__": "c1-003", **expected["c1-003"]}  # the direct read decompresses
+    assert len(ds) == 60 and ds[13] == {
+        "__key__": "c1-003",
+        **expected["c1-003"],
+    }  # the direct read decompresses
     # a budget of 3 staged shards, counted with their tar: the sampler keeps 2 open
     with S5Sampler(ds, shuffle=True, seed=1, budget=3 * disk, staging_dir=staging_root) as sampler:
         assert sampler.window == 2
@@ -1095,17 +1366,32 @@ def test_gzip_shards_load_byte_exact_within_a_budget_that_counts_their_tar(seawe
             peak[0] = max(peak[0], on_disk(sampler.staging_dir))
             return x
 
-        got = [watch(x) for b in DataLoader(ds, sampler=sampler, batch_size=4, num_workers=2, collate_fn=lambda b: b)
-               for x in b]
+        got = [
+            watch(x)
+            for b in DataLoader(ds, sampler=sampler, batch_size=4, num_workers=2, collate_fn=lambda b: b)
+            for x in b
+        ]
         assert leftovers(sampler.staging_dir) == []
     assert sorted(x["__key__"] for x in got) == sorted(expected)
-    assert all(x["bin"] == expected[x["__key__"]]["bin"] and x["cls"] == expected[x["__key__"]]["cls"] for x in got)
+    assert all(
+        x["bin"] == expected[x["__key__"]]["bin"] and x["cls"] == expected[x["__key__"]]["cls"] for x in got
+    )
     assert len({x["cls"] for x in got[:8]}) >= 2  # mixed across the open shards from the first batches
     assert 0 < peak[0] <= 3 * disk
     # the iterable: 2 workers, each stages whole shards of its own
-    with S5IterableDataset.from_shards(source, endpoint_url=seaweed.endpoint, shuffle=True, budget=4 * disk,
-                                       staging_dir=staging_root, num_workers=2) as it:
-        keys = [x["__key__"] for b in DataLoader(it, batch_size=4, num_workers=2, collate_fn=lambda b: b) for x in b]
+    with S5IterableDataset.from_shards(
+        source,
+        endpoint_url=seaweed.endpoint,
+        shuffle=True,
+        budget=4 * disk,
+        staging_dir=staging_root,
+        num_workers=2,
+    ) as it:
+        keys = [
+            x["__key__"]
+            for b in DataLoader(it, batch_size=4, num_workers=2, collate_fn=lambda b: b)
+            for x in b
+        ]
     assert sorted(keys) == sorted(expected)
     # a budget that holds the compressed shard but not its tar beside it says so at once
     with pytest.raises(BudgetError, match="larger than the budget"):
@@ -1117,23 +1403,34 @@ def test_gzip_shard_errors_say_what_is_wrong_and_what_to_run(seaweed: Store, sta
     # an index without the tar sizes (as other tools write it) names the shard and the command
     listed = [{"url": n, "nsamples": 3, "filesize": len(d)} for n, d in shards.items()]
     seaweed.put({"wids.json": json.dumps({"shardlist": listed}).encode()})
-    with pytest.raises(ShardIndexError, match=r"shard-000.tar.gz is a gzip-compressed shard.*'tarsize'.*s5loader index-shards"):
+    with pytest.raises(
+        ShardIndexError,
+        match=r"shard-000.tar.gz is a gzip-compressed shard.*'tarsize'.*s5loader index-shards",
+    ):
         S5Dataset.from_shards(source, endpoint_url=seaweed.endpoint)
     # a damaged one: index-shards names it, and so does staging it
     seaweed.put({"shard-001.tgz": shards["shard-001.tgz"][:-40]})
-    with pytest.raises(ShardError, match=r"shard-001.tgz is a gzip-compressed shard that does not decompress"):
+    with pytest.raises(
+        ShardError, match=r"shard-001.tgz is a gzip-compressed shard that does not decompress"
+    ):
         _indexing.build_index(source, seaweed.endpoint, overwrite=True)  # over the index put above
     seaweed.put({"wids.json": json.dumps({"shardlist": [{**e, "tarsize": 10240} for e in listed]}).encode()})
     ds = S5Dataset.from_shards(source, endpoint_url=seaweed.endpoint)
     with S5Sampler(ds, shuffle=False, staging_dir=staging_root) as sampler:
-        with pytest.raises(ShardError, match=r"shard-001.tgz is a gzip-compressed shard that does not decompress"):
+        with pytest.raises(
+            ShardError, match=r"shard-001.tgz is a gzip-compressed shard that does not decompress"
+        ):
             load_all(ds, sampler)
     # other compressions are named first, as before
-    with pytest.raises(ShardError, match=r"shard-000.tar.xz is a compressed tar shard that s5loader cannot read"):
+    with pytest.raises(
+        ShardError, match=r"shard-000.tar.xz is a compressed tar shard that s5loader cannot read"
+    ):
         S5Dataset.from_shards(seaweed.uri("shard-000.tar.xz"), endpoint_url=seaweed.endpoint)
 
 
-def test_the_daemon_unpacks_gzip_shards_within_a_budget_that_counts_their_tar(seaweed: Store, tmp_path) -> None:
+def test_the_daemon_unpacks_gzip_shards_within_a_budget_that_counts_their_tar(
+    seaweed: Store, tmp_path
+) -> None:
     from support.stores import Peak
 
     source, shards, expected = gzip_shards(seaweed, n_shards=4, per_shard=5)
@@ -1144,9 +1441,26 @@ def test_the_daemon_unpacks_gzip_shards_within_a_budget_that_counts_their_tar(se
     consumer = subprocess.Popen([sys.executable, "-c", CONSUMER, str(cache), str(out)])
     with Peak(lambda: on_disk(str(cache)), interval=0.002) as peak:
         r = subprocess.run(
-            [sys.executable, "-m", "s5loader", "prefetch", "--shards", source, "--cache", str(cache),
-             "--budget", str(budget), "--endpoint-url", seaweed.endpoint, "--shuffle", "--seed", "3"],
-            capture_output=True, text=True, timeout=120,
+            [
+                sys.executable,
+                "-m",
+                "s5loader",
+                "prefetch",
+                "--shards",
+                source,
+                "--cache",
+                str(cache),
+                "--budget",
+                str(budget),
+                "--endpoint-url",
+                seaweed.endpoint,
+                "--shuffle",
+                "--seed",
+                "3",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert r.returncode == 0, r.stderr
         assert consumer.wait(60) == 0
@@ -1155,14 +1469,29 @@ def test_the_daemon_unpacks_gzip_shards_within_a_budget_that_counts_their_tar(se
     for g in got:
         fields = expected[g["name"].split("-", 1)[1]]
         assert {k.rsplit(".", 1)[-1]: v for k, v in g["files"].items()} == {
-            f: hashlib.sha256(v).hexdigest() for f, v in fields.items()}
+            f: hashlib.sha256(v).hexdigest() for f, v in fields.items()
+        }
     assert 0 < peak.peak <= budget, (peak.peak, budget)
     # a budget that cannot hold the largest shard with its tar beside it
     staged = max(len(d) + tars[n] for n, d in shards.items())
     r = subprocess.run(
-        [sys.executable, "-m", "s5loader", "prefetch", "--shards", source, "--cache", str(tmp_path / "c2"),
-         "--budget", str(staged - 1), "--endpoint-url", seaweed.endpoint],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "s5loader",
+            "prefetch",
+            "--shards",
+            source,
+            "--cache",
+            str(tmp_path / "c2"),
+            "--budget",
+            str(staged - 1),
+            "--endpoint-url",
+            seaweed.endpoint,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert r.returncode != 0 and "decompressed" in r.stderr and "raise --budget" in r.stderr, r.stderr[-2000:]
 
@@ -1181,7 +1510,9 @@ def test_the_first_shard_of_a_pass_is_read_while_it_downloads(seaweed: Store, st
     guard.start()
     try:
         ds = S5Dataset.from_shards(source, endpoint_url=proxy.endpoint)
-        with S5Sampler(ds, shuffle=False, budget=4 * max(map(len, shards.values())), staging_dir=staging_root) as sampler:
+        with S5Sampler(
+            ds, shuffle=False, budget=4 * max(map(len, shards.values())), staging_dir=staging_root
+        ) as sampler:
             got, first_while_held = [], None
             for batch in DataLoader(ds, sampler=sampler, batch_size=4, num_workers=2, collate_fn=lambda b: b):
                 if first_while_held is None:
@@ -1200,7 +1531,9 @@ def test_the_first_shard_of_a_pass_is_read_while_it_downloads(seaweed: Store, st
     assert [m for m, _, _ in gets] == ["GET"]  # one streamed GET, no HEAD, no second copy
 
 
-def test_the_engine_starts_once_the_streamed_first_shard_gave_a_sample(moto: Store, staging_root: str) -> None:
+def test_the_engine_starts_once_the_streamed_first_shard_gave_a_sample(
+    moto: Store, staging_root: str
+) -> None:
     # The other shards' calls do not share the link with the first shard before its first
     # sample is here: while its GET gets no answer, nothing else is requested.
     import threading
@@ -1233,7 +1566,9 @@ def test_the_engine_starts_once_the_streamed_first_shard_gave_a_sample(moto: Sto
     assert sorted(keys) == sorted(expected)  # then every sample once
 
 
-def test_a_streamed_first_shard_resumes_a_broken_download_and_checks_what_it_reads(moto: Store, staging_root: str) -> None:
+def test_a_streamed_first_shard_resumes_a_broken_download_and_checks_what_it_reads(
+    moto: Store, staging_root: str
+) -> None:
     from support.faults import FaultProxy, Rule
 
     shards, expected = make_shards(2, 10, size=3000)
@@ -1261,21 +1596,27 @@ def test_a_streamed_first_shard_resumes_a_broken_download_and_checks_what_it_rea
         proxy.close()
 
 
-def test_a_streamed_first_shard_found_short_at_its_end_keeps_what_was_read_under_skip(moto: Store, staging_root: str) -> None:
+def test_a_streamed_first_shard_found_short_at_its_end_keeps_what_was_read_under_skip(
+    moto: Store, staging_root: str
+) -> None:
     shards, expected = make_shards(3, 10, size=3000)
     # the index says 12 samples for the first shard, which holds 10: found at its end
     source = put_indexed_with(moto, shards, {"shard-000.tar": 12})
     ds = S5Dataset.from_shards(source, endpoint_url=moto.endpoint)
     with S5Sampler(ds, shuffle=False, budget=1 << 20, staging_dir=staging_root, on_error="skip") as sampler:
         got = load_all(ds, sampler)
-        assert sampler.stats is not None and [u.rsplit("/", 1)[-1] for u in sampler.stats.skipped] == ["shard-000.tar"]
+        assert sampler.stats is not None and [u.rsplit("/", 1)[-1] for u in sampler.stats.skipped] == [
+            "shard-000.tar"
+        ]
         assert leftovers(sampler.staging_dir) == []
     # the ten samples it holds were read from the streamed copy, each once and byte-exact
     assert sorted(x["__key__"] for x in got) == sorted(expected)
     assert all({k: v for k, v in x.items() if k != "__key__"} == expected[x["__key__"]] for x in got)
 
 
-def test_a_shard_whose_headers_turn_pax_or_gnu_midway_loads_byte_exact(moto: Store, staging_root: str) -> None:
+def test_a_shard_whose_headers_turn_pax_or_gnu_midway_loads_byte_exact(
+    moto: Store, staging_root: str
+) -> None:
     # plain ustar headers first (read without tarfile), then a pax header (a non-ASCII name)
     # or a GNU long name: tarfile reads from there to the end; offsets are the same either way
     expected: dict[str, dict[str, bytes]] = {}
@@ -1295,21 +1636,26 @@ def test_a_shard_whose_headers_turn_pax_or_gnu_midway_loads_byte_exact(moto: Sto
                 tar.addfile(info, io.BytesIO(data))
         shards[f"shard-{s}.tar"] = buf.getvalue()
     ds = S5Dataset.from_shards(put_indexed(moto, shards), endpoint_url=moto.endpoint)
-    with S5Sampler(ds, shuffle=True, seed=3, budget=10 * max(map(len, shards.values())),
-                   staging_dir=staging_root) as sampler:
+    with S5Sampler(
+        ds, shuffle=True, seed=3, budget=10 * max(map(len, shards.values())), staging_dir=staging_root
+    ) as sampler:
         got = load_all(ds, sampler)
     assert {x["__key__"]: {k: v for k, v in x.items() if k != "__key__"} for x in got} == expected
     assert len(got) == 8
 
 
-def test_a_batch_whose_shards_the_budget_cannot_hold_at_once_is_an_error_not_a_stall(moto: Store, staging_root: str) -> None:
+def test_a_batch_whose_shards_the_budget_cannot_hold_at_once_is_an_error_not_a_stall(
+    moto: Store, staging_root: str
+) -> None:
     shards, _ = make_shards(8, 5)
     source = put_indexed(moto, shards)
     big = max(map(len, shards.values()))
     ds = S5Dataset.from_shards(source, endpoint_url=moto.endpoint)
     # a batch of 16 samples in key order lies in 4 shards of 5; the budget holds 2 of them
     with S5Sampler(ds, shuffle=False, budget=2 * big, staging_dir=staging_root, stall_timeout=600) as sampler:
-        with pytest.raises(BudgetError, match=r"batch of 16 samples .* tar shards that take .*lower batch_size"):
+        with pytest.raises(
+            BudgetError, match=r"batch of 16 samples .* tar shards that take .*lower batch_size"
+        ):
             next(iter(DataLoader(ds, sampler=sampler, batch_size=16, collate_fn=lambda b: b)))
         got = [x for b in DataLoader(ds, sampler=sampler, batch_size=4, collate_fn=lambda b: b) for x in b]
     assert len(got) == 40  # a batch of 4 lies in 2 shards at most: it fits

@@ -138,15 +138,25 @@ def s5cmd_children_of(staging: str) -> list[psutil.Process]:
 
 
 @pytest.mark.parametrize("how", sorted(ACTIONS))
-def test_staging_directory_removed_on_every_exit(seaweed: Store, staging_root: str, tmp_path, how: str) -> None:
+def test_staging_directory_removed_on_every_exit(
+    seaweed: Store, staging_root: str, tmp_path, how: str
+) -> None:
     seaweed.put(make_pairs(60, size=500))
     script = tmp_path / "loader.py"
-    script.write_text(SCRIPT.format(uri=seaweed.uri(), endpoint=seaweed.endpoint, root=staging_root,
-                                    workers=2, action=ACTIONS[how]))
+    script.write_text(
+        SCRIPT.format(
+            uri=seaweed.uri(), endpoint=seaweed.endpoint, root=staging_root, workers=2, action=ACTIONS[how]
+        )
+    )
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     staging = proc.stdout.strip().splitlines()[0]
     assert staging.startswith(staging_root)
-    expected_rc = {"exception": 1, "keyboardinterrupt": -signal.SIGINT, "sigterm": -signal.SIGTERM, "finish": 0}[how]
+    expected_rc = {
+        "exception": 1,
+        "keyboardinterrupt": -signal.SIGINT,
+        "sigterm": -signal.SIGTERM,
+        "finish": 0,
+    }[how]
     assert proc.returncode == expected_rc, proc.stderr[-2000:]
     assert not os.path.exists(staging)
     assert s5cmd_children_of(staging) == []
@@ -179,8 +189,15 @@ def test_abandoned_iterator_then_new_epoch(seaweed: Store, staging_root: str) ->
 def test_sigkilled_loader_leftovers_removed_by_next(seaweed: Store, staging_root: str, tmp_path) -> None:
     seaweed.put(make_pairs(60, size=500))
     script = tmp_path / "loader.py"
-    script.write_text(SCRIPT.format(uri=seaweed.uri(), endpoint=seaweed.endpoint, root=staging_root,
-                                    workers=2, action="time.sleep(60)"))
+    script.write_text(
+        SCRIPT.format(
+            uri=seaweed.uri(),
+            endpoint=seaweed.endpoint,
+            root=staging_root,
+            workers=2,
+            action="time.sleep(60)",
+        )
+    )
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     staging = proc.stdout.readline().strip()
@@ -194,7 +211,8 @@ def test_sigkilled_loader_leftovers_removed_by_next(seaweed: Store, staging_root
     assert s5cmd_children_of(staging) == []  # no orphaned downloader
     # the DataLoader workers notice their parent is gone within a few seconds
     while time.monotonic() < deadline and any(
-        p.info["cmdline"] and str(script) in " ".join(p.info["cmdline"]) for p in psutil.process_iter(["cmdline"])
+        p.info["cmdline"] and str(script) in " ".join(p.info["cmdline"])
+        for p in psutil.process_iter(["cmdline"])
     ):
         time.sleep(0.2)
     assert os.path.isdir(staging)  # SIGKILL leaves it behind ...
@@ -224,8 +242,15 @@ def _put(server: SeaweedFS, n: int) -> dict[str, bytes]:
 def test_server_that_stops_answering_ends_in_stall_error(own_server: SeaweedFS, staging_root: str) -> None:
     _put(own_server, 40)
     ds = S5Dataset.from_prefix("s3://data/train/", endpoint_url=own_server.endpoint)
-    sampler = S5Sampler(ds, staging_dir=staging_root, samples_per_call=2, calls_in_flight=1, budget=4 * 600,
-                        stall_timeout=1.5, retries=1)
+    sampler = S5Sampler(
+        ds,
+        staging_dir=staging_root,
+        samples_per_call=2,
+        calls_in_flight=1,
+        budget=4 * 600,
+        stall_timeout=1.5,
+        retries=1,
+    )
     it = iter(DataLoader(ds, sampler=sampler, batch_size=1))
     next(it)
     own_server.pause()
@@ -242,8 +267,15 @@ def test_server_that_stops_answering_ends_in_stall_error(own_server: SeaweedFS, 
 def test_server_back_within_retry_window(own_server: SeaweedFS, staging_root: str) -> None:
     source = _put(own_server, 40)
     ds = S5Dataset.from_prefix("s3://data/train/", endpoint_url=own_server.endpoint)
-    with S5Sampler(ds, staging_dir=staging_root, samples_per_call=2, calls_in_flight=1, budget=4 * 600,
-                   stall_timeout=1.0, retries=4) as sampler:
+    with S5Sampler(
+        ds,
+        staging_dir=staging_root,
+        samples_per_call=2,
+        calls_in_flight=1,
+        budget=4 * 600,
+        stall_timeout=1.0,
+        retries=4,
+    ) as sampler:
         got = []
         for i, b in enumerate(DataLoader(ds, sampler=sampler, batch_size=1, collate_fn=collate)):
             got += b
@@ -263,10 +295,16 @@ def test_keep_staged_fetches_once_across_epochs(seaweed: Store, staging_root: st
     ds = S5Dataset.from_prefix(seaweed.uri(), endpoint_url=seaweed.endpoint)
     with pytest.raises(BudgetError, match="keep_staged=True needs a budget that holds the whole data set"):
         S5Sampler(ds, keep_staged=True, budget=ds.total_bytes - 1, staging_dir=staging_root)
-    with S5Sampler(ds, keep_staged=True, budget=ds.total_bytes, staging_dir=staging_root, samples_per_call=8) as sampler:
+    with S5Sampler(
+        ds, keep_staged=True, budget=ds.total_bytes, staging_dir=staging_root, samples_per_call=8
+    ) as sampler:
         for epoch in range(2):
             sampler.set_epoch(epoch)
-            got = [s for b in DataLoader(ds, sampler=sampler, batch_size=3, num_workers=2, collate_fn=collate) for s in b]
+            got = [
+                s
+                for b in DataLoader(ds, sampler=sampler, batch_size=3, num_workers=2, collate_fn=collate)
+                for s in b
+            ]
             assert sorted(s["__key__"] for s in got) == keys_of(source)
             assert all(s["image"] == source[s["__key__"] + ".image"] for s in got)
             stats = sampler.stats
@@ -301,7 +339,11 @@ def test_starvation_is_reported_at_warning(moto: Store, staging_root: str, caplo
     with S5Sampler(ds, staging_dir=staging_root) as sampler, caplog.at_level(logging.INFO, logger="s5loader"):
         sampler._run.report(Stats(samples=10, wait_s=30.0, first_wait_s=0.5), 60.0, True, sampler.epoch)
         sampler._run.report(Stats(samples=10, wait_s=0.6, first_wait_s=0.5), 60.0, True, sampler.epoch)
-    levels = [(r.levelname, r.getMessage().startswith("data starvation")) for r in caplog.records if "waited" in r.getMessage()]
+    levels = [
+        (r.levelname, r.getMessage().startswith("data starvation"))
+        for r in caplog.records
+        if "waited" in r.getMessage()
+    ]
     assert levels == [("WARNING", True), ("INFO", False)]
     advice = next(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
     assert "calls_in_flight" in advice and "samples_per_call" in advice and "shuffle='block'" in advice
@@ -310,7 +352,8 @@ def test_starvation_is_reported_at_warning(moto: Store, staging_root: str, caplo
 def test_own_sigterm_handler_is_left_alone(moto: Store, staging_root: str, tmp_path) -> None:
     moto.put(make_pairs(4))
     script = tmp_path / "own_handler.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import signal
         from s5loader import S5Dataset, S5Sampler
         def mine(signum, frame):
@@ -322,7 +365,8 @@ def test_own_sigterm_handler_is_left_alone(moto: Store, staging_root: str, tmp_p
         assert signal.getsignal(signal.SIGTERM) is mine
         print(sampler.staging_dir, flush=True)
         signal.raise_signal(signal.SIGTERM)
-    """))
+    """)
+    )
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 3, r.stderr[-2000:]  # the program's handler ran
     assert not os.path.exists(r.stdout.strip())  # and atexit still cleaned up

@@ -55,8 +55,18 @@ dist.destroy_process_group()
 
 
 def torchrun(script: str, nodes: int, node_rank: int, port: int, args: list[str]) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", "--nproc_per_node=2",
-           f"--node_rank={node_rank}", "--master_addr=127.0.0.1", f"--master_port={port}", script, *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nodes}",
+        "--nproc_per_node=2",
+        f"--node_rank={node_rank}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={port}",
+        script,
+        *args,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
@@ -98,15 +108,23 @@ def test_two_torchrun_nodes_fetch_each_shard_once_per_epoch_and_resume_on_anothe
         again = tmp_path / "again"
         again.mkdir()
         state = str(out / "state")
-        one = torchrun(str(script), 1, 0, free_port(), [source, proxy.endpoint, str(again), str(tmp_path / "node9"),
-                                                        str(3 * big), "0", state])
+        one = torchrun(
+            str(script),
+            1,
+            0,
+            free_port(),
+            [source, proxy.endpoint, str(again), str(tmp_path / "node9"), str(3 * big), "0", state],
+        )
         _, err = one.communicate(timeout=300)
         assert one.returncode == 0, err[-3000:]
         resumed = [json.loads((again / f"rank{r}.json").read_text()) for r in range(2)]
     finally:
         proxy.close()
 
-    assert [r["world"] for r in ranks] == [4] * 4 and [r["local"] for r in ranks] == [["0", "2"], ["1", "2"]] * 2
+    assert [r["world"] for r in ranks] == [4] * 4 and [r["local"] for r in ranks] == [
+        ["0", "2"],
+        ["1", "2"],
+    ] * 2
     for e in range(2):
         got = [k for r in ranks for k in r["epochs"][e]]
         assert sorted(got) == keys, e  # every sample once per epoch across the job

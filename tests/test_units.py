@@ -40,8 +40,10 @@ def test_parse_uri() -> None:
 
 
 def test_group_by_modes() -> None:
-    objs = [ObjectInfo(f"s3://b/{k}", k, 1, "") for k in
-            ("p/0001.jpg", "p/0001.cls", "p/0002.jpg", "p/README", "p/f1/x.txt", "p/f1/sub/y.bin")]
+    objs = [
+        ObjectInfo(f"s3://b/{k}", k, 1, "")
+        for k in ("p/0001.jpg", "p/0001.cls", "p/0002.jpg", "p/README", "p/f1/x.txt", "p/f1/sub/y.bin")
+    ]
     stem = group(objs, "stem", "p/")
     assert [s.key for s in stem] == ["p/0001", "p/0002", "p/f1/sub/y", "p/f1/x"]
     assert [f.name for f in stem[0].fields] == ["cls", "jpg"]
@@ -58,7 +60,13 @@ def test_copy_line_is_one_command_whatever_the_key(key: str) -> None:
     line = copy_line(uri, "/stage/1/data")
     assert line.endswith("\n") and line.count("\n") == 1
     assert shlex.split(line) == ["cp", "--raw", uri, "/stage/1/data"]
-    assert shlex.split(wildcard_line(uri + "*", "/stage/.b1/")) == ["cp", "--exclude", "*..*", uri + "*", "/stage/.b1/"]
+    assert shlex.split(wildcard_line(uri + "*", "/stage/.b1/")) == [
+        "cp",
+        "--exclude",
+        "*..*",
+        uri + "*",
+        "/stage/.b1/",
+    ]
 
 
 def test_copy_line_refuses_line_breaks() -> None:
@@ -79,11 +87,21 @@ def test_field_names_never_leave_the_sample_folder() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(n=st.integers(1, 60), world=st.integers(1, 5), epoch=st.integers(0, 3), drop_last=st.booleans(),
-       shuffle=st.sampled_from([True, False, "block"]), block=st.integers(1, 7))
-def test_every_index_once_across_ranks(n: int, world: int, epoch: int, drop_last: bool, shuffle, block: int) -> None:
+@given(
+    n=st.integers(1, 60),
+    world=st.integers(1, 5),
+    epoch=st.integers(0, 3),
+    drop_last=st.booleans(),
+    shuffle=st.sampled_from([True, False, "block"]),
+    block=st.integers(1, 7),
+)
+def test_every_index_once_across_ranks(
+    n: int, world: int, epoch: int, drop_last: bool, shuffle, block: int
+) -> None:
     units = [list(range(i, min(i + block, n))) for i in range(0, n, block)]
-    parts = [Order(shuffle, 11, world, r, drop_last).indices(n, epoch, units=units, window=5) for r in range(world)]
+    parts = [
+        Order(shuffle, 11, world, r, drop_last).indices(n, epoch, units=units, window=5) for r in range(world)
+    ]
     sizes = {len(p) for p in parts}
     assert len(sizes) == 1  # all ranks yield the same count
     flat = [i for p in parts for i in p]
@@ -91,7 +109,9 @@ def test_every_index_once_across_ranks(n: int, world: int, epoch: int, drop_last
         assert len(set(flat)) == len(flat) == (n // world) * world
     else:
         assert set(flat) == set(range(n)) and len(flat) == -(-n // world) * world
-    assert parts == [Order(shuffle, 11, world, r, drop_last).indices(n, epoch, units=units, window=5) for r in range(world)]
+    assert parts == [
+        Order(shuffle, 11, world, r, drop_last).indices(n, epoch, units=units, window=5) for r in range(world)
+    ]
 
 
 @settings(max_examples=100, deadline=None)
@@ -114,7 +134,7 @@ def fake_s3(tmp_path, monkeypatch: pytest.MonkeyPatch):
     (root / "bkt").mkdir(parents=True)
     wrapper = tmp_path / "s5cmd"
     here = os.path.dirname(os.path.abspath(__file__))
-    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {here}/support/fake_s5cmd.py \"$@\"\n")
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {here}/support/fake_s5cmd.py "$@"\n')
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("S5LOADER_S5CMD", str(wrapper))
     monkeypatch.setenv("FAKE_S3_ROOT", str(root))
@@ -122,9 +142,16 @@ def fake_s3(tmp_path, monkeypatch: pytest.MonkeyPatch):
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(sizes=st.lists(st.integers(1, 3000), min_size=1, max_size=40), spc=st.integers(1, 12),
-       calls_in_flight=st.integers(1, 3), slack=st.integers(0, 4000), shuffle=st.sampled_from([True, False, "block"]))
-def test_budget_never_exceeded_and_each_sample_once(fake_s3, tmp_path, sizes, spc, calls_in_flight, slack, shuffle) -> None:
+@given(
+    sizes=st.lists(st.integers(1, 3000), min_size=1, max_size=40),
+    spc=st.integers(1, 12),
+    calls_in_flight=st.integers(1, 3),
+    slack=st.integers(0, 4000),
+    shuffle=st.sampled_from([True, False, "block"]),
+)
+def test_budget_never_exceeded_and_each_sample_once(
+    fake_s3, tmp_path, sizes, spc, calls_in_flight, slack, shuffle
+) -> None:
     import shutil
 
     shutil.rmtree(fake_s3)
@@ -136,9 +163,18 @@ def test_budget_never_exceeded_and_each_sample_once(fake_s3, tmp_path, sizes, sp
     budget = max(s.size for s in ds.samples) + slack
     root = str(tmp_path / "stage")
     os.makedirs(root, exist_ok=True)
-    with Peak(lambda: staged_bytes(root), interval=0.0005) as peak, S5Sampler(
-        ds, shuffle=shuffle, samples_per_call=spc, calls_in_flight=calls_in_flight, budget=budget, staging_dir=root, block_size=4
-    ) as sampler:
+    with (
+        Peak(lambda: staged_bytes(root), interval=0.0005) as peak,
+        S5Sampler(
+            ds,
+            shuffle=shuffle,
+            samples_per_call=spc,
+            calls_in_flight=calls_in_flight,
+            budget=budget,
+            staging_dir=root,
+            block_size=4,
+        ) as sampler,
+    ):
         got = []
         for idx in sampler:
             s = ds[idx]

@@ -93,7 +93,9 @@ def prices_arg(text: str) -> dict[str, float]:
         kind, sep, value = item.partition("=")
         kind = {k.lower(): k for k in S3_PRICES}.get(kind.strip().lower(), "")
         if not sep or not kind:
-            raise argparse.ArgumentTypeError(f"expected KIND=DOLLARS with KIND one of {', '.join(S3_PRICES)}, got {item!r}")
+            raise argparse.ArgumentTypeError(
+                f"expected KIND=DOLLARS with KIND one of {', '.join(S3_PRICES)}, got {item!r}"
+            )
         try:
             prices[kind] = float(value)
         except ValueError:
@@ -118,65 +120,142 @@ def build_parser() -> argparse.ArgumentParser:
         "a table (samples/s, MB/s, time per 100 steps, waiting, CPU of the whole process tree, "
         "peak memory, ratio to s5loader).",
     )
-    p.add_argument("source", help="s3://bucket/prefix/ holding NNNNNN.image + NNNNNN.label pairs (or any "
-                   "objects grouped by stem)")
-    p.add_argument("--methods", nargs="+", metavar="M",
-                   help=f"methods to run, in order (space or comma separated; default all: {', '.join(METHODS)})")
+    p.add_argument(
+        "source",
+        help="s3://bucket/prefix/ holding NNNNNN.image + NNNNNN.label pairs (or any objects grouped by stem)",
+    )
+    p.add_argument(
+        "--methods",
+        nargs="+",
+        metavar="M",
+        help=f"methods to run, in order (space or comma separated; default all: {', '.join(METHODS)})",
+    )
     p.add_argument("--batch-size", type=positive_int, default=4, help="samples per step (default 4)")
-    p.add_argument("--num-workers", type=non_negative_int, default=4,
-                   help="DataLoader workers of every DataLoader method (default 4)")
+    p.add_argument(
+        "--num-workers",
+        type=non_negative_int,
+        default=4,
+        help="DataLoader workers of every DataLoader method (default 4)",
+    )
     stop = p.add_mutually_exclusive_group()
-    stop.add_argument("--steps", type=positive_int, help="steps per method (default: one pass over the data set)")
+    stop.add_argument(
+        "--steps", type=positive_int, help="steps per method (default: one pass over the data set)"
+    )
     stop.add_argument("--seconds", type=positive_float, help="seconds per method instead of a step count")
-    stop.add_argument("--first-batch", action="store_true",
-                      help="run each method only to its first batch: the time from iter(loader) to it (the "
-                      "sampler's calls sized as for a whole pass, unlike --steps 1)")
-    p.add_argument("--samples-per-call", type=positive_int, default=1000,
-                   help="S5Sampler samples per s5cmd call, also for s5cmd-run (default 1000)")
-    p.add_argument("--calls-in-flight", "--buffers", dest="calls_in_flight", type=positive_int, default=2,
-                   help="S5Sampler calls_in_flight: s5cmd calls running at once (default 2; --buffers is its former name)")
+    stop.add_argument(
+        "--first-batch",
+        action="store_true",
+        help="run each method only to its first batch: the time from iter(loader) to it (the "
+        "sampler's calls sized as for a whole pass, unlike --steps 1)",
+    )
+    p.add_argument(
+        "--samples-per-call",
+        type=positive_int,
+        default=1000,
+        help="S5Sampler samples per s5cmd call, also for s5cmd-run (default 1000)",
+    )
+    p.add_argument(
+        "--calls-in-flight",
+        "--buffers",
+        dest="calls_in_flight",
+        type=positive_int,
+        default=2,
+        help="S5Sampler calls_in_flight: s5cmd calls running at once (default 2; --buffers is its former name)",
+    )
     p.add_argument("--budget", default="2GiB", help="S5Sampler staging budget (default 2GiB)")
-    p.add_argument("--s5cmd-workers", type=positive_int, default=256,
-                   help="S5Sampler s5cmd_workers, s5cmd's --numworkers (default 256)")
+    p.add_argument(
+        "--s5cmd-workers",
+        type=positive_int,
+        default=256,
+        help="S5Sampler s5cmd_workers, s5cmd's --numworkers (default 256)",
+    )
     p.add_argument("--staging-dir", help="S5Sampler staging root (default: /dev/shm when it has room)")
-    p.add_argument("--repeat", type=positive_int, default=1,
-                   help="run the method list this many times, interleaved, and report per method the "
-                   "repeat with the median samples/s (default 1)")
-    p.add_argument("--compute-ms", type=float, default=0.0,
-                   help="simulated training step in ms (default 0: an empty loop)")
+    p.add_argument(
+        "--repeat",
+        type=positive_int,
+        default=1,
+        help="run the method list this many times, interleaved, and report per method the "
+        "repeat with the median samples/s (default 1)",
+    )
+    p.add_argument(
+        "--compute-ms",
+        type=float,
+        default=0.0,
+        help="simulated training step in ms (default 0: an empty loop)",
+    )
     p.add_argument("--seed", type=int, default=0, help="shuffle seed (and --generate's random seed)")
-    p.add_argument("--count-requests", action="store_true",
-                   help="run every method through a request-counting proxy in front of the endpoint (a child "
-                   "process, not counted in the CPU figures) and report S3 requests per sample by kind; needs "
-                   "a plain http:// endpoint")
-    p.add_argument("--delay-ms", type=float, default=None,
-                   help="hold every client-to-server chunk this many ms at that proxy, like a trip to a distant "
-                   "store (implies --count-requests; default 0)")
-    p.add_argument("--prices", type=prices_arg, default=dict(S3_PRICES), metavar="KIND=DOLLARS,...",
-                   help="dollars per 1,000 requests of each kind (GET, HEAD, LIST, other) for the $/M samples "
-                   "column; default AWS S3 Standard list prices: GET=0.0004,HEAD=0.0004,LIST=0.005,other=0.005")
-    p.add_argument("--shards-prefix", help="tar shards for webdataset (default: SOURCE's sibling '<name>-shards/')")
-    p.add_argument("--shard-shuffle", choices=["none", "block", "full"], default="block",
-                   help="how the shard methods shuffle: none (webdataset in shard order; s5loader shuffle=False), "
-                   "block (default: webdataset in shard order; s5loader shuffle=\"block\"), full (webdataset "
-                   "shardshuffle + shuffle(1000); s5loader shuffle=True)")
-    p.add_argument("--json", dest="json_file", metavar="FILE", help="write every figure and the settings as JSON")
-    p.add_argument("--plot", metavar="FILE", help="write a PNG bar chart of samples/s and CPU per method (matplotlib)")
+    p.add_argument(
+        "--count-requests",
+        action="store_true",
+        help="run every method through a request-counting proxy in front of the endpoint (a child "
+        "process, not counted in the CPU figures) and report S3 requests per sample by kind; needs "
+        "a plain http:// endpoint",
+    )
+    p.add_argument(
+        "--delay-ms",
+        type=float,
+        default=None,
+        help="hold every client-to-server chunk this many ms at that proxy, like a trip to a distant "
+        "store (implies --count-requests; default 0)",
+    )
+    p.add_argument(
+        "--prices",
+        type=prices_arg,
+        default=dict(S3_PRICES),
+        metavar="KIND=DOLLARS,...",
+        help="dollars per 1,000 requests of each kind (GET, HEAD, LIST, other) for the $/M samples "
+        "column; default AWS S3 Standard list prices: GET=0.0004,HEAD=0.0004,LIST=0.005,other=0.005",
+    )
+    p.add_argument(
+        "--shards-prefix", help="tar shards for webdataset (default: SOURCE's sibling '<name>-shards/')"
+    )
+    p.add_argument(
+        "--shard-shuffle",
+        choices=["none", "block", "full"],
+        default="block",
+        help="how the shard methods shuffle: none (webdataset in shard order; s5loader shuffle=False), "
+        'block (default: webdataset in shard order; s5loader shuffle="block"), full (webdataset '
+        "shardshuffle + shuffle(1000); s5loader shuffle=True)",
+    )
+    p.add_argument(
+        "--json", dest="json_file", metavar="FILE", help="write every figure and the settings as JSON"
+    )
+    p.add_argument(
+        "--plot", metavar="FILE", help="write a PNG bar chart of samples/s and CPU per method (matplotlib)"
+    )
     p.add_argument("--markdown", metavar="FILE", help="also write the table as Markdown (every column)")
-    p.add_argument("--wide", action="store_true",
-                   help="print every column (time per 100 steps, waiting, CPU split, requests by kind, peak "
-                   "memory, ...) instead of the compact table; --json and --markdown always have them all")
+    p.add_argument(
+        "--wide",
+        action="store_true",
+        help="print every column (time per 100 steps, waiting, CPU split, requests by kind, peak "
+        "memory, ...) instead of the compact table; --json and --markdown always have them all",
+    )
     Access.add_arguments(p)  # --endpoint-url, --region, --no-sign-request, --profile, ...
     gen = p.add_argument_group("generating a toy data set")
-    gen.add_argument("--generate", type=positive_int, metavar="N",
-                     help="write N samples (NNNNNN.image + NNNNNN.label) under SOURCE and tar shards of "
-                     "them under --shards-prefix, then exit")
-    gen.add_argument("--sample-size", type=size_arg, default=100_000, help="bytes of each .image (default 100KB)")
-    gen.add_argument("--label-size", type=size_arg, default=None,
-                     help="bytes of each .label (default: the class number as text, a few bytes)")
-    gen.add_argument("--no-label", action="store_true",
-                     help="one object per sample: write NNNNNN.image alone (and shards of it), no .label")
-    gen.add_argument("--shard-samples", type=positive_int, default=100, help="samples per tar shard (default 100)")
+    gen.add_argument(
+        "--generate",
+        type=positive_int,
+        metavar="N",
+        help="write N samples (NNNNNN.image + NNNNNN.label) under SOURCE and tar shards of "
+        "them under --shards-prefix, then exit",
+    )
+    gen.add_argument(
+        "--sample-size", type=size_arg, default=100_000, help="bytes of each .image (default 100KB)"
+    )
+    gen.add_argument(
+        "--label-size",
+        type=size_arg,
+        default=None,
+        help="bytes of each .label (default: the class number as text, a few bytes)",
+    )
+    gen.add_argument(
+        "--no-label",
+        action="store_true",
+        help="one object per sample: write NNNNNN.image alone (and shards of it), no .label",
+    )
+    gen.add_argument(
+        "--shard-samples", type=positive_int, default=100, help="samples per tar shard (default 100)"
+    )
     return p
 
 
@@ -186,7 +265,9 @@ def _methods(parser: argparse.ArgumentParser, given: list[str] | None) -> list[s
     names = [m.strip() for g in given for m in g.split(",") if m.strip()]
     unknown = [m for m in names if m not in METHODS]
     if unknown:
-        parser.error(f"--methods: unknown method {', '.join(map(repr, unknown))} (choose from {', '.join(METHODS)})")
+        parser.error(
+            f"--methods: unknown method {', '.join(map(repr, unknown))} (choose from {', '.join(METHODS)})"
+        )
     if not names:
         parser.error("--methods: no method given")
     return list(dict.fromkeys(names))
@@ -210,10 +291,15 @@ def _s5cmd_env() -> dict[str, str]:
 
 def upload(local_glob: str, dest: str, endpoint: str | None, progress: Progress) -> None:
     """``s5cmd cp LOCAL_GLOB DEST`` (in parallel), counting its JSON lines into ``progress``."""
-    argv = [find_s5cmd(), "--json"] + (["--endpoint-url", endpoint] if endpoint else []) + [
-        "--numworkers", "64", "cp", local_glob, dest]
+    argv = (
+        [find_s5cmd(), "--json"]
+        + (["--endpoint-url", endpoint] if endpoint else [])
+        + ["--numworkers", "64", "cp", local_glob, dest]
+    )
     with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, env=_s5cmd_env())
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, env=_s5cmd_env()
+        )
         assert proc.stdout is not None
         for raw in proc.stdout:
             if b'"success":true' in raw.replace(b" ", b""):
@@ -226,9 +312,18 @@ def upload(local_glob: str, dest: str, endpoint: str | None, progress: Progress)
             raise RuntimeError(f"{shlex.join(argv)} exited with code {rc}: {tail}")
 
 
-def generate(source: str, n: int, *, sample_size: int = 100_000, label_size: int | None = None,
-             shard_samples: int = 100, shards: str | None = None, endpoint: str | None = None,
-             seed: int = 0, labels: bool = True) -> tuple[int, int]:
+def generate(
+    source: str,
+    n: int,
+    *,
+    sample_size: int = 100_000,
+    label_size: int | None = None,
+    shard_samples: int = 100,
+    shards: str | None = None,
+    endpoint: str | None = None,
+    seed: int = 0,
+    labels: bool = True,
+) -> tuple[int, int]:
     """Write ``n`` image + label pairs (``labels=False``: images alone) under ``source`` and tar
     shards of them under ``shards``, with the shards' wids index (``s5loader index-shards``).
 
@@ -247,7 +342,7 @@ def generate(source: str, n: int, *, sample_size: int = 100_000, label_size: int
         for i in range(n):
             key = f"{i:0{width}d}"
             image = rng.randbytes(sample_size)
-            label = (f"{i % 1000}".encode().ljust(label_size, b" ") if label_size else f"{i % 1000}".encode())
+            label = f"{i % 1000}".encode().ljust(label_size, b" ") if label_size else f"{i % 1000}".encode()
             fields = (("image", image), ("label", label)) if labels else (("image", image),)
             for name, data in fields:
                 with open(os.path.join(sdir, f"{key}.{name}"), "wb") as f:
@@ -272,8 +367,15 @@ def generate(source: str, n: int, *, sample_size: int = 100_000, label_size: int
         progress.close()
     # the shards' wids index, as a user would build it, so no measured run builds it (replacing
     # the index of shards generated there before)
-    argv = [sys.executable, "-m", "s5loader", "index-shards", shards, "--force",
-            *(["--endpoint-url", endpoint] if endpoint else [])]
+    argv = [
+        sys.executable,
+        "-m",
+        "s5loader",
+        "index-shards",
+        shards,
+        "--force",
+        *(["--endpoint-url", endpoint] if endpoint else []),
+    ]
     proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"{shlex.join(argv)} exited with code {proc.returncode}: {proc.stderr[-2000:]}")
@@ -285,10 +387,29 @@ def _fmt(v: float | None, spec: str = ".3g") -> str:
     return "-" if v is None else format(v, spec)
 
 
-COLUMNS = ("method", "samples/s", "MB/s", "first batch s", "s/100 steps (mean)", "s/100 steps (var, s²)",
-           "waited", "CPU (cores)", "CPU s/1k samples", "s5cmd", "main", "workers", "requests/sample",
-           "GET/HEAD/LIST/other per sample", "$/M samples", "new conns/request", "most conns open",
-           "blocks/256 samples", "peak mem MB", "vs s5loader", "note")
+COLUMNS = (
+    "method",
+    "samples/s",
+    "MB/s",
+    "first batch s",
+    "s/100 steps (mean)",
+    "s/100 steps (var, s²)",
+    "waited",
+    "CPU (cores)",
+    "CPU s/1k samples",
+    "s5cmd",
+    "main",
+    "workers",
+    "requests/sample",
+    "GET/HEAD/LIST/other per sample",
+    "$/M samples",
+    "new conns/request",
+    "most conns open",
+    "blocks/256 samples",
+    "peak mem MB",
+    "vs s5loader",
+    "note",
+)
 # the CPU split columns: CPU s per 1,000 samples of each kind of process (see monitor.CpuSplit)
 SPLIT_COLUMNS = ("s5cmd", "main", "workers")
 # the terminal's default table: what a user reads first (every column: --wide, --markdown, --json);
@@ -298,7 +419,9 @@ COMPACT_WIDTH = 100  # the notes under the compact table are wrapped to this wid
 
 
 def _split(f: Figures, kind: str) -> str:
-    return _fmt((f.cpu_split_s_per_1k_samples or {}).get(kind), ".2f") if f.cpu_split_s_per_1k_samples else "-"
+    return (
+        _fmt((f.cpu_split_s_per_1k_samples or {}).get(kind), ".2f") if f.cpu_split_s_per_1k_samples else "-"
+    )
 
 
 def _by_kind(f: Figures) -> str:
@@ -320,8 +443,11 @@ def _notes(f: Figures) -> list[str]:
     if unattributed >= 0.005:
         out.append(f"{unattributed:.2f} CPU s/1k samples not attributed to a process")
     if f.repeats_samples_per_s and len(f.repeats_samples_per_s) > 1:
-        out.append(f"median of {len(f.repeats_samples_per_s)} repeats: "
-                   + "/".join(f"{v:.0f}" for v in f.repeats_samples_per_s) + " samples/s")
+        out.append(
+            f"median of {len(f.repeats_samples_per_s)} repeats: "
+            + "/".join(f"{v:.0f}" for v in f.repeats_samples_per_s)
+            + " samples/s"
+        )
     return out
 
 
@@ -332,17 +458,29 @@ def table_rows(results: list[Figures]) -> list[list[str]]:
         if f.status != "ok":
             rows.append([f.method] + ["-"] * (len(COLUMNS) - 2) + [f"{f.status}: {f.note}"])
             continue
-        rows.append([
-            f.method, _fmt(f.samples_per_s, ".1f"), _fmt(f.mb_per_s, ".1f"), _fmt(f.first_batch_s, ".2f"),
-            _fmt(f.step100_mean_s, ".3f"),
-            _fmt(f.step100_var_s2, ".2g"), "-" if f.wait_fraction is None else f"{f.wait_fraction:.0%}",
-            _fmt(f.cpu_util, ".2f"), _fmt(f.cpu_s_per_1k_samples, ".2f"),
-            *(_split(f, k) for k in SPLIT_COLUMNS),
-            _fmt(f.requests_per_sample, ".2f"), _by_kind(f), _fmt(f.dollars_per_million_samples, ".2f"),
-            _fmt(f.connections_per_request, ".3f"), _fmt(f.peak_open_connections, "d"), _fmt(f.blocks_per_256, ".1f"),
-            _fmt(f.peak_mem_mb, ".0f"),
-            _ratio(f), "; ".join([f"{f.samples} samples in {f.seconds:.1f}s", *_notes(f)]),
-        ])
+        rows.append(
+            [
+                f.method,
+                _fmt(f.samples_per_s, ".1f"),
+                _fmt(f.mb_per_s, ".1f"),
+                _fmt(f.first_batch_s, ".2f"),
+                _fmt(f.step100_mean_s, ".3f"),
+                _fmt(f.step100_var_s2, ".2g"),
+                "-" if f.wait_fraction is None else f"{f.wait_fraction:.0%}",
+                _fmt(f.cpu_util, ".2f"),
+                _fmt(f.cpu_s_per_1k_samples, ".2f"),
+                *(_split(f, k) for k in SPLIT_COLUMNS),
+                _fmt(f.requests_per_sample, ".2f"),
+                _by_kind(f),
+                _fmt(f.dollars_per_million_samples, ".2f"),
+                _fmt(f.connections_per_request, ".3f"),
+                _fmt(f.peak_open_connections, "d"),
+                _fmt(f.blocks_per_256, ".1f"),
+                _fmt(f.peak_mem_mb, ".0f"),
+                _ratio(f),
+                "; ".join([f"{f.samples} samples in {f.seconds:.1f}s", *_notes(f)]),
+            ]
+        )
     return rows
 
 
@@ -359,23 +497,42 @@ def compact_table(results: list[Figures]) -> str:
             rows.append([f.method, f.status] + ["-"] * (len(header) - 2))
             notes.append(f"{f.method}: {f.status}: {f.note}")
             continue
-        rows.append([f.method, _fmt(f.samples_per_s, ".1f"), _fmt(f.mb_per_s, ".1f"), _fmt(f.first_batch_s, ".2f"),
-                     _ratio(f),
-                     _fmt(f.cpu_s_per_1k_samples, ".2f")]
-                    + ([_fmt(f.dollars_per_million_samples, ".2f")] if counted else []))
+        rows.append(
+            [
+                f.method,
+                _fmt(f.samples_per_s, ".1f"),
+                _fmt(f.mb_per_s, ".1f"),
+                _fmt(f.first_batch_s, ".2f"),
+                _ratio(f),
+                _fmt(f.cpu_s_per_1k_samples, ".2f"),
+            ]
+            + ([_fmt(f.dollars_per_million_samples, ".2f")] if counted else [])
+        )
         notes += [f"{f.method}: {f.note}"] if f.note else []
     repeats = {len(f.repeats_samples_per_s) for f in results if f.repeats_samples_per_s}
     if max(repeats, default=1) > 1:
         notes.append(f"samples/s: the median of {max(repeats)} repeats (each repeat's: --wide or --json)")
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    out = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
-           for r in rows]
+    out = [
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in rows
+    ]
     if notes:
         out.append("notes:")
         for n in notes:
-            out += textwrap.wrap(n, COMPACT_WIDTH, initial_indent="  ", subsequent_indent="    ",
-                                 break_long_words=False, break_on_hyphens=False)
-    out.append("(every column - time per 100 steps, waiting, CPU split, memory...: --wide, --markdown, --json)")
+            out += textwrap.wrap(
+                n,
+                COMPACT_WIDTH,
+                initial_indent="  ",
+                subsequent_indent="    ",
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+    out.append(
+        "(every column - time per 100 steps, waiting, CPU split, memory...: --wide, --markdown, --json)"
+    )
     return "\n".join(out)
 
 
@@ -386,17 +543,24 @@ def format_table(results: list[Figures], markdown: bool = False, wide: bool = Fa
         return compact_table(results)
     rows = [list(COLUMNS)] + table_rows(results)
     if markdown:
+
         def esc(c: str) -> str:
             return c.replace("|", "\\|")
 
-        lines = ["| " + " | ".join(esc(c) for c in rows[0]) + " |",
-                 "|" + "|".join("---" if i in (0, len(COLUMNS) - 1) else "---:" for i in range(len(COLUMNS))) + "|"]
+        lines = [
+            "| " + " | ".join(esc(c) for c in rows[0]) + " |",
+            "|"
+            + "|".join("---" if i in (0, len(COLUMNS) - 1) else "---:" for i in range(len(COLUMNS)))
+            + "|",
+        ]
         lines += ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows[1:]]
         return "\n".join(lines)
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS) - 1)]
     out = []
     for r in rows:
-        cells = [c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r[:-1], widths, strict=True))]
+        cells = [
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r[:-1], widths, strict=True))
+        ]
         out.append("  ".join(cells) + "  " + r[-1])
     return "\n".join(out)
 
@@ -417,7 +581,9 @@ def machine_info() -> dict[str, Any]:
     except OSError:
         pass
     try:
-        s5 = subprocess.run([find_s5cmd(), "version"], capture_output=True, text=True, timeout=10, check=False).stdout.strip()
+        s5 = subprocess.run(
+            [find_s5cmd(), "version"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout.strip()
     except Exception:  # noqa: BLE001 - informational only
         s5 = None
     return {
@@ -426,9 +592,14 @@ def machine_info() -> dict[str, Any]:
         "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
-        "versions": {"s5loader": _version("s5loader"), "s5cmd": s5, "torch": _version("torch"),
-                     "boto3": _version("boto3"), "s3torchconnector": _version("s3torchconnector"),
-                     "webdataset": _version("webdataset")},
+        "versions": {
+            "s5loader": _version("s5loader"),
+            "s5cmd": s5,
+            "torch": _version("torch"),
+            "boto3": _version("boto3"),
+            "s3torchconnector": _version("s3torchconnector"),
+            "webdataset": _version("webdataset"),
+        },
     }
 
 
@@ -474,7 +645,9 @@ def _median_run(runs: list[Figures], first_batch: bool = False) -> Figures:
         if len(runs) > 1 and bad.status == "failed":
             bad.note = f"in repeat {runs.index(bad) + 1} of {len(runs)}: {bad.note}"
         return bad
-    ranked = sorted(runs, key=(lambda f: -(f.first_batch_s or 0.0)) if first_batch else (lambda f: f.samples_per_s or 0.0))
+    ranked = sorted(
+        runs, key=(lambda f: -(f.first_batch_s or 0.0)) if first_batch else (lambda f: f.samples_per_s or 0.0)
+    )
     chosen = ranked[(len(ranked) - 1) // 2]
     chosen.repeats_samples_per_s = [f.samples_per_s or 0.0 for f in runs]
     return chosen
@@ -488,10 +661,19 @@ def run(settings: Settings, methods: list[str], repeat: int = 1, echo: bool = Tr
         if not settings.endpoint_url:
             raise ConfigError("counting requests needs an http:// endpoint (--endpoint-url)")
         with ProxyProcess(settings.endpoint_url, settings.delay_ms) as proxy:
-            ctx = Context(settings, dataset, find_s5cmd(), proxy.endpoint, _tmp_root(),
-                          proxy_stats=proxy.stats, exclude_pids=(proxy.pid,))
+            ctx = Context(
+                settings,
+                dataset,
+                find_s5cmd(),
+                proxy.endpoint,
+                _tmp_root(),
+                proxy_stats=proxy.stats,
+                exclude_pids=(proxy.pid,),
+            )
             return _run(ctx, methods, repeat, echo)
-    return _run(Context(settings, dataset, find_s5cmd(), settings.endpoint_url, _tmp_root()), methods, repeat, echo)
+    return _run(
+        Context(settings, dataset, find_s5cmd(), settings.endpoint_url, _tmp_root()), methods, repeat, echo
+    )
 
 
 def _run(ctx: Context, methods: list[str], repeat: int, echo: bool) -> list[Figures]:
@@ -505,10 +687,12 @@ def _run(ctx: Context, methods: list[str], repeat: int, echo: bool) -> list[Figu
                 print(f"s5loader bench: {tag} ...", file=sys.stderr, flush=True)
             f = measure(m, ctx)
             if echo:
-                what = (f"{f.samples_per_s:.1f} samples/s, {f.cpu_s_per_1k_samples:.2f} CPU s/1k samples"
-                        + (f" ({f.note})" if f.note else "")
-                        if f.status == "ok" and f.samples_per_s and f.cpu_s_per_1k_samples is not None
-                        else f"{f.status}: {f.note}")
+                what = (
+                    f"{f.samples_per_s:.1f} samples/s, {f.cpu_s_per_1k_samples:.2f} CPU s/1k samples"
+                    + (f" ({f.note})" if f.note else "")
+                    if f.status == "ok" and f.samples_per_s and f.cpu_s_per_1k_samples is not None
+                    else f"{f.status}: {f.note}"
+                )
                 print(f"s5loader bench: {tag}: {what}", file=sys.stderr, flush=True)
             runs[m].append(f)
     results = [_median_run(runs[m], ctx.settings.first_batch) for m in methods]
@@ -535,8 +719,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--delay-ms must be 0 or more, got {args.delay_ms}")
         count = args.count_requests or args.delay_ms is not None
         if count and args.generate is None and not (_endpoint(args.endpoint_url) or "").startswith("http://"):
-            parser.error("--count-requests and --delay-ms need a plain http:// endpoint (--endpoint-url or "
-                         "AWS_ENDPOINT_URL...): the proxy reads each request, which TLS would hide")
+            parser.error(
+                "--count-requests and --delay-ms need a plain http:// endpoint (--endpoint-url or "
+                "AWS_ENDPOINT_URL...): the proxy reads each request, which TLS would hide"
+            )
         methods = _methods(parser, args.methods)
         try:
             access = Access.from_args(args)
@@ -559,20 +745,44 @@ def main(argv: list[str] | None = None) -> int:
     shards = args.shards_prefix or shards_prefix(args.source)
     if args.generate is not None:
         t0 = time.monotonic()
-        count, nbytes = generate(args.source, args.generate, sample_size=args.sample_size,
-                                 label_size=args.label_size, shard_samples=args.shard_samples,
-                                 shards=shards, endpoint=endpoint, seed=args.seed, labels=not args.no_label)
-        print(f"wrote {args.generate} samples ({count} objects with the shards, {nbytes / 1e6:.1f} MB of samples) "
-              f"under {args.source} and {shards} in {time.monotonic() - t0:.1f}s")
+        count, nbytes = generate(
+            args.source,
+            args.generate,
+            sample_size=args.sample_size,
+            label_size=args.label_size,
+            shard_samples=args.shard_samples,
+            shards=shards,
+            endpoint=endpoint,
+            seed=args.seed,
+            labels=not args.no_label,
+        )
+        print(
+            f"wrote {args.generate} samples ({count} objects with the shards, {nbytes / 1e6:.1f} MB of samples) "
+            f"under {args.source} and {shards} in {time.monotonic() - t0:.1f}s"
+        )
         return EXIT_OK
     settings = Settings(
-        source=args.source, endpoint_url=endpoint, batch_size=args.batch_size, num_workers=args.num_workers,
-        steps=args.steps, seconds=args.seconds, samples_per_call=args.samples_per_call, calls_in_flight=args.calls_in_flight,
-        budget=args.budget, staging_dir=args.staging_dir, shards_prefix=shards, shard_shuffle=args.shard_shuffle,
+        source=args.source,
+        endpoint_url=endpoint,
+        batch_size=args.batch_size,
+        num_workers=args.num_workers,
+        steps=args.steps,
+        seconds=args.seconds,
+        samples_per_call=args.samples_per_call,
+        calls_in_flight=args.calls_in_flight,
+        budget=args.budget,
+        staging_dir=args.staging_dir,
+        shards_prefix=shards,
+        shard_shuffle=args.shard_shuffle,
         compute_ms=args.compute_ms,
-        seed=args.seed, region=args.region or os.environ.get("AWS_REGION") or "us-east-1",
-        count_requests=count, delay_ms=args.delay_ms or 0.0, access=access, prices=args.prices,
-        first_batch=args.first_batch, s5cmd_workers=args.s5cmd_workers,
+        seed=args.seed,
+        region=args.region or os.environ.get("AWS_REGION") or "us-east-1",
+        count_requests=count,
+        delay_ms=args.delay_ms or 0.0,
+        access=access,
+        prices=args.prices,
+        first_batch=args.first_batch,
+        s5cmd_workers=args.s5cmd_workers,
     )
     started = datetime.datetime.now(datetime.timezone.utc)
     with warnings.catch_warnings():
@@ -585,10 +795,17 @@ def main(argv: list[str] | None = None) -> int:
         "version": 1,
         "started": started.isoformat(timespec="seconds"),
         "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "settings": {**dataclasses.asdict(settings), "methods": methods, "repeat": args.repeat,
-                     # --steps N: calls no larger than the N steps need (s5loader, s5cmd-run)
-                     "samples_per_call_used": (min(settings.samples_per_call, settings.steps * settings.batch_size)
-                                               if settings.steps else settings.samples_per_call)},
+        "settings": {
+            **dataclasses.asdict(settings),
+            "methods": methods,
+            "repeat": args.repeat,
+            # --steps N: calls no larger than the N steps need (s5loader, s5cmd-run)
+            "samples_per_call_used": (
+                min(settings.samples_per_call, settings.steps * settings.batch_size)
+                if settings.steps
+                else settings.samples_per_call
+            ),
+        },
         "machine": machine,
         "results": [dataclasses.asdict(f) for f in results],
     }
@@ -600,9 +817,23 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.markdown, "w") as fh:
             fh.write(format_table(results, markdown=True) + "\n")
     if args.plot:
-        write_plot(args.plot, results, title=f"{settings.source} - batch {settings.batch_size}, "
-                   f"{settings.num_workers} workers, {machine['logical_cpus']} CPUs")
+        write_plot(
+            args.plot,
+            results,
+            title=f"{settings.source} - batch {settings.batch_size}, "
+            f"{settings.num_workers} workers, {machine['logical_cpus']} CPUs",
+        )
     return EXIT_FAILED if any(f.status == "failed" for f in results) else EXIT_OK
 
 
-__all__ = ["main", "generate", "run", "Settings", "Figures", "METHODS", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE"]
+__all__ = [
+    "main",
+    "generate",
+    "run",
+    "Settings",
+    "Figures",
+    "METHODS",
+    "EXIT_OK",
+    "EXIT_FAILED",
+    "EXIT_USAGE",
+]

@@ -35,8 +35,16 @@ from s5loader import Access, S5Dataset, S5IterableDataset, S5Sampler, ShardIndex
 from .monitor import TreeMonitor
 
 METHODS = (
-    "s5loader", "s5loader-block", "s5loader-sorted", "boto3", "s5cmd-run", "s5cmd-bulk", "s3torchconnector",
-    "webdataset", "s5loader-shards", "s5loader-iterable",
+    "s5loader",
+    "s5loader-block",
+    "s5loader-sorted",
+    "boto3",
+    "s5cmd-run",
+    "s5cmd-bulk",
+    "s3torchconnector",
+    "webdataset",
+    "s5loader-shards",
+    "s5loader-iterable",
 )
 PEERS = ("s3torchconnector", "webdataset")  # optional packages: skipped with a note when absent
 INSTALL_HINT = "pip install 's5loader[bench]'"
@@ -94,8 +102,15 @@ class Settings:
     def plain_access(self) -> bool:
         """Whether the access settings are only an endpoint and a region, which every peer takes."""
         a = self.access or Access()
-        return not (a.anonymous or a.profile or a.credentials_file or a.requester_pays or not a.verify_ssl
-                    or a.list_objects_v1 or a.addressing_style != "auto")
+        return not (
+            a.anonymous
+            or a.profile
+            or a.credentials_file
+            or a.requester_pays
+            or not a.verify_ssl
+            or a.list_objects_v1
+            or a.addressing_style != "auto"
+        )
 
 
 @dataclass
@@ -199,14 +214,17 @@ class Recorder:
         fig.first_batch_s = self.first_batch_s if self.first_batch_s is not None else self.step_at[0]
         fig.samples_per_s = self.samples / end if end > 0 else None
         fig.mb_per_s = self.bytes / 1e6 / end if end > 0 else None
-        windows = [self.step_at[k + 99] - (self.step_at[k - 1] if k else 0.0)
-                   for k in range(0, len(self.step_at) - 99, 100)]
+        windows = [
+            self.step_at[k + 99] - (self.step_at[k - 1] if k else 0.0)
+            for k in range(0, len(self.step_at) - 99, 100)
+        ]
         if windows:
             fig.step100_s = [round(w, 4) for w in windows]
             mean = sum(windows) / len(windows)
             fig.step100_mean_s = mean
-            fig.step100_var_s2 = (sum((w - mean) ** 2 for w in windows) / (len(windows) - 1)
-                                  if len(windows) > 1 else None)
+            fig.step100_var_s2 = (
+                sum((w - mean) ** 2 for w in windows) / (len(windows) - 1) if len(windows) > 1 else None
+            )
         fig.wait_fraction = self.wait_s / end if self.wait_s is not None and end > 0 else None
         if self.quality is not None:
             fig.blocks_per_256, fig.displacement = self.quality
@@ -248,8 +266,12 @@ def drive(make_loader: Callable[[int], Iterable[list[Any]]], rec: Recorder, comp
                 break
             if rec.first_batch_s is None:
                 rec.first_batch_s = time.perf_counter() - started
-            rec.step(len(batch), sum(_sample_bytes(s) for s in batch), time.perf_counter() - t,
-                     sum(_sample_objects(s) for s in batch))
+            rec.step(
+                len(batch),
+                sum(_sample_bytes(s) for s in batch),
+                time.perf_counter() - t,
+                sum(_sample_objects(s) for s in batch),
+            )
             got += 1
             if rec.done():
                 break
@@ -311,9 +333,13 @@ class Context:
         """A DataLoader of the settings' batch size and workers (``num_workers``: instead of
         the settings' workers)."""
         s = self.settings
-        return DataLoader(dataset, batch_size=s.batch_size,
-                          num_workers=s.num_workers if num_workers is None else num_workers,
-                          collate_fn=collate_list, **kw)
+        return DataLoader(
+            dataset,
+            batch_size=s.batch_size,
+            num_workers=s.num_workers if num_workers is None else num_workers,
+            collate_fn=collate_list,
+            **kw,
+        )
 
 
 def run_s5loader(ctx: Context, shuffle: bool | str = True, dataset: S5Dataset | None = None) -> Recorder:
@@ -321,9 +347,16 @@ def run_s5loader(ctx: Context, shuffle: bool | str = True, dataset: S5Dataset | 
     ``s5loader-sorted``: ``shuffle=False``; ``s5loader-shards``: over the tar shards)."""
     s = ctx.settings
     ds = dataset if dataset is not None else S5Dataset.from_prefix(s.source, access=ctx.access)
-    sampler = S5Sampler(ds, shuffle=shuffle, seed=s.seed, samples_per_call=ctx.samples_per_call,
-                        calls_in_flight=s.calls_in_flight, budget=s.budget, staging_dir=s.staging_dir,
-                        s5cmd_workers=s.s5cmd_workers)
+    sampler = S5Sampler(
+        ds,
+        shuffle=shuffle,
+        seed=s.seed,
+        samples_per_call=ctx.samples_per_call,
+        calls_in_flight=s.calls_in_flight,
+        budget=s.budget,
+        staging_dir=s.staging_dir,
+        s5cmd_workers=s.s5cmd_workers,
+    )
     try:
         loader = ctx.loader(ds, sampler=sampler)
         rec = ctx.recorder()
@@ -369,7 +402,7 @@ class Boto3Dataset(Dataset[dict[str, Any]]):
 
 
 def _split_uri(uri: str) -> tuple[str, str]:
-    bucket, _, key = uri[len("s3://"):].partition("/")
+    bucket, _, key = uri[len("s3://") :].partition("/")
     return bucket, key
 
 
@@ -441,15 +474,17 @@ class _Completions:
                 self.in_step = [0, 0, 0]
 
 
-def _run_s5cmd(argv: list[str], on_line: Callable[[dict[str, Any]], None], stop: threading.Event,
-               rec: Recorder) -> list[str]:
+def _run_s5cmd(
+    argv: list[str], on_line: Callable[[dict[str, Any]], None], stop: threading.Event, rec: Recorder
+) -> list[str]:
     """Run one s5cmd, feed its JSON lines to ``on_line``; kill it once ``rec`` is done or
     ``stop`` is set. Returns the destinations it wrote. Raises on a failure it was not told
     to cause."""
     dests: list[str] = []
     with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                                env=_s5cmd_env())
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, env=_s5cmd_env()
+        )
         killed = False
         assert proc.stdout is not None
         try:
@@ -496,8 +531,15 @@ def run_s5cmd_run(ctx: Context) -> Recorder:
     does) into tmpfs with no Python reading the files; each call's files are deleted after it."""
     s = ctx.settings
     spc = ctx.samples_per_call
-    sampler = S5Sampler(ctx.dataset, shuffle=True, seed=s.seed, samples_per_call=spc,
-                        calls_in_flight=s.calls_in_flight, budget=s.budget, staging_dir=s.staging_dir)
+    sampler = S5Sampler(
+        ctx.dataset,
+        shuffle=True,
+        seed=s.seed,
+        samples_per_call=spc,
+        calls_in_flight=s.calls_in_flight,
+        budget=s.budget,
+        staging_dir=s.staging_dir,
+    )
     root = tempfile.mkdtemp(prefix="s5cmd-run-", dir=ctx.tmp_root)
     try:
         plan: list[tuple[int, str]] = []
@@ -583,10 +625,14 @@ def bulk_lines(ctx: Context, count: int, dest: str) -> list[str]:
     keys = [_split_uri(f.uri)[1] for x in ctx.dataset.samples for f in x.fields]
     needed = {_split_uri(f.uri)[1] for x in ctx.dataset.samples[:count] for f in x.fields}
     prefixes, singles = wildcard_cover(keys, needed, base)
-    lines = [f"cp {shlex.quote(f's3://{bucket}/{p}*')} {shlex.quote(os.path.join(dest, str(n)) + '/')}"
-             for n, p in enumerate(prefixes)]
-    lines += [f"cp --raw {shlex.quote(f's3://{bucket}/{k}')} {shlex.quote(os.path.join(dest, 'raw', str(n)) + '/')}"
-              for n, k in enumerate(singles)]
+    lines = [
+        f"cp {shlex.quote(f's3://{bucket}/{p}*')} {shlex.quote(os.path.join(dest, str(n)) + '/')}"
+        for n, p in enumerate(prefixes)
+    ]
+    lines += [
+        f"cp --raw {shlex.quote(f's3://{bucket}/{k}')} {shlex.quote(os.path.join(dest, 'raw', str(n)) + '/')}"
+        for n, k in enumerate(singles)
+    ]
     return lines
 
 
@@ -660,21 +706,32 @@ def run_s3torchconnector(ctx: Context) -> Recorder:
     s = ctx.settings
     stc = import_peer("s3torchconnector")
     if not s.plain_access:
-        raise SkipMethod("s3torchconnector is not given the access options (--no-sign-request, --profile, ...); "
-                         "run it without them to compare")
+        raise SkipMethod(
+            "s3torchconnector is not given the access options (--no-sign-request, --profile, ...); "
+            "run it without them to compare"
+        )
     config = stc.S3ClientConfig(force_path_style=True) if ctx.endpoint else None
     try:
-        inner = stc.S3MapDataset.from_prefix(s.source, region=s.region, endpoint=ctx.endpoint,
-                                             transform=_reader_key_bytes, s3client_config=config)
+        inner = stc.S3MapDataset.from_prefix(
+            s.source,
+            region=s.region,
+            endpoint=ctx.endpoint,
+            transform=_reader_key_bytes,
+            s3client_config=config,
+        )
         n = len(inner)  # lists the prefix
     except Exception as exc:  # noqa: BLE001 - any failure means: does not work against this endpoint
-        raise SkipMethod(f"s3torchconnector cannot list {s.source} at {ctx.endpoint or 'AWS'}: {exc}") from exc
+        raise SkipMethod(
+            f"s3torchconnector cannot list {s.source} at {ctx.endpoint or 'AWS'}: {exc}"
+        ) from exc
     all_keys = sorted(_split_uri(f.uri)[1] for x in ctx.dataset.samples for f in x.fields)
     if n != len(all_keys):
         raise RuntimeError(f"S3MapDataset lists {n} objects under {s.source}; the index has {len(all_keys)}")
     pos = {k: j for j, k in enumerate(all_keys)}  # S3 lists in key order
-    groups = [(x.key, [(f.name, pos[_split_uri(f.uri)[1]], _split_uri(f.uri)[1]) for f in x.fields])
-              for x in ctx.dataset.samples]
+    groups = [
+        (x.key, [(f.name, pos[_split_uri(f.uri)[1]], _split_uri(f.uri)[1]) for f in x.fields])
+        for x in ctx.dataset.samples
+    ]
     ds = ConnectorSamples(inner, groups)
     try:
         ds[0]
@@ -701,10 +758,12 @@ def no_shards_note(prefix: str, source: str) -> str:
     """The skip note of the shard methods when ``prefix`` holds no tar shards: first how to point
     them at existing shards, then how to write a synthetic data set with shards instead."""
     default = " (the default: SOURCE's sibling '<name>-shards/')" if prefix == shards_prefix(source) else ""
-    return (f"no tar shards under {prefix}{default}; point --shards-prefix at the s3:// prefix of your tar "
-            "shards of these samples, or write a synthetic data set with shards by "
-            "s5loader bench --generate N SOURCE (it writes N made-up samples under SOURCE and their "
-            "shards under --shards-prefix)")
+    return (
+        f"no tar shards under {prefix}{default}; point --shards-prefix at the s3:// prefix of your tar "
+        "shards of these samples, or write a synthetic data set with shards by "
+        "s5loader bench --generate N SOURCE (it writes N made-up samples under SOURCE and their "
+        "shards under --shards-prefix)"
+    )
 
 
 def list_uris(ctx: Context, prefix: str) -> list[str]:
@@ -740,14 +799,18 @@ def run_webdataset(ctx: Context) -> Recorder:
     os.environ.setdefault("AWS_REGION", "us-east-1")  # the pipe's s5cmd inherits it
     rec = ctx.recorder()
     if workers < s.num_workers:
-        rec.note = (f"{len(shards)} shard{'s' if len(shards) != 1 else ''}, ran with {workers} "
-                    f"worker{'s' if workers != 1 else ''} instead of {s.num_workers}")
+        rec.note = (
+            f"{len(shards)} shard{'s' if len(shards) != 1 else ''}, ran with {workers} "
+            f"worker{'s' if workers != 1 else ''} instead of {s.num_workers}"
+        )
 
     shardshuffle, buffer, _ = SHARD_SHUFFLES[s.shard_shuffle]
 
     def epoch_loader(epoch: int) -> DataLoader[Any]:
         if not shardshuffle:
-            return ctx.loader(wds.WebDataset(urls, shardshuffle=False, empty_check=False), num_workers=workers)
+            return ctx.loader(
+                wds.WebDataset(urls, shardshuffle=False, empty_check=False), num_workers=workers
+            )
         ds = wds.WebDataset(urls, shardshuffle=len(urls), seed=s.seed + epoch, empty_check=False)
         return ctx.loader(ds.shuffle(buffer), num_workers=workers)
 
@@ -775,7 +838,9 @@ def shard_dataset(ctx: Context) -> S5Dataset:
 def run_s5loader_shards(ctx: Context) -> Recorder:
     """S5Dataset.from_shards + S5Sampler over the tar shards webdataset reads (``shuffle="block"``;
     ``--shard-shuffle``: False or True)."""
-    return run_s5loader(ctx, shuffle=SHARD_SHUFFLES[ctx.settings.shard_shuffle][2], dataset=shard_dataset(ctx))
+    return run_s5loader(
+        ctx, shuffle=SHARD_SHUFFLES[ctx.settings.shard_shuffle][2], dataset=shard_dataset(ctx)
+    )
 
 
 def run_s5loader_iterable(ctx: Context) -> Recorder:
@@ -783,8 +848,15 @@ def run_s5loader_iterable(ctx: Context) -> Recorder:
     its order once, within the whole budget, and the DataLoader's workers take turns along it a
     batch at a time."""
     s = ctx.settings
-    it = S5IterableDataset(shard_dataset(ctx), shuffle=SHARD_SHUFFLES[s.shard_shuffle][2], seed=s.seed, budget=s.budget,
-                           staging_dir=s.staging_dir, calls_in_flight=s.calls_in_flight, batch_size=s.batch_size)
+    it = S5IterableDataset(
+        shard_dataset(ctx),
+        shuffle=SHARD_SHUFFLES[s.shard_shuffle][2],
+        seed=s.seed,
+        budget=s.budget,
+        staging_dir=s.staging_dir,
+        calls_in_flight=s.calls_in_flight,
+        batch_size=s.batch_size,
+    )
     try:
         loader = ctx.loader(it)
         rec = ctx.recorder()
@@ -860,8 +932,11 @@ def fill_request_rates(fig: Figures, prices: dict[str, float] = S3_PRICES) -> No
     fig.requests_per_sample = total / fig.samples
     fig.requests_per_object = total / fig.objects if fig.objects else None
     fig.requests_per_sample_by_kind = {k: v / fig.samples for k, v in fig.requests.items()}
-    fig.dollars_per_million_samples = sum(
-        v * prices.get(k, prices.get("other", 0.0)) for k, v in fig.requests.items() if k != "unreadable"
-    ) / 1000 / fig.samples * 1e6
+    fig.dollars_per_million_samples = (
+        sum(v * prices.get(k, prices.get("other", 0.0)) for k, v in fig.requests.items() if k != "unreadable")
+        / 1000
+        / fig.samples
+        * 1e6
+    )
     if fig.new_connections is not None and total:
         fig.connections_per_request = fig.new_connections / total

@@ -144,10 +144,15 @@ class TreeMonitor:
             for c in children:
                 try:
                     key = (c.pid, c.create_time())
-                    kind = EXCLUDED if c.pid in self.exclude else (
-                        self._kinds.get(key) or self._kinds.setdefault(key, process_kind(c)))
+                    kind = (
+                        EXCLUDED
+                        if c.pid in self.exclude
+                        else (self._kinds.get(key) or self._kinds.setdefault(key, process_kind(c)))
+                    )
                     ct = c.cpu_times()
-                    procs.append(ProcTimes(key, kind, ct.user + ct.system, ct.children_user + ct.children_system))
+                    procs.append(
+                        ProcTimes(key, kind, ct.user + ct.system, ct.children_user + ct.children_system)
+                    )
                     if kind != EXCLUDED:
                         mem += self._memory(c)
                 except psutil.Error:

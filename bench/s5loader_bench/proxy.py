@@ -46,8 +46,19 @@ CHUNK = 256 * 1024
 KINDS = ("GET", "HEAD", "LIST", "other")
 _MAX_HEAD = 64 * 1024  # request line + headers; beyond it the stream is not HTTP/1.1 we can read
 # sub-resources whose GET on a bucket lists something (ListObjects v1/v2, versions, uploads)
-_LIST_QUERIES = {"list-type", "prefix", "delimiter", "marker", "continuation-token", "start-after",
-                 "max-keys", "versions", "uploads", "encoding-type", "fetch-owner"}
+_LIST_QUERIES = {
+    "list-type",
+    "prefix",
+    "delimiter",
+    "marker",
+    "continuation-token",
+    "start-after",
+    "max-keys",
+    "versions",
+    "uploads",
+    "encoding-type",
+    "fetch-owner",
+}
 _OBJECT_QUERIES = {"x-id", "partNumber", "versionId", "response-content-type", "response-content-disposition"}
 
 
@@ -104,7 +115,7 @@ class RequestParser:
                 if len(self._head) > _MAX_HEAD:
                     self._give_up()
                 return
-            head, rest = bytes(self._head[:end]), bytes(self._head[end + 4:])
+            head, rest = bytes(self._head[:end]), bytes(self._head[end + 4 :])
             self._head.clear()
             self._request(head)
             view = memoryview(rest)
@@ -124,7 +135,7 @@ class RequestParser:
                 return memoryview(b"")
             line = (bytes(self._line) + bytes(view[:i])).rstrip(b"\r")
             self._line.clear()
-            view = view[i + 1:]
+            view = view[i + 1 :]
             if self._chunk_state == "crlf":
                 self._chunk_state = "size"
             elif self._chunk_state == "size":
@@ -169,8 +180,9 @@ class RequestParser:
         self.counts["unreadable"] = self.counts.get("unreadable", 0) + 1
 
 
-async def _delayed_pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float,
-                        parser: RequestParser) -> None:
+async def _delayed_pipe(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float, parser: RequestParser
+) -> None:
     """Forward reader -> writer, each chunk ``delay`` seconds after it arrived, in order."""
     if delay <= 0:
         await _pipe(reader, writer, parser)
@@ -212,8 +224,9 @@ async def _delayed_pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
             t.cancel()
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                parser: RequestParser | None = None) -> None:
+async def _pipe(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, parser: RequestParser | None = None
+) -> None:
     try:
         while True:
             data = await reader.read(CHUNK)
@@ -233,8 +246,14 @@ class LatencyProxy:
     """The proxy: ``await serve()`` in a loop, or :meth:`start_thread` / :meth:`stop`.
     :attr:`counts` holds the requests forwarded so far by kind (see :func:`classify`)."""
 
-    def __init__(self, upstream_host: str, upstream_port: int, delay_s: float = 0.020,
-                 listen_host: str = "127.0.0.1", listen_port: int = 0) -> None:
+    def __init__(
+        self,
+        upstream_host: str,
+        upstream_port: int,
+        delay_s: float = 0.020,
+        listen_host: str = "127.0.0.1",
+        listen_port: int = 0,
+    ) -> None:
         self.upstream = (upstream_host, upstream_port)
         self.delay = delay_s
         self.listen = (listen_host, listen_port)
@@ -342,15 +361,30 @@ class ProxyProcess:
 
     def __init__(self, upstream: str, delay_ms: float = 0.0, python: str = sys.executable) -> None:
         self.upstream, self.delay_ms = upstream, delay_ms
-        argv = [python, os.path.abspath(__file__), "--upstream", upstream, "--delay-ms", str(delay_ms), "--control"]
-        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=subprocess.DEVNULL, text=True, bufsize=1)
+        argv = [
+            python,
+            os.path.abspath(__file__),
+            "--upstream",
+            upstream,
+            "--delay-ms",
+            str(delay_ms),
+            "--control",
+        ]
+        self._proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            bufsize=1,
+        )
         assert self._proc.stdout is not None
         first = self._proc.stdout.readline()
         if not first.startswith("listening on "):
             self.close()
-            raise RuntimeError(f"the request-counting proxy for {upstream} did not start "
-                               f"(exit code {self._proc.returncode})")
+            raise RuntimeError(
+                f"the request-counting proxy for {upstream} did not start (exit code {self._proc.returncode})"
+            )
         self.endpoint = first.split()[2]
         self.pid = self._proc.pid
         self._lock = threading.Lock()
@@ -406,18 +440,28 @@ def _hostport(text: str) -> tuple[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="proxy.py", description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("--upstream", type=_hostport, required=True, help="HOST:PORT of the server (or an http:// URL)")
-    p.add_argument("--listen", type=_hostport, default=("127.0.0.1", 0), help="HOST:PORT to listen on (port 0: any)")
-    p.add_argument("--delay-ms", type=float, default=0.0, help="hold each client-to-server chunk this long (default 0)")
+    p.add_argument(
+        "--upstream", type=_hostport, required=True, help="HOST:PORT of the server (or an http:// URL)"
+    )
+    p.add_argument(
+        "--listen", type=_hostport, default=("127.0.0.1", 0), help="HOST:PORT to listen on (port 0: any)"
+    )
+    p.add_argument(
+        "--delay-ms", type=float, default=0.0, help="hold each client-to-server chunk this long (default 0)"
+    )
     p.add_argument("--port-file", help="write the port listened on to this file once listening")
-    p.add_argument("--control", action="store_true",
-                   help="answer each 'counts' line on stdin with the request counts as a JSON line; stop when stdin closes")
+    p.add_argument(
+        "--control",
+        action="store_true",
+        help="answer each 'counts' line on stdin with the request counts as a JSON line; stop when stdin closes",
+    )
     args = p.parse_args(argv)
     if args.delay_ms < 0:
         p.error(f"--delay-ms must be 0 or more, got {args.delay_ms}")
     up_host, up_port = args.upstream
-    proxy = LatencyProxy(up_host, up_port, delay_s=args.delay_ms / 1000, listen_host=args.listen[0],
-                         listen_port=args.listen[1])
+    proxy = LatencyProxy(
+        up_host, up_port, delay_s=args.delay_ms / 1000, listen_host=args.listen[0], listen_port=args.listen[1]
+    )
 
     async def run() -> None:
         await proxy.start()
@@ -425,8 +469,11 @@ def main(argv: list[str] | None = None) -> int:
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        print(f"listening on {proxy.endpoint} -> {args.upstream[0]}:{args.upstream[1]}, "
-              f"{args.delay_ms:g} ms per client chunk", flush=True)
+        print(
+            f"listening on {proxy.endpoint} -> {args.upstream[0]}:{args.upstream[1]}, "
+            f"{args.delay_ms:g} ms per client chunk",
+            flush=True,
+        )
         if args.port_file:
             with open(args.port_file + ".tmp", "w") as f:
                 f.write(str(proxy.port))
@@ -452,8 +499,11 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.monotonic()
     asyncio.run(run())
-    print(f"proxy stopped after {time.monotonic() - t0:.0f}s, {proxy.connections} connections, "
-          f"requests {json.dumps(proxy.counts)}", file=sys.stderr)
+    print(
+        f"proxy stopped after {time.monotonic() - t0:.0f}s, {proxy.connections} connections, "
+        f"requests {json.dumps(proxy.counts)}",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -71,14 +71,30 @@ class IndexBuilder:
         self._prev: tuple[str, str, str] | None = None
         self._in_order = True
         self._last_bucket, self._last_id = "", 0
-        self._put_bucket, self._put_off, self._put_size = self._bucket.append, self._off.append, self._size.append
-        self._put_kind, self._put_name_at, self._put_klen = self._kind.append, self._name_at.append, self._klen.append
+        self._put_bucket, self._put_off, self._put_size = (
+            self._bucket.append,
+            self._off.append,
+            self._size.append,
+        )
+        self._put_kind, self._put_name_at, self._put_klen = (
+            self._kind.append,
+            self._name_at.append,
+            self._klen.append,
+        )
 
     def __len__(self) -> int:
         return len(self._size)
 
-    def add(self, uri: str, key: str, size: int, etag: str, extra: dict[str, Any] | None = None,
-            order: int = -1, extra_json: str | None = None) -> None:
+    def add(
+        self,
+        uri: str,
+        key: str,
+        size: int,
+        etag: str,
+        extra: dict[str, Any] | None = None,
+        order: int = -1,
+        extra_json: str | None = None,
+    ) -> None:
         """Add one object; ``extra`` fields (or ``extra_json``, the text ``json.dumps(extra)``
         gives) merge into its sample's (in ``order``, else in the order objects were added)."""
         if key.endswith("/") and size == 0:
@@ -150,19 +166,32 @@ class IndexBuilder:
             self._odd_etags[j] = etag
 
     def add_many(
-        self, buckets: list[str], keys: list[str], sizes: list[int], etags: list[str], extras: list[str | None], order: int
+        self,
+        buckets: list[str],
+        keys: list[str],
+        sizes: list[int],
+        etags: list[str],
+        extras: list[str | None],
+        order: int,
     ) -> None:
         """Add objects as :meth:`add` would one by one (``extras`` as JSON text, the first object
         at ``order``), a column at a time: the grouping, the order check, the arrays."""
         n = len(keys)
         wrapped = "\0" + "\0".join(keys) + "\0"
-        simple = n and not self.base and "/\0" not in wrapped and not (self.group_by == "stem" and "\0/" in wrapped)
+        simple = (
+            n
+            and not self.base
+            and "/\0" not in wrapped
+            and not (self.group_by == "stem" and "\0/" in wrapped)
+        )
         grouped = _group_keys(self.group_by, keys) if simple else None
         if grouped is None:
             # a base prefix, a folder key, a key "/NAME.EXT" (whose stem is no prefix of it) or
             # one the grouping leaves out: one at a time
             for i in range(n):
-                self.add(f"s3://{buckets[i]}/{keys[i]}", keys[i], sizes[i], etags[i], None, order + i, extras[i])
+                self.add(
+                    f"s3://{buckets[i]}/{keys[i]}", keys[i], sizes[i], etags[i], None, order + i, extras[i]
+                )
             return
         skeys, ats = grouped
         one_bucket = buckets.count(buckets[0]) == n
@@ -172,12 +201,18 @@ class IndexBuilder:
         for b in dict.fromkeys(buckets):
             ids.setdefault(b, len(ids))
         self._last_bucket, self._last_id = buckets[-1], ids[buckets[-1]]
-        self._bucket.extend(array("H", [self._last_id]) * n if one_bucket else array("H", map(ids.__getitem__, buckets)))
+        self._bucket.extend(
+            array("H", [self._last_id]) * n if one_bucket else array("H", map(ids.__getitem__, buckets))
+        )
         j0 = len(self._size)
         chars = np.fromiter(map(len, keys), dtype=np.int64, count=n)
         joined = "".join(keys)
         encoded = joined.encode("utf-8", ENC)
-        lens = chars if len(encoded) == len(joined) else np.array([len(k.encode("utf-8", ENC)) for k in keys], dtype=np.int64)
+        lens = (
+            chars
+            if len(encoded) == len(joined)
+            else np.array([len(k.encode("utf-8", ENC)) for k in keys], dtype=np.int64)
+        )
         text = self._text
         self._off.frombytes((np.cumsum(lens) + len(text)).tobytes())
         text += encoded
@@ -206,13 +241,20 @@ class IndexBuilder:
                     self._extra_order.append(order + i)
                     self._extra_json.append(extra)
 
-    def _check_order(self, buckets: list[str] | None, bucket: str, keys: list[str], skeys: list[str],
-                     ats: list[int] | None) -> None:
+    def _check_order(
+        self, buckets: list[str] | None, bucket: str, keys: list[str], skeys: list[str], ats: list[int] | None
+    ) -> None:
         """:meth:`add`'s order check over a column of objects (``buckets`` ``None``: all in
         ``bucket``): while (bucket, sample key, field name) rises, mark where samples start."""
         n = len(keys)
-        names: list[Any] = ["data"] * n if ats is None else list(map(operator.getitem, keys, map(slice, ats, repeat(None))))
-        cur: list[Any] = keys if buckets is None and ats is None else list(zip(buckets or [bucket] * n, skeys, names, strict=True))
+        names: list[Any] = (
+            ["data"] * n if ats is None else list(map(operator.getitem, keys, map(slice, ats, repeat(None))))
+        )
+        cur: list[Any] = (
+            keys
+            if buckets is None and ats is None
+            else list(zip(buckets or [bucket] * n, skeys, names, strict=True))
+        )
         prev, first = self._prev, ((buckets or [bucket])[0], skeys[0], names[0])
         if (prev is not None and first <= prev) or not all(map(operator.lt, cur, cur[1:])):
             self._in_order = False  # out of order, or an object twice: build() sorts and checks
@@ -239,9 +281,18 @@ class IndexBuilder:
             ConfigError: a sample has the same field twice.
         """
         if self._n_skipped:
-            why = {"stem": "no extension to name a field (expected NAME.FIELD)", "folder": "not inside a sub-folder"}
-            log.warning("group_by=%r left out %d object(s) of %s with %s, e.g. %s", self.group_by, self._n_skipped,
-                        self.source or "the source", why[self.group_by], ", ".join(self._skipped))
+            why = {
+                "stem": "no extension to name a field (expected NAME.FIELD)",
+                "folder": "not inside a sub-folder",
+            }
+            log.warning(
+                "group_by=%r left out %d object(s) of %s with %s, e.g. %s",
+                self.group_by,
+                self._n_skipped,
+                self.source or "the source",
+                why[self.group_by],
+                ", ".join(self._skipped),
+            )
         m = len(self._size)
         text = Strings(bytes(self._text), np.frombuffer(self._off, dtype=np.int64).copy())
         self._text = bytearray()
@@ -260,20 +311,37 @@ class IndexBuilder:
             text = Strings.of(ordered)  # here, not in _sort: the sort's garbage is gone (a lower peak)
             inv = np.empty(m, dtype=np.int64)
             inv[perm] = np.arange(m, dtype=np.int64)
-            bucket, size, etag, kind, name_at, klen = (a[perm] for a in (bucket, size, etag, kind, name_at, klen))
+            bucket, size, etag, kind, name_at, klen = (
+                a[perm] for a in (bucket, size, etag, kind, name_at, klen)
+            )
             odd_keys = {int(inv[j]): v for j, v in odd_keys.items()}
             odd_etags = {int(inv[j]): v for j, v in odd_etags.items()}
             extra_at = inv[extra_at]
         assert new is not None
-        first = np.concatenate([np.flatnonzero(new), [m]]).astype(np.int64) if m else np.zeros(1, dtype=np.int64)
+        first = (
+            np.concatenate([np.flatnonzero(new), [m]]).astype(np.int64) if m else np.zeros(1, dtype=np.int64)
+        )
         starts = first[:-1]
-        sample_odd = {i: odd_keys[int(j)] for i, j in enumerate(starts.tolist()) if klen[j] < 0} if odd_keys else {}
+        sample_odd = (
+            {i: odd_keys[int(j)] for i, j in enumerate(starts.tolist()) if klen[j] < 0} if odd_keys else {}
+        )
         index = SampleIndex(
-            text=text, buckets=bucket_names, bucket=bucket, size=size, etag=np.ascontiguousarray(etag),
-            etag_kind=kind, name_at=name_at, first=first, key_len=klen[starts].copy(),
-            bucket_in_key=len(bucket_names) > 1, irregular_keys=Sparse.of(sample_odd),
-            irregular_names=Sparse.of({}), other_etags=Sparse.of(odd_etags),
-            extras=_merge_extras(extra_at, np.frombuffer(self._extra_order, dtype=np.int64), self._extra_json, first),
+            text=text,
+            buckets=bucket_names,
+            bucket=bucket,
+            size=size,
+            etag=np.ascontiguousarray(etag),
+            etag_kind=kind,
+            name_at=name_at,
+            first=first,
+            key_len=klen[starts].copy(),
+            bucket_in_key=len(bucket_names) > 1,
+            irregular_keys=Sparse.of(sample_odd),
+            irregular_names=Sparse.of({}),
+            other_etags=Sparse.of(odd_etags),
+            extras=_merge_extras(
+                extra_at, np.frombuffer(self._extra_order, dtype=np.int64), self._extra_json, first
+            ),
             unused=Strings.of(self._unused) if self._unused is not None else None,
             meta={"source": self.source, "group_by": self.group_by, **(meta or {})},
         )
@@ -289,7 +357,13 @@ def _trim() -> None:
 
 
 def _sort(
-    group_by: str, odd: dict[int, str], text: Strings, buckets: list[str], bucket: np.ndarray, klen: np.ndarray, name_at: np.ndarray
+    group_by: str,
+    odd: dict[int, str],
+    text: Strings,
+    buckets: list[str],
+    bucket: np.ndarray,
+    klen: np.ndarray,
+    name_at: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """The order of (bucket, sample key, field name), where samples start in it, and the keys
     in that order.
@@ -307,15 +381,20 @@ def _sort(
         ordered = list(map(keys.__getitem__, perm))
         if not any(map(operator.eq, ordered, ordered[1:])):
             return np.array(perm, dtype=np.int64), np.ones(n, dtype=bool), ordered
-    skeys: Iterable[str] = map(operator.getitem, keys, map(slice, _view(klen)))  # memoryviews: no list of ints
+    skeys: Iterable[str] = map(
+        operator.getitem, keys, map(slice, _view(klen))
+    )  # memoryviews: no list of ints
     if odd:
         skeys = [odd.get(j, skey) for j, skey in enumerate(skeys)]
     # One string per object sorts like the (bucket, key, name) tuple as long as no part
     # holds a NUL character (which sorts below every other), and sorts faster.
     joined = b"\0" not in text.blob and not any("\0" in b for b in buckets)
     parts = zip(map(buckets.__getitem__, _view(bucket)), skeys, keys, _view(name_at), strict=True)
-    sort_keys: list[Any] = ([f"{b}\0{s}\0{k[at:] if at >= 0 else 'data'}" for b, s, k, at in parts] if joined else
-                            [((b, s), k[at:] if at >= 0 else "data") for b, s, k, at in parts])
+    sort_keys: list[Any] = (
+        [f"{b}\0{s}\0{k[at:] if at >= 0 else 'data'}" for b, s, k, at in parts]
+        if joined
+        else [((b, s), k[at:] if at >= 0 else "data") for b, s, k, at in parts]
+    )
     perm = sorted(range(n), key=sort_keys.__getitem__)
     ordered = list(map(sort_keys.__getitem__, perm))
     if any(map(operator.eq, ordered, ordered[1:])):

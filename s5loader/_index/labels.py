@@ -48,7 +48,7 @@ def folder_labels(index: SampleIndex, base: str | None, source: str = "") -> tup
     for i in range(len(index)):
         key = index.key(i)
         if base is not None:
-            rel = key[len(base):] if key.startswith(base) else key
+            rel = key[len(base) :] if key.startswith(base) else key
             cls, slash, _ = rel.partition("/")
             names.append(cls if slash and cls else None)
         else:
@@ -57,13 +57,17 @@ def folder_labels(index: SampleIndex, base: str | None, source: str = "") -> tup
     _check_no_label_field(index)
     classes = sorted({n for n in names if n is not None})
     class_to_idx = {c: i for i, c in enumerate(classes)}
-    labels = np.fromiter((class_to_idx.get(n, -1) if n is not None else -1 for n in names), np.int32, len(names))
+    labels = np.fromiter(
+        (class_to_idx.get(n, -1) if n is not None else -1 for n in names), np.int32, len(names)
+    )
     keep = labels >= 0
     if not keep.all():
         left_out = [index.key(int(i)) for i in np.flatnonzero(~keep)[:3]]
         log.warning(
             "label='folder' left out %d sample(s) of %s that lie in no class folder, e.g. %s",
-            int((~keep).sum()), source or "the source", ", ".join(left_out),
+            int((~keep).sum()),
+            source or "the source",
+            ", ".join(left_out),
         )
         # rare (files beside the class folders): rebuild the index from the kept samples
         kept = [index[int(i)] for i in np.flatnonzero(keep)]
@@ -108,7 +112,11 @@ def warn_grouping(index: SampleIndex, group_by: str, source: str) -> None:
             "group_by=%r made %d sample(s) of %d objects in %s (%.0f objects per sample): if the "
             "folders are classes (an ImageFolder layout, train/<class>/<image>), use "
             "group_by='object', label='folder'",
-            group_by, n, n_objects, source or "the source", n_objects / n,
+            group_by,
+            n,
+            n_objects,
+            source or "the source",
+            n_objects / n,
         )
     if group_by != "stem":
         return
@@ -121,7 +129,8 @@ def warn_grouping(index: SampleIndex, group_by: str, source: str) -> None:
             "group_by='stem' names fields by extension, case included, and %s mixes cases: %s; a "
             "sample has only the field of its own extension, so read e.g. sample.get('jpg') or "
             "sample.get('JPEG'), or use group_by='object' (field 'data')",
-            source or "the source", ", ".join(f"{c!r} ({k})" for c, k in sorted(counts.items())),
+            source or "the source",
+            ", ".join(f"{c!r} ({k})" for c, k in sorted(counts.items())),
         )
 
 
@@ -150,5 +159,7 @@ def _warn_folder_samples(index: SampleIndex, source: str) -> None:
             "group_by='stem' made %d samples of one file each in %s, and the same file names (%s) "
             "recur in folder after folder: if each folder is one sample (clip1/text.txt + "
             "clip1/video.mp4), use group_by='folder' (s5loader prefetch: --group-by folder)",
-            n, source or "the source", common,
+            n,
+            source or "the source",
+            common,
         )

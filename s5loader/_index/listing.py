@@ -25,6 +25,7 @@ from .compact import SampleIndex
 
 log = logging.getLogger(__name__)
 
+
 def group(
     objects: Iterable[ObjectInfo],
     group_by: str,
@@ -98,7 +99,13 @@ def index_prefix(prefix: str, s5cmd: S5cmd, group_by: str) -> SampleIndex:
                     raise FetchError(f"cannot list {prefix} ({attempt} attempts): {exc}") from exc
                 delay = 0.5 * 2 ** (attempt - 1)
                 progress.clear()
-                log.warning("listing %s failed after %d object(s) (%s); listing again in %.1fs", prefix, seen, exc, delay)
+                log.warning(
+                    "listing %s failed after %d object(s) (%s); listing again in %.1fs",
+                    prefix,
+                    seen,
+                    exc,
+                    delay,
+                )
                 time.sleep(delay)
                 continue
             break
@@ -110,8 +117,14 @@ def index_prefix(prefix: str, s5cmd: S5cmd, group_by: str) -> SampleIndex:
     log.info(
         "listed %s with %s: %d objects in %.1fs (%d attempt(s), about %d LIST requests), "
         "%d samples indexed in %.1fs",
-        prefix, how, seen, listed, attempt, attempt - 1 + max(1, -(-seen // _PAGE)),
-        len(index), time.monotonic() - start - listed,
+        prefix,
+        how,
+        seen,
+        listed,
+        attempt,
+        attempt - 1 + max(1, -(-seen // _PAGE)),
+        len(index),
+        time.monotonic() - start - listed,
     )
     return index
 

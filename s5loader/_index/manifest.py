@@ -116,7 +116,15 @@ class _ManifestReader:
             extra = _tail_json(line[m.end() :])
             if extra is not False:
                 self.count += 1
-                self.builder.add(f"s3://{m[1]}/{m[2]}", m[2], int(m[3]), m[4] or "", None, order=self.count, extra_json=extra)
+                self.builder.add(
+                    f"s3://{m[1]}/{m[2]}",
+                    m[2],
+                    int(m[3]),
+                    m[4] or "",
+                    None,
+                    order=self.count,
+                    extra_json=extra,
+                )
                 return
         if not line.strip():
             return
@@ -124,7 +132,9 @@ class _ManifestReader:
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ManifestError(f"{source} line {lineno}: not valid JSON ({exc.msg}): {line[:200]!r}") from exc
+            raise ManifestError(
+                f"{source} line {lineno}: not valid JSON ({exc.msg}): {line[:200]!r}"
+            ) from exc
         if isinstance(rec, str):
             rec = {"uri": rec}
         if not isinstance(rec, dict) or not isinstance(rec.get("uri"), str):
@@ -164,7 +174,8 @@ _FAST_TAIL = re.compile(_FIELDS + r"\}[ \t]*\r?\n?")
 # Whole lines of about that shape in a chunk, (bucket, key, size, etag, the rest) each, to be
 # checked a column at a time: as json.dumps writes them, or with any spaces and tabs.
 _CANON_LINES = re.compile(
-    r'^\{"uri": "s3://([^"/\n]*)/([^"\n]+)", "size": (0|[1-9][0-9]*)(?:, "etag": "([^"\n]*)")?(.*)$', re.MULTILINE
+    r'^\{"uri": "s3://([^"/\n]*)/([^"\n]+)", "size": (0|[1-9][0-9]*)(?:, "etag": "([^"\n]*)")?(.*)$',
+    re.MULTILINE,
 )
 _LOOSE_LINES = re.compile(
     r'^[ \t]*\{[ \t]*"uri"[ \t]*:[ \t]*"s3://([^"/\n]*)/([^"\n]+)"[ \t]*,[ \t]*"size"[ \t]*:[ \t]*(0|[1-9][0-9]*)'
@@ -194,7 +205,11 @@ def _tail_json(tail: str) -> str | None | Literal[False]:
         extra = json.loads("{" + rest[1:])
     except ValueError:
         return False
-    return json.dumps(extra) if isinstance(extra, dict) and extra and not _RESERVED.intersection(extra) else False
+    return (
+        json.dumps(extra)
+        if isinstance(extra, dict) and extra and not _RESERVED.intersection(extra)
+        else False
+    )
 
 
 def _fields_json(fields: str) -> str | None | Literal[False]:

@@ -71,7 +71,10 @@ def _arrays(index: SampleIndex) -> list[tuple[str, np.ndarray]]:
             (f"{name}.len", _lengths(sparse.strings.off)),
         ]
     if index.unused is not None:
-        out += [("unused.text", np.frombuffer(index.unused.blob, dtype=np.uint8)), ("unused.len", _lengths(index.unused.off))]
+        out += [
+            ("unused.text", np.frombuffer(index.unused.blob, dtype=np.uint8)),
+            ("unused.len", _lengths(index.unused.off)),
+        ]
     out += [(f"column.{k}", v) for k, v in index.columns.items()]
     return out
 
@@ -126,7 +129,11 @@ def loads(data: bytes, where: str = "the index data") -> SampleIndex:
             dt = np.dtype(dtype)
             count = int(np.prod(shape)) if shape else 1
             # copies, so that the decompressed buffer is freed and the text is held once
-            arrays[name] = np.frombuffer(raw, dtype=dt, count=count, offset=at).reshape(shape).copy() if name != "text" else np.empty(0, np.uint8)
+            arrays[name] = (
+                np.frombuffer(raw, dtype=dt, count=count, offset=at).reshape(shape).copy()
+                if name != "text"
+                else np.empty(0, np.uint8)
+            )
             if name == "text":
                 text = raw[at : at + count]
             at += count * dt.itemsize
@@ -205,4 +212,3 @@ def load(path: str) -> SampleIndex:
     except OSError as exc:
         raise IndexFileError(f"cannot read the index file {path!r}: {exc.strerror}") from exc
     return loads(data, repr(path))
-

@@ -45,7 +45,10 @@ class _Form(Generic[T]):
     """How a shared value travels: to bytes and back, and into a file and back."""
 
     def __init__(
-        self, dumps: Callable[[T], bytes], loads: Callable[[bytes, str], T], save: Callable[[T, str], None],
+        self,
+        dumps: Callable[[T], bytes],
+        loads: Callable[[bytes, str], T],
+        save: Callable[[T, str], None],
         load: Callable[[str], T],
     ) -> None:
         self.dumps, self.loads, self.save, self.load = dumps, loads, save, load

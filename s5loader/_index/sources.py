@@ -22,7 +22,9 @@ from .sample import check_group_by
 from .share import shared_index
 
 
-def labelled(index: SampleIndex, label: str | None, base: str | None, source: str, group_by: str) -> SampleIndex:
+def labelled(
+    index: SampleIndex, label: str | None, base: str | None, source: str, group_by: str
+) -> SampleIndex:
     """``index`` with an int ``"label"`` per sample for ``label="folder"`` (the folders below
     ``base``); warns where the grouping looks wrong for the keys."""
     warn_grouping(index, group_by, source)

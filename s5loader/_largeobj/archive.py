@@ -109,7 +109,9 @@ def extract_stream(stream: Any, dest: str, archive: str) -> tuple[int, int]:
                     else:  # pragma: no cover - Python without extraction filters
                         tar.extract(member, dest)
                 except _FilterError as exc:  # the data filter's own checks (special modes, ...)
-                    raise UnsafeArchiveError(f"{archive}: refusing the member {member.name!r}: {exc}") from exc
+                    raise UnsafeArchiveError(
+                        f"{archive}: refusing the member {member.name!r}: {exc}"
+                    ) from exc
                 members += 1
                 written += member.size if member.isfile() else 0
     except OSError as exc:

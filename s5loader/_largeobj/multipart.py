@@ -47,7 +47,8 @@ def _unsigned_parts(params: Any, context: dict[str, Any], **kwargs: Any) -> None
     from botocore.config import Config
 
     context["client_config"] = context["client_config"].merge(
-        Config(s3={"payload_signing_enabled": False}, request_checksum_calculation="when_required"))
+        Config(s3={"payload_signing_enabled": False}, request_checksum_calculation="when_required")
+    )
 
 
 def transfer_client(access: Access | str | None) -> Any:
@@ -96,8 +97,9 @@ class MultipartWriter(io.RawIOBase):
     EndpointError, FetchError: a request failed; the upload is aborted.
     """
 
-    def __init__(self, uri: str, access: Access | str | None, plan: PartPlan,
-                 max_memory: int = DEFAULT_MAX_MEMORY) -> None:
+    def __init__(
+        self, uri: str, access: Access | str | None, plan: PartPlan, max_memory: int = DEFAULT_MAX_MEMORY
+    ) -> None:
         super().__init__()
         self.uri = uri
         self.bucket, self.key = object_uri(uri)
@@ -114,7 +116,9 @@ class MultipartWriter(io.RawIOBase):
         self._upload_id: str | None = None
         self._etags: dict[int, str] = {}
         self._error: BaseException | None = None
-        self._interrupt: KeyboardInterrupt | None = None  # Ctrl-C inside write(), which torch's writer swallows
+        self._interrupt: KeyboardInterrupt | None = (
+            None  # Ctrl-C inside write(), which torch's writer swallows
+        )
         self._lock = threading.RLock()  # SIGTERM's close() runs in the main thread, maybe inside close()
         self._state = "open"  # open | committed | aborted
         self.written = 0
@@ -135,14 +139,16 @@ class MultipartWriter(io.RawIOBase):
         n = len(view)
         while view:
             take = min(len(view), len(self._buf) - self._fill)
-            self._buf[self._fill:self._fill + take] = view[:take]
+            self._buf[self._fill : self._fill + take] = view[:take]
             self._fill += take
             view = view[take:]
             if self._fill == len(self._buf):
                 self._submit(self._buf)
                 self._number += 1
                 size = stream_part_size(self._base, self._number)
-                self._buf = self._free.pop() if self._free and len(self._free[-1]) == size else bytearray(size)
+                self._buf = (
+                    self._free.pop() if self._free and len(self._free[-1]) == size else bytearray(size)
+                )
                 self._fill = 0
         self.written += n
         return n
@@ -191,8 +197,13 @@ class MultipartWriter(io.RawIOBase):
             number, data = job
             try:
                 if self._error is None and self._state == "open":
-                    r = self._client.upload_part(Bucket=self.bucket, Key=self.key, UploadId=self._upload_id,
-                                                 PartNumber=number, Body=data)
+                    r = self._client.upload_part(
+                        Bucket=self.bucket,
+                        Key=self.key,
+                        UploadId=self._upload_id,
+                        PartNumber=number,
+                        Body=data,
+                    )
                     self._etags[number] = r["ETag"]
             except BaseException as exc:  # noqa: BLE001 - handed to the writing thread
                 self._error = self._error or exc
@@ -222,15 +233,19 @@ class MultipartWriter(io.RawIOBase):
         self._raise_if_failed()
         try:
             if self._upload_id is None:  # smaller than one part: one PUT
-                self._client.put_object(Bucket=self.bucket, Key=self.key, Body=self._buf[:self._fill])
+                self._client.put_object(Bucket=self.bucket, Key=self.key, Body=self._buf[: self._fill])
             else:
                 if self._fill:
-                    self._submit(self._buf[:self._fill])
+                    self._submit(self._buf[: self._fill])
                 self._wait_idle()
                 self._raise_if_failed()
                 parts = [{"PartNumber": n, "ETag": e} for n, e in sorted(self._etags.items())]
                 self._client.complete_multipart_upload(
-                    Bucket=self.bucket, Key=self.key, UploadId=self._upload_id, MultipartUpload={"Parts": parts})
+                    Bucket=self.bucket,
+                    Key=self.key,
+                    UploadId=self._upload_id,
+                    MultipartUpload={"Parts": parts},
+                )
         except S5LoaderError:
             self.close()
             raise
@@ -264,13 +279,19 @@ class MultipartWriter(io.RawIOBase):
             return
         for attempt in range(2):  # again after the parts in flight: one may land after the first
             try:
-                self._client.abort_multipart_upload(Bucket=self.bucket, Key=self.key, UploadId=self._upload_id)
+                self._client.abort_multipart_upload(
+                    Bucket=self.bucket, Key=self.key, UploadId=self._upload_id
+                )
                 if attempt == 0:
                     log.info("aborted the unfinished multipart upload %s of %s", self._upload_id, self.uri)
             except Exception as exc:  # noqa: BLE001 - best effort on a path that is already failing
                 code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
                 if attempt == 0 and code != "NoSuchUpload":
-                    log.warning("could not abort the unfinished multipart upload of %s (%s); a bucket "
-                                "lifecycle rule (AbortIncompleteMultipartUpload) removes it", self.uri, exc)
+                    log.warning(
+                        "could not abort the unfinished multipart upload of %s (%s); a bucket "
+                        "lifecycle rule (AbortIncompleteMultipartUpload) removes it",
+                        self.uri,
+                        exc,
+                    )
             if attempt == 0:
                 self._wait_idle(time.monotonic() + _ABORT_WAIT)

@@ -54,7 +54,9 @@ class RangedRead:
     EndpointError, FetchError (the object changed while it was read, or a body came short).
     """
 
-    def __init__(self, uri: str, access: Access | str | None, buf: memoryview, *, etag: str, plan: PartPlan) -> None:
+    def __init__(
+        self, uri: str, access: Access | str | None, buf: memoryview, *, etag: str, plan: PartPlan
+    ) -> None:
         self.uri = uri
         self.bucket, self.key = object_uri(uri)
         self._client: Any = transfer_client(access)
@@ -99,12 +101,16 @@ class RangedRead:
         uri = self.uri
         for attempt in range(READ_ATTEMPTS):
             try:
-                resp = self._client.get_object(Bucket=self.bucket, Key=self.key, Range=f"bytes={lo}-{hi - 1}", **extra)
+                resp = self._client.get_object(
+                    Bucket=self.bucket, Key=self.key, Range=f"bytes={lo}-{hi - 1}", **extra
+                )
                 got = _read_body(resp, self._buf, lo, hi)
             except Exception as exc:
                 code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
                 if code in ("PreconditionFailed", "412"):
-                    raise FetchError(f"{uri}: the object changed while it was read (ETag {self._etag})") from exc
+                    raise FetchError(
+                        f"{uri}: the object changed while it was read (ETag {self._etag})"
+                    ) from exc
                 if getattr(exc, "response", None) is not None or attempt == READ_ATTEMPTS - 1:
                     raise boto3_error(exc, uri) from exc
                 log.info("%s: bytes %d-%d broke off (%s); reading them again", uri, lo, hi - 1, exc)
@@ -112,9 +118,13 @@ class RangedRead:
             if got == hi:
                 return
             if got > hi:
-                raise FetchError(f"{uri}: bytes {lo}-{hi - 1}: more bytes than asked for (changed while read?)")
+                raise FetchError(
+                    f"{uri}: bytes {lo}-{hi - 1}: more bytes than asked for (changed while read?)"
+                )
             if attempt == READ_ATTEMPTS - 1:
-                raise FetchError(f"{uri}: bytes {lo}-{hi - 1}: got {got - lo} of {hi - lo} (changed while read?)")
+                raise FetchError(
+                    f"{uri}: bytes {lo}-{hi - 1}: got {got - lo} of {hi - lo} (changed while read?)"
+                )
 
     def stop(self, exc: BaseException | None = None) -> None:
         """Stop handing out parts (the ones under way finish); ``exc``: why, raised by
@@ -142,7 +152,7 @@ class RangedRead:
                 while True:
                     if self._errors:
                         self._raise()
-                    if all(self._done[first:last + 1]):
+                    if all(self._done[first : last + 1]):
                         return
                     self._cond.wait(0.5)
         except BaseException as exc:
@@ -181,14 +191,18 @@ def _read_body(resp: dict[str, Any], buf: memoryview, lo: int, hi: int) -> int:
     length: Any = resp.get("ContentLength")
     # botocore's checksum-checking body (a whole object whose response carries a checksum)
     # checks it as its own reads reach the end: it is read through botocore
-    direct = (type(body) is StreamingBody and isinstance(fp, http.client.HTTPResponse)
-              and hasattr(raw, "release_conn") and not getattr(raw, "_decoded_buffer", None)
-              and isinstance(length, int))
+    direct = (
+        type(body) is StreamingBody
+        and isinstance(fp, http.client.HTTPResponse)
+        and hasattr(raw, "release_conn")
+        and not getattr(raw, "_decoded_buffer", None)
+        and isinstance(length, int)
+    )
     reader = fp if direct else body
     got, done = lo, False
     try:
         while got < hi:
-            n = reader.readinto(buf[got:min(hi, got + READ_SLICE)])
+            n = reader.readinto(buf[got : min(hi, got + READ_SLICE)])
             if not n:
                 break
             got += n
@@ -254,7 +268,7 @@ def _copy(out: memoryview, buf: memoryview, pos: int, n: int) -> None:
     splits the copy over torch's threads: 6-10% off a 1 GiB load on a 2-core VM."""
     torch: Any = sys.modules.get("torch")
     if n < COPY_OUTSIDE_GIL or torch is None or out.readonly or buf.readonly:
-        out[:n] = buf[pos:pos + n]
+        out[:n] = buf[pos : pos + n]
         return
     u8 = torch.uint8
     torch.frombuffer(out, dtype=u8, count=n).copy_(torch.frombuffer(buf, dtype=u8, count=n, offset=pos))

@@ -53,7 +53,12 @@ def resolve(
                 if verify:  # its .md5 sibling, which no listing showed
                     try:
                         size, etag = _transfer.head_size(uri + ".md5", access)
-                        found.append((uri.rsplit("/", 1)[0] + "/", ObjectInfo(uri + ".md5", u.key + ".md5", size, etag)))
+                        found.append(
+                            (
+                                uri.rsplit("/", 1)[0] + "/",
+                                ObjectInfo(uri + ".md5", u.key + ".md5", size, etag),
+                            )
+                        )
                     except ObjectNotFoundError:
                         pass
                 continue
@@ -70,7 +75,7 @@ def resolve(
     for base, o in found:
         if skip_md5 and o.uri in md5_files:
             continue
-        rel = o.uri[len(base):] if o.uri.startswith(base) else o.key.rsplit("/", 1)[-1]
+        rel = o.uri[len(base) :] if o.uri.startswith(base) else o.key.rsplit("/", 1)[-1]
         norm = os.path.normpath(rel)
         if not rel or os.path.isabs(rel) or norm == ".." or norm.startswith("../") or rel.endswith("/"):
             raise UnsafeArchiveError(f"{o.uri}: its key cannot be a file name inside the destination")
@@ -81,7 +86,9 @@ def resolve(
     return objects, names, md5_files
 
 
-def checker_for(o: ObjectInfo, md5_files: dict[str, ObjectInfo], access: Access | str | None) -> _verify.Checker:
+def checker_for(
+    o: ObjectInfo, md5_files: dict[str, ObjectInfo], access: Access | str | None
+) -> _verify.Checker:
     md5 = None
     if o.uri + ".md5" in md5_files:
         u = parse_s3_uri(o.uri + ".md5")

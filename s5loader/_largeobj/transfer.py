@@ -157,7 +157,9 @@ class UploadGuard:
         except Exception as exc:  # noqa: BLE001 - a save must not need this permission
             log.warning(
                 "%s: cannot list multipart uploads (%s); an interrupted save may leave one "
-                "behind for a lifecycle rule to remove", self.uri, boto3_error(exc, self.uri),
+                "behind for a lifecycle rule to remove",
+                self.uri,
+                boto3_error(exc, self.uri),
             )
         register_cleanup(self)  # SIGTERM and exit run close() while the save is under way
         return self
@@ -184,7 +186,9 @@ class UploadGuard:
         except Exception:  # noqa: BLE001 - best effort on a path that is already failing
             log.warning(
                 "could not abort the unfinished multipart upload of %s; a bucket lifecycle rule "
-                "(AbortIncompleteMultipartUpload) removes it", self.uri, exc_info=True,
+                "(AbortIncompleteMultipartUpload) removes it",
+                self.uri,
+                exc_info=True,
             )
 
 
@@ -204,7 +208,9 @@ def s5cmd_copy(
     """Start one s5cmd copy of an object of ``size`` bytes in the parts :func:`plan_parts`
     picks for it (``part_size=0``: from its size)."""
     plan: PartPlan = plan_parts(size, part_size=part_size, concurrency=concurrency)
-    return start_copy(s5, source, destination, concurrency=plan.concurrency, part_size=plan.part_size, size=size)
+    return start_copy(
+        s5, source, destination, concurrency=plan.concurrency, part_size=plan.part_size, size=size
+    )
 
 
 def download(s5: S5cmd, uri: str, path: str, *, size: int, concurrency: int, part_size: int) -> None:
@@ -233,7 +239,12 @@ def side_by_side(fn: Callable[[T], None], items: Sequence[T]) -> None:
 
 
 def upload_many(
-    s5: S5cmd, pairs: Sequence[tuple[str, str]], access: Access | str | None, *, concurrency: int, part_size: int
+    s5: S5cmd,
+    pairs: Sequence[tuple[str, str]],
+    access: Access | str | None,
+    *,
+    concurrency: int,
+    part_size: int,
 ) -> None:
     """Upload local files to ``s3://`` URIs side by side, each in parallel parts, each
     guarded: on any failure or interruption every unfinished upload is aborted."""

@@ -108,7 +108,9 @@ class Checker:
         if self._md5 is not None:
             got = self._md5.hexdigest()
             if got != self.expected:
-                raise ChecksumError(f"{self.uri}: MD5 {got} does not match {self.expected} from {self.source}")
+                raise ChecksumError(
+                    f"{self.uri}: MD5 {got} does not match {self.expected} from {self.source}"
+                )
             return
         got_all = [p.etag() for p in self._parts]
         if self.expected not in got_all:

@@ -62,7 +62,9 @@ class FetchWork:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-def poll_progress(progress: Callable[[int, int], None] | None, done: Callable[[], int], total: int) -> Callable[[], None]:
+def poll_progress(
+    progress: Callable[[int, int], None] | None, done: Callable[[], int], total: int
+) -> Callable[[], None]:
     """Call ``progress(done(), total)`` every half second in a thread; returns its stop."""
     if progress is None:
         return lambda: None
@@ -87,8 +89,14 @@ class Volumes:
     from ``s5cmd cat`` when larger than the budget), checked at its end and deleted."""
 
     def __init__(
-        self, objects: list[ObjectInfo], checkers: dict[str, _verify.Checker | None], s5: S5cmd, work: FetchWork,
-        budget: int, concurrency: int, part: int,
+        self,
+        objects: list[ObjectInfo],
+        checkers: dict[str, _verify.Checker | None],
+        s5: S5cmd,
+        work: FetchWork,
+        budget: int,
+        concurrency: int,
+        part: int,
     ) -> None:
         self.objects, self.checkers, self.s5, self.work = objects, checkers, s5, work
         self.budget, self.concurrency, self.part = budget, concurrency, part
@@ -102,7 +110,9 @@ class Volumes:
         self.index = -1
         self.cur: IO[bytes] | None = None
         self.cur_proc: subprocess.Popen[bytes] | None = None
-        self.thread = threading.Thread(target=self._download_ahead, daemon=True, name="s5loader-fetch-volumes")
+        self.thread = threading.Thread(
+            target=self._download_ahead, daemon=True, name="s5loader-fetch-volumes"
+        )
         self.thread.start()
 
     # --- the downloader thread
@@ -122,8 +132,11 @@ class Volumes:
                     self.reserved += o.size
                     self.peak = max(self.peak, self.reserved)
                 path = os.path.join(self.dir, f"{i:06d}")
-                proc = self.work.start(lambda o=o, path=path: _transfer.s5cmd_copy(  # type: ignore[misc]
-                    self.s5, o.uri, path, size=o.size, concurrency=self.concurrency, part_size=self.part))
+                proc = self.work.start(
+                    lambda o=o, path=path: _transfer.s5cmd_copy(  # type: ignore[misc]
+                        self.s5, o.uri, path, size=o.size, concurrency=self.concurrency, part_size=self.part
+                    )
+                )
                 _transfer.run(proc, o.uri)
                 with self.cond:
                     self.ready[i] = path
@@ -152,8 +165,11 @@ class Volumes:
         else:
             log.info("%s is larger than the budget: reading it straight from the store", o.uri)
             plan = plan_parts(o.size, part_size=self.part, concurrency=self.concurrency)
-            self.cur_proc = self.work.start(lambda: start_cat(
-                self.s5, o.uri, concurrency=plan.concurrency, part_size=plan.part_size, size=o.size))
+            self.cur_proc = self.work.start(
+                lambda: start_cat(
+                    self.s5, o.uri, concurrency=plan.concurrency, part_size=plan.part_size, size=o.size
+                )
+            )
             self.cur = self.cur_proc.stdout
         return True
 

@@ -37,7 +37,9 @@ from .shard import ShardWriter
 log = logging.getLogger(__name__)
 
 
-def volumes_of(uris: list[str], s5: S5cmd, verify: bool) -> tuple[list[Any], dict[str, _verify.Checker | None]]:
+def volumes_of(
+    uris: list[str], s5: S5cmd, verify: bool
+) -> tuple[list[Any], dict[str, _verify.Checker | None]]:
     """The archive's volumes in natural key order, and a checker for each (``.md5`` file,
     else ETag) when ``verify``."""
     objects, _, md5_files = resolve(uris, s5, s5.settings, skip_md5=True, verify=verify)
@@ -45,7 +47,9 @@ def volumes_of(uris: list[str], s5: S5cmd, verify: bool) -> tuple[list[Any], dic
     return objects, checkers
 
 
-def fingerprint(objects: list[Any], checkers: dict[str, _verify.Checker | None], content: dict[str, Any]) -> str:
+def fingerprint(
+    objects: list[Any], checkers: dict[str, _verify.Checker | None], content: dict[str, Any]
+) -> str:
     """An archive pack's identity: its volumes (URI, size, and the MD5 their ``.md5`` files
     give, else the ETag) and the options. A volume replaced by one that matches its ``.md5``
     file leaves the pack the same, so a rerun finishes it."""
@@ -78,7 +82,9 @@ class ArchivePacker:
         """Read the archive from ``stream``; returns the number of shards."""
         mode = "r|*"
         if is_zstd(self.archive):
-            raise ConfigError(f"{self.archive}: a zstandard archive; pack reads .tar, .tar.gz, .tar.bz2 and .tar.xz")
+            raise ConfigError(
+                f"{self.archive}: a zstandard archive; pack reads .tar, .tar.gz, .tar.bz2 and .tar.xz"
+            )
         self._stream = stream
         shard = 0
         writer = self._open(shard)
@@ -91,12 +97,20 @@ class ArchivePacker:
                     parts = split_name(member.name) if member.isreg() else None
                     if parts is None:
                         self.skipped.append(member.name)
-                        log.warning("%s: member %r left out (%s)", self.archive, member.name,
-                                    "not a regular file" if not member.isreg() else "no extension: no field name")
+                        log.warning(
+                            "%s: member %r left out (%s)",
+                            self.archive,
+                            member.name,
+                            "not a regular file" if not member.isreg() else "no extension: no field name",
+                        )
                         continue
                     k, field = parts
                     check_member(k, member.name[len(k) + 1 :], f"{self.archive}: member {member.name!r}")
-                    if k != key and writer.nsamples and writer.offset + member.size + 3 * 512 > self.shard_size:
+                    if (
+                        k != key
+                        and writer.nsamples
+                        and writer.offset + member.size + 3 * 512 > self.shard_size
+                    ):
                         self._finish(shard, writer)
                         shard += 1
                         writer = self._open(shard)
@@ -106,7 +120,9 @@ class ArchivePacker:
                     self.mark(final=False)
         except (tarfile.TarError, EOFError, zlib.error) as exc:
             writer.abandon()
-            raise FetchError(f"{self.archive}: not a readable tar archive ({type(exc).__name__}: {exc})") from exc
+            raise FetchError(
+                f"{self.archive}: not a readable tar archive ({type(exc).__name__}: {exc})"
+            ) from exc
         except BaseException:
             writer.abandon()
             raise
@@ -181,8 +197,13 @@ class ArchivePacker:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
-        entry = {"url": SHARD_NAME.format(shard), "nsamples": writer.nsamples, "filesize": writer.size,
-                 "md5sum": writer.md5, "skipped": []}
+        entry = {
+            "url": SHARD_NAME.format(shard),
+            "nsamples": writer.nsamples,
+            "filesize": writer.size,
+            "md5sum": writer.md5,
+            "skipped": [],
+        }
         with self._lock:
             self._unmarked.append((volume, shard, entry))
 
@@ -211,8 +232,13 @@ class ArchivePacker:
 
 
 def pack_archive(
-    objects: list[Any], checkers: dict[str, _verify.Checker | None], packer: Packer, shard_size: int, budget: int,
-    done: set[int], concurrency: int,
+    objects: list[Any],
+    checkers: dict[str, _verify.Checker | None],
+    packer: Packer,
+    shard_size: int,
+    budget: int,
+    done: set[int],
+    concurrency: int,
 ) -> tuple[int, int]:
     """Pack the split archive whose volumes (:func:`volumes_of`) are ``objects`` into shards;
     returns how many shards it makes, and the most bytes of local disk it held at once.
@@ -244,5 +270,7 @@ def pack_archive(
     archive.close(wait=True)
     archive.mark(final=True)  # every volume was read to its end and checked
     if archive.skipped:
-        log.warning("%s: %d member(s) left out, such as %r", objects[0].uri, len(archive.skipped), archive.skipped[0])
+        log.warning(
+            "%s: %d member(s) left out, such as %r", objects[0].uri, len(archive.skipped), archive.skipped[0]
+        )
     return nshards, volumes.peak + archive.gate.peak

@@ -61,8 +61,10 @@ class Gate:
             BudgetError: ``n`` alone is more than the budget (the callers check first).
         """
         if n > self.budget:
-            raise BudgetError(f"{format_size(n, exact=True)} of local disk at once, more than the budget of "
-                              f"{format_size(self.budget, exact=True)}")
+            raise BudgetError(
+                f"{format_size(n, exact=True)} of local disk at once, more than the budget of "
+                f"{format_size(self.budget, exact=True)}"
+            )
         with self._cond:
             while self.reserved + n > self.budget:
                 if give_up():
@@ -117,8 +119,13 @@ class Packer:
                             w.add_file(m.name, s.key, paths[j, k])
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-        log.debug("%s: %d samples downloaded in %.2fs, written in %.2fs", self.shard_uri(i), len(samples),
-                  t1 - t0, time.monotonic() - t1)
+        log.debug(
+            "%s: %d samples downloaded in %.2fs, written in %.2fs",
+            self.shard_uri(i),
+            len(samples),
+            t1 - t0,
+            time.monotonic() - t1,
+        )
         return Built(i, tar_path, w, sorted(samples[j].key for j in skipped))
 
     def ship(self, built: Built) -> dict[str, Any]:
@@ -129,8 +136,13 @@ class Packer:
         finally:
             _unlink(built.path)
         log.debug("%s: uploaded in %.2fs", uri, time.monotonic() - t0)
-        entry = {"url": SHARD_NAME.format(built.shard), "nsamples": w.nsamples, "filesize": w.size,
-                 "md5sum": w.md5, "skipped": built.skipped}
+        entry = {
+            "url": SHARD_NAME.format(built.shard),
+            "nsamples": w.nsamples,
+            "filesize": w.size,
+            "md5sum": w.md5,
+            "skipped": built.skipped,
+        }
         self.state.mark_done(built.shard, entry)
         self.on_shard(w.nsamples, w.size)
         return entry
@@ -151,8 +163,11 @@ class Packer:
             for n in numbers:
                 if plan.block_of[n] >= 0:
                     held[plan.block_of[n]] = held.get(plan.block_of[n], 0) + 1
-        whole = {b for b, count in held.items()
-                 if plan is not None and count == len(plan.blocks[b]) and wildcard_pays(plan.blocks[b].objects)}
+        whole = {
+            b
+            for b, count in held.items()
+            if plan is not None and count == len(plan.blocks[b]) and wildcard_pays(plan.blocks[b].objects)
+        }
         lines: list[str] = []
         dests: dict[str, str] = {}
         where: dict[tuple[int, int], tuple[str, str]] = {}
@@ -161,8 +176,12 @@ class Packer:
             block, scratch = None, ""
             if b in whole and plan is not None:
                 block, scratch = plan.blocks[b], os.path.join(folder, f"b{b}")
-            elif plan is not None and plan.single is not None and (own := plan.single[n]) is not None \
-                    and wildcard_pays(own.objects):
+            elif (
+                plan is not None
+                and plan.single is not None
+                and (own := plan.single[n]) is not None
+                and wildcard_pays(own.objects)
+            ):
                 block, scratch = own, os.path.join(folder, f"s{j}")  # its objects, one line
             if block is not None:
                 if scratch + "/" not in dests:
@@ -195,8 +214,9 @@ class Packer:
                     what = dests.get(dest) or f"the objects of {self.shard_uri(i)}"
                     raise error_for(kind, f"{what}: {error}", self.access.endpoint())
             if out.returncode != 0 and not out.failed and not out.unplaced:
-                raise error_from_exit(out.returncode, out.stderr, f"the objects of {self.shard_uri(i)}",
-                                      self.access.endpoint())
+                raise error_from_exit(
+                    out.returncode, out.stderr, f"the objects of {self.shard_uri(i)}", self.access.endpoint()
+                )
         skipped: set[int] = set()
         for (j, _), (path, uri) in sorted(where.items()):
             if j in skipped or os.path.exists(path):
@@ -206,16 +226,23 @@ class Packer:
                     f"{uri}: listed, but gone before it was downloaded; run the pack again to pack what is "
                     "there now, or skip such samples (missing='skip', --skip-missing)"
                 )
-            log.warning("%s: gone since it was listed; its sample %r is left out of %s", uri, samples[j].key,
-                        self.shard_uri(i))
+            log.warning(
+                "%s: gone since it was listed; its sample %r is left out of %s",
+                uri,
+                samples[j].key,
+                self.shard_uri(i),
+            )
             skipped.add(j)
         return {jk: path for jk, (path, _) in where.items()}, skipped
 
     def upload(self, path: str, uri: str, size: int) -> None:
         """Upload the shard at ``path`` to ``uri`` (a multipart upload for a large one, aborted if
         it does not finish)."""
+
         def start() -> Any:
-            return _start_copy(self.s5, path, uri, concurrency=min(16, self.numworkers), part_size=0, size=size)
+            return _start_copy(
+                self.s5, path, uri, concurrency=min(16, self.numworkers), part_size=0, size=size
+            )
 
         if size <= MIN_PART_SIZE:  # one PUT: nothing to abort if it is cut short
             _transfer.run(self.work.start(start), uri)

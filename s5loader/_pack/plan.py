@@ -77,12 +77,19 @@ class PackOptions:
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ConfigError(f"seed must be an int, got {self.seed!r}")
         if not self.index_timeout > 0:
-            raise ConfigError(f"index_timeout must be a positive number of seconds, got {self.index_timeout!r}")
+            raise ConfigError(
+                f"index_timeout must be a positive number of seconds, got {self.index_timeout!r}"
+            )
 
     def content(self) -> dict[str, Any]:
         """The options that decide what the shards hold (not how fast they are made)."""
-        return {"shard_size": self.shard_size, "group_by": self.group_by, "label": self.label,
-                "shuffle": bool(self.shuffle), "seed": self.seed if self.shuffle else None}
+        return {
+            "shard_size": self.shard_size,
+            "group_by": self.group_by,
+            "label": self.label,
+            "shuffle": bool(self.shuffle),
+            "seed": self.seed if self.shuffle else None,
+        }
 
 
 class Member(NamedTuple):
@@ -126,7 +133,9 @@ def check_member(key: str, field: str, where: str) -> str:
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
-        raise UnsafeArchiveError(f"{where}: its key is not UTF-8, so it cannot be a tar member name") from None
+        raise UnsafeArchiveError(
+            f"{where}: its key is not UTF-8, so it cannot be a tar member name"
+        ) from None
     parts = key.split("/")
     why = ""
     if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
@@ -134,16 +143,20 @@ def check_member(key: str, field: str, where: str) -> str:
     elif any(c in name for c in "\x00\n\r"):
         why = "a NUL character or a line break"
     elif split_name(name) != (key, field.lower()):
-        why = (f"the sample key {key!r} and field {field!r} would read back as "
-               f"{split_name(name)!r} (a dot in the key's last part, or a '/' in the field)")
+        why = (
+            f"the sample key {key!r} and field {field!r} would read back as "
+            f"{split_name(name)!r} (a dot in the key's last part, or a '/' in the field)"
+        )
     if why:
-        raise UnsafeArchiveError(f"{where}: cannot be the tar member {name!r}: {why}; rename it, or pick another --group-by")
+        raise UnsafeArchiveError(
+            f"{where}: cannot be the tar member {name!r}: {why}; rename it, or pick another --group-by"
+        )
     return name
 
 
 def relative_key(sample: Sample, base: str) -> str:
     """The sample's key inside the shards: relative to the listed prefix's key ``base``."""
-    return sample.key[len(base):] if base and sample.key.startswith(base) else sample.key
+    return sample.key[len(base) :] if base and sample.key.startswith(base) else sample.key
 
 
 def plan_samples(samples: Iterable[Sample], base: str) -> list[PlannedSample]:
@@ -160,7 +173,9 @@ def plan_samples(samples: Iterable[Sample], base: str) -> list[PlannedSample]:
         key = relative_key(s, base)
         first = s.fields[0].uri if s.fields else key
         if key in seen:
-            raise ConfigError(f"{first}: its sample key {key!r} is also the key of {seen[key]}; shards need one sample per key")
+            raise ConfigError(
+                f"{first}: its sample key {key!r} is also the key of {seen[key]}; shards need one sample per key"
+            )
         seen[key] = first
         members = [Member(check_member(key, f.name, f.uri), f.uri, f.size, f.etag) for f in s.fields]
         extra = dict(s.extra or {})
@@ -169,9 +184,11 @@ def plan_samples(samples: Iterable[Sample], base: str) -> list[PlannedSample]:
         extra = {k: v for k, v in extra.items() if not k.startswith("__")}
         if extra:
             members.append(_made(key, "json", json.dumps(extra, sort_keys=True).encode(), first))
-        fields = [m.name[len(key) + 1:].lower() for m in members]
+        fields = [m.name[len(key) + 1 :].lower() for m in members]
         if len(set(fields)) != len(fields):
-            raise ConfigError(f"{first}: sample {key!r} has fields that read back the same ({', '.join(fields)})")
+            raise ConfigError(
+                f"{first}: sample {key!r} has fields that read back the same ({', '.join(fields)})"
+            )
         out.append(PlannedSample(key, tuple(members)))
     return out
 
@@ -218,7 +235,10 @@ def disk_bytes(samples: Sequence[PlannedSample]) -> int:
 
 
 def check_budget(
-    planned: Sequence[PlannedSample], order: Sequence[int] | np.ndarray, cuts: Sequence[tuple[int, int]], budget: int,
+    planned: Sequence[PlannedSample],
+    order: Sequence[int] | np.ndarray,
+    cuts: Sequence[tuple[int, int]],
+    budget: int,
     dest: str,
 ) -> None:
     """Refuse, before anything is written, a plan that the disk budget cannot hold: a sample

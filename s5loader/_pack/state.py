@@ -75,7 +75,7 @@ class DestState:
     def listed(self) -> list[str]:
         """The keys below DEST, relative to it."""
         try:
-            return [o.key[len(self.key):] for o in list_prefix(self.dest, S5cmd(access=self.access))]
+            return [o.key[len(self.key) :] for o in list_prefix(self.dest, S5cmd(access=self.access))]
         except EmptySourceError:
             return []
 
@@ -99,8 +99,10 @@ class DestState:
             self._same(theirs, doc)
             foreign = [k for k in listed if k.endswith(SHARD_SUFFIXES) and not _ours(k, doc.get("shards"))]
             if foreign:
-                raise ConfigError(f"{self.dest} holds {self.dest}{foreign[0]}, which this pack does not write; "
-                                  "pack into a prefix of its own")
+                raise ConfigError(
+                    f"{self.dest} holds {self.dest}{foreign[0]}, which this pack does not write; "
+                    "pack into a prefix of its own"
+                )
             return None
         finished = self._finished(doc) if DEFAULT_INDEX in listed else None
         if finished is not None:
@@ -123,7 +125,9 @@ class DestState:
         try:
             doc = json.loads(data)
         except ValueError as exc:
-            raise ConfigError(f"{self.dest}{PLAN} is not a pack plan ({exc}); remove it or pack elsewhere") from exc
+            raise ConfigError(
+                f"{self.dest}{PLAN} is not a pack plan ({exc}); remove it or pack elsewhere"
+            ) from exc
         return doc if isinstance(doc, dict) else {}
 
     def _same(self, theirs: dict[str, Any], doc: dict[str, Any]) -> None:
@@ -205,6 +209,7 @@ class DestState:
 
     def entries(self, nshards: int) -> list[dict[str, Any]]:
         """The markers of shards ``0 .. nshards-1``, in order (read side by side)."""
+
         def one(i: int) -> dict[str, Any]:
             data = self._get(f"{DONE}{SHARD_NAME.format(i)}.json")
             if data is None:
@@ -217,10 +222,18 @@ class DestState:
     def write_index(self, entries: list[dict[str, Any]], name: str, plan: dict[str, Any]) -> str:
         """Write ``DEST/wids.json`` (sizes, sample counts and MD5 of every shard, and the
         ``plan`` with the keys of the samples left out); last."""
-        shardlist = [{"url": e["url"], "nsamples": e["nsamples"], "filesize": e["filesize"], "md5sum": e["md5sum"]}
-                     for e in entries]
+        shardlist = [
+            {"url": e["url"], "nsamples": e["nsamples"], "filesize": e["filesize"], "md5sum": e["md5sum"]}
+            for e in entries
+        ]
         record = {**plan, "skipped": [k for e in entries for k in e.get("skipped", [])]}
-        doc = {"__kind__": WIDS_KIND, "wids_version": 1, "name": name, "shardlist": shardlist, PACK_RECORD: record}
+        doc = {
+            "__kind__": WIDS_KIND,
+            "wids_version": 1,
+            "name": name,
+            "shardlist": shardlist,
+            PACK_RECORD: record,
+        }
         self._put(DEFAULT_INDEX, (json.dumps(doc, indent=1) + "\n").encode())
         return self.dest + DEFAULT_INDEX
 
@@ -233,14 +246,21 @@ class DestState:
                 self.client.delete_object(Bucket=self.bucket, Key=self.key + PLAN)
                 keys = keys[1:]
             for i in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
-                batch = [{"Key": self.key + k} for k in keys[i:i + 1000]]
+                batch = [{"Key": self.key + k} for k in keys[i : i + 1000]]
                 out = self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
                 for e in out.get("Errors", []) or []:
-                    log.warning("could not remove %s (%s); the pack is finished: remove it by hand",
-                                f"s3://{self.bucket}/{e.get('Key')}", e.get("Message") or e.get("Code"))
+                    log.warning(
+                        "could not remove %s (%s); the pack is finished: remove it by hand",
+                        f"s3://{self.bucket}/{e.get('Key')}",
+                        e.get("Message") or e.get("Code"),
+                    )
         except Exception as exc:  # noqa: BLE001 - the index is written: the pack is done
-            log.warning("could not remove %s%s (%s); the pack is finished: remove it by hand", self.dest, STATE,
-                        boto3_error(exc, self.dest + STATE))
+            log.warning(
+                "could not remove %s%s (%s); the pack is finished: remove it by hand",
+                self.dest,
+                STATE,
+                boto3_error(exc, self.dest + STATE),
+            )
 
 
 def _ours(key: str, nshards: int | None) -> bool:

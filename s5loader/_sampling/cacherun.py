@@ -196,13 +196,18 @@ class CacheRun:
     def end_pass(self, epoch: int) -> None:
         log.info(
             "epoch %d: %d samples read from the epoch cache; %d kept for the next epoch, %d bytes held",
-            epoch, self.hits, self.admitted, self.admission.held,
+            epoch,
+            self.hits,
+            self.admitted,
+            self.admission.held,
         )
 
     # -- while a pass runs (the engine's thread) ---------------------------------------------
     def take(self, idx: int) -> bool:
         assert self.layout is not None
-        if self.cache.take(idx, self.layout.sample_dir(idx), self.samples[idx], self.verify, self.strays.get(idx)):
+        if self.cache.take(
+            idx, self.layout.sample_dir(idx), self.samples[idx], self.verify, self.strays.get(idx)
+        ):
             self.taken.add(idx)
             self.hits += 1
             return True
@@ -280,11 +285,17 @@ def open_cache_run(
     o = order
     name = cache_id(fingerprint, o.shuffle, o.seed, o.num_replicas, o.drop_last, window, ranks[0], len(ranks))
     cache = EpochCache(root, name, fingerprint, options.keep_epoch_cache)
-    return new_cache_run(dataset, cache, options.epoch_cache, _weakly(orders), ranks.index(o.rank), options.verify)
+    return new_cache_run(
+        dataset, cache, options.epoch_cache, _weakly(orders), ranks.index(o.rank), options.verify
+    )
 
 
 def new_cache_run(
-    dataset: S5Dataset, cache: EpochCache, capacity: int, orders: Callable[[int], list[list[int]]], me: int,
+    dataset: S5Dataset,
+    cache: EpochCache,
+    capacity: int,
+    orders: Callable[[int], list[list[int]]],
+    me: int,
     verify: bool,
 ) -> CacheRun:
     """A :class:`CacheRun` over ``dataset``'s units (samples, or tar shards: see
@@ -311,7 +322,12 @@ def _weakly(method: Callable[[int], list[list[int]]]) -> Callable[[int], list[li
 
 
 def open_iterable_cache(
-    dataset: S5Dataset, size: int, job: tuple[object, ...], num_replicas: int | None, rank: int | None, root: str,
+    dataset: S5Dataset,
+    size: int,
+    job: tuple[object, ...],
+    num_replicas: int | None,
+    rank: int | None,
+    root: str,
     keep: bool,
 ) -> EpochCache | None:
     """The epoch cache folder of an iterable dataset with ``epoch_cache`` (``size``; None
@@ -323,6 +339,8 @@ def open_iterable_cache(
     r, world = rank_info(num_replicas, rank)
     ranks = node_ranks(r, world)
     fingerprint = index_fingerprint(dataset.samples)
-    cache = EpochCache(root, cache_id(fingerprint, "iterable", *job, world, ranks[0], len(ranks)), fingerprint, keep)
+    cache = EpochCache(
+        root, cache_id(fingerprint, "iterable", *job, world, ranks[0], len(ranks)), fingerprint, keep
+    )
     cache.open()
     return cache

@@ -208,7 +208,9 @@ class FeedHost:
         """Stop serving (the thread ends at its next message) and close the connections. Safe to
         call twice."""
         self.stop.set()
-        self.inbox.put((ERROR, StallError("this staging pass was stopped: a newer iteration or close() replaced it")))
+        self.inbox.put(
+            (ERROR, StallError("this staging pass was stopped: a newer iteration or close() replaced it"))
+        )
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join(timeout=5)

@@ -50,13 +50,20 @@ def check_options(
     if not isinstance(drop_last, bool):
         raise ConfigError(f"drop_last must be a bool, got {drop_last!r}")
     if options.keep_staged:
-        raise ConfigError("keep_staged is S5Sampler's alone; S5IterableDataset has epoch_cache for later epochs")
+        raise ConfigError(
+            "keep_staged is S5Sampler's alone; S5IterableDataset has epoch_cache for later epochs"
+        )
     r, world = rank_info(num_replicas, rank)  # a bad explicit split fails here, not in a worker
     # The budget is checked now, in the main process, as the sampler's is (the same checks, the
     # same messages).
     options, root = fit_budget(dataset, options, None)
     cache = open_iterable_cache(
-        dataset, options.epoch_cache, (shuffle, seed, shuffle_buffer, drop_last), num_replicas, rank, root,
+        dataset,
+        options.epoch_cache,
+        (shuffle, seed, shuffle_buffer, drop_last),
+        num_replicas,
+        rank,
+        root,
         options.keep_epoch_cache,
     )
     try:
@@ -81,8 +88,14 @@ def check_count(name: str, value: int | None, least: int) -> int | None:
 
 
 def check_buffer(
-    dataset: S5Dataset, order: Order, shuffle_buffer: int, epoch: int, options: StagingOptions, cached: bool,
-    root: str, start: int = 0,
+    dataset: S5Dataset,
+    order: Order,
+    shuffle_buffer: int,
+    epoch: int,
+    options: StagingOptions,
+    cached: bool,
+    root: str,
+    start: int = 0,
 ) -> None:
     """Check that a shuffle buffer over tar shards leaves the shards the rank's order needs at
     once within the budget.
@@ -123,11 +136,14 @@ def check_buffer(
     # about a million samples' worth of orders, at most SUGGEST_EPOCHS.
     epochs = range(epoch, epoch + max(1, min(SUGGEST_EPOCHS, 1_000_000 // max(1, n // order.num_replicas))))
     fits = _largest_buffer(lambda k: all(peak(budget, k, e) <= budget for e in epochs), shuffle_buffer)
-    holds = _budget_for(lambda b: all(peak(b, shuffle_buffer, e) <= b for e in epochs), need, dataset.total_bytes)
+    holds = _budget_for(
+        lambda b: all(peak(b, shuffle_buffer, e) <= b for e in epochs), need, dataset.total_bytes
+    )
     window = rank_layout(dataset, budget, options.calls_in_flight, order.shuffle, cached, root)[0]
     mixes = (
         f"; shuffle=True already mixes samples across the shards the budget holds open ({window} here)"
-        if order.shuffle is True else ""
+        if order.shuffle is True
+        else ""
     )
     smaller = f"shuffle_buffer={fits} or less" if fits > 1 else "shuffle_buffer=0 (no buffer)"
     raise_to = f", or raise the budget to at least {format_size(_at_least(holds))}" if holds else ""

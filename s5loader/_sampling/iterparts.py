@@ -29,8 +29,19 @@ from .units import freeing_cost, units_of
 # its own) is read for states taken at an epoch's end only
 STATE_VERSION = 2
 _STATE_KEYS = (
-    "version", "epoch", "seed", "shuffle", "shuffle_buffer", "drop_last", "num_replicas", "rank",
-    "num_workers", "worker", "dataset_len", "yielded", "complete",
+    "version",
+    "epoch",
+    "seed",
+    "shuffle",
+    "shuffle_buffer",
+    "drop_last",
+    "num_replicas",
+    "rank",
+    "num_workers",
+    "worker",
+    "dataset_len",
+    "yielded",
+    "complete",
 )
 
 
@@ -73,7 +84,13 @@ def remaining(length: int, starts: list[int], chunk: int) -> list[int]:
 
 
 def rank_order(
-    units: Any, order: Order, epoch: int, shuffle_buffer: int, blocks: Any, window: int, cost: Freeing | None = None,
+    units: Any,
+    order: Order,
+    epoch: int,
+    shuffle_buffer: int,
+    blocks: Any,
+    window: int,
+    cost: Freeing | None = None,
 ) -> tuple[list[int], list[int] | None]:
     """The rank's whole order of ``epoch`` (the sampler's: :meth:`ObjectUnits.plan
     <s5loader._sampling.units.ObjectUnits.plan>` of the data set's ``units``), through the
@@ -217,9 +234,23 @@ def check_state(state: Any, dataset_len: int) -> dict[str, Any]:
             of an earlier s5loader taken mid-epoch (its workers split the epoch another way).
     """
     check_fields(
-        state, "S5IterableDataset.state_dict()", _STATE_KEYS, (1, STATE_VERSION),
-        ("epoch", "yielded", "num_replicas", "rank", "num_workers", "worker", "dataset_len", "seed", "shuffle_buffer"),
-        ("drop_last", "complete"), dataset_len,
+        state,
+        "S5IterableDataset.state_dict()",
+        _STATE_KEYS,
+        (1, STATE_VERSION),
+        (
+            "epoch",
+            "yielded",
+            "num_replicas",
+            "rank",
+            "num_workers",
+            "worker",
+            "dataset_len",
+            "seed",
+            "shuffle_buffer",
+        ),
+        ("drop_last", "complete"),
+        dataset_len,
     )
     if state["num_replicas"] < 1 or state["rank"] >= state["num_replicas"]:
         raise StateError(f"state has rank {state['rank']} of {state['num_replicas']}")

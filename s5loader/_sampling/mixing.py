@@ -55,7 +55,9 @@ def draw_open(pieces: list[list[int]], room: float, cost: Freeing, rng: np.rando
     back = [0] * len(parts)
     heads = [0.0] * len(parts)  # what the run from the shard's start gives back
     tails = [0.0] * len(parts)  # and the run to its end
-    tokens: list[int] = []  # one per unread sample of the open pieces: a uniform token is a piece by its count
+    tokens: list[
+        int
+    ] = []  # one per unread sample of the open pieces: a uniform token is a piece by its count
     out: list[int] = []
     held = 0.0
     queued = opened = 0
@@ -170,7 +172,9 @@ def mixing_budget(shard_samples: float, sample_bytes: float, largest: int, frees
     return (k + 1) * largest
 
 
-def few_shards(dataset: S5Dataset, budget: int, cost: Freeing | None, shuffle: bool | str, who: str) -> str | None:
+def few_shards(
+    dataset: S5Dataset, budget: int, cost: Freeing | None, shuffle: bool | str, who: str
+) -> str | None:
     """What a loader with ``shuffle=True`` over tar shards that do not fit ``budget`` says at
     ``iter()`` when the budget is below :func:`mixing_budget`, so that a batch draws from fewer
     shards than a :data:`REFERENCE_BUFFER`-sample shuffle buffer would: the shards it holds, the
@@ -185,8 +189,9 @@ def few_shards(dataset: S5Dataset, budget: int, cost: Freeing | None, shuffle: b
     if budget >= need:
         return None
     held = (
-        "" if cost is not None else
-        ", each held whole until its last sample is read (an epoch cache or keep_staged keeps shards whole, or the "
+        ""
+        if cost is not None
+        else ", each held whole until its last sample is read (an epoch cache or keep_staged keeps shards whole, or the "
         "staging directory cannot punch holes)"
     )
     return (

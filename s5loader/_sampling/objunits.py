@@ -158,7 +158,13 @@ class ObjectUnits:
         return shuffle == "block"
 
     def plan(
-        self, order: Order, epoch: int, start: int, blocks: BlockPlan, window: int, cost: Freeing | None = None,
+        self,
+        order: Order,
+        epoch: int,
+        start: int,
+        blocks: BlockPlan,
+        window: int,
+        cost: Freeing | None = None,
     ) -> tuple[list[int], list[int] | None]:
         """This rank's order of ``epoch`` from ``start`` on, and (``shuffle="block"``) where
         its windows begin: a block order of the key-prefix ``blocks``, else the permutation
@@ -196,7 +202,6 @@ class ObjectUnits:
         of it for raw objects, whose folders move."""
         return budget
 
-
     def fingerprint(self) -> str:
         """A digest of what these units are (see :func:`~s5loader.staging.epochcache.index_fingerprint`)."""
         return index_fingerprint(self.dataset.samples)
@@ -213,12 +218,17 @@ class ObjectUnits:
         return None
 
     def open_pass(
-        self, order: Sequence[int], folder: str, keep: bool, options: StagingOptions, shuffle: bool | str | None,
-        frees: bool = False, hits: Hits | None = None, early: bool = False,
+        self,
+        order: Sequence[int],
+        folder: str,
+        keep: bool,
+        options: StagingOptions,
+        shuffle: bool | str | None,
+        frees: bool = False,
+        hits: Hits | None = None,
+        early: bool = False,
     ) -> PassUnits:
         """The units of a pass of ``order`` (``frees``: over tar shards, the order counts the
         bytes its samples free as they are read, see :meth:`ShardUnits.order_cost`; ``hits``:
         the epoch cache's; ``early``: samples not staged yet go out at once, see :mod:`.early`)."""
         return ObjectPass(order, keep, early)
-
-

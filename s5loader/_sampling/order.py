@@ -91,11 +91,19 @@ class Order:
             rest += (rest * math.ceil(pad / len(rest)))[:pad]
         return rest[self.rank :: w]
 
-    def _block_indices(self, n: int, epoch: int, start: int, units: list[list[int]], window: int) -> list[int]:
+    def _block_indices(
+        self, n: int, epoch: int, start: int, units: list[list[int]], window: int
+    ) -> list[int]:
         return self.block_order(n, epoch, start, units, window)[0]
 
     def block_order(
-        self, n: int, epoch: int, start: int, units: list[list[int]], window: int, run: tuple[int, int] = (0, 1),
+        self,
+        n: int,
+        epoch: int,
+        start: int,
+        units: list[list[int]],
+        window: int,
+        run: tuple[int, int] = (0, 1),
         front_first: bool = False,
     ) -> tuple[list[int], list[int]]:
         """The ``shuffle="block"`` order of this rank from ``start`` on, and where its windows
@@ -124,7 +132,9 @@ class Order:
         g.manual_seed(self.seed + epoch)
         window = max(1, window)
         w = self.num_replicas
-        seq, edges, per = end_to_end(units, torch.randperm(len(units), generator=g).tolist(), n, w, self.drop_last)
+        seq, edges, per = end_to_end(
+            units, torch.randperm(len(units), generator=g).tolist(), n, w, self.drop_last
+        )
         # Each rank (and run) shuffles the parts before its own too, so that the random stream
         # that shuffles a part is the same on every rank.
         for r in range(w):
@@ -145,7 +155,9 @@ class Order:
                     return out, ([0] if out else []) + [s - start for s in starts if s > start]
         return [], []
 
-    def _windows(self, pieces: list[list[int]], window: int, g: torch.Generator) -> tuple[list[int], list[int]]:
+    def _windows(
+        self, pieces: list[list[int]], window: int, g: torch.Generator
+    ) -> tuple[list[int], list[int]]:
         """``pieces`` (whole units) laid end to end in windows that grow from
         :data:`FIRST_WINDOW` samples to ``window``, each shuffled; and where they begin."""
         part: list[int] = []
@@ -164,7 +176,13 @@ class Order:
         return part, wins
 
     def shard_order(
-        self, n: int, epoch: int, start: int, units: list[list[int]], open_units: int, run: tuple[int, int] = (0, 1),
+        self,
+        n: int,
+        epoch: int,
+        start: int,
+        units: list[list[int]],
+        open_units: int,
+        run: tuple[int, int] = (0, 1),
         cost: Freeing | None = None,
     ) -> list[int]:
         """This rank's order over tar shards (``units``: each shard's sample indices) from

@@ -36,7 +36,13 @@ class StagingPasses:
     of earlier ones awaiting removal, the indices kept staged, and the last pass's figures."""
 
     def __init__(
-        self, dataset: S5Dataset, area: StagingArea, s5cmd: S5cmd, layout: BlockPlan, keep: bool, frees: bool = False
+        self,
+        dataset: S5Dataset,
+        area: StagingArea,
+        s5cmd: S5cmd,
+        layout: BlockPlan,
+        keep: bool,
+        frees: bool = False,
     ) -> None:
         self.dataset = dataset
         self.frees = frees  # orders count what samples free as they are read (see ShardUnits.order_cost)
@@ -77,7 +83,9 @@ class StagingPasses:
         back by their readers. With ``early``, an index not staged yet goes out at once, its
         reader to wait for it (:mod:`.early`)."""
         where = self._new_pass()
-        hits, back = cache.begin_pass(epoch(), order, where.path) if cache is not None else (None, frozenset())
+        hits, back = (
+            cache.begin_pass(epoch(), order, where.path) if cache is not None else (None, frozenset())
+        )
         keep = self.keep
         units = open_pass(self.dataset, order, where.path, keep, options, shuffle, self.frees, hits, early)
         released, folders = self.released, StagingLayout(where.path)
@@ -211,6 +219,10 @@ def write_command_files(
     stage = os.path.abspath(directory)
     units = open_pass(dataset, order, stage, False, options, None)  # over shards: a line per shard visit
     return write_plan_files(
-        dataset.samples, units.engine_order, units.engine_windows(windows), layout,
-        units.engine_options(options).samples_per_call, stage,
+        dataset.samples,
+        units.engine_order,
+        units.engine_windows(windows),
+        layout,
+        units.engine_options(options).samples_per_call,
+        stage,
     )

@@ -50,7 +50,11 @@ class RankHost:
     """
 
     def __init__(
-        self, dataset: S5Dataset, options: StagingOptions, root: str, shuffle: bool | str,
+        self,
+        dataset: S5Dataset,
+        options: StagingOptions,
+        root: str,
+        shuffle: bool | str,
         cache: EpochCache | None = None,
     ) -> None:
         self.dataset = dataset
@@ -80,7 +84,9 @@ class RankHost:
         self._warn_few_shards(p)
         hello = Hello(p.worker, p.num_workers, p.epoch, p.yielded, p.plan)
         nw, chunk = p.num_workers, p.chunk
-        self.feed = FeedHost(name, hello, lambda hellos: self._serve(p, hellos), lambda q: owner(q, nw, chunk))
+        self.feed = FeedHost(
+            name, hello, lambda hellos: self._serve(p, hellos), lambda q: owner(q, nw, chunk)
+        )
         return self.feed.start()
 
     def _serve(self, p: _Pass, hellos: dict[int, Hello]) -> Iterator[tuple[int, tuple[str, Any]]]:
@@ -117,11 +123,17 @@ class RankHost:
     def _warn_few_shards(self, p: _Pass) -> None:
         """Warn once per data set and rank, whichever worker process hosts the rank (a mark among
         the data set's control files says it was said)."""
-        few = few_shards(self.dataset, self.run.options.budget, self.cost, p.order.shuffle, "S5IterableDataset")
+        few = few_shards(
+            self.dataset, self.run.options.budget, self.cost, p.order.shuffle, "S5IterableDataset"
+        )
         if not few:
             return
         try:
-            os.close(os.open(os.path.join(self.run.area.root, ".calls", f"mixing-r{p.rank}"), os.O_CREAT | os.O_EXCL))
+            os.close(
+                os.open(
+                    os.path.join(self.run.area.root, ".calls", f"mixing-r{p.rank}"), os.O_CREAT | os.O_EXCL
+                )
+            )
         except OSError:
             return  # said already (or the dataset's directory is gone)
         warnings.warn(few, UserWarning, stacklevel=4)
@@ -144,11 +156,16 @@ class RankHost:
         ds = self.dataset
 
         def orders(epoch: int) -> list[list[int]]:
-            return [self.rank_order(dataclasses.replace(p.order, rank=r), epoch, p.shuffle_buffer)[0] for r in ranks]
+            return [
+                self.rank_order(dataclasses.replace(p.order, rank=r), epoch, p.shuffle_buffer)[0]
+                for r in ranks
+            ]
 
         assert self.cache is not None
         opts = self.run.options
-        return new_cache_run(ds, self.cache.sharer(), opts.epoch_cache, orders, ranks.index(p.rank), opts.verify)
+        return new_cache_run(
+            ds, self.cache.sharer(), opts.epoch_cache, orders, ranks.index(p.rank), opts.verify
+        )
 
     def metrics(self, epoch: int, samples: int) -> Metrics:
         return self.run.metrics(epoch, samples)
@@ -199,7 +216,9 @@ class Hosting:
             the iterable dataset's own directory, which the host stages below.
     """
 
-    def __init__(self, dataset: S5Dataset, options: StagingOptions, shuffle: bool | str, cache: EpochCache | None) -> None:
+    def __init__(
+        self, dataset: S5Dataset, options: StagingOptions, shuffle: bool | str, cache: EpochCache | None
+    ) -> None:
         self.dataset = dataset
         self.options = options
         self.shuffle = shuffle
@@ -247,5 +266,3 @@ def _windows_of(windows: list[int] | None, rest: list[int]) -> list[int] | None:
         return windows
     out = sorted({bisect.bisect_left(rest, w) for w in windows} - {len(rest)})
     return out if out and out[0] == 0 else [0, *out]
-
-

@@ -66,7 +66,9 @@ def check_fields(
         if k in state and not isinstance(state[k], bool):
             raise StateError(f"state[{k!r}] must be a bool, got {state[k]!r}")
     if state["dataset_len"] != dataset_len:
-        raise StateError(f"the state is for a data set of {state['dataset_len']} samples; this one has {dataset_len}")
+        raise StateError(
+            f"the state is for a data set of {state['dataset_len']} samples; this one has {dataset_len}"
+        )
     return state
 
 
@@ -79,12 +81,27 @@ def check_state(state: Any, dataset_len: int, units: Any) -> SavedPosition:
         StateError: the state does not fit (another data set size, negative counts, an
             unknown version, a missing key).
     """
-    need = ["version", "epoch", "seed", "shuffle", "drop_last", "num_replicas", "dataset_len", "start", "yielded"]
+    need = [
+        "version",
+        "epoch",
+        "seed",
+        "shuffle",
+        "drop_last",
+        "num_replicas",
+        "dataset_len",
+        "start",
+        "yielded",
+    ]
     if isinstance(state, dict) and state.get("version") == STATE_VERSION:
         need.append("complete")
     check_fields(
-        state, "S5Sampler.state_dict()", need, (1, STATE_VERSION),
-        ("epoch", "start", "yielded", "num_replicas", "dataset_len", "seed"), ("complete",), dataset_len,
+        state,
+        "S5Sampler.state_dict()",
+        need,
+        (1, STATE_VERSION),
+        ("epoch", "start", "yielded", "num_replicas", "dataset_len", "seed"),
+        ("complete",),
+        dataset_len,
     )
     if state["num_replicas"] < 1:
         raise StateError(f"state['num_replicas'] must be >= 1, got {state['num_replicas']}")
@@ -177,9 +194,15 @@ def resume_window(
     if not units.per_rank(saved.shuffle) or window == current:
         return current, options
     if saved.shuffle != "block":
-        log.info("resuming a shard order with the saved %d open shard(s) (this budget gives %d)", window, current)
+        log.info(
+            "resuming a shard order with the saved %d open shard(s) (this budget gives %d)", window, current
+        )
         return window, options
-    log.info("shuffle='block': resuming with the saved window of %d samples (this budget gives %d)", window, current)
+    log.info(
+        "shuffle='block': resuming with the saved window of %d samples (this budget gives %d)",
+        window,
+        current,
+    )
     if options.samples_per_call < window:
         options = replace(options, samples_per_call=window)
     return window, options
@@ -203,14 +226,16 @@ def resume(
         )
     if units.per_rank(saved.shuffle) and w != here and not saved.complete:
         raise StateError(
-            f"{what} epoch resumes only with the same number of ranks: the state "
-            f"has {w}, this job {here}"
+            f"{what} epoch resumes only with the same number of ranks: the state has {w}, this job {here}"
         )
     if w != here and not saved.complete:
         log.warning(
             "resuming with %d rank(s) from a state saved with %d: continuing the global "
             "order at position %d of %d",
-            here, w, min(saved.consumed, n), n,
+            here,
+            w,
+            min(saved.consumed, n),
+            n,
         )
     resumed = Order(saved.shuffle, saved.seed, here, order.rank, saved.drop_last)
     if saved.complete:
@@ -245,7 +270,9 @@ def resume_cost(saved: SavedPosition, cost: Any, possible: bool, units: Any, sou
     resumed = units.order_cost()
     resumed.room = saved.room
     if cost is None or cost.room != saved.room:
-        log.info("resuming a shard order with the saved %d bytes open (this budget gives %s)", saved.room,
-                 cost.room if cost is not None else "none")
+        log.info(
+            "resuming a shard order with the saved %d bytes open (this budget gives %s)",
+            saved.room,
+            cost.room if cost is not None else "none",
+        )
     return resumed
-

@@ -42,7 +42,12 @@ class StagingRun:
     """
 
     def __init__(
-        self, dataset: S5Dataset, options: StagingOptions, root: str, keep: bool = False, cache: CacheRun | None = None,
+        self,
+        dataset: S5Dataset,
+        options: StagingOptions,
+        root: str,
+        keep: bool = False,
+        cache: CacheRun | None = None,
         frees: bool = False,
     ) -> None:
         self.dataset = dataset
@@ -58,8 +63,13 @@ class StagingRun:
         collect_abandoned()
 
     def stage(
-        self, order: list[int], windows: list[int] | None, shuffle: bool | str, epoch: Callable[[], int],
-        skips: bool = False, early: bool = False,
+        self,
+        order: list[int],
+        windows: list[int] | None,
+        shuffle: bool | str,
+        epoch: Callable[[], int],
+        skips: bool = False,
+        early: bool = False,
     ) -> Generator[StagedIndex | None, None, None]:
         """Stage ``order`` in a new pass and yield each index once its files are staged,
         counting them in :attr:`position` (skipped samples are counted, not yielded; with

@@ -41,7 +41,9 @@ def configure(
     at once), the staging options with the budget the staging root has room for, and that root."""
     shuffle = check_shuffle(shuffle)
     check_seed(seed)
-    if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1):
+    if batch_size is not None and (
+        not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1
+    ):
         raise ConfigError(f"batch_size must be a positive int or None, got {batch_size!r}")
     r, world = rank_info(num_replicas, rank)
     units = units_of(dataset)
@@ -105,7 +107,11 @@ def fit_budget(
         if options.keep_staged or largest.size > room:
             raise BudgetError(
                 f"only {format_size(room)} fit in {root}, too little for "
-                + ("the whole data set with keep_staged" if options.keep_staged else f"sample {largest.key!r}")
+                + (
+                    "the whole data set with keep_staged"
+                    if options.keep_staged
+                    else f"sample {largest.key!r}"
+                )
             )
         options = replace(options, budget=room)
     if batch_size is not None and units.holds_batches:
@@ -113,7 +119,9 @@ def fit_budget(
     return options, root
 
 
-def check_loader_batch(sampler: object, dataset: S5Dataset, budget: int, caller: FrameType | None) -> int | None:
+def check_loader_batch(
+    sampler: object, dataset: S5Dataset, budget: int, caller: FrameType | None
+) -> int | None:
     """When a DataLoader's BatchSampler iterates ``sampler`` (``caller`` is the frame that
     asked for the iterator), check that ``budget`` holds one of its batches of ``dataset``.
 
@@ -136,7 +144,7 @@ def _check_batch_fits(dataset: S5Dataset, batch_size: int, budget: int) -> None:
     budget that cannot hold ``batch_size`` samples can stall; fail now with the numbers."""
     n = min(batch_size, len(dataset))
     sizes = dataset.samples.sizes()
-    biggest = [int(v) for v in sorted(np.partition(sizes, len(sizes) - n)[len(sizes) - n:], reverse=True)]
+    biggest = [int(v) for v in sorted(np.partition(sizes, len(sizes) - n)[len(sizes) - n :], reverse=True)]
     need = sum(biggest)
     if need > budget:
         raise BudgetError(

@@ -199,7 +199,13 @@ class ShardUnits(ObjectUnits):
         return Lifted(scratch, key, sum(len(v) for v in member.values()), True)
 
     def plan(
-        self, order: Order, epoch: int, start: int, blocks: BlockPlan, window: int, cost: Freeing | None = None,
+        self,
+        order: Order,
+        epoch: int,
+        start: int,
+        blocks: BlockPlan,
+        window: int,
+        cost: Freeing | None = None,
     ) -> tuple[list[int], list[int] | None]:
         """This rank's order over the shards from ``start`` on: a block order whose first shard is
         read from its front (it streams), else a shard order that keeps ``window`` shards open
@@ -217,12 +223,17 @@ class ShardUnits(ObjectUnits):
         return min(options.s5cmd_workers, SHARD_WORKERS)
 
     def open_pass(
-        self, order: Sequence[int], folder: str, keep: bool, options: StagingOptions, shuffle: bool | str | None,
-        frees: bool = False, hits: Hits | None = None, early: bool = False,
+        self,
+        order: Sequence[int],
+        folder: str,
+        keep: bool,
+        options: StagingOptions,
+        shuffle: bool | str | None,
+        frees: bool = False,
+        hits: Hits | None = None,
+        early: bool = False,
     ) -> PassUnits:
         shards = ShardPass(self.dataset, order, folder, keep, options.on_error, frees, hits)
         if shuffle is not None:
             shards.check_budget(options.budget, shuffle)
         return shards
-
-

@@ -28,8 +28,16 @@ from .objunits import Lifted, ObjectPass, ObjectUnits, PassUnits
 from .shardunits import SHARD_WORKERS, ShardUnits
 
 __all__ = [
-    "SHARD_WORKERS", "Lifted", "ObjectPass", "ObjectUnits", "PassUnits", "ShardUnits", "can_free", "freeing_cost",
-    "open_pass", "units_of",
+    "SHARD_WORKERS",
+    "Lifted",
+    "ObjectPass",
+    "ObjectUnits",
+    "PassUnits",
+    "ShardUnits",
+    "can_free",
+    "freeing_cost",
+    "open_pass",
+    "units_of",
 ]
 
 
@@ -40,8 +48,15 @@ def units_of(dataset: S5Dataset) -> ObjectUnits:
 
 
 def open_pass(
-    dataset: S5Dataset, order: Sequence[int], folder: str, keep: bool, options: StagingOptions,
-    shuffle: bool | str | None, frees: bool = False, hits: Hits | None = None, early: bool = False,
+    dataset: S5Dataset,
+    order: Sequence[int],
+    folder: str,
+    keep: bool,
+    options: StagingOptions,
+    shuffle: bool | str | None,
+    frees: bool = False,
+    hits: Hits | None = None,
+    early: bool = False,
 ) -> PassUnits:
     """The units of a pass of ``order`` staged into ``folder`` (``shuffle``: the order's, for
     the budget check; ``None``: no check, for command files written without a run).
@@ -70,4 +85,3 @@ def freeing_cost(
     if not units.frees_on_read(shuffle, cached, budget) or not can_free(dataset, cached, root, keep):
         return None
     return units.order_cost(budget)
-

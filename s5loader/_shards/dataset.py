@@ -54,7 +54,9 @@ class ShardSet(Sequence[Shard]):
         EmptySourceError: the shards hold no sample.
     """
 
-    def __init__(self, shards: Sequence[Shard], access: Access, source: str = "", index_uri: str = "") -> None:
+    def __init__(
+        self, shards: Sequence[Shard], access: Access, source: str = "", index_uri: str = ""
+    ) -> None:
         self._shards: list[Shard] = list(shards)
         self.access = access
         self.source = source
@@ -82,7 +84,9 @@ class ShardSet(Sequence[Shard]):
     @property
     def units(self) -> list[Sample]:
         """One staging unit per shard: the shard object as the field ``tar``."""
-        return [Sample(s.uri[5:].partition("/")[2], (Field("tar", s.uri, s.size, s.etag),)) for s in self._shards]
+        return [
+            Sample(s.uri[5:].partition("/")[2], (Field("tar", s.uri, s.size, s.etag),)) for s in self._shards
+        ]
 
     @property
     def disk(self) -> np.ndarray | None:
@@ -130,7 +134,11 @@ class ShardSet(Sequence[Shard]):
         return int(0.9 * max(0.0, mean - 4 * block))
 
     def spans(
-        self, shard: int, table: _tar.Table | Sequence[_tar.TarSample], size: int, layout: StagingLayout | None = None
+        self,
+        shard: int,
+        table: _tar.Table | Sequence[_tar.TarSample],
+        size: int,
+        layout: StagingLayout | None = None,
     ) -> SampleSpans:
         """The spans of ``shard``'s samples staged as a file of ``size`` bytes whose member
         table (so far) is ``table``: what reading them gives back (see
@@ -153,7 +161,9 @@ class ShardSet(Sequence[Shard]):
         else:
             rows = table
             end_of = lambda k: max(m.offset + m.size for m in rows[k].members)  # noqa: E731
-        spans = SampleSpans(end_of, len(table), self._shards[shard].nsamples, size, grow if layout is not None else None)
+        spans = SampleSpans(
+            end_of, len(table), self._shards[shard].nsamples, size, grow if layout is not None else None
+        )
         if isinstance(table, _tar.Table):
             table.spans = spans
         return spans
@@ -169,7 +179,9 @@ class ShardSet(Sequence[Shard]):
             )
 
     # -- reading a sample -----------------------------------------------------------------
-    def read(self, index: int, units: Sequence[Sample], access: Access | None = None) -> tuple[dict[str, Any], str]:
+    def read(
+        self, index: int, units: Sequence[Sample], access: Access | None = None
+    ) -> tuple[dict[str, Any], str]:
         """Sample ``index`` (``{"__key__": ..., FIELD: bytes}``) and its shard's URI: from the
         staged shard when ``index`` is a :class:`StagedIndex` of a pass that staged it, else
         from the shard fetched with one GET (kept in memory for the next samples). ``units`` are
@@ -179,12 +191,15 @@ class ShardSet(Sequence[Shard]):
         unit = units[s]
         out = None
         if isinstance(index, StagedIndex):
-            out = self._read_staged_member(StagingLayout(index.folder), s, j, index.keep, unit, index.frees, index.back)
+            out = self._read_staged_member(
+                StagingLayout(index.folder), s, j, index.keep, unit, index.frees, index.back
+            )
             if out is None and not self._warned_unstaged and os.path.isdir(index.folder):
                 self._warned_unstaged = True
                 log.warning(
                     "shard %s was not staged in %s; fetching it directly (further cases are not logged)",
-                    self._shards[s].uri, index.folder,
+                    self._shards[s].uri,
+                    index.folder,
                 )
         if out is None:
             out = self._fetch_member(s, j, access or self.access)
@@ -211,7 +226,14 @@ class ShardSet(Sequence[Shard]):
         return table
 
     def _read_staged_member(
-        self, layout: StagingLayout, s: int, j: int, keep: bool, unit: Sample, frees: bool = False, back: bool = False
+        self,
+        layout: StagingLayout,
+        s: int,
+        j: int,
+        keep: bool,
+        unit: Sample,
+        frees: bool = False,
+        back: bool = False,
     ) -> dict[str, Any] | None:
         table = self._table(layout, s)
         if table is not None and j >= len(table):  # a shard read while it downloads: look again
@@ -244,13 +266,18 @@ class ShardSet(Sequence[Shard]):
                 try:
                     data = gzip.decompress(data)
                 except (OSError, EOFError, zlib.error) as exc:
-                    raise _tar.ShardError(f"{sh.uri} is a gzip-compressed shard that does not decompress ({exc})") from exc
+                    raise _tar.ShardError(
+                        f"{sh.uri} is a gzip-compressed shard that does not decompress ({exc})"
+                    ) from exc
             members = _tar.scan_bytes(data, sh.uri)
             self.check_members(s, members)
             self._cached = (s, data, members)
         _, data, members = self._cached
         sample = members[j]
-        return {"__key__": sample.key, **{m.field: data[m.offset : m.offset + m.size] for m in sample.members}}
+        return {
+            "__key__": sample.key,
+            **{m.field: data[m.offset : m.offset + m.size] for m in sample.members},
+        }
 
     def __getstate__(self) -> dict[str, Any]:
         # a worker keeps its own member tables and fetched shard

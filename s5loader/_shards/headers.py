@@ -42,7 +42,9 @@ def member_headers(fileobj: Any, size: int | None, uri: str, stream: bool) -> Ge
     except tarfile.TarError as exc:
         kind = _compression(head)
         if kind:
-            fix = "name it .tar.gz or .tgz, which s5loader decompresses" if kind == "gzip" else "decompress it"
+            fix = (
+                "name it .tar.gz or .tgz, which s5loader decompresses" if kind == "gzip" else "decompress it"
+            )
             raise ShardError(
                 f"{uri} is {kind} compressed, but named as an uncompressed tar: {fix} (s5loader reads "
                 f".tar and gzip-compressed .tar.gz/.tgz shards)"

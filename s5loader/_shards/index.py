@@ -72,7 +72,9 @@ def parse_entries(data: bytes, where: str) -> dict[str, tuple[int, int]]:
     except (ValueError, UnicodeDecodeError) as exc:
         raise ShardIndexError(f"the shard index {where} is not valid JSON ({exc})") from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("shardlist"), list):
-        raise ShardIndexError(f"the shard index {where} has no 'shardlist' list (a wids shard index is expected)")
+        raise ShardIndexError(
+            f"the shard index {where} has no 'shardlist' list (a wids shard index is expected)"
+        )
     kind = doc.get("__kind__", WIDS_KIND)
     if kind != WIDS_KIND:
         raise ShardIndexError(f"the shard index {where} is a {kind!r}, not a {WIDS_KIND!r}")
@@ -92,7 +94,9 @@ def parse_entries(data: bytes, where: str) -> dict[str, tuple[int, int]]:
             )
         t = entry.get("tarsize", 0)
         if not isinstance(t, int) or isinstance(t, bool) or t < 0:
-            raise ShardIndexError(f"the shard index {where}: entry {i} has a 'tarsize' that is not an int >= 0: {t!r}")
+            raise ShardIndexError(
+                f"the shard index {where}: entry {i} has a 'tarsize' that is not an int >= 0: {t!r}"
+            )
         out[_join(base, url, where, f"entry {i}")] = (n, t)
     return out
 
@@ -106,18 +110,26 @@ def _join(base: str, url: str, where: str, what: str) -> str:
     if url.startswith("s3://"):
         bucket, _, key = url[5:].partition("/")
         if any(p in (".", "..") for p in key.split("/")):
-            raise ShardIndexError(f"the shard index {where}: {what} ({url!r}) has a '.' or '..' component; refused")
+            raise ShardIndexError(
+                f"the shard index {where}: {what} ({url!r}) has a '.' or '..' component; refused"
+            )
         return url
     if not base:
-        raise ShardIndexError(f"the shard index {where}: {what} has the relative URL {url!r}; a local index needs s3:// URLs")
+        raise ShardIndexError(
+            f"the shard index {where}: {what} has the relative URL {url!r}; a local index needs s3:// URLs"
+        )
     if url.startswith("/"):
-        raise ShardIndexError(f"the shard index {where}: {what} has the absolute path {url!r}; use an s3:// URL")
+        raise ShardIndexError(
+            f"the shard index {where}: {what} has the absolute path {url!r}; use an s3:// URL"
+        )
     bucket, _, key = base[5:].partition("/")
     depth = 0
     for p in (key + url).split("/"):
         depth += -1 if p == ".." else 0 if p in ("", ".") else 1
         if depth < 0:
-            raise ShardIndexError(f"the shard index {where}: {what} ({url!r}) leads outside the bucket s3://{bucket}/")
+            raise ShardIndexError(
+                f"the shard index {where}: {what} ({url!r}) leads outside the bucket s3://{bucket}/"
+            )
     folded = posixpath.normpath(key + url)
     return f"s3://{bucket}/{folded}" + ("/" if url.endswith("/") and folded != "." else "")
 
@@ -176,7 +188,9 @@ def load_shards(
     counts = read_index(where, access)
     hint = f"build one with: s5loader index-shards {_quote_source(source)}"
     if counts is None:
-        raise ShardIndexError(f"no shard index at {where}: {hint}" + ("" if index else " (or pass index=...)"))
+        raise ShardIndexError(
+            f"no shard index at {where}: {hint}" + ("" if index else " (or pass index=...)")
+        )
     shards = []
     for o in objects:
         if o.uri not in counts:

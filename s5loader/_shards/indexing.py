@@ -40,10 +40,14 @@ def refuse_existing(where: str, access: Access | str | None) -> None:
         doc = None
     what = ""
     if isinstance(doc, dict) and isinstance(doc.get(PACK_RECORD), dict):
-        what = (" (s5loader pack wrote it, with each shard's MD5; S5Dataset.from_shards reads it as it is, "
-                "and a new one would have no MD5s)")
-    raise ConfigError(f"{where} already exists{what}; pass --force (overwrite=True) to replace it, or --output "
-                      "to write the index elsewhere")
+        what = (
+            " (s5loader pack wrote it, with each shard's MD5; S5Dataset.from_shards reads it as it is, "
+            "and a new one would have no MD5s)"
+        )
+    raise ConfigError(
+        f"{where} already exists{what}; pass --force (overwrite=True) to replace it, or --output "
+        "to write the index elsewhere"
+    )
 
 
 def write_index(data: bytes, where: str, access: Access | str | None) -> None:
@@ -135,5 +139,11 @@ def build_index(
     shards = [Shard(o.uri, o.size, o.etag, n, t) for o, (n, t) in zip(objects, counts, strict=True)]
     name = source if isinstance(source, str) else folder
     write_index(format_index(shards, where, name), where, access)
-    log.info("indexed %d shards (%d samples) of %s into %s", len(shards), sum(s.nsamples for s in shards), name, where)
+    log.info(
+        "indexed %d shards (%d samples) of %s into %s",
+        len(shards),
+        sum(s.nsamples for s in shards),
+        name,
+        where,
+    )
     return where, shards

@@ -55,6 +55,7 @@ class _Kept:
             return True
         return self.hits is not None and shard in self.once and shard in self.hits
 
+
 _UNOPENED, _OPEN, _SKIPPED = 0, 1, 2
 
 
@@ -62,7 +63,13 @@ class ShardPass:
     """The visits of one pass, and the sampler's side of them (wait, check, claim)."""
 
     def __init__(
-        self, dataset: S5Dataset, order: Sequence[int], folder: str, keep: bool, on_error: str, frees: bool = False,
+        self,
+        dataset: S5Dataset,
+        order: Sequence[int],
+        folder: str,
+        keep: bool,
+        on_error: str,
+        frees: bool = False,
         hits: Hits | None = None,
     ) -> None:
         assert dataset.shards is not None, "a shard pass needs a dataset of shards"
@@ -110,7 +117,10 @@ class ShardPass:
         # do: such a pass streams its first shard only when it needs every sample of it.
         first = self.shard_of_visit[0] if self.shard_of_visit else -1
         self.streamed = (
-            0 if first in self.once and not keep and not _tar.is_gzip(self.shards[first].uri)
+            0
+            if first in self.once
+            and not keep
+            and not _tar.is_gzip(self.shards[first].uri)
             and not (hits is not None and hits.has(first))
             and not (frees and len(self.needed[0]) < self.shards[first].nsamples)
             else None
@@ -158,8 +168,15 @@ class ShardPass:
         stager.hold(s, self.shards[s].disk)
         path = self.layout.path(s, self.dataset.samples[s], 0)
         self.stream = ShardStream(
-            self.layout, self.shards, s, path, self.needed[self.streamed], self.dataset.access,
-            verify=options.verify, retries=options.retries, stall_timeout=options.stall_timeout,
+            self.layout,
+            self.shards,
+            s,
+            path,
+            self.needed[self.streamed],
+            self.dataset.access,
+            verify=options.verify,
+            retries=options.retries,
+            stall_timeout=options.stall_timeout,
             count=stager.stats.count_requests,
         ).start()
 
@@ -303,7 +320,9 @@ class ShardPass:
             layout.open_shard(s, _tar.dumps(members), [] if self.keep else self.needed[v])
             if self.frees and not self.keep and len(self.needed[v]) < len(members):
                 # what this visit does not need (read earlier in the epoch, another rank's) goes now
-                freed = give_back_unneeded(path, self.shards.spans(s, members, os.path.getsize(path)), set(self.needed[v]))
+                freed = give_back_unneeded(
+                    path, self.shards.spans(s, members, os.path.getsize(path)), set(self.needed[v])
+                )
                 if freed:
                     layout.notify(s, freed)
         except S5LoaderError as exc:

@@ -126,7 +126,8 @@ def resolve(source: str | Sequence[str], access: Access | str | None) -> tuple[l
             raise
         why = (
             f"a prefix names a folder, so {given} reads only {source}, not the keys beside it"
-            if given != source else "beside it are keys"
+            if given != source
+            else "beside it are keys"
         )
         raise EmptySourceError(
             f"no object under {source}; {why} such as {', '.join(beside)}: name the folder they are in "
@@ -178,7 +179,9 @@ def _near(uri: str, access: Access | str | None, listed: Sequence[ObjectInfo] | 
     if listed is None:
         a = Access.coerce(access)
         try:
-            found = s3_client(a).list_objects_v2(Bucket=u.bucket, Prefix=folder, MaxKeys=1000).get("Contents", [])
+            found = (
+                s3_client(a).list_objects_v2(Bucket=u.bucket, Prefix=folder, MaxKeys=1000).get("Contents", [])
+            )
         except Exception as exc:  # noqa: BLE001 - botocore's errors, mapped; only the bucket's matters here
             if isinstance(boto3_error(exc, uri, a.endpoint()), NoSuchBucketError):
                 raise boto3_error(exc, uri, a.endpoint()) from exc

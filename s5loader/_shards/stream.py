@@ -103,15 +103,21 @@ class _Growing:
                 raw: Any = getattr(self.body, "_raw_stream", None)
                 chunk = raw.read1(_CHUNK) if hasattr(raw, "read1") else self.body.read(_CHUNK)
                 if not chunk:
-                    raise FetchError(f"{self.s.shard.uri}: the body ended at byte {self.written} of {self.size}")
+                    raise FetchError(
+                        f"{self.s.shard.uri}: the body ended at byte {self.written} of {self.size}"
+                    )
                 break
             except Exception as exc:  # noqa: BLE001 - a transient failure resumes from self.written
                 self.close()
                 self.failures += 1
-                if self.failures > self.s.retries or (isinstance(exc, S5LoaderError) and not isinstance(exc, FetchError)):
+                if self.failures > self.s.retries or (
+                    isinstance(exc, S5LoaderError) and not isinstance(exc, FetchError)
+                ):
                     if isinstance(exc, S5LoaderError):
                         raise
-                    raise FetchError(f"{self.s.shard.uri}: the download broke off at byte {self.written} ({exc})") from exc
+                    raise FetchError(
+                        f"{self.s.shard.uri}: the download broke off at byte {self.written} ({exc})"
+                    ) from exc
                 log.info("%s: resuming at byte %d after %s", self.s.shard.uri, self.written, exc)
                 self.s.stop.wait(min(2.0, 0.1 * 2**self.failures))
         self.failures = 0  # progress: the retries count failures in a row
@@ -144,8 +150,17 @@ class ShardStream:
     readers as their bytes land; :meth:`wait` blocks until sample ``j`` is readable."""
 
     def __init__(
-        self, layout: StagingLayout, shards: ShardSet, shard_index: int, path: str, needed: list[int],
-        access: Access, *, verify: bool = False, retries: int = 3, stall_timeout: float = 60.0,
+        self,
+        layout: StagingLayout,
+        shards: ShardSet,
+        shard_index: int,
+        path: str,
+        needed: list[int],
+        access: Access,
+        *,
+        verify: bool = False,
+        retries: int = 3,
+        stall_timeout: float = 60.0,
         count: Callable[[Mapping[str, int]], None] | None = None,
     ) -> None:
         self.layout = layout
@@ -237,7 +252,9 @@ class ShardStream:
                         self.flush()
                 etag = self.shard.etag.strip('"')
                 if body.md5 is not None and etag and "-" not in etag and body.md5.hexdigest() != etag:
-                    raise ShardError(f"{uri}: the downloaded bytes do not match its ETag {etag} (verify=True)")
+                    raise ShardError(
+                        f"{uri}: the downloaded bytes do not match its ETag {etag} (verify=True)"
+                    )
             self.flush()  # every whole sample, before the count is checked (a skipped shard's are read)
             self.shards.check_members(self.index, table)
         except _Released:

@@ -93,11 +93,15 @@ def iter_scan(fileobj: Any, size: int | None, uri: str, stream: bool = False) ->
                 end: int = stop.value
                 break
             except (tarfile.TarError, EOFError) as exc:
-                raise ShardError(f"{uri}: a damaged or truncated tar after member {last!r} ({exc or type(exc).__name__})") from exc
+                raise ShardError(
+                    f"{uri}: a damaged or truncated tar after member {last!r} ({exc or type(exc).__name__})"
+                ) from exc
             last = info.name
             _check_name(info.name, uri)
             if info.issparse():  # its data is not stored in one piece: offsets would lie
-                raise ShardError(f"{uri}: member {info.name!r} is a GNU sparse file; write shards without --sparse")
+                raise ShardError(
+                    f"{uri}: member {info.name!r} is a GNU sparse file; write shards without --sparse"
+                )
             if size is not None and info.offset_data + info.size > size:
                 raise ShardError(
                     f"{uri}: member {info.name!r} is truncated ({info.size} bytes at offset "
@@ -206,7 +210,9 @@ class _Counted:
 
 
 def _bad_gzip(uri: str, exc: BaseException) -> ShardError:
-    return ShardError(f"{uri} is a gzip-compressed shard that does not decompress: not gzip, damaged or cut short ({exc})")
+    return ShardError(
+        f"{uri} is a gzip-compressed shard that does not decompress: not gzip, damaged or cut short ({exc})"
+    )
 
 
 def scan_gzip(fileobj: Any, uri: str) -> tuple[list[TarSample], int]:

@@ -82,7 +82,9 @@ class ArgumentParser(argparse.ArgumentParser):
         if unknown:
             parts = []
             for name in unknown:
-                close = difflib.get_close_matches(name, [k for k in self._option_string_actions if k.startswith("--")], 1)
+                close = difflib.get_close_matches(
+                    name, [k for k in self._option_string_actions if k.startswith("--")], 1
+                )
                 parts.append(f"{name} (did you mean {close[0]}?)" if close else name)
             message = f"unrecognized option{'s' if len(parts) > 1 else ''}: {', '.join(parts)}"
         super().error(message)

@@ -28,7 +28,9 @@ def rank_info(num_replicas: int | None = None, rank: int | None = None) -> tuple
     return r, world
 
 
-def pytorch_worker_info(num_replicas: int | None = None, rank: int | None = None) -> tuple[int, int, int, int]:
+def pytorch_worker_info(
+    num_replicas: int | None = None, rank: int | None = None
+) -> tuple[int, int, int, int]:
     """``(rank, world_size, worker, num_workers)`` of the calling process."""
     from torch.utils.data import get_worker_info
 
@@ -67,7 +69,11 @@ def local_rank_info() -> tuple[int | None, int] | None:
             return found
     if "SLURM_LOCALID" in env:
         per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
-        size = _slurm_tasks(per_node, env.get("SLURM_NODEID", "0")) if per_node else env.get("SLURM_NTASKS_PER_NODE")
+        size = (
+            _slurm_tasks(per_node, env.get("SLURM_NODEID", "0"))
+            if per_node
+            else env.get("SLURM_NTASKS_PER_NODE")
+        )
         return _ints(env["SLURM_LOCALID"], size)
     return None
 

@@ -26,7 +26,9 @@ TLS_HINT = (
 
 
 # Where the endpoint is set, as error messages say it.
-_ENDPOINT_FROM = f"endpoint_url= (--endpoint-url), else {', '.join(ENDPOINT_VARS[:-1])} or {ENDPOINT_VARS[-1]}"
+_ENDPOINT_FROM = (
+    f"endpoint_url= (--endpoint-url), else {', '.join(ENDPOINT_VARS[:-1])} or {ENDPOINT_VARS[-1]}"
+)
 
 
 def _store(endpoint: str | None) -> str:
@@ -122,12 +124,28 @@ SHARD_SUFFIXES = (".tar", *GZIP_TAR)
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?i?B?)\s*$", re.IGNORECASE)
 _UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "kib": 1024, "ki": 1024,
-    "m": 1000**2, "mb": 1000**2, "mib": 1024**2, "mi": 1024**2,
-    "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "gi": 1024**3,
-    "t": 1000**4, "tb": 1000**4, "tib": 1024**4, "ti": 1024**4,
-    "p": 1000**5, "pb": 1000**5, "pib": 1024**5, "pi": 1024**5,
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "ki": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "mi": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+    "gi": 1024**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "tib": 1024**4,
+    "ti": 1024**4,
+    "p": 1000**5,
+    "pb": 1000**5,
+    "pib": 1024**5,
+    "pi": 1024**5,
 }
 
 

@@ -36,15 +36,28 @@ if TYPE_CHECKING:
     from .prefetcher import PrefetchDaemon
 
 __all__ = [
-    "END_MARKER", "LOCK_FILE", "STAGING_DIR", "STATE_FILE", "PrefetchOptions", "PrefetchDaemon", "Summary",
-    "build_parser", "main", "options_from_args", "sample_folder_name",
+    "END_MARKER",
+    "LOCK_FILE",
+    "STAGING_DIR",
+    "STATE_FILE",
+    "PrefetchOptions",
+    "PrefetchDaemon",
+    "Summary",
+    "build_parser",
+    "main",
+    "options_from_args",
+    "sample_folder_name",
 ]
 
 # The names that load torch come from their modules when first asked for, so ``s5loader
 # prefetch`` takes its cache's lock before torch loads (see .cli.main).
 _LAZY = {
-    "build_parser": "cli", "main": "cli", "options_from_args": "cli", "Summary": "delivery",
-    "PrefetchOptions": "options", "PrefetchDaemon": "prefetcher",
+    "build_parser": "cli",
+    "main": "cli",
+    "options_from_args": "cli",
+    "Summary": "delivery",
+    "PrefetchOptions": "options",
+    "PrefetchDaemon": "prefetcher",
 }
 
 
@@ -54,7 +67,9 @@ def __getattr__(name: str) -> object:
     if name == "Prefetcher":
         warnings.warn(
             "s5loader.daemon.Prefetcher is now s5loader.daemon.PrefetchDaemon (s5loader.Prefetcher runs "
-            "the daemon in a background process)", DeprecationWarning, stacklevel=2,
+            "the daemon in a background process)",
+            DeprecationWarning,
+            stacklevel=2,
         )
         return __getattr__("PrefetchDaemon")
     if name not in _LAZY:

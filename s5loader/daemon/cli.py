@@ -103,14 +103,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", required=True, help="the cache directory consumers read from")
     p.add_argument("--group-by", default="stem", choices=list(GROUP_BY), help="how objects form samples")
     p.add_argument(
-        "--shards", action="store_true",
+        "--shards",
+        action="store_true",
         help="the source names tar shards in the WebDataset format (a prefix of *.tar, a brace pattern "
         "'s3://b/shard-{000..099}.tar' or one shard): each sample is delivered as a folder of its fields; "
         "--shuffle permutes the shards (block or not); --budget must hold twice the largest shard",
     )
-    p.add_argument("--index", help="with --shards: the wids shard index (default: wids.json beside the shards)")
     p.add_argument(
-        "--shuffle", nargs="?", const=True, default=False, type=_shuffle_arg, metavar="block",
+        "--index", help="with --shards: the wids shard index (default: wids.json beside the shards)"
+    )
+    p.add_argument(
+        "--shuffle",
+        nargs="?",
+        const=True,
+        default=False,
+        type=_shuffle_arg,
+        metavar="block",
         help="a seeded permutation per epoch; '--shuffle block' permutes blocks of samples that share a key prefix",
     )
     p.add_argument("--seed", type=int, default=0, help="the permutation's seed")
@@ -118,19 +126,35 @@ def build_parser() -> argparse.ArgumentParser:
     # The former names of --calls-in-flight and --s5cmd-workers, accepted for one release.
     p.add_argument("--buffers", type=positive_int, dest="old_buffers", help=argparse.SUPPRESS)
     p.add_argument("--numworkers", type=positive_int, dest="old_numworkers", help=argparse.SUPPRESS)
-    add_staging_arguments(p, exclude=NOT_DAEMON, required=("budget",), help={
-        "budget": "most bytes in the cache: samples delivered and not yet consumed, and those being fetched (e.g. 2GiB)",
-        "epoch_cache": "bytes of samples kept from one epoch for the next, beside --budget (e.g. 8GiB): read locally, "
-        "not fetched again",
-    })
+    add_staging_arguments(
+        p,
+        exclude=NOT_DAEMON,
+        required=("budget",),
+        help={
+            "budget": "most bytes in the cache: samples delivered and not yet consumed, and those being fetched (e.g. 2GiB)",
+            "epoch_cache": "bytes of samples kept from one epoch for the next, beside --budget (e.g. 8GiB): read locally, "
+            "not fetched again",
+        },
+    )
     p.add_argument("--fresh", action="store_true", help="discard the cache's samples and progress first")
     p.add_argument(
-        "--json-log", nargs="?", const="-", metavar="PATH",
+        "--json-log",
+        nargs="?",
+        const="-",
+        metavar="PATH",
         help="write JSON lines of progress to PATH, or to stdout without PATH (default: none)",
     )
     bar = p.add_mutually_exclusive_group()
-    bar.add_argument("--progress", dest="progress", action="store_true", default=None, help="always draw the bar (default: only when stderr is a terminal)")
-    bar.add_argument("--no-progress", dest="progress", action="store_false", default=None, help="never draw the bar")
+    bar.add_argument(
+        "--progress",
+        dest="progress",
+        action="store_true",
+        default=None,
+        help="always draw the bar (default: only when stderr is a terminal)",
+    )
+    bar.add_argument(
+        "--no-progress", dest="progress", action="store_false", default=None, help="never draw the bar"
+    )
     Access.add_arguments(p)
     return p
 
@@ -154,13 +178,24 @@ def options_from_args(args: argparse.Namespace) -> PrefetchOptions:
     from .options import PrefetchOptions  # loads torch (the order's permutations): after the lock
 
     staging = staging_from_args(
-        args, calls_in_flight=_renamed(args, "buffers", "calls_in_flight"),
+        args,
+        calls_in_flight=_renamed(args, "buffers", "calls_in_flight"),
         s5cmd_workers=_renamed(args, "numworkers", "s5cmd_workers"),
     )
     return PrefetchOptions(
-        source=args.source, cache=args.cache, staging=staging, group_by=args.group_by, shuffle=args.shuffle,
-        seed=args.seed, epochs=args.epochs, access=Access.from_args(args), fresh=args.fresh,
-        json_log=args.json_log, progress=args.progress, shards=args.shards, index=args.index,
+        source=args.source,
+        cache=args.cache,
+        staging=staging,
+        group_by=args.group_by,
+        shuffle=args.shuffle,
+        seed=args.seed,
+        epochs=args.epochs,
+        access=Access.from_args(args),
+        fresh=args.fresh,
+        json_log=args.json_log,
+        progress=args.progress,
+        shards=args.shards,
+        index=args.index,
     )
 
 
@@ -194,7 +229,9 @@ def status(argv: list[str]) -> int:
     )
     p.add_argument("--status", metavar="CACHE", required=True, help="the daemon's --cache directory")
     p.add_argument(
-        "--grace", type=_seconds, default=0.0,
+        "--grace",
+        type=_seconds,
+        default=0.0,
         help="seconds to wait for a daemon to take the cache before saying that it failed or is gone (default: 0)",
     )
     args = p.parse_args(argv)
@@ -258,13 +295,17 @@ def main(argv: list[str] | None = None) -> int:
     if summary.stopped:
         log.info(
             "stopped by %s: %d samples delivered in this run, %d of %d in all; a restart continues",
-            signals.received, summary.delivered,
-            summary.resumed_from + summary.delivered + summary.skipped, summary.total,
+            signals.received,
+            summary.delivered,
+            summary.resumed_from + summary.delivered + summary.skipped,
+            summary.total,
         )
     else:
         log.info(
             "done: %d samples delivered in this run (%d skipped), starved %d time(s) for %.1fs",
-            summary.delivered, summary.skipped, summary.starved, summary.starved_s,
+            summary.delivered,
+            summary.skipped,
+            summary.starved,
+            summary.starved_s,
         )
     return EXIT_OK
-

@@ -29,6 +29,7 @@ def keep_linked(folder: str, dest: str) -> None:
         for f in files:
             os.link(os.path.join(root, f), os.path.join(out, f))
 
+
 log = logging.getLogger(__name__)
 
 
@@ -60,8 +61,14 @@ class Deliveries:
     """
 
     def __init__(
-        self, cache: str, state_path: str, state: DaemonState, ledger: Ledger, summary: Summary,
-        dataset: S5Dataset, stream: DaemonStream,
+        self,
+        cache: str,
+        state_path: str,
+        state: DaemonState,
+        ledger: Ledger,
+        summary: Summary,
+        dataset: S5Dataset,
+        stream: DaemonStream,
     ) -> None:
         self.cache, self.state_path, self.state, self.ledger = cache, state_path, state, ledger
         self.summary, self.dataset, self.stream = summary, dataset, stream
@@ -123,7 +130,9 @@ class Deliveries:
         control file of a few bytes, not counted in the budget)."""
         if not self._write_control(folder, KEY_FILE, key) and not self._key_clash_warned:
             self._key_clash_warned = True
-            log.warning("sample %r has a field named %s; its folders carry no %s file", key, KEY_FILE, KEY_FILE)
+            log.warning(
+                "sample %r has a field named %s; its folders carry no %s file", key, KEY_FILE, KEY_FILE
+            )
 
     @staticmethod
     def _write_control(folder: str, name: str, text: str) -> bool:
@@ -173,7 +182,9 @@ class StarvationWatch:
             self.summary.starved_s += time.monotonic() - self.since
             self.since = 0.0
 
-    def check(self, seq: int, state: DaemonState, consumed_now: Callable[[], int], reporter: ProgressReporter) -> None:
+    def check(
+        self, seq: int, state: DaemonState, consumed_now: Callable[[], int], reporter: ProgressReporter
+    ) -> None:
         self.last_check = time.monotonic()
         self.ledger.refresh(force=True)
         if self.ledger.count or state.delivered - state.skipped == 0 or self.since:
@@ -189,7 +200,9 @@ class StarvationWatch:
             log.info(
                 "catching up after a restart at sample %d: the consumer has consumed the samples "
                 "delivered before it (%d in all) and waits for sample %d, which this run is fetching",
-                self.summary.resumed_from, consumed, seq,
+                self.summary.resumed_from,
+                consumed,
+                seq,
             )
             return
         now = time.monotonic()
@@ -198,5 +211,7 @@ class StarvationWatch:
             log.warning(
                 "starved: the consumer has consumed all %d delivered samples and waits for sample "
                 "%d (%d starvation(s) so far); the source or the network is the bottleneck",
-                consumed, seq, self.summary.starved,
+                consumed,
+                seq,
+                self.summary.starved,
             )

@@ -34,7 +34,10 @@ FLAGS: dict[str, tuple[Callable[[str], Any] | None, str]] = {
     "keep_staged": (None, "keep staged files across epochs"),
     "shrink_budget": (None, "shrink a budget larger than the free space instead of failing"),
     "staging_dir": (str, "the staging root (default: /dev/shm when it has room, else the temp directory)"),
-    "epoch_cache": (size_arg, "bytes of samples kept from one epoch for the next, beside the budget (e.g. 8GiB)"),
+    "epoch_cache": (
+        size_arg,
+        "bytes of samples kept from one epoch for the next, beside the budget (e.g. 8GiB)",
+    ),
     "keep_epoch_cache": (None, "leave the epoch cache behind for a later run"),
 }
 assert set(FLAGS) == {f.name for f in fields(StagingOptions)}, "a staging option without its flag"
@@ -49,7 +52,9 @@ def flag(name: str) -> str:
 
 
 def add_staging_arguments(
-    parser: argparse.ArgumentParser, exclude: Iterable[str] = (), required: Iterable[str] = (),
+    parser: argparse.ArgumentParser,
+    exclude: Iterable[str] = (),
+    required: Iterable[str] = (),
     help: dict[str, str] | None = None,
 ) -> None:
     """Add a flag for each staging option but ``exclude`` (``required``: with no default;
@@ -67,8 +72,9 @@ def add_staging_arguments(
             group.add_argument(flag(name), dest=name, type=kind, required=True, help=text)
         else:
             choices = list(ON_ERROR) if name == "on_error" else None
-            group.add_argument(flag(name), dest=name, type=kind, default=getattr(defaults, name), choices=choices,
-                               help=text)
+            group.add_argument(
+                flag(name), dest=name, type=kind, default=getattr(defaults, name), choices=choices, help=text
+            )
 
 
 def staging_from_args(args: argparse.Namespace, **given: Any) -> StagingOptions:

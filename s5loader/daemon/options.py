@@ -48,7 +48,12 @@ class PrefetchOptions:
         own = {f.name for f in fields(cls)}
         mine = {k: v for k, v in options.items() if k in own}
         staging = {k: v for k, v in options.items() if k not in own}
-        return cls(source, cache, StagingOptions.merge(None, {"budget": budget, **staging}, "s5loader prefetch"), **mine)
+        return cls(
+            source,
+            cache,
+            StagingOptions.merge(None, {"budget": budget, **staging}, "s5loader prefetch"),
+            **mine,
+        )
 
     def __post_init__(self) -> None:
         if self.group_by not in GROUP_BY:
@@ -56,10 +61,16 @@ class PrefetchOptions:
         if self.epochs < 1:
             raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
         if not isinstance(self.staging, StagingOptions):
-            raise ConfigError(f"staging must be an s5loader.StagingOptions, got {type(self.staging).__name__}")
-        given = [name for name in NOT_DAEMON if getattr(self.staging, name) != getattr(StagingOptions(), name)]
+            raise ConfigError(
+                f"staging must be an s5loader.StagingOptions, got {type(self.staging).__name__}"
+            )
+        given = [
+            name for name in NOT_DAEMON if getattr(self.staging, name) != getattr(StagingOptions(), name)
+        ]
         if given:
-            raise ConfigError(f"{', '.join(given)}: not options of s5loader prefetch, which stages inside its cache")
+            raise ConfigError(
+                f"{', '.join(given)}: not options of s5loader prefetch, which stages inside its cache"
+            )
         check_shuffle(self.shuffle)
         object.__setattr__(self, "access", Access.coerce(self.access, self.endpoint_url))
 

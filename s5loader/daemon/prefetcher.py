@@ -96,9 +96,16 @@ class PrefetchDaemon:
         # restart keeps the saved one, whatever its budget
         room, window, punch, counts = lift_layout(ds, staging, opts.shuffle, opts.epochs, staging_root)
         state = DaemonState(
-            opts.source, "shards" if opts.shards else opts.group_by, opts.shuffle, opts.seed, opts.epochs,
-            len(ds), units_of(ds).fingerprint(), run=secrets.token_hex(8),
-            block_size=staging.block_size if opts.shuffle == "block" else None, window=window,
+            opts.source,
+            "shards" if opts.shards else opts.group_by,
+            opts.shuffle,
+            opts.seed,
+            opts.epochs,
+            len(ds),
+            units_of(ds).fingerprint(),
+            run=secrets.token_hex(8),
+            block_size=staging.block_size if opts.shuffle == "block" else None,
+            window=window,
         )
         if old is not None:
             diff = old.differences(state)
@@ -115,7 +122,12 @@ class PrefetchDaemon:
         clear_staging(self.cache)  # a stopped run's files, counted by no budget: gone before any fetch
         kept = min(staging.epoch_cache, ds.total_bytes) if opts.epochs > 1 else 0
         check_cache_budget(
-            ds.samples, staging.budget, opts.epochs, self.cache, adopt_delivered(self.cache, self._ledger), kept
+            ds.samples,
+            staging.budget,
+            opts.epochs,
+            self.cache,
+            adopt_delivered(self.cache, self._ledger),
+            kept,
         )
         self.summary.total = self._total
         self.summary.resumed_from = state.delivered
@@ -123,10 +135,21 @@ class PrefetchDaemon:
             remove_end(self.cache)
         state.save(self._state_path)
         self._stream = DaemonStream(
-            ds, replace(staging, budget=room), Order(opts.shuffle, opts.seed, 1, 0, False), state.window or window, punch, counts, opts.epochs,
-            staging_root, os.path.join(self.cache, EPOCH_DIR), self._ledger.is_released, self._ledger.items,
+            ds,
+            replace(staging, budget=room),
+            Order(opts.shuffle, opts.seed, 1, 0, False),
+            state.window or window,
+            punch,
+            counts,
+            opts.epochs,
+            staging_root,
+            os.path.join(self.cache, EPOCH_DIR),
+            self._ledger.is_released,
+            self._ledger.items,
         )
-        self._reporter, self._json_file = open_reporter(staging.budget, self._total, opts.json_log, opts.progress)
+        self._reporter, self._json_file = open_reporter(
+            staging.budget, self._total, opts.json_log, opts.progress
+        )
         self._delivery = Deliveries(
             self.cache, self._state_path, state, self._ledger, self.summary, ds, self._stream
         )
@@ -143,14 +166,23 @@ class PrefetchDaemon:
         assert st is not None and stream is not None and rep is not None and delivery is not None
         staging = self.opts.staging
         rep.event(
-            "start", source=self.opts.source, cache=self.cache, total=self._total,
-            epochs=self.opts.epochs, per_epoch=self._total // self.opts.epochs,
-            budget=staging.budget, epoch_cache=staging.epoch_cache, resumed_from=st.delivered, pid=os.getpid(),
+            "start",
+            source=self.opts.source,
+            cache=self.cache,
+            total=self._total,
+            epochs=self.opts.epochs,
+            per_epoch=self._total // self.opts.epochs,
+            budget=staging.budget,
+            epoch_cache=staging.epoch_cache,
+            resumed_from=st.delivered,
+            pid=os.getpid(),
         )
         if st.delivered < self._total:
             log.info(
                 "prefetching %d samples into %s within a budget of %s%s",
-                self._total - st.delivered, self.cache, format_size(staging.budget),
+                self._total - st.delivered,
+                self.cache,
+                format_size(staging.budget),
                 f", resuming at {st.delivered}" if st.delivered else "",
             )
         stream.start(st.delivered)
@@ -179,7 +211,9 @@ class PrefetchDaemon:
         rep.tick(self._snapshot(), force=True)
         rep.close()
         end = "stopped" if self.summary.stopped else "done"
-        rep.event(end, **self._snapshot(), starved=self.summary.starved, starved_s=round(self.summary.starved_s, 2))
+        rep.event(
+            end, **self._snapshot(), starved=self.summary.starved, starved_s=round(self.summary.starved_s, 2)
+        )
         return self.summary
 
     def _next(self, seq: int) -> tuple[str, Any] | None:

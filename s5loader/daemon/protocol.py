@@ -26,8 +26,23 @@ from ..handover import (
 )
 
 __all__ = [
-    "CLAIMED_DIR", "CONTROL_FILES", "END_MARKER", "END_TMP", "EPOCH_DIR", "EPOCH_FILE", "ERROR_MARKER", "ERROR_TMP", "KEY_FILE",
-    "LOCK_FILE", "SEQ_WIDTH", "STAGING_DIR", "STATE_FILE", "STATE_TMP", "claimed_names", "parse_seq", "ready_names",
+    "CLAIMED_DIR",
+    "CONTROL_FILES",
+    "END_MARKER",
+    "END_TMP",
+    "EPOCH_DIR",
+    "EPOCH_FILE",
+    "ERROR_MARKER",
+    "ERROR_TMP",
+    "KEY_FILE",
+    "LOCK_FILE",
+    "SEQ_WIDTH",
+    "STAGING_DIR",
+    "STATE_FILE",
+    "STATE_TMP",
+    "claimed_names",
+    "parse_seq",
+    "ready_names",
     "sample_folder_name",
 ]
 

@@ -94,7 +94,17 @@ class DaemonState:
     block_size: int | None = None  # with shuffle "block": the blocks' most samples
     window: int | None = None  # with shuffle "block": the windows' most samples (kept on restart)
 
-    IDENTITY = ("version", "source", "group_by", "shuffle", "seed", "epochs", "samples", "index", "block_size")
+    IDENTITY = (
+        "version",
+        "source",
+        "group_by",
+        "shuffle",
+        "seed",
+        "epochs",
+        "samples",
+        "index",
+        "block_size",
+    )
 
     @classmethod
     def load(cls, path: str) -> DaemonState | None:
@@ -150,7 +160,9 @@ class Ledger:
         self._last = 0.0  # when the cache was last looked at (monotonic)
         self._listed = 0.0  # when it was last listed (monotonic)
         self._listed_ns = 0  # ... by the wall clock, which file system timestamps follow
-        self._dir: tuple[tuple[int, int, int] | None, ...] | None = None  # the directories' (inode, mtime, ctime)
+        self._dir: tuple[tuple[int, int, int] | None, ...] | None = (
+            None  # the directories' (inode, mtime, ctime)
+        )
         self.listings = 0  # listdir calls so far (for tests and the curious)
 
     def add(self, seq: int, name: str, size: int) -> None:
@@ -181,7 +193,9 @@ class Ledger:
             stamp = (self._stamp(self.cache), self._stamp(self.claimed))
             changed = max((max(s[1], s[2]) for s in stamp if s is not None), default=0)
             if (
-                stamp[0] is not None and stamp == self._dir and now - self._listed < _RELIST_S
+                stamp[0] is not None
+                and stamp == self._dir
+                and now - self._listed < _RELIST_S
                 and self._listed_ns - changed > _MTIME_MARGIN_NS
             ):
                 return  # unchanged since a listing that saw every change before it
@@ -213,7 +227,17 @@ class Ledger:
 
 def check_unused(cache: str) -> None:
     """Refuse a directory that holds anything but a daemon's files."""
-    ours = {LOCK_FILE, STAGING_DIR, EPOCH_DIR, END_MARKER, STATE_TMP, END_TMP, ERROR_MARKER, ERROR_TMP, CLAIMED_DIR}
+    ours = {
+        LOCK_FILE,
+        STAGING_DIR,
+        EPOCH_DIR,
+        END_MARKER,
+        STATE_TMP,
+        END_TMP,
+        ERROR_MARKER,
+        ERROR_TMP,
+        CLAIMED_DIR,
+    }
     other = sorted(n for n in os.listdir(cache) if n not in ours)
     if other:
         raise DaemonError(

@@ -44,7 +44,15 @@ from ..staging.layout import StagingLayout
 
 log = logging.getLogger(__name__)
 # figures that count on across the daemon's passes (its JSON log reports the run's)
-_CUMULATIVE = ("fetched_bytes", "fetched_units", "retries", "skips", "get_requests", "head_requests", "list_requests")
+_CUMULATIVE = (
+    "fetched_bytes",
+    "fetched_units",
+    "retries",
+    "skips",
+    "get_requests",
+    "head_requests",
+    "list_requests",
+)
 
 
 def lift_layout(
@@ -89,8 +97,17 @@ class DaemonStream:
     """
 
     def __init__(
-        self, dataset: S5Dataset, options: StagingOptions, order: Order, window: int, punch: bool, counts: bool,
-        epochs: int, root: str, cache_root: str, released: Callable[[int], bool],
+        self,
+        dataset: S5Dataset,
+        options: StagingOptions,
+        order: Order,
+        window: int,
+        punch: bool,
+        counts: bool,
+        epochs: int,
+        root: str,
+        cache_root: str,
+        released: Callable[[int], bool],
         outstanding: Callable[[], Iterable[tuple[int, int]]],
     ) -> None:
         self.dataset = dataset
@@ -126,7 +143,12 @@ class DaemonStream:
         cache = EpochCache(root, "daemon", fingerprint, keep=True)  # kept across restarts, until END
         ranks = node_ranks(0, 1)
         return new_cache_run(
-            self.dataset, cache, options.epoch_cache, lambda e: [self.plan(e, 0)[0]], ranks.index(0), options.verify
+            self.dataset,
+            cache,
+            options.epoch_cache,
+            lambda e: [self.plan(e, 0)[0]],
+            ranks.index(0),
+            options.verify,
         )
 
     def plan(self, epoch: int, start: int) -> tuple[list[int], list[int] | None]:
@@ -140,8 +162,9 @@ class DaemonStream:
         self.close()
         self._upto = delivered
         hello = Hello(0, 1, 0, 0, ())
-        self.feed = FeedHost(f"s5loader-daemon-{secrets.token_hex(8)}", hello, lambda _: self._serve(delivered),
-                             lambda pos: 0).start()
+        self.feed = FeedHost(
+            f"s5loader-daemon-{secrets.token_hex(8)}", hello, lambda _: self._serve(delivered), lambda pos: 0
+        ).start()
         return local(self.feed)
 
     def _serve(self, delivered: int) -> Iterator[tuple[int, tuple[str, Any]]]:
@@ -151,7 +174,9 @@ class DaemonStream:
             # a pass begins once the last one's samples are delivered: it removes that one's folder
             self._wait_delivered(seq)
             order, windows = self.plan(epoch, start)
-            stream = self.run.stage(order, windows, self.order.shuffle, functools.partial(int, epoch), skips=True)
+            stream = self.run.stage(
+                order, windows, self.order.shuffle, functools.partial(int, epoch), skips=True
+            )
             for idx, staged in zip(order, stream, strict=True):
                 yield seq, ((INDEX, staged) if staged is not None else (SKIP, idx))
                 seq += 1

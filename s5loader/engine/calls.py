@@ -58,7 +58,11 @@ class Calls:
     """
 
     def __init__(
-        self, s5cmd: S5cmd, field_of: Callable[[int, int], Field], staging_path: str, verify: bool,
+        self,
+        s5cmd: S5cmd,
+        field_of: Callable[[int, int], Field],
+        staging_path: str,
+        verify: bool,
         stats: Stats,
     ) -> None:
         self.s5cmd = s5cmd
@@ -106,7 +110,10 @@ class Calls:
         return call
 
     def pump(
-        self, timeout: float, on_done: Callable[[int], None], on_end: Callable[[Call], None],
+        self,
+        timeout: float,
+        on_done: Callable[[int], None],
+        on_end: Callable[[Call], None],
         on_releases: Callable[[], None],
     ) -> None:
         """Read what is ready; ``on_done(position)`` per staged field, ``on_end(call)`` once a
@@ -149,7 +156,9 @@ class Calls:
                 self.on_line(call, line, on_done, fd == call.proc.stdout.fileno())
             buf.clear()
 
-    def on_line(self, call: Call, line: bytes, on_done: Callable[[int], None], is_stdout: bool = True) -> None:
+    def on_line(
+        self, call: Call, line: bytes, on_done: Callable[[int], None], is_stdout: bool = True
+    ) -> None:
         r = parse_line(line)
         if r is None:
             return
@@ -191,7 +200,9 @@ class Calls:
                     self.answered(call, path)
             return
         if r.command:
-            log.debug("s5cmd call %d: an error about no object of this call: %s: %s", call.seq, r.command, r.error)
+            log.debug(
+                "s5cmd call %d: an error about no object of this call: %s: %s", call.seq, r.command, r.error
+            )
         else:
             call.call_errors.append(r.error)
 
@@ -212,7 +223,10 @@ class Calls:
             return
         if not self._warned_unexpected:
             self._warned_unexpected = True
-            log.warning("an object not in the listing was fetched (%s): dropped; objects added since the listing are not loaded", where)
+            log.warning(
+                "an object not in the listing was fetched (%s): dropped; objects added since the listing are not loaded",
+                where,
+            )
 
     def discard(self, call: Call) -> int:
         """Forget a call that has exited: its pipes, command file and scratch folders.
@@ -240,7 +254,9 @@ class Calls:
         freed, call.given_up_bytes = call.given_up_bytes, 0
         return freed
 
-    def attribute(self, call: Call, rc: int, stall_timeout: float, uri_of: Callable[[int, int], str]) -> Failures:
+    def attribute(
+        self, call: Call, rc: int, stall_timeout: float, uri_of: Callable[[int, int], str]
+    ) -> Failures:
         """The failed samples of a call that ended: each by its first field's own cause.
 
         An object without an error line of its own is never given another object's error.

@@ -98,7 +98,9 @@ class Metrics:
         over tar shards it counts shards, not samples."""
         warnings.warn(
             "Metrics.fetched_samples is deprecated: it counts what was staged, which over tar shards is "
-            "shards; use Metrics.fetched_units", DeprecationWarning, stacklevel=2,
+            "shards; use Metrics.fetched_units",
+            DeprecationWarning,
+            stacklevel=2,
         )
         return self.fetched_units
 
@@ -117,7 +119,9 @@ class Throughput:
     point) to now, so they fall to zero when staging stops."""
 
     def __init__(self, now: float) -> None:
-        self.points: collections.deque[tuple[float, int, int]] = collections.deque([(now, 0, 0)], maxlen=_POINTS)
+        self.points: collections.deque[tuple[float, int, int]] = collections.deque(
+            [(now, 0, 0)], maxlen=_POINTS
+        )
 
     def add(self, now: float, nbytes: int, nsamples: int) -> None:
         if now - self.points[-1][0] >= _POINT_EVERY_S:
@@ -194,21 +198,32 @@ class PassReport:
         self.log = log  # the sampler's: users filter its lines by its name
         self.run_s = 0.0  # seconds of all passes so far
 
-    def report(self, stats: Stats, elapsed: float, finished: bool, epoch: int, options: StagingOptions) -> None:
+    def report(
+        self, stats: Stats, elapsed: float, finished: bool, epoch: int, options: StagingOptions
+    ) -> None:
         starved = stats.wait_s - stats.first_wait_s
         msg = (
             "epoch %d%s: %d samples, %s staged in %d calls (%d retried, %d skipped) in %.1fs; "
             "waited %.2fs for staging (%.2fs before the first sample)"
         )
         args = (
-            epoch, "" if finished else " (stopped early)", stats.staged_units,
-            format_size(stats.staged_bytes), stats.calls, stats.retries, len(stats.skipped),
-            elapsed, stats.wait_s, stats.first_wait_s,
+            epoch,
+            "" if finished else " (stopped early)",
+            stats.staged_units,
+            format_size(stats.staged_bytes),
+            stats.calls,
+            stats.retries,
+            len(stats.skipped),
+            elapsed,
+            stats.wait_s,
+            stats.first_wait_s,
         )
         if stats.skipped:
             self.log.warning(
                 "epoch %d: skipped %d sample(s) that could not be fetched (on_error='skip'): %s%s",
-                epoch, len(stats.skipped), ", ".join(stats.skipped[:10]),
+                epoch,
+                len(stats.skipped),
+                ", ".join(stats.skipped[:10]),
                 " ..." if len(stats.skipped) > 10 else "",
             )
         self.run_s += elapsed
@@ -219,7 +234,11 @@ class PassReport:
                 "sample. To stage faster: a larger calls_in_flight (now %d), a larger "
                 "samples_per_call (now %d), shuffle='block' (one request per block of samples), or a "
                 "larger budget (now %s)",
-                *args, 100 * starved / elapsed, o.calls_in_flight, o.samples_per_call, format_size(o.budget),
+                *args,
+                100 * starved / elapsed,
+                o.calls_in_flight,
+                o.samples_per_call,
+                format_size(o.budget),
             )
         else:
             self.log.info(msg, *args)

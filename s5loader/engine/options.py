@@ -41,7 +41,9 @@ class Stats:
         """Deprecated (removed in the next release): :attr:`staged_units`."""
         warnings.warn(
             "Stats.staged_samples is deprecated: it counts what was staged, which over tar shards is shards; "
-            "use Stats.staged_units", DeprecationWarning, stacklevel=2,
+            "use Stats.staged_units",
+            DeprecationWarning,
+            stacklevel=2,
         )
         return self.staged_units
 

@@ -144,15 +144,22 @@ def plan_call(
             if b >= 0 and pos not in single:
                 whole.setdefault(b, []).append(pos)
         whole = {
-            b: ps for b, ps in whole.items()
-            if len({order[p] for p in ps}) == len(layout.blocks[b]) == len(ps) and wildcard_pays(layout.blocks[b].objects)
+            b: ps
+            for b, ps in whole.items()
+            if len({order[p] for p in ps}) == len(layout.blocks[b]) == len(ps)
+            and wildcard_pays(layout.blocks[b].objects)
         }
     in_blocks = {p for ps in whole.values() for p in ps}
     wildcards = [(layout.blocks[b], ps, f"b{b}") for b, ps in whole.items()] if layout is not None else []
     if layout is not None and layout.single is not None:
         for pos in positions:
             blk1 = layout.single[order[pos]]
-            if pos not in in_blocks and pos not in single and blk1 is not None and wildcard_pays(blk1.objects):
+            if (
+                pos not in in_blocks
+                and pos not in single
+                and blk1 is not None
+                and wildcard_pays(blk1.objects)
+            ):
                 wildcards.append((blk1, [pos], f"s{pos}"))
                 in_blocks.add(pos)
     for blk, ps, tag in wildcards:
@@ -211,7 +218,9 @@ def write_plan_files(
         inside = [w for w in windows or () if cuts[-1] < w <= end]
         cuts.append(inside[-1] if inside and end < len(order) else end)
     for n, (first, last) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):
-        plan = plan_call(samples, order, range(first, last), lambda i: f"{stage}/{i}", layout, f"{stage}/.c{n}")
+        plan = plan_call(
+            samples, order, range(first, last), lambda i: f"{stage}/{i}", layout, f"{stage}/.c{n}"
+        )
         path = os.path.join(stage, f"call-{n:05d}.txt")
         write_command_file(path, plan.lines)
         paths.append(path)

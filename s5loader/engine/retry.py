@@ -105,7 +105,9 @@ class Retries:
             self.due.append((now + delay, pos))
         log.warning(
             "retrying %d sample(s) (attempt %d of %d): %s%s",
-            len(retry_again), max(self.attempts[p] for p in retry_again), self.opts.retries,
+            len(retry_again),
+            max(self.attempts[p] for p in retry_again),
+            self.opts.retries,
             "; ".join(f"{failures[p][2]}: {failures[p][1]}" for p in retry_again[:3]),
             " ..." if len(retry_again) > 3 else "",
         )

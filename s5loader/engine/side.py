@@ -45,7 +45,9 @@ class SideFetches:
         self._running.append((fut, pos, attempt, uri))
 
     def check(
-        self, current: Callable[[int, int], bool], on_done: Callable[[int], None],
+        self,
+        current: Callable[[int, int], bool],
+        on_done: Callable[[int], None],
         on_failed: Callable[[Failures], None],
     ) -> None:
         """Hand finished downloads on: ``on_done(position)`` for a success, ``on_failed`` for a

@@ -117,8 +117,13 @@ class Stager:
         self.calls = Calls(s5cmd, self._field, area.path, options.verify, self.stats)
         self.side = SideFetches(access)
         self.watchdog = Watchdog(
-            options.stall_timeout, self.calls, lambda pos, j: self._field(pos, j).uri,
-            lambda pos: self.samples[self.order[pos]].size, self._finish_exited, self._hold_given_up, self._failed,
+            options.stall_timeout,
+            self.calls,
+            lambda pos, j: self._field(pos, j).uri,
+            lambda pos: self.samples[self.order[pos]].size,
+            self._finish_exited,
+            self._hold_given_up,
+            self._failed,
         )
 
     def _field(self, pos: int, j: int) -> Field:
@@ -214,7 +219,9 @@ class Stager:
         spc = min(self.opts.samples_per_call, self.first_call << min(self.stats.calls, 20))
         while len(self.calls) < self.opts.calls_in_flight:
             retried, before = self.retries.take_due(time.monotonic(), spc), self._next
-            pick = pick_call(order, samples, budget, self._next, spc, retried, self.windows, self.kept, self.ready.mark)
+            pick = pick_call(
+                order, samples, budget, self._next, spc, retried, self.windows, self.kept, self.ready.mark
+            )
             self._next, picked = pick.first, pick.picked
             if not picked:
                 if before < self._next < len(order):
@@ -230,7 +237,7 @@ class Stager:
             if retried:
                 self.retries.started(retried)
             with self._cond:
-                for pos in picked[len(retried):]:
+                for pos in picked[len(retried) :]:
                     budget.reserve(order[pos], samples[order[pos]].size)
             self._next = pick.nxt
             self.stats.peak_reserved = max(self.stats.peak_reserved, budget.reserved)
@@ -245,8 +252,14 @@ class Stager:
                 shutil.rmtree(folder, ignore_errors=True)
             self.fields.start(pos, len(self.samples[idx].fields))
         plan = plan_call(
-            self.samples, self.order, positions, self.folders.sample_dir, self.layout,
-            f"{self.area.path}/.c{self._seq}", single=set(self.retries.attempts), via_scratch=True,
+            self.samples,
+            self.order,
+            positions,
+            self.folders.sample_dir,
+            self.layout,
+            f"{self.area.path}/.c{self._seq}",
+            single=set(self.retries.attempts),
+            via_scratch=True,
         )
         for pos, _, uri, dest in plan.aside:
             self.side.submit(pos, self.retries.attempts.get(pos, 0), uri, dest)
@@ -290,7 +303,9 @@ class Stager:
         self._discard(call)
         if not call.plan.items:
             return
-        self._failed(self.calls.attribute(call, rc, self.opts.stall_timeout, lambda pos, j: self._field(pos, j).uri))
+        self._failed(
+            self.calls.attribute(call, rc, self.opts.stall_timeout, lambda pos, j: self._field(pos, j).uri)
+        )
 
     def _finish_exited(self, call: Call) -> None:
         self.calls.drain(call, self._field_done)
@@ -313,7 +328,12 @@ class Stager:
 
     def _check_deadlock(self) -> None:
         # Only a consumer waiting while the budget blocks staging and nothing else can free it.
-        if not (self.ready.consumer_waiting and self.budget.blocked) or self.calls or self.side or self.retries.due:
+        if (
+            not (self.ready.consumer_waiting and self.budget.blocked)
+            or self.calls
+            or self.side
+            or self.retries.due
+        ):
             return
         if self._next < len(self.order):
             self.budget.check_deadlock(self.ready.consumer_waiting, self.opts.stall_timeout)
@@ -337,7 +357,9 @@ class Stager:
             t.join(_ABORT_JOIN_S)  # bounded: the interrupted thread may hold what it needs to end
         self.calls.kill_now()  # a call it started meanwhile
 
-    def metrics(self, *, epoch: int, position: int, samples: int | None = None, waited_s: float | None = None) -> Metrics:
+    def metrics(
+        self, *, epoch: int, position: int, samples: int | None = None, waited_s: float | None = None
+    ) -> Metrics:
         """A snapshot of this pass (see :class:`~s5loader.engine.metrics.Metrics`), for any thread:
         counters read without the engine's lock, one clock read.
 
@@ -350,9 +372,17 @@ class Stager:
         """
         running = self.running()
         return snapshot(
-            time.monotonic(), self.stats, self.ready, self.budget, self.throughput, epoch=epoch, position=position,
-            samples=len(self.order) if samples is None else samples, waited_s=waited_s,
-            calls=len(self.calls) if running else 0, objects=self.fields.objects if running else 0,
+            time.monotonic(),
+            self.stats,
+            self.ready,
+            self.budget,
+            self.throughput,
+            epoch=epoch,
+            position=position,
+            samples=len(self.order) if samples is None else samples,
+            waited_s=waited_s,
+            calls=len(self.calls) if running else 0,
+            objects=self.fields.objects if running else 0,
         )
 
     @property

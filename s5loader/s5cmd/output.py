@@ -81,12 +81,19 @@ def explain(message: str, endpoint: str | None = None) -> str:
     """``message`` (about an ``s3://`` URI, holding s5cmd's error) with s5cmd's words for missing
     credentials or a missing bucket cut to their code, and what to check at its end (as
     :func:`~s5loader._s3api.errors.boto3_error` says it for boto3's errors)."""
-    for words, what in ((_NO_CREDENTIALS, "no credentials were found (NoCredentialProviders)"),
-                        (_NO_BUCKET, "no such bucket (NoSuchBucket)")):
+    for words, what in (
+        (_NO_CREDENTIALS, "no credentials were found (NoCredentialProviders)"),
+        (_NO_BUCKET, "no such bucket (NoSuchBucket)"),
+    ):
         found = words.search(message)
         if found is None:
             continue
-        cut = message[: found.start()] + what + (" " if found.end() < len(message) else "") + message[found.end():]
+        cut = (
+            message[: found.start()]
+            + what
+            + (" " if found.end() < len(message) else "")
+            + message[found.end() :]
+        )
         if words is _NO_CREDENTIALS:
             return cut + CREDENTIALS_HINT
         uri = _URI.search(message)

@@ -155,7 +155,9 @@ class S5cmd:
                 raise EmptySourceError(f"no object under {prefix_uri} ({msg})")
             if kind == "transient" and looks_unreachable(msg):
                 kind = "endpoint"
-            raise error_for(kind, f"cannot list {prefix_uri}: {msg} (s5cmd exit code {rc})", self.settings.endpoint())
+            raise error_for(
+                kind, f"cannot list {prefix_uri}: {msg} (s5cmd exit code {rc})", self.settings.endpoint()
+            )
 
 
 class _GlobInPrefix(Exception):
@@ -210,7 +212,12 @@ def part_size_mib(part_size: int, object_size: int | None = None, concurrency: i
 
 def _part_args(concurrency: int, part_size: int, object_size: int | None) -> list[str]:
     concurrency = max(1, concurrency)
-    return ["--concurrency", str(concurrency), "--part-size", str(part_size_mib(part_size, object_size, concurrency))]
+    return [
+        "--concurrency",
+        str(concurrency),
+        "--part-size",
+        str(part_size_mib(part_size, object_size, concurrency)),
+    ]
 
 
 def start_copy(

@@ -71,7 +71,13 @@ def choose_root(
             root = SHM
         else:
             root = tempfile.gettempdir()
-        log.info("staging in %s (%s free, budget %s%s)", root, format_size(free_bytes(root)), format_size(need), ranks)
+        log.info(
+            "staging in %s (%s free, budget %s%s)",
+            root,
+            format_size(free_bytes(root)),
+            format_size(need),
+            ranks,
+        )
     else:
         root = os.path.abspath(os.fspath(staging_dir))
         try:
@@ -84,7 +90,10 @@ def choose_root(
         shrunk = int(max(0, free * 0.9 - cache) / max(1.0, footprint)) // local
         log.warning(
             "budget shrunk from %s to %s to fit the free space of %s%s",
-            format_size(need), format_size(shrunk), root, f" shared by {local} ranks" if local > 1 else "",
+            format_size(need),
+            format_size(shrunk),
+            root,
+            f" shared by {local} ranks" if local > 1 else "",
         )
         return root, shrunk
     return root, need
@@ -303,6 +312,7 @@ def cleanup_all() -> None:
 
 
 atexit.register(cleanup_all)
+
 
 def abort_all() -> None:
     """Kill s5cmd and remove the staging directories, taking no lock and joining no thread.

@@ -45,7 +45,11 @@ class SampleSpans:
     __slots__ = ("_end_of", "known", "count", "size", "_grow")
 
     def __init__(
-        self, end_of: Callable[[int], int], known: int, count: int, size: int,
+        self,
+        end_of: Callable[[int], int],
+        known: int,
+        count: int,
+        size: int,
         grow: Callable[[], tuple[Callable[[int], int], int]] | None = None,
     ) -> None:
         self._end_of = end_of
@@ -144,7 +148,10 @@ def give_back_unneeded(path: str, spans: SampleSpans, needed: Collection[int]) -
     another rank's samples); the bytes given back, 0 where the file system cannot punch."""
     try:
         with open(path, "r+b") as fh:
-            return sum(punch_hole(fh.fileno(), lo, hi - lo, HOLE_BLOCK) for lo, hi in unneeded_ranges(spans, needed, HOLE_BLOCK))
+            return sum(
+                punch_hole(fh.fileno(), lo, hi - lo, HOLE_BLOCK)
+                for lo, hi in unneeded_ranges(spans, needed, HOLE_BLOCK)
+            )
     except OSError:
         return 0
 
@@ -161,4 +168,3 @@ def shard_lock(fd: int) -> Iterator[None]:
         yield
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
-

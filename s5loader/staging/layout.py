@@ -87,7 +87,10 @@ def field_names(sample: Sample) -> list[str]:
     for n in names:
         parts = n.split("/")
         if any(
-            not p or p in (".", "..") or "\x00" in p or len(p.encode("utf-8", "surrogatepass")) > 255
+            not p
+            or p in (".", "..")
+            or "\x00" in p
+            or len(p.encode("utf-8", "surrogatepass")) > 255
             or p.startswith(".")
             for p in parts
         ):
@@ -137,7 +140,7 @@ class StagingLayout:
         """Delete sample ``index``'s staged files (``paths``, from :meth:`paths`), then tell
         the engine its bytes are free."""
         folder = self.sample_dir(index)
-        if any("/" in p[len(folder) + 1:] for p in paths):  # fields in sub-folders
+        if any("/" in p[len(folder) + 1 :] for p in paths):  # fields in sub-folders
             shutil.rmtree(folder, ignore_errors=True)
         else:
             for p in paths:

@@ -46,7 +46,13 @@ class StagedIndex(int):
     early: bool  # handed out before it was staged: the reader waits for it (see wait_staged)
 
     def __new__(
-        cls, value: int, folder: str, keep: bool = False, back: bool = False, frees: bool = False, early: bool = False
+        cls,
+        value: int,
+        folder: str,
+        keep: bool = False,
+        back: bool = False,
+        frees: bool = False,
+        early: bool = False,
     ) -> StagedIndex:
         self = super().__new__(cls, value)
         self.folder = folder
@@ -212,7 +218,9 @@ class ObjectReader:
         self.samples = count
         self._warned_unstaged = False
 
-    def read(self, index: int, units: Sequence[Sample], access: Access) -> tuple[dict[str, Any], dict[str, str]]:
+    def read(
+        self, index: int, units: Sequence[Sample], access: Access
+    ) -> tuple[dict[str, Any], dict[str, str]]:
         """Sample ``index`` of ``units`` as ``{"__key__": ..., FIELD: bytes, extra...}`` and
         where each field came from (fetched through ``access`` when not staged)."""
         sample = units[index]
@@ -235,7 +243,10 @@ class ObjectReader:
                 self._warned_unstaged = True
                 log.warning(
                     "sample %d (%s) was not staged in %s; fetching it directly (further "
-                    "cases are not logged)", index, sample.key, folder,
+                    "cases are not logged)",
+                    index,
+                    sample.key,
+                    folder,
                 )
         if data is None:
             data = fetch_fields(s3_client(access), sample)

@@ -23,14 +23,30 @@ from pathlib import Path
 
 # Flags that take a port, as offsets from a random base so instances do not collide.
 _PORT_FLAGS = (
-    "master.port", "volume.port", "filer.port", "s3.port", "webdav.port", "admin.port",
-    "s3.port.iceberg", "s3.port.lance", "metricsPort", "debug.port",
-    "master.port.grpc", "volume.port.grpc", "filer.port.grpc", "s3.port.grpc", "admin.port.grpc",
+    "master.port",
+    "volume.port",
+    "filer.port",
+    "s3.port",
+    "webdav.port",
+    "admin.port",
+    "s3.port.iceberg",
+    "s3.port.lance",
+    "metricsPort",
+    "debug.port",
+    "master.port.grpc",
+    "volume.port.grpc",
+    "filer.port.grpc",
+    "s3.port.grpc",
+    "admin.port.grpc",
 )
 
 
 # The credentials and region the local server is used with: it accepts any key (see start()).
-LOCAL_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local", "AWS_REGION": "us-east-1"}
+LOCAL_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "local",
+    "AWS_SECRET_ACCESS_KEY": "local",
+    "AWS_REGION": "us-east-1",
+}
 # Unix socket paths are limited to 107 bytes; longer data folders keep weed's default place.
 _SOCKET_PATH_MAX = 100
 
@@ -121,10 +137,20 @@ class SeaweedFS:
         self._pick_ports()
         # -logdir: weed writes its weed.* log files to $TMPDIR otherwise; -webdav=false: the
         # WebDAV gateway keeps a chunk cache in $TMPDIR, and nothing here uses WebDAV.
-        argv = [
-            find_weed(), f"-logdir={logdir}", "mini", f"-dir={self.data_dir}", "-ip=127.0.0.1",
-            "-ip.bind=127.0.0.1", "-admin.ui=false", "-webdav=false",
-        ] + self._local_socket_args() + [f"-{flag}={port}" for flag, port in self.ports.items()]
+        argv = (
+            [
+                find_weed(),
+                f"-logdir={logdir}",
+                "mini",
+                f"-dir={self.data_dir}",
+                "-ip=127.0.0.1",
+                "-ip.bind=127.0.0.1",
+                "-admin.ui=false",
+                "-webdav=false",
+            ]
+            + self._local_socket_args()
+            + [f"-{flag}={port}" for flag, port in self.ports.items()]
+        )
         log = open(os.path.join(self.data_dir, "weed.log"), "ab")
         # weed mini turns AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY into its only identity;
         # without them it accepts any credentials, which is what a local test store wants.
@@ -133,7 +159,12 @@ class SeaweedFS:
         if self.identity is not None:
             env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"] = self.identity
         self.proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
         )
         log.close()
         deadline = time.monotonic() + timeout
@@ -157,8 +188,12 @@ class SeaweedFS:
 
         key, secret = self.identity or ("local", "local")
         client = boto3.client(
-            "s3", endpoint_url=self.endpoint, aws_access_key_id=key, aws_secret_access_key=secret,
-            region_name="us-east-1", config=Config(retries={"max_attempts": 1}, connect_timeout=2, read_timeout=5),
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=key,
+            aws_secret_access_key=secret,
+            region_name="us-east-1",
+            config=Config(retries={"max_attempts": 1}, connect_timeout=2, read_timeout=5),
         )
         try:
             client.list_buckets()

@@ -29,27 +29,61 @@ def cp(args: list[str]) -> bool:
         base = src[: src.rfind("/", 0, src.index("*")) + 1]
         matches = sorted(p for p in glob.glob(local(src), recursive=False) if os.path.isfile(p))
         matches += [p for p in glob.glob(local(src) + "/**", recursive=True) if os.path.isfile(p)]
-        targets = [os.path.join(dst, p[len(local(base)):]) for p in matches]
+        targets = [os.path.join(dst, p[len(local(base)) :]) for p in matches]
     if not matches:
-        print(json.dumps({"operation": "cp", "command": f"cp {src} {dst}", "error": "NoSuchKey: not found status code: 404"}), file=sys.stderr)
+        print(
+            json.dumps(
+                {
+                    "operation": "cp",
+                    "command": f"cp {src} {dst}",
+                    "error": "NoSuchKey: not found status code: 404",
+                }
+            ),
+            file=sys.stderr,
+        )
         return False
     for m, t in zip(matches, targets, strict=True):
         os.makedirs(os.path.dirname(t), exist_ok=True)
         shutil.copyfile(m, t + ".tmp")
         os.rename(t + ".tmp", t)
-        print(json.dumps({"operation": "cp", "success": True, "source": "s3://" + m[len(ROOT) + 1:], "destination": t}))
+        print(
+            json.dumps(
+                {"operation": "cp", "success": True, "source": "s3://" + m[len(ROOT) + 1 :], "destination": t}
+            )
+        )
     return True
 
 
 def main(argv: list[str]) -> int:
     while argv and argv[0].startswith("--"):
-        argv = argv[2:] if argv[0] in ("--retry-count", "--endpoint-url", "--numworkers", "--profile", "--credentials-file", "--request-payer") else argv[1:]
+        argv = (
+            argv[2:]
+            if argv[0]
+            in (
+                "--retry-count",
+                "--endpoint-url",
+                "--numworkers",
+                "--profile",
+                "--credentials-file",
+                "--request-payer",
+            )
+            else argv[1:]
+        )
     cmd, rest = argv[0], argv[1:]
     if cmd == "ls":
         prefix = local(rest[0].rstrip("*"))
         found = sorted(p for p in glob.glob(prefix + "**", recursive=True) if os.path.isfile(p))
         for p in found:
-            print(json.dumps({"key": "s3://" + p[len(ROOT) + 1:], "type": "file", "size": os.path.getsize(p), "etag": ""}))
+            print(
+                json.dumps(
+                    {
+                        "key": "s3://" + p[len(ROOT) + 1 :],
+                        "type": "file",
+                        "size": os.path.getsize(p),
+                        "etag": "",
+                    }
+                )
+            )
         if not found:
             print(json.dumps({"operation": "ls", "error": "no object found"}), file=sys.stderr)
             return 1

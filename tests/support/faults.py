@@ -14,10 +14,16 @@ ERROR_XML = (
     '<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>{msg}</Message>'
     "<RequestId>fault</RequestId></Error>"
 )
-STATUS = {"503": (503, "SlowDown", "Please reduce your request rate."),
-          "500": (500, "InternalError", "We encountered an internal error."),
-          "403": (403, "AccessDenied", "Access Denied"),
-          "badkey": (403, "InvalidAccessKeyId", "The AWS Access Key Id you provided does not exist in our records.")}
+STATUS = {
+    "503": (503, "SlowDown", "Please reduce your request rate."),
+    "500": (500, "InternalError", "We encountered an internal error."),
+    "403": (403, "AccessDenied", "Access Denied"),
+    "badkey": (
+        403,
+        "InvalidAccessKeyId",
+        "The AWS Access Key Id you provided does not exist in our records.",
+    ),
+}
 
 
 @dataclass
@@ -62,7 +68,9 @@ class FaultProxy:
             def _handle(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 with proxy._lock:
-                    proxy.requests.append((self.command, self.path, {k.lower(): v for k, v in self.headers.items()}))
+                    proxy.requests.append(
+                        (self.command, self.path, {k.lower(): v for k, v in self.headers.items()})
+                    )
                 action = proxy._match(self.command, urllib.parse.unquote(self.path))
                 if action == "hold":
                     with proxy._held_changed:
@@ -92,7 +100,13 @@ class FaultProxy:
                 conn.close()
                 self.send_response(resp.status)
                 for k, v in resp.getheaders():
-                    if k.lower() not in ("transfer-encoding", "connection", "content-length", "server", "date"):
+                    if k.lower() not in (
+                        "transfer-encoding",
+                        "connection",
+                        "content-length",
+                        "server",
+                        "date",
+                    ):
                         self.send_header(k, v)
                 length = resp.getheader("Content-Length") if self.command == "HEAD" else None
                 self.send_header("Content-Length", length or str(len(data)))  # a HEAD's: the object's

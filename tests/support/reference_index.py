@@ -50,7 +50,7 @@ def group(
                 continue
             skey, field = (f"{head}/{stem}" if head else stem), ext
         else:
-            rel = obj.key[len(base):] if base and obj.key.startswith(base) else obj.key
+            rel = obj.key[len(base) :] if base and obj.key.startswith(base) else obj.key
             if base:
                 folder, slash, field = rel.partition("/")
                 if not slash or not field:
@@ -73,7 +73,11 @@ def group(
         }[group_by]
         log.warning(
             "group_by=%r left out %d object(s) of %s with %s, e.g. %s",
-            group_by, len(skipped), source or "the source", why, ", ".join(skipped[:3]),
+            group_by,
+            len(skipped),
+            source or "the source",
+            why,
+            ", ".join(skipped[:3]),
         )
     buckets = {b for b, _ in groups}
     samples = []

@@ -27,7 +27,9 @@ def tar_of(members: list[tuple[str, bytes]]) -> bytes:
     return buf.getvalue()
 
 
-def make_shards(n_shards: int, per_shard: int, size: int = 300) -> tuple[dict[str, bytes], dict[str, dict[str, bytes]]]:
+def make_shards(
+    n_shards: int, per_shard: int, size: int = 300
+) -> tuple[dict[str, bytes], dict[str, dict[str, bytes]]]:
     """``{shard name: tar bytes}`` and the expected samples ``{key: {field: bytes}}``."""
     shards, expected = {}, {}
     k = 0
@@ -56,8 +58,13 @@ def class_sorted_shards(
     """Shards of one class each (the class is the shard number), samples of ``size`` bytes;
     returns the source, the shards, and the largest shard's size."""
     shards = {
-        f"shard-{s:03d}.tar": tar_of([(f"c{s}-{j:03d}.{f}", data) for j in range(per_shard)
-                                       for f, data in (("bin", sample_bytes(s * 1000 + j, size)), ("cls", b"%d" % s))])
+        f"shard-{s:03d}.tar": tar_of(
+            [
+                (f"c{s}-{j:03d}.{f}", data)
+                for j in range(per_shard)
+                for f, data in (("bin", sample_bytes(s * 1000 + j, size)), ("cls", b"%d" % s))
+            ]
+        )
         for s in range(n_shards)
     }
     return put_indexed(store, shards), shards, max(map(len, shards.values()))
@@ -65,8 +72,11 @@ def class_sorted_shards(
 
 def shard_gets(requests: list) -> Counter:  # type: ignore[type-arg]
     """GETs per shard name among a proxy's requests."""
-    return Counter(path.split("?")[0].rsplit("/", 1)[-1] for method, path, _ in requests
-                   if method == "GET" and path.split("?")[0].endswith(".tar"))
+    return Counter(
+        path.split("?")[0].rsplit("/", 1)[-1]
+        for method, path, _ in requests
+        if method == "GET" and path.split("?")[0].endswith(".tar")
+    )
 
 
 def leftovers(path: str) -> list[str]:

@@ -23,7 +23,9 @@ class TierError(AssertionError):
 def unit_tier_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     # S5LOADER_TEST_PROBE_UNIT=1 applies the guard to every test: those that pass under it
     # are the ones that belong in the unit tier.
-    if UNIT not in Path(str(request.node.path)).resolve().parents and not os.environ.get("S5LOADER_TEST_PROBE_UNIT"):
+    if UNIT not in Path(str(request.node.path)).resolve().parents and not os.environ.get(
+        "S5LOADER_TEST_PROBE_UNIT"
+    ):
         return
 
     def refuse(what: str) -> Any:

@@ -17,15 +17,23 @@ from s5loader.s5cmd import S5cmd
 
 
 def _dataset() -> S5Dataset:
-    return S5Dataset([Sample(f"k{i}", (Field("data", f"s3://b/k{i}", 10, ""),)) for i in range(4)], endpoint_url="http://127.0.0.1:9")
+    return S5Dataset(
+        [Sample(f"k{i}", (Field("data", f"s3://b/k{i}", 10, ""),)) for i in range(4)],
+        endpoint_url="http://127.0.0.1:9",
+    )
 
 
 @pytest.mark.parametrize(
     ("change", "message"),
-    [({"budget": "lots"}, "is not a size"), ({"calls_in_flight": 0}, "calls_in_flight must be a positive int"),
-     ({"s5cmd_workers": -1}, "s5cmd_workers must be a positive int"), ({"block_size": True}, "block_size must be"),
-     ({"retries": -1}, "retries must be an int >= 0"), ({"stall_timeout": 0}, "stall_timeout must be a positive"),
-     ({"on_error": "ignore"}, "on_error must be one of raise, skip")],
+    [
+        ({"budget": "lots"}, "is not a size"),
+        ({"calls_in_flight": 0}, "calls_in_flight must be a positive int"),
+        ({"s5cmd_workers": -1}, "s5cmd_workers must be a positive int"),
+        ({"block_size": True}, "block_size must be"),
+        ({"retries": -1}, "retries must be an int >= 0"),
+        ({"stall_timeout": 0}, "stall_timeout must be a positive"),
+        ({"on_error": "ignore"}, "on_error must be one of raise, skip"),
+    ],
 )
 def test_staging_options_say_what_to_change(change: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -53,16 +61,46 @@ def test_renamed_sampler_keywords_warn_and_still_work(staging_root: str) -> None
 
 
 def test_daemon_takes_the_samplers_staging_options(tmp_path: Path) -> None:
-    args = build_parser().parse_args([
-        "s3://b/p/", "--cache", str(tmp_path), "--budget", "1MiB", "--shuffle", "block", "--block-size", "8",
-        "--calls-in-flight", "3", "--s5cmd-workers", "32", "--verify", "--retries", "1", "--stall-timeout", "9",
-    ])
+    args = build_parser().parse_args(
+        [
+            "s3://b/p/",
+            "--cache",
+            str(tmp_path),
+            "--budget",
+            "1MiB",
+            "--shuffle",
+            "block",
+            "--block-size",
+            "8",
+            "--calls-in-flight",
+            "3",
+            "--s5cmd-workers",
+            "32",
+            "--verify",
+            "--retries",
+            "1",
+            "--stall-timeout",
+            "9",
+        ]
+    )
     opts = options_from_args(args)
     engine = opts.staging
-    assert (opts.shuffle, engine.block_size, engine.calls_in_flight, engine.s5cmd_workers) == ("block", 8, 3, 32)
+    assert (opts.shuffle, engine.block_size, engine.calls_in_flight, engine.s5cmd_workers) == (
+        "block",
+        8,
+        3,
+        32,
+    )
     assert (engine.verify, engine.retries, engine.stall_timeout) == (True, 1, 9.0)
-    assert options_from_args(build_parser().parse_args(["s3://b/p/", "--cache", "c", "--budget", "1", "--shuffle"])).shuffle is True
-    old = options_from_args(build_parser().parse_args(["s3://b/p/", "--cache", "c", "--budget", "1", "--buffers", "5"]))
+    assert (
+        options_from_args(
+            build_parser().parse_args(["s3://b/p/", "--cache", "c", "--budget", "1", "--shuffle"])
+        ).shuffle
+        is True
+    )
+    old = options_from_args(
+        build_parser().parse_args(["s3://b/p/", "--cache", "c", "--budget", "1", "--buffers", "5"])
+    )
     assert old.staging.calls_in_flight == 5
     with pytest.raises(SystemExit):
         build_parser().parse_args(["s3://b/p/", "--cache", "c", "--budget", "1", "--shuffle", "random"])
@@ -71,21 +109,57 @@ def test_daemon_takes_the_samplers_staging_options(tmp_path: Path) -> None:
 def test_access_flags_reach_the_daemon_options(tmp_path: Path) -> None:
     creds = tmp_path / "credentials"
     creds.write_text("[x]\naws_access_key_id = A\naws_secret_access_key = B\n")
-    args = build_parser().parse_args([
-        "s3://b/p/", "--cache", str(tmp_path), "--budget", "1MiB", "--endpoint-url", "http://127.0.0.1:9",
-        "--profile", "x", "--credentials-file", str(creds), "--region", "eu-west-3", "--request-payer", "requester",
-        "--no-verify-ssl", "--use-list-objects-v1", "--addressing-style", "path",
-    ])
+    args = build_parser().parse_args(
+        [
+            "s3://b/p/",
+            "--cache",
+            str(tmp_path),
+            "--budget",
+            "1MiB",
+            "--endpoint-url",
+            "http://127.0.0.1:9",
+            "--profile",
+            "x",
+            "--credentials-file",
+            str(creds),
+            "--region",
+            "eu-west-3",
+            "--request-payer",
+            "requester",
+            "--no-verify-ssl",
+            "--use-list-objects-v1",
+            "--addressing-style",
+            "path",
+        ]
+    )
     a = options_from_args(args).store
-    assert a == Access("http://127.0.0.1:9", profile="x", credentials_file=str(creds), region="eu-west-3",
-                       requester_pays=True, verify_ssl=False, list_objects_v1=True, addressing_style="path")
+    assert a == Access(
+        "http://127.0.0.1:9",
+        profile="x",
+        credentials_file=str(creds),
+        region="eu-west-3",
+        requester_pays=True,
+        verify_ssl=False,
+        list_objects_v1=True,
+        addressing_style="path",
+    )
 
 
 def test_access_maps_onto_s5cmd_flags(tmp_path: Path) -> None:
     creds = tmp_path / "credentials"
     creds.write_text("[default]\n")
-    s5 = S5cmd(access=Access("http://127.0.0.1:9", profile="p", credentials_file=str(creds), requester_pays=True,
-                             verify_ssl=False, list_objects_v1=True, region="eu-west-3"), binary="s5cmd")
+    s5 = S5cmd(
+        access=Access(
+            "http://127.0.0.1:9",
+            profile="p",
+            credentials_file=str(creds),
+            requester_pays=True,
+            verify_ssl=False,
+            list_objects_v1=True,
+            region="eu-west-3",
+        ),
+        binary="s5cmd",
+    )
     argv = s5._argv("ls")
     assert argv[argv.index("--endpoint-url") + 1] == "http://127.0.0.1:9"
     assert argv[argv.index("--profile") + 1] == "p"
@@ -107,13 +181,20 @@ def test_access_maps_onto_boto3() -> None:
 
 @pytest.mark.parametrize(
     ("kw", "message"),
-    [({"anonymous": True, "profile": "p"}, "anonymous=True sends unsigned requests"),
-     ({"credentials_file": "/nonexistent/credentials"}, "is not a file"),
-     ({"addressing_style": "dns"}, "addressing_style must be one of auto, path, virtual"),
-     ({"addressing_style": "virtual", "endpoint_url": "http://127.0.0.1:9"}, "s5cmd 2.3 always uses path addressing"),
-     ({"anonymous": "yes"}, "anonymous must be True or False")],
+    [
+        ({"anonymous": True, "profile": "p"}, "anonymous=True sends unsigned requests"),
+        ({"credentials_file": "/nonexistent/credentials"}, "is not a file"),
+        ({"addressing_style": "dns"}, "addressing_style must be one of auto, path, virtual"),
+        (
+            {"addressing_style": "virtual", "endpoint_url": "http://127.0.0.1:9"},
+            "s5cmd 2.3 always uses path addressing",
+        ),
+        ({"anonymous": "yes"}, "anonymous must be True or False"),
+    ],
 )
-def test_access_refuses_what_one_client_cannot_do(kw: dict, message: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_access_refuses_what_one_client_cannot_do(
+    kw: dict, message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for var in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "S3_ENDPOINT_URL"):
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(ConfigError, match=message):
@@ -158,8 +239,9 @@ def test_clients_share_one_parsed_service_model(tmp_path: Path) -> None:
         Access("http://127.0.0.1:9", profile="nope", credentials_file=str(creds)).boto3_client()
 
 
-def test_the_given_profile_wins_over_a_missing_one_in_the_environment(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_given_profile_wins_over_a_missing_one_in_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     creds = tmp_path / "credentials"
     creds.write_text("[p]\naws_access_key_id = a\naws_secret_access_key = b\n")
     monkeypatch.setenv("AWS_PROFILE", "ghost")
@@ -172,21 +254,47 @@ def test_access_to_args_round_trips_and_reaches_the_prefetcher(tmp_path: Path) -
 
     creds = tmp_path / "credentials"
     creds.write_text("[p]\naws_access_key_id = a\naws_secret_access_key = b\n")
-    access = Access(endpoint_url="http://127.0.0.1:9", profile="p", credentials_file=str(creds), region="eu-west-1",
-                    requester_pays=True, verify_ssl=False, list_objects_v1=True, addressing_style="path")
+    access = Access(
+        endpoint_url="http://127.0.0.1:9",
+        profile="p",
+        credentials_file=str(creds),
+        region="eu-west-1",
+        requester_pays=True,
+        verify_ssl=False,
+        list_objects_v1=True,
+        addressing_style="path",
+    )
     parser = build_parser()
     args = parser.parse_args(["s3://b/p/", "--cache", "c", "--budget", "1", *access.to_args()])
     assert Access.from_args(args) == access
-    assert Access.from_args(parser.parse_args(["s3://b/p/", "--cache", "c", "--budget", "1", *Access(anonymous=True).to_args()])) \
-        == Access(anonymous=True)
-    p = Prefetcher("s3://b/p/", cache=tmp_path / "c", budget=1000, access=access, shuffle="block", block_size=8,
-                   calls_in_flight=3, s5cmd_workers=16)
+    assert Access.from_args(
+        parser.parse_args(["s3://b/p/", "--cache", "c", "--budget", "1", *Access(anonymous=True).to_args()])
+    ) == Access(anonymous=True)
+    p = Prefetcher(
+        "s3://b/p/",
+        cache=tmp_path / "c",
+        budget=1000,
+        access=access,
+        shuffle="block",
+        block_size=8,
+        calls_in_flight=3,
+        s5cmd_workers=16,
+    )
     opts = options_from_args(parser.parse_args(p.argv))
     assert (opts.store, opts.shuffle) == (access, "block")
-    assert (opts.staging.block_size, opts.staging.calls_in_flight, opts.staging.s5cmd_workers, opts.budget) == (8, 3, 16, 1000)
+    assert (
+        opts.staging.block_size,
+        opts.staging.calls_in_flight,
+        opts.staging.s5cmd_workers,
+        opts.budget,
+    ) == (8, 3, 16, 1000)
     # one StagingOptions for every front end: the prefetcher takes it too
-    q = Prefetcher("s3://b/p/", StagingOptions(budget=1000, retries=7, retry_backoff=0.25), cache=tmp_path / "c")
-    assert options_from_args(parser.parse_args(q.argv)).staging == StagingOptions(budget=1000, retries=7, retry_backoff=0.25)
+    q = Prefetcher(
+        "s3://b/p/", StagingOptions(budget=1000, retries=7, retry_backoff=0.25), cache=tmp_path / "c"
+    )
+    assert options_from_args(parser.parse_args(q.argv)).staging == StagingOptions(
+        budget=1000, retries=7, retry_backoff=0.25
+    )
     with pytest.raises(ConfigError, match="did you mean retries"):
         Prefetcher("s3://b/p/", cache=tmp_path / "c", budget=1000, retires=2)
     with pytest.raises(ConfigError, match="shuffle"):

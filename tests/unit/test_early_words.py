@@ -61,11 +61,15 @@ def test_an_error_word_is_raised_with_its_type_and_message(layout: StagingLayout
 
 def test_a_pass_that_stopped_first_is_an_error_not_a_wait(layout: StagingLayout) -> None:
     layout.mark_early(5, NOT_STAGED)
-    with pytest.raises(S5LoaderError, match="sample 5 of the staging pass .* was not staged: the pass was closed first"):
+    with pytest.raises(
+        S5LoaderError, match="sample 5 of the staging pass .* was not staged: the pass was closed first"
+    ):
         wait_staged(layout, 5)
 
 
-def test_a_pass_folder_that_goes_ends_the_wait(layout: StagingLayout, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_pass_folder_that_goes_ends_the_wait(
+    layout: StagingLayout, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from s5loader.staging import reader
 
     monkeypatch.setattr(reader, "_RECHECK_S", 0.01)
@@ -76,8 +80,9 @@ def test_a_pass_folder_that_goes_ends_the_wait(layout: StagingLayout, monkeypatc
     assert got == [False]
 
 
-def test_a_pass_folder_removed_and_made_again_ends_the_wait(layout: StagingLayout,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_pass_folder_removed_and_made_again_ends_the_wait(
+    layout: StagingLayout, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from s5loader.staging import reader
 
     monkeypatch.setattr(reader, "_RECHECK_S", 0.01)
@@ -89,7 +94,9 @@ def test_a_pass_folder_removed_and_made_again_ends_the_wait(layout: StagingLayou
     assert got == [False]  # its word may be lost with the old folder: read it directly
 
 
-def test_without_fifos_the_reader_looks_now_and_then(layout: StagingLayout, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_fifos_the_reader_looks_now_and_then(
+    layout: StagingLayout, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def no_fifo(path: str, mode: int = 0o666) -> None:
         raise PermissionError(1, "Operation not permitted", path)
 

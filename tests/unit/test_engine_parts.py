@@ -78,8 +78,15 @@ def test_kept_units_at_the_start_do_not_hold_back_the_first_call(tmp_path: Path)
     area = StagingArea(str(tmp_path))
     area.create()
     try:
-        stager = Stager(_samples(10, 10, 10, 10), [0, 1, 2, 3], area, S5cmd(), StagingOptions(budget=1000),
-                        kept={0}, first_call=1)
+        stager = Stager(
+            _samples(10, 10, 10, 10),
+            [0, 1, 2, 3],
+            area,
+            S5cmd(),
+            StagingOptions(budget=1000),
+            kept={0},
+            first_call=1,
+        )
         started: list[list[int]] = []
         stager._start_call = started.append  # type: ignore[method-assign]
         stager._schedule()
@@ -125,7 +132,9 @@ def test_a_shard_sample_read_is_punched_out_and_the_engine_counts_what_that_free
             fh.write(b"h" * 512 + b"".join(parts))
         layout.claim_shard(7, [0, 1, 2])
         size = os.path.getsize(path)
-        budget = Budget(10 * size, threading.Condition(), lambda i: not os.path.isdir(layout.sample_dir(i)), events)
+        budget = Budget(
+            10 * size, threading.Condition(), lambda i: not os.path.isdir(layout.sample_dir(i)), events
+        )
         budget.hold_on_disk(7, size)
         before = os.stat(path).st_blocks * 512
 
@@ -136,7 +145,7 @@ def test_a_shard_sample_read_is_punched_out_and_the_engine_counts_what_that_free
         assert 65536 - 8192 <= freed <= 65536
         with open(path, "rb") as fh:
             data = fh.read()
-        assert data[512:512 + 65536] == parts[0] and data[512 + 2 * 65536:] == parts[2]
+        assert data[512 : 512 + 65536] == parts[0] and data[512 + 2 * 65536 :] == parts[2]
         budget.on_events()
         assert budget.reserved == size - freed and budget.held[7] == size - freed
 
@@ -169,9 +178,13 @@ def test_a_call_the_budget_cuts_short_waits_until_a_quarter_is_free() -> None:
     assert b.put_off(4, 10, ["a call in flight"], ready) and not b.put_off(5, 10, ["a call in flight"], ready)
     nothing = _budget(100)  # nothing held: nothing would free room
     assert not nothing.put_off(1, 10, [], ready)
+
+
 def _pairs(n: int, fields: int = 2, size: int = 10) -> list[Sample]:
-    return [Sample(f"t/{i:03d}", tuple(Field(f"f{k}", f"s3://b/t/{i:03d}.f{k}", size, "") for k in range(fields)))
-            for i in range(n)]
+    return [
+        Sample(f"t/{i:03d}", tuple(Field(f"f{k}", f"s3://b/t/{i:03d}.f{k}", size, "") for k in range(fields)))
+        for i in range(n)
+    ]
 
 
 def test_line_shapes_cost_no_list_per_sample_and_count_their_requests() -> None:
@@ -180,7 +193,7 @@ def test_line_shapes_cost_no_list_per_sample_and_count_their_requests() -> None:
     from s5loader.s5cmd import WILDCARD_MIN_OBJECTS
 
     samples = _pairs(40)  # blocks t/00*, t/01*, ... of 10 samples: 20 objects each
-    listing = [f.uri[len("s3://b/"):] for s in samples for f in s.fields]
+    listing = [f.uri[len("s3://b/") :] for s in samples for f in s.fields]
     blocks = plan_blocks(samples, 10, listing)
     order = list(range(40))
     # a whole block: one wildcard line (a LIST and its 20 GETs); half a block: a cp --raw line
@@ -193,11 +206,20 @@ def test_line_shapes_cost_no_list_per_sample_and_count_their_requests() -> None:
     small = plan_blocks(_pairs(40, fields=1), 10, [f"t/{i:03d}.f0" for i in range(40)])
     assert small.blocks and all(b.objects < WILDCARD_MIN_OBJECTS for b in small.blocks)
     plan = plan_call(_pairs(40, fields=1), order, order, lambda i: f"/s/{i}", small, "/s/.c1")
-    assert all(line.startswith("cp --raw") for line in plan.lines) and plan.requests == {"HEAD": 40, "GET": 40}
+    assert all(line.startswith("cp --raw") for line in plan.lines) and plan.requests == {
+        "HEAD": 40,
+        "GET": 40,
+    }
     # a sample of 13 objects under a prefix of its own: one wildcard line is cheaper than 13 HEADs
     big = _pairs(3, fields=WILDCARD_MIN_OBJECTS)
-    plan = plan_call(big, [0, 1, 2], [1], lambda i: f"/s/{i}", plan_blocks(big, 10, [
-        f.uri[len("s3://b/"):] for s in big for f in s.fields]), "/s/.c1")
+    plan = plan_call(
+        big,
+        [0, 1, 2],
+        [1],
+        lambda i: f"/s/{i}",
+        plan_blocks(big, 10, [f.uri[len("s3://b/") :] for s in big for f in s.fields]),
+        "/s/.c1",
+    )
     assert plan.lines == ["cp --exclude '*..*' 's3://b/t/001.f*' /s/.c1/.s1/\n"]
     assert plan.requests == {"LIST": 1, "GET": WILDCARD_MIN_OBJECTS}
 

@@ -87,9 +87,19 @@ def test_node_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 LAUNCHER_VARIABLES = (
-    "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALRANKID",
-    "MPI_LOCALNRANKS", "SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE",
-    "SLURM_NODEID", "RANK", "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "MPI_LOCALRANKID",
+    "MPI_LOCALNRANKS",
+    "SLURM_LOCALID",
+    "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_TASKS_PER_NODE",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_NODEID",
+    "RANK",
+    "WORLD_SIZE",
 )
 
 
@@ -102,7 +112,10 @@ LAUNCHER_VARIABLES = (
         ({"OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, (1, 4)),
         ({"MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2"}, (0, 2)),
         # torchrun's describe its own processes, also when it runs under srun
-        ({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "SLURM_LOCALID": "0", "SLURM_NTASKS_PER_NODE": "1"}, (1, 2)),
+        (
+            {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "SLURM_LOCALID": "0", "SLURM_NTASKS_PER_NODE": "1"},
+            (1, 2),
+        ),
         ({"SLURM_LOCALID": "0"}, None),
         ({}, None),
     ],
@@ -212,7 +225,12 @@ def test_take_checks_sizes_and_md5(tmp_path) -> None:
     c.open()
     layout = StagingLayout(str(tmp_path / "pass"))
     os.makedirs(layout.folder)
-    for content, md5, ok in ((data, True, True), (b"hellO", False, True), (b"hellO", True, False), (b"hi", False, False)):
+    for content, md5, ok in (
+        (data, True, True),
+        (b"hellO", False, True),
+        (b"hellO", True, False),
+        (b"hi", False, False),
+    ):
         os.makedirs(c.entry(1))
         with open(os.path.join(c.entry(1), "image"), "wb") as fh:
             fh.write(content)
@@ -269,8 +287,19 @@ def test_a_stale_cache_goes_when_another_opens(tmp_path) -> None:
 def test_the_daemon_option(tmp_path) -> None:
     from s5loader.daemon import PrefetchOptions, build_parser, options_from_args
 
-    args = build_parser().parse_args(["s3://b/train/", "--cache", str(tmp_path), "--budget", "1MiB",
-                                      "--epochs", "3", "--epoch-cache", "4MiB"])
+    args = build_parser().parse_args(
+        [
+            "s3://b/train/",
+            "--cache",
+            str(tmp_path),
+            "--budget",
+            "1MiB",
+            "--epochs",
+            "3",
+            "--epoch-cache",
+            "4MiB",
+        ]
+    )
     opts = options_from_args(args)
     assert opts.staging.epoch_cache == 4 << 20 and opts.budget == 1 << 20
     # over tar shards too, as the sampler's

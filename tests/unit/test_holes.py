@@ -32,7 +32,9 @@ def spans_of(sizes: list[int], known: int | None = None, tail: int = 10240) -> S
     sizes=st.lists(st.integers(0, 20_000), min_size=1, max_size=40),
     data=st.data(),
 )
-def test_every_block_comes_back_once_and_only_once_all_samples_touching_it_are_done(sizes: list[int], data) -> None:
+def test_every_block_comes_back_once_and_only_once_all_samples_touching_it_are_done(
+    sizes: list[int], data
+) -> None:
     spans = spans_of(sizes)
     n = len(sizes)
     needed = set(data.draw(st.sets(st.integers(0, n - 1), min_size=1)))
@@ -92,7 +94,9 @@ def test_readers_of_neighbouring_samples_in_threads_count_each_block_once(tmp_pa
             with open(path, "r+b") as fh:
                 layout.release_shard_sample(3, j, fh.fileno(), spans)
 
-    threads = [threading.Thread(target=read, args=(range(w, 299, 4),)) for w in range(4)]  # neighbours in turn
+    threads = [
+        threading.Thread(target=read, args=(range(w, 299, 4),)) for w in range(4)
+    ]  # neighbours in turn
     for t in threads:
         t.start()
     for t in threads:

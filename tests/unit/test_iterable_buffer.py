@@ -26,7 +26,9 @@ def shard_set(count: int = 40, per_shard: int = 50) -> S5Dataset:
     """``count`` shards of ``per_shard`` samples, :data:`SHARD` bytes each (described only)."""
     access = Access()
     shards = [_shards.Shard(f"s3://b/train/{i:03d}.tar", SHARD, "", per_shard) for i in range(count)]
-    return S5Dataset([], access=access, source="s3://b/train/", shards=ShardSet(shards, access, "s3://b/train/"))
+    return S5Dataset(
+        [], access=access, source="s3://b/train/", shards=ShardSet(shards, access, "s3://b/train/")
+    )
 
 
 def suggestions(message: str) -> tuple[int, str]:
@@ -36,10 +38,14 @@ def suggestions(message: str) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("shuffle", [True, False, "block"])
-def test_a_buffer_the_budget_cannot_hold_is_refused_when_the_dataset_is_made(shuffle: bool | str, tmp_path) -> None:
+def test_a_buffer_the_budget_cannot_hold_is_refused_when_the_dataset_is_made(
+    shuffle: bool | str, tmp_path
+) -> None:
     ds = shard_set()
     with pytest.raises(BudgetError) as caught:
-        S5IterableDataset(ds, shuffle=shuffle, shuffle_buffer=200, budget=5 * SHARD, staging_dir=str(tmp_path))
+        S5IterableDataset(
+            ds, shuffle=shuffle, shuffle_buffer=200, budget=5 * SHARD, staging_dir=str(tmp_path)
+        )
     message = str(caught.value)
     assert "shuffle_buffer=200" in message and "s3://b/train/" in message and "budget of 4.8 MiB" in message
     assert os.listdir(tmp_path) == []  # the staging directory it made is gone with the error
@@ -47,8 +53,9 @@ def test_a_buffer_the_budget_cannot_hold_is_refused_when_the_dataset_is_made(shu
     fits, holds = suggestions(message)
     assert 1 < fits < 200
     for buffer, budget in ((fits, 5 * SHARD), (200, parse_size(holds))):
-        with S5IterableDataset(ds, shuffle=shuffle, shuffle_buffer=buffer, budget=budget,
-                               staging_dir=str(tmp_path)) as it:
+        with S5IterableDataset(
+            ds, shuffle=shuffle, shuffle_buffer=buffer, budget=budget, staging_dir=str(tmp_path)
+        ) as it:
             for epoch in range(1, 8):
                 it.set_epoch(epoch)
 
@@ -64,7 +71,9 @@ def test_set_epoch_checks_the_epochs_own_draw(tmp_path) -> None:
 
     # a buffer that fits epoch 0's draw, not every later one
     buffer = next(k for k in range(2, 120) if not too_big(k, 0) and any(too_big(k, e) for e in range(1, 16)))
-    with S5IterableDataset(ds, shuffle=True, shuffle_buffer=buffer, budget=budget, staging_dir=str(tmp_path)) as it:
+    with S5IterableDataset(
+        ds, shuffle=True, shuffle_buffer=buffer, budget=budget, staging_dir=str(tmp_path)
+    ) as it:
         refused = []
         for epoch in range(1, 16):
             try:
@@ -78,6 +87,7 @@ def test_set_epoch_checks_the_epochs_own_draw(tmp_path) -> None:
 
 def test_a_buffer_over_raw_objects_costs_no_staging_space(tmp_path) -> None:
     samples = [Sample(f"k{i}", (Field("bin", f"s3://b/k{i}.bin", 1000, ""),)) for i in range(500)]
-    with S5IterableDataset(S5Dataset(samples), shuffle=True, shuffle_buffer=400, budget=4000,
-                           staging_dir=str(tmp_path)) as it:
+    with S5IterableDataset(
+        S5Dataset(samples), shuffle=True, shuffle_buffer=400, budget=4000, staging_dir=str(tmp_path)
+    ) as it:
         it.set_epoch(1)

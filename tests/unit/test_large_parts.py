@@ -18,13 +18,16 @@ MiB = 1024**2
 GiB = 1024**3
 
 
-@pytest.mark.parametrize(("size", "part_mib", "parts"), [
-    (1 * GiB, 16, 64),  # at least 64 parts for 1 GiB
-    (256 * MiB, 5, 52),  # 4 MiB would be below S3's minimum
-    (4 * GiB, 64, 64),
-    (40 * GiB, 64, 640),  # no part above 64 MiB unless asked
-    (1024 * GiB, 105, 9987),  # 64 MiB parts would need more than 10,000
-])
+@pytest.mark.parametrize(
+    ("size", "part_mib", "parts"),
+    [
+        (1 * GiB, 16, 64),  # at least 64 parts for 1 GiB
+        (256 * MiB, 5, 52),  # 4 MiB would be below S3's minimum
+        (4 * GiB, 64, 64),
+        (40 * GiB, 64, 640),  # no part above 64 MiB unless asked
+        (1024 * GiB, 105, 9987),  # 64 MiB parts would need more than 10,000
+    ],
+)
 def test_part_size_from_the_object_size(size: int, part_mib: int, parts: int) -> None:
     plan = plan_parts(size)
     assert (plan.part_mib, plan.parts) == (part_mib, parts)
@@ -41,7 +44,9 @@ def test_small_objects_take_few_parts_and_no_idle_slots(size: int) -> None:
 
 
 def test_the_callers_part_size_and_concurrency_are_kept_within_s3s_limits() -> None:
-    assert plan_parts(GiB, part_size=32 * MiB, concurrency=4) == plan_parts(GiB, part_size=32 * MiB - 5, concurrency=4)
+    assert plan_parts(GiB, part_size=32 * MiB, concurrency=4) == plan_parts(
+        GiB, part_size=32 * MiB - 5, concurrency=4
+    )
     plan = plan_parts(GiB, part_size=32 * MiB, concurrency=4)
     assert (plan.part_mib, plan.parts, plan.concurrency) == (32, 32, 4)
     assert plan_parts(GiB, part_size=1).part_size == MIN_PART  # raised to S3's minimum
@@ -52,7 +57,10 @@ def test_the_callers_part_size_and_concurrency_are_kept_within_s3s_limits() -> N
 def test_a_streamed_upload_far_beyond_its_estimate_still_fits() -> None:
     base = plan_parts(1 * MiB).part_size  # an estimate that saw almost nothing
     assert [stream_part_size(base, n) for n in (1, STREAM_PART_GROWTH, STREAM_PART_GROWTH + 1)] == [
-        base, base, 2 * base]
+        base,
+        base,
+        2 * base,
+    ]
     total = sum(stream_part_size(base, n) for n in range(1, MAX_PARTS + 1))
     assert total > 300 * 10**9  # 10,000 parts from 5 MiB hold more than 300 GB
 
@@ -74,11 +82,11 @@ def test_a_large_copy_out_of_a_loaded_buffer_goes_through_torch_and_is_exact(mon
     for pos, n in ((0, 2 * MiB), (12345, ranged.COPY_OUTSIDE_GIL), (5, 1000)):
         out = bytearray(n + 3)
         ranged._copy(memoryview(out), src, pos, n)
-        assert out[:n] == src[pos:pos + n] and out[n:] == b"\0\0\0"
+        assert out[:n] == src[pos : pos + n] and out[n:] == b"\0\0\0"
     assert calls == [2 * MiB, ranged.COPY_OUTSIDE_GIL]  # the small copy did not go through torch
     with pytest.raises(TypeError):
         ranged._copy(memoryview(bytes(2 * MiB)), src, 0, 2 * MiB)
     monkeypatch.delitem(sys.modules, "torch")
     out = bytearray(2 * MiB)
     ranged._copy(memoryview(out), src, 7, 2 * MiB)
-    assert out == src[7:7 + 2 * MiB] and len(calls) == 2
+    assert out == src[7 : 7 + 2 * MiB] and len(calls) == 2

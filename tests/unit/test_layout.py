@@ -24,7 +24,6 @@ MODULE_LINES = 400
 CLASS_LINES = 300
 
 
-
 def _parse(text: str) -> ast.Module:
     """``ast.parse``, again after CPython 3.11's spurious "AST constructor recursion depth
     mismatch" (gh-106905, fixed in 3.11.8): its converter keeps one depth counter for all
@@ -37,6 +36,7 @@ def _parse(text: str) -> ast.Module:
             if "recursion depth mismatch" not in str(exc):
                 raise
     return ast.parse(text)
+
 
 def _modules() -> dict[str, Path]:
     out = {}

@@ -52,7 +52,9 @@ def _index(path: Path, mode: str | bool, monkeypatch: pytest.MonkeyPatch, group_
     """The index by one path: ``chunks`` (all fast paths), ``lines`` (no chunk read a column at
     a time) or ``full`` (json.loads on every line)."""
     mode = {True: "full", False: "chunks"}.get(mode, mode)  # type: ignore[call-overload]
-    off = {"chunks": (), "lines": ("_CANON_LINES", "_LOOSE_LINES")}.get(mode, ("_FAST_LINE", "_CANON_LINES", "_LOOSE_LINES"))
+    off = {"chunks": (), "lines": ("_CANON_LINES", "_LOOSE_LINES")}.get(
+        mode, ("_FAST_LINE", "_CANON_LINES", "_LOOSE_LINES")
+    )
     with monkeypatch.context() as m:
         for name in off:
             m.setattr(listing, name, re.compile(r"(?!)"))
@@ -64,7 +66,9 @@ def _view(index) -> list:  # type: ignore[no-untyped-def]
     for i in range(len(index)):
         s = index[i]
         extra = s.extra
-        out.append((s.key, [tuple(f) for f in s.fields], extra, {k: type(v) for k, v in (extra or {}).items()}))
+        out.append(
+            (s.key, [tuple(f) for f in s.fields], extra, {k: type(v) for k, v in (extra or {}).items()})
+        )
     return out
 
 
@@ -159,16 +163,31 @@ def test_a_key_listed_twice_is_the_same_error_on_every_path(
     path.write_text("".join(json.dumps({"uri": f"s3://bkt/{k}", "size": 1, "label": 0}) + "\n" for k in keys))
     outcomes = [_outcome(path, mode, monkeypatch) for mode in MODES]
     assert outcomes[0] == outcomes[1] == outcomes[2]
-    assert outcomes[0][:2] == ("error", "ManifestError") and "s3://bkt/k/007.jpg is listed twice" in outcomes[0][2]
+    assert (
+        outcomes[0][:2] == ("error", "ManifestError")
+        and "s3://bkt/k/007.jpg is listed twice" in outcomes[0][2]
+    )
 
 
-def test_a_labelled_manifest_is_read_a_column_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_labelled_manifest_is_read_a_column_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # neither json.loads nor the builder's one-object add runs for the usual labelled manifest
     path = tmp_path / "m.jsonl"
-    path.write_text("".join(
-        json.dumps({"uri": f"s3://bkt/train/{(i * 37) % 500:05d}.jpg", "size": i, "etag": f"{i:032x}", "label": i % 10}) + "\n"
-        for i in range(500)
-    ))
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "uri": f"s3://bkt/train/{(i * 37) % 500:05d}.jpg",
+                    "size": i,
+                    "etag": f"{i:032x}",
+                    "label": i % 10,
+                }
+            )
+            + "\n"
+            for i in range(500)
+        )
+    )
 
     def refuse(*args: object, **kwargs: object) -> object:
         raise AssertionError("a line was read one at a time")
@@ -209,7 +228,9 @@ def _pairs_manifest(path: Path, n: int, labels: list | None = None, same_label: 
         j = (i * 37) % (2 * n)
         s, ext = j // 2, (".jpg", ".cls")[j % 2]
         label = (labels or LABELS)[(s if same_label else j) % len(labels or LABELS)]
-        recs.append({"uri": f"s3://bkt/train/{s:04d}/{s:04d}{ext}", "size": j, "etag": f"{j:032x}", "label": label})
+        recs.append(
+            {"uri": f"s3://bkt/train/{s:04d}/{s:04d}{ext}", "size": j, "etag": f"{j:032x}", "label": label}
+        )
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
     return recs
 
@@ -236,7 +257,9 @@ def test_every_grouping_is_read_a_column_at_a_time(
     if group_by != "object":
         s = index[7]
         assert s.key == ("train/0007/0007" if group_by == "stem" else "train/0007")
-        assert [f.name for f in s.fields] == (["cls", "jpg"] if group_by == "stem" else ["0007.cls", "0007.jpg"])
+        assert [f.name for f in s.fields] == (
+            ["cls", "jpg"] if group_by == "stem" else ["0007.cls", "0007.jpg"]
+        )
         if same_label:
             assert s.extra == {"label": LABELS[7 % len(LABELS)]}
         else:  # both lines label the sample: the later line (in the manifest) wins
@@ -245,7 +268,9 @@ def test_every_grouping_is_read_a_column_at_a_time(
 
 
 @pytest.mark.parametrize("group_by", ["object", "stem", "folder"])
-def test_labels_keep_their_json_types_on_every_path(group_by: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_labels_keep_their_json_types_on_every_path(
+    group_by: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "m.jsonl"
     _pairs_manifest(path, 30)
     outcomes = [_outcome(path, mode, monkeypatch, group_by) for mode in MODES]
@@ -269,7 +294,12 @@ def test_chunks_with_odd_lines_read_the_same_on_every_path(
     for i in range(90):
         j = (i * 7) % 90
         key = f"d{j % 4}/{j:03d}.{('jpg', 'cls', 'txt')[j % 3]}"
-        rec: dict = {"uri": f"s3://{'bkt' if j < 80 else 'other'}/{key}", "size": j, "etag": f"{j:032x}", "label": j % 5}
+        rec: dict = {
+            "uri": f"s3://{'bkt' if j < 80 else 'other'}/{key}",
+            "size": j,
+            "etag": f"{j:032x}",
+            "label": j % 5,
+        }
         if i % 17 == 3:
             rec["uri"] = f"s3://bkt/noext{j}" if i % 2 else f"s3://bkt/d9/noext{j}"
         if i == 40:
@@ -327,25 +357,43 @@ def test_an_object_listed_twice_under_any_grouping_is_the_same_error(
     path.write_text("".join(json.dumps({"uri": f"s3://bkt/{k}", "size": 1, "label": 0}) + "\n" for k in keys))
     outcomes = [_outcome(path, mode, monkeypatch, group_by) for mode in MODES]
     assert outcomes[0] == outcomes[1] == outcomes[2]
-    assert outcomes[0][:2] == ("error", "ManifestError") and "s3://bkt/k/007/007.jpg is listed twice" in outcomes[0][2]
+    assert (
+        outcomes[0][:2] == ("error", "ManifestError")
+        and "s3://bkt/k/007/007.jpg is listed twice" in outcomes[0][2]
+    )
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     keys=st.lists(st.text("ab./é", min_size=1, max_size=7), min_size=1, max_size=40, unique=True),
-    labels=st.lists(st.one_of(st.integers(-3, 3), st.sampled_from(["x", "", None, True, 0.5]), st.text(max_size=3),
-                              st.lists(st.integers(0, 2), max_size=2)), min_size=1),
+    labels=st.lists(
+        st.one_of(
+            st.integers(-3, 3),
+            st.sampled_from(["x", "", None, True, 0.5]),
+            st.text(max_size=3),
+            st.lists(st.integers(0, 2), max_size=2),
+        ),
+        min_size=1,
+    ),
     group_by=st.sampled_from(["object", "stem", "folder"]),
     chunk=st.sampled_from([40, 1 << 20]),
 )
 def test_any_keys_read_the_same_on_every_path(
-    keys: list[str], labels: list, group_by: str, chunk: int, tmp_path_factory: pytest.TempPathFactory,
+    keys: list[str],
+    labels: list,
+    group_by: str,
+    chunk: int,
+    tmp_path_factory: pytest.TempPathFactory,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     path = tmp_path_factory.mktemp("m") / "m.jsonl"
-    path.write_text("".join(
-        json.dumps({"uri": f"s3://bkt/{k}", "size": n, "label": labels[n % len(labels)]}) + "\n" for n, k in enumerate(keys)
-    ), encoding="utf-8")
+    path.write_text(
+        "".join(
+            json.dumps({"uri": f"s3://bkt/{k}", "size": n, "label": labels[n % len(labels)]}) + "\n"
+            for n, k in enumerate(keys)
+        ),
+        encoding="utf-8",
+    )
     monkeypatch.setattr(listing, "_CHUNK", chunk)
     outcomes = [_outcome(path, mode, monkeypatch, group_by) for mode in MODES]
     assert outcomes[0] == outcomes[1] == outcomes[2]
@@ -356,7 +404,12 @@ def test_etags_of_other_lengths_are_kept_as_given(tmp_path: Path, monkeypatch: p
     # an MD5 digest to be stored in 16 bytes (each is kept as the manifest gives it)
     etags = [f"{i:032x}" for i in range(10)] + ["a" * 31, "b" * 33]
     path = tmp_path / "m.jsonl"
-    path.write_text("".join(json.dumps({"uri": f"s3://bkt/k/{i:02d}.jpg", "size": 1, "etag": e}) + "\n" for i, e in enumerate(etags)))
+    path.write_text(
+        "".join(
+            json.dumps({"uri": f"s3://bkt/k/{i:02d}.jpg", "size": 1, "etag": e}) + "\n"
+            for i, e in enumerate(etags)
+        )
+    )
     outcomes = [_outcome(path, mode, monkeypatch) for mode in MODES]
     assert outcomes[0] == outcomes[1] == outcomes[2]
     assert [f[3] for _, fs, _, _ in outcomes[0][1] for f in fs] == etags
@@ -368,11 +421,21 @@ def test_extras_beyond_plain_ascii_scalars_are_read_a_column_at_a_time(
 ) -> None:
     # labels as json.dumps writes text beyond ASCII (escapes), the text itself, nested values,
     # a field twice, NaN: no line is read alone, and the index is the full path's
-    extras = [{"label": "类别3"}, {"label": "café", "w": [1, 2]}, {"meta": {"a": None, "b": "x"}}, {"v": float("nan")}]
+    extras = [
+        {"label": "类别3"},
+        {"label": "café", "w": [1, 2]},
+        {"meta": {"a": None, "b": "x"}},
+        {"v": float("nan")},
+    ]
     lines = []
     for i in range(80):
         j = (i * 31) % 80
-        rec = {"uri": f"s3://bkt/train/{j // 2:03d}.{('jpg', 'cls')[j % 2]}", "size": j, "etag": f"{j:032x}", **extras[j % 4]}
+        rec = {
+            "uri": f"s3://bkt/train/{j // 2:03d}.{('jpg', 'cls')[j % 2]}",
+            "size": j,
+            "etag": f"{j:032x}",
+            **extras[j % 4],
+        }
         lines.append(json.dumps(rec, ensure_ascii=i % 2 == 0))
     lines[5] = lines[5][:-1] + ', "label": "again"}'  # a field twice: the last one wins
     path = tmp_path / "m.jsonl"
@@ -388,15 +451,30 @@ def test_extras_beyond_plain_ascii_scalars_are_read_a_column_at_a_time(
         index = index_manifest(str(path), None, group_by)
     assert full[0] == "ok" and (_view(index), index_bytes(index)) == (full[1], full[2])
     got = [s.extra for s in index]
-    assert {"label": "类别3"} in got if group_by == "object" else any(e and {"meta", "v"} <= set(e) for e in got)
+    assert (
+        {"label": "类别3"} in got if group_by == "object" else any(e and {"meta", "v"} <= set(e) for e in got)
+    )
 
 
 @pytest.mark.parametrize(
     "tail",
-    [', "size": 5}', ', "uri": "s3://bkt/x.jpg"}', ', "\\u0075ri": "s3://bkt/x.jpg"}', ", }", ",}", ', "a": [1}',
-     ', "a": 1}}', ', "a": 1} x', '} , "a": 1', ', "a": "\\ud800"}', ', "a": 1, "a": {"b": 2}}'],
+    [
+        ', "size": 5}',
+        ', "uri": "s3://bkt/x.jpg"}',
+        ', "\\u0075ri": "s3://bkt/x.jpg"}',
+        ", }",
+        ",}",
+        ', "a": [1}',
+        ', "a": 1}}',
+        ', "a": 1} x',
+        '} , "a": 1',
+        ', "a": "\\ud800"}',
+        ', "a": 1, "a": {"b": 2}}',
+    ],
 )
-def test_a_tail_read_by_json_loads_is_what_the_full_path_reads(tail: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_tail_read_by_json_loads_is_what_the_full_path_reads(
+    tail: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # known fields again, empty members, broken JSON, a lone surrogate: the same index or error
     lines = [json.dumps({"uri": f"s3://bkt/k/{i:02d}.jpg", "size": 1, "label": "é"}) for i in range(20)]
     lines[9] = f'{{"uri": "s3://bkt/k/09.jpg", "size": 1{tail}'

@@ -25,14 +25,23 @@ def sample(key: str, *fields: tuple[str, int], extra: dict | None = None) -> Sam
 def test_options_are_checked_and_sizes_parsed() -> None:
     o = _plan.PackOptions(shard_size="4MB", budget="1GiB")
     assert (o.shard_size, o.budget) == (4_000_000, 1024**3)
-    for bad in ({"shard_size": 10}, {"group_by": "x"}, {"label": "y"}, {"workers": 0}, {"missing": "ignore"},
-                {"seed": 1.5}, {"index_timeout": 0}):
+    for bad in (
+        {"shard_size": 10},
+        {"group_by": "x"},
+        {"label": "y"},
+        {"workers": 0},
+        {"missing": "ignore"},
+        {"seed": 1.5},
+        {"index_timeout": 0},
+    ):
         with pytest.raises(ConfigError):
             _plan.PackOptions(**bad)  # type: ignore[arg-type]
     # the speed options do not change what the shards hold
     assert _plan.PackOptions(workers=1).content() == _plan.PackOptions(workers=99, budget="1MB").content()
     assert _plan.PackOptions(seed=1).content() == _plan.PackOptions(seed=2).content()  # no shuffle: no seed
-    assert _plan.PackOptions(shuffle=True, seed=1).content() != _plan.PackOptions(shuffle=True, seed=2).content()
+    assert (
+        _plan.PackOptions(shuffle=True, seed=1).content() != _plan.PackOptions(shuffle=True, seed=2).content()
+    )
 
 
 @pytest.mark.parametrize(
@@ -65,7 +74,8 @@ def test_unsafe_member_names_are_refused_naming_the_object(key: str, field: str,
 
 def test_plan_samples_relative_keys_labels_extras_and_collisions() -> None:
     planned = _plan.plan_samples(
-        [sample("p/0001", ("jpg", 10), extra={"label": 3, "caption": "x"}), sample("p/0002", ("jpg", 5))], "p/"
+        [sample("p/0001", ("jpg", 10), extra={"label": 3, "caption": "x"}), sample("p/0002", ("jpg", 5))],
+        "p/",
     )
     assert [s.key for s in planned] == ["0001", "0002"]
     names = [m.name for m in planned[0].members]
@@ -170,7 +180,10 @@ def test_a_shard_takes_its_tar_and_its_largest_object_once_more(tmp_path) -> Non
     from s5loader.staging.area import tree_bytes
 
     sizes = [3000, 700, 9000, 40]
-    planned = [_plan.PlannedSample(f"{i:04d}", (_plan.Member(f"{i:04d}.bin", "", n, ""),)) for i, n in enumerate(sizes)]
+    planned = [
+        _plan.PlannedSample(f"{i:04d}", (_plan.Member(f"{i:04d}.bin", "", n, ""),))
+        for i, n in enumerate(sizes)
+    ]
     assert _plan.disk_bytes(planned) == _plan.shard_bytes(planned) + 9000
     staged = tmp_path / "staged"
     staged.mkdir()
@@ -188,13 +201,18 @@ def test_a_shard_takes_its_tar_and_its_largest_object_once_more(tmp_path) -> Non
 
 
 def test_budget_check_names_the_sample_or_the_shard_that_cannot_fit() -> None:
-    samples = [sample(f"{i:03d}", ("jpg", 3000), ("cls", 1)) for i in range(10)] + [sample("big", ("bin", 50_000))]
+    samples = [sample(f"{i:03d}", ("jpg", 3000), ("cls", 1)) for i in range(10)] + [
+        sample("big", ("bin", 50_000))
+    ]
     planned = _plan.plan_samples(samples, "")
     order = _plan.order(len(planned), False, 0)
     cuts = _plan.cut([planned[i].tar_bytes for i in order], 20_000)
     need = _plan.disk_bytes(planned[-1:])
-    with pytest.raises(BudgetError, match=rf"s3://b/big.bin: its sample 'big' takes .*\({need} bytes\).*"
-                                          r"budget of 48.8 KiB \(50000 bytes\)"):
+    with pytest.raises(
+        BudgetError,
+        match=rf"s3://b/big.bin: its sample 'big' takes .*\({need} bytes\).*"
+        r"budget of 48.8 KiB \(50000 bytes\)",
+    ):
         _plan.check_budget(planned, order, cuts, 50_000, "s3://b/out/")
     small = planned[:10]
     cuts = _plan.cut([p.tar_bytes for p in small], 20_000)
@@ -211,7 +229,7 @@ def test_whole_blocks_come_with_wildcard_lines_and_small_samples_with_raw_lines(
     samples = [sample(f"t/{i:03d}", ("image", 10), ("label", 1)) for i in range(20)]
     # a sample of 13 objects under a prefix of its own: its LIST costs less than 13 HEADs
     samples[13] = sample("t/013", *((f"f{k:02d}", 5) for k in range(13)))
-    listing = [f.uri[len("s3://b/"):] for s in samples for f in s.fields]
+    listing = [f.uri[len("s3://b/") :] for s in samples for f in s.fields]
     blocks = plan_blocks(samples, 10, listing)
     planned = _plan.plan_samples(samples, "t/")
     packer = Packer(None, None, None, None, "raise", 4, lambda n, b: None, blocks)  # type: ignore[arg-type]

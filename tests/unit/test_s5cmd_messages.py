@@ -25,14 +25,20 @@ def test_no_credentials_from_a_listing_and_a_copy() -> None:
     for exc, uri in ((listing, "s3://demo/shard/"), (copy, "s3://demo/shard/0.tar")):
         assert isinstance(exc, AccessDeniedError)
         message = str(exc)
-        assert message.startswith(f"cannot {'list' if uri.endswith('/') else 'stage'} {uri}: no credentials were found")
+        assert message.startswith(
+            f"cannot {'list' if uri.endswith('/') else 'stage'} {uri}: no credentials were found"
+        )
         assert "AWS_ACCESS_KEY_ID" in message and "Access(anonymous=True)" in message
-        assert "providers in chain" not in message and "Deprecated" not in message and "verbose" not in message
+        assert (
+            "providers in chain" not in message and "Deprecated" not in message and "verbose" not in message
+        )
     assert "(s5cmd exit code 1); set AWS_ACCESS_KEY_ID" in str(listing)
 
 
 def test_no_bucket_names_the_bucket_and_the_endpoint() -> None:
-    exc = error_from_exit(1, f'{{"operation":"ls","error":"{NO_BUCKET}"}}\n', "s3://dmeo/train/", "http://127.0.0.1:9000")
+    exc = error_from_exit(
+        1, f'{{"operation":"ls","error":"{NO_BUCKET}"}}\n', "s3://dmeo/train/", "http://127.0.0.1:9000"
+    )
     assert isinstance(exc, NoSuchBucketError)
     message = str(exc)
     assert message.startswith("s3://dmeo/train/: no such bucket (NoSuchBucket) (s5cmd exit code 1); ")
@@ -42,9 +48,16 @@ def test_no_bucket_names_the_bucket_and_the_endpoint() -> None:
 
 def test_other_errors_keep_s5cmd_words() -> None:
     exc = error_for("transient", "cannot stage s3://b/k: InternalError: we broke status code: 500")
-    assert isinstance(exc, FetchError) and str(exc) == "cannot stage s3://b/k: InternalError: we broke status code: 500"
-    unreachable = error_for("endpoint", "cannot list s3://b/: dial tcp 127.0.0.1:1: connection refused", "http://127.0.0.1:1")
-    assert isinstance(unreachable, EndpointError) and "check that the store at http://127.0.0.1:1 is up" in str(unreachable)
+    assert (
+        isinstance(exc, FetchError)
+        and str(exc) == "cannot stage s3://b/k: InternalError: we broke status code: 500"
+    )
+    unreachable = error_for(
+        "endpoint", "cannot list s3://b/: dial tcp 127.0.0.1:1: connection refused", "http://127.0.0.1:1"
+    )
+    assert isinstance(
+        unreachable, EndpointError
+    ) and "check that the store at http://127.0.0.1:1 is up" in str(unreachable)
 
 
 def test_boto3_says_the_same() -> None:

@@ -27,8 +27,10 @@ SAMPLE = 4608  # a sample of ~3 kB in a tar: two members, their headers and padd
 def shard_set(counts: list[int], sample: int = SAMPLE, jitter: int = 0, seed: int = 0) -> ShardSet:
     rng = random.Random(seed)
     return ShardSet(
-        [Shard(f"s3://b/{s:04d}.tar", c * sample + 10240 + (rng.randrange(jitter) if jitter else 0), "", c)
-         for s, c in enumerate(counts)],
+        [
+            Shard(f"s3://b/{s:04d}.tar", c * sample + 10240 + (rng.randrange(jitter) if jitter else 0), "", c)
+            for s, c in enumerate(counts)
+        ],
         Access(),
     )
 
@@ -48,14 +50,18 @@ def test_every_sample_once_over_ranks_and_the_same_seed_gives_the_same_order() -
     cost = Freeing(shards, room=4 * max(sh.disk for sh in shards))
     for world in (1, 3):
         for drop_last in (False, True):
-            parts = [Order(True, 5, world, r, drop_last).shard_order(n, 2, 0, shards.shard_units, 1, cost=cost)
-                     for r in range(world)]
+            parts = [
+                Order(True, 5, world, r, drop_last).shard_order(n, 2, 0, shards.shard_units, 1, cost=cost)
+                for r in range(world)
+            ]
             seen = [i for p in parts for i in p]
             assert len({len(p) for p in parts}) == 1
             if drop_last:
                 assert len(set(seen)) == len(seen) == n - n % world
             else:
-                assert set(seen) == set(range(n)) and len(seen) == -(-n // world) * world  # padded by repetition
+                assert (
+                    set(seen) == set(range(n)) and len(seen) == -(-n // world) * world
+                )  # padded by repetition
     o = Order(True, 5, 1, 0, False)
     a = o.shard_order(n, 2, 0, shards.shard_units, 1, cost=cost)
     assert a == o.shard_order(n, 2, 0, shards.shard_units, 1, cost=cost)
@@ -107,7 +113,9 @@ def test_each_shard_is_read_from_both_ends_and_the_first_from_its_front() -> Non
     assert first == list(range(250))  # the streamed shard: from its front
 
 
-def webdataset_shuffle(stream: list[int], bufsize: int, rng: np.random.Generator, initial: int = 100) -> list[int]:
+def webdataset_shuffle(
+    stream: list[int], bufsize: int, rng: np.random.Generator, initial: int = 100
+) -> list[int]:
     """WebDataset's ``shuffle(bufsize)`` (``webdataset.filters._shuffle``): the buffer takes two
     samples in for each one out until it is full, and gives samples out once it holds ``initial``."""
     buf: list[int] = []
@@ -151,11 +159,15 @@ def test_class_sorted_shards_mix_about_as_webdataset_at_the_same_memory() -> Non
     cost = Freeing(shards, room=budget - shards[0].disk)
     for seed in range(3):
         o = Order(True, seed, 1, 0, False)
-        mixed = shuffle_quality(o.shard_order(shards.samples, 0, 0, shards.shard_units, 1, cost=cost), owner, 64)
+        mixed = shuffle_quality(
+            o.shard_order(shards.samples, 0, 0, shards.shard_units, 1, cost=cost), owner, 64
+        )
         wds = shuffle_quality(webdataset_like(shards, 2, REFERENCE_BUFFER, 32, seed), owner, 64)
         assert mixed.units_per_64 >= 0.9 * wds.units_per_64 and mixed.first_units > wds.first_units
         whole = o.shard_order(shards.samples, 0, 0, shards.shard_units, budget // shards[0].disk - 1)
-        assert mixed.units_per_64 > 2 * shuffle_quality(whole, owner, 64).units_per_64  # what counting frees buys
+        assert (
+            mixed.units_per_64 > 2 * shuffle_quality(whole, owner, 64).units_per_64
+        )  # what counting frees buys
 
 
 @pytest.mark.parametrize("frees", [True, False])
@@ -169,10 +181,14 @@ def test_the_named_budget_mixes_at_least_like_a_1000_sample_buffer(frees: bool, 
     for seed in range(2):
         o = Order(True, seed, 1, 0, False)
         if frees:
-            order = o.shard_order(shards.samples, 0, 0, shards.shard_units, 1, cost=Freeing(shards, budget - largest))
+            order = o.shard_order(
+                shards.samples, 0, 0, shards.shard_units, 1, cost=Freeing(shards, budget - largest)
+            )
         else:
             order = o.shard_order(shards.samples, 0, 0, shards.shard_units, budget // largest - 1)
-        buffered = shuffle_quality(buffer_shuffle(stream, REFERENCE_BUFFER, np.random.default_rng(seed)), owner, 64)
+        buffered = shuffle_quality(
+            buffer_shuffle(stream, REFERENCE_BUFFER, np.random.default_rng(seed)), owner, 64
+        )
         assert shuffle_quality(order, owner, 64).units_per_64 >= buffered.units_per_64
     assert abs(buffer_units(per_shard) - buffered.units_per_64) < 1  # the estimate: the buffer once full
     assert whole_units(1) == 1 and 63 < whole_units(10**6) <= 64

@@ -78,7 +78,9 @@ def test_uneven_shards_give_equal_parts_and_share_only_the_shards_cut_by_a_part_
     else:
         assert set(seen) == set(range(30)) and len(seen) == 32  # padded by repetition
     owned = [{unit_of[i] for i in p} for p in parts]
-    assert sum(map(len, owned)) - len(set().union(*owned)) <= world  # the shards a part edge cuts (and the pad)
+    assert (
+        sum(map(len, owned)) - len(set().union(*owned)) <= world
+    )  # the shards a part edge cuts (and the pad)
 
 
 def test_the_same_seed_and_epoch_give_the_same_order_and_start_continues_it() -> None:
@@ -101,17 +103,23 @@ def test_workers_take_contiguous_runs_of_the_rank_part_each_mixed() -> None:
 
 
 @pytest.mark.parametrize("run", [(0, 1), (0, 4), (3, 4)])
-def test_a_block_order_reads_its_first_big_shard_from_the_front_in_growing_windows(run: tuple[int, int]) -> None:
+def test_a_block_order_reads_its_first_big_shard_from_the_front_in_growing_windows(
+    run: tuple[int, int],
+) -> None:
     # 100 MB shards (1000 samples) in a worker's (or rank's) part: the first shard is read while
     # it downloads, so its first windows are its first 32, 64, ... samples, each shuffled
     units, unit_of = shards([1000] * 4)
-    order, wins = Order("block", 5, 1, 0, False).block_order(4000, 0, 0, units, 1754, run=run, front_first=True)
+    order, wins = Order("block", 5, 1, 0, False).block_order(
+        4000, 0, 0, units, 1754, run=run, front_first=True
+    )
     first = units[unit_of[order[0]]]
     assert wins[:6] == [0, 32, 96, 224, 480, 992]
     for a, b in zip(wins[:5], wins[1:6], strict=True):
         assert sorted(order[a:b]) == first[a:b]  # the shard's own order, window by window
     assert order[:32] != first[:32]  # each window shuffled
-    assert len(order) == 4000 // run[1] and sorted(order) == sorted(i for s in {unit_of[i] for i in order} for i in units[s])
+    assert len(order) == 4000 // run[1] and sorted(order) == sorted(
+        i for s in {unit_of[i] for i in order} for i in units[s]
+    )
     # raw-object blocks are windows of whole blocks, as before: the first window is the block
     objects, wins = Order("block", 5, 1, 0, False).block_order(4000, 0, 0, units, 1754)
     assert wins[:2] == [0, 1000]

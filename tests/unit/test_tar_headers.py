@@ -25,8 +25,16 @@ members = st.lists(
     st.tuples(
         names,
         st.sampled_from(["jpg", "cls", "JSON", "", "/"]),
-        st.sampled_from([tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE,
-                         tarfile.FIFOTYPE]),
+        st.sampled_from(
+            [
+                tarfile.REGTYPE,
+                tarfile.AREGTYPE,
+                tarfile.DIRTYPE,
+                tarfile.SYMTYPE,
+                tarfile.LNKTYPE,
+                tarfile.FIFOTYPE,
+            ]
+        ),
         st.integers(0, 1500),
     ),
     max_size=12,
@@ -62,9 +70,12 @@ def by_tarfile(data: bytes, monkeypatch: pytest.MonkeyPatch) -> object:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(items=members, fmt=st.sampled_from([tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]),
-       damage=st.one_of(st.none(), st.tuples(st.integers(0, 1 << 16), st.integers(0, 255))),
-       cut=st.one_of(st.none(), st.integers(0, 1 << 16)))
+@given(
+    items=members,
+    fmt=st.sampled_from([tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]),
+    damage=st.one_of(st.none(), st.tuples(st.integers(0, 1 << 16), st.integers(0, 255))),
+    cut=st.one_of(st.none(), st.integers(0, 1 << 16)),
+)
 def test_the_scan_gives_what_tarfile_gives(items, fmt, damage, cut, monkeypatch: pytest.MonkeyPatch) -> None:
     try:
         data = make_tar(items, fmt)
@@ -80,12 +91,26 @@ def test_the_scan_gives_what_tarfile_gives(items, fmt, damage, cut, monkeypatch:
     assert outcome(data) == by_tarfile(data, monkeypatch)
 
 
-def test_plain_headers_are_read_without_tarfile_and_others_are_handed_over(monkeypatch: pytest.MonkeyPatch) -> None:
-    plain = make_tar([("0001", "jpg", tarfile.REGTYPE, 700), ("0001", "cls", tarfile.REGTYPE, 1),
-                      ("d" * 120 + "/0002", "jpg", tarfile.REGTYPE, 3)], tarfile.USTAR_FORMAT)
+def test_plain_headers_are_read_without_tarfile_and_others_are_handed_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plain = make_tar(
+        [
+            ("0001", "jpg", tarfile.REGTYPE, 700),
+            ("0001", "cls", tarfile.REGTYPE, 1),
+            ("d" * 120 + "/0002", "jpg", tarfile.REGTYPE, 3),
+        ],
+        tarfile.USTAR_FORMAT,
+    )
     # a pax header for a non-ASCII name in the middle: tarfile reads from that header on
-    pax = make_tar([("0001", "jpg", tarfile.REGTYPE, 700), ("ü", "jpg", tarfile.REGTYPE, 5),
-                    ("0003", "jpg", tarfile.REGTYPE, 5)], tarfile.PAX_FORMAT)
+    pax = make_tar(
+        [
+            ("0001", "jpg", tarfile.REGTYPE, 700),
+            ("ü", "jpg", tarfile.REGTYPE, 5),
+            ("0003", "jpg", tarfile.REGTYPE, 5),
+        ],
+        tarfile.PAX_FORMAT,
+    )
     opened: list[int] = []
     real_open = tarfile.open
 

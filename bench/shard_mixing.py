@@ -11,7 +11,9 @@ through ``DataLoader(num_workers=--workers, batch_size=--batch)``:
   comes from one worker;
 * ``S5Sampler(shuffle=True)`` and ``S5IterableDataset(shuffle=True, batch_size=--batch)``, with a
   budget of the bytes WebDataset's buffers hold (workers x buffer x the shards' bytes per sample:
-  "equal memory"), with a budget of 4 shards, and with the default budget (2 GiB).
+  "equal memory"), with a budget of 4 shards, and with the default budget (2 GiB);
+* ``s5loader prefetch --shards --shuffle`` (the daemon, a child process) with the same budgets,
+  read with ``s5loader.consume`` in delivery order.
 
 For each it prints the mean number of distinct classes among 64 consecutive samples the loader
 yields, and among its first 64 (means over the seeds), and the first against webdataset's. The
@@ -28,6 +30,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -40,7 +43,7 @@ from typing import Any
 import boto3
 from torch.utils.data import DataLoader
 
-from s5loader import Access, S5Dataset, S5IterableDataset, S5Sampler, StagingOptions, find_s5cmd
+from s5loader import Access, S5Dataset, S5IterableDataset, S5Sampler, StagingOptions, consume, find_s5cmd
 from s5loader.testing import SeaweedFS
 
 BUCKET, PREFIX = "data", "mixing/"
@@ -136,6 +139,29 @@ def iterable(args: argparse.Namespace, ds: S5Dataset, budget: int, seed: int, ro
         return read(DataLoader(it, batch_size=args.batch, num_workers=args.workers, collate_fn=list))
 
 
+def daemon(args: argparse.Namespace, endpoint: str, budget: int, seed: int, root: str) -> list[int]:
+    """One epoch of ``s5loader prefetch --shards --shuffle`` (a child process) read with
+    :func:`s5loader.consume`, in delivery order."""
+    cache = tempfile.mkdtemp(prefix="cache-", dir=root)
+    cmd = [sys.executable, "-m", "s5loader", "prefetch", f"s3://{BUCKET}/{PREFIX}", "--cache", cache]
+    cmd += ["--budget", str(budget), "--shards", "--shuffle", "--seed", str(seed), "--epochs", "1"]
+    cmd += ["--endpoint-url", endpoint, "--no-progress"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE)
+    try:
+        classes = []
+        for sample in consume(cache, timeout=600):
+            with open(sample.files["cls"], encoding="ascii") as f:
+                classes.append(int(f.read()))
+        if proc.wait(timeout=60) != 0:
+            raise RuntimeError(f"s5loader prefetch exited {proc.returncode}: {proc.stderr.read()[-2000:]!r}")
+        return classes
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(cache, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench/shard_mixing.py", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--shards", type=int, default=40)
@@ -180,6 +206,11 @@ def main(argv: list[str] | None = None) -> int:
                 lambda seed: iterable(args, ds, equal, seed, tmp),
             ),
             (
+                "s5loader prefetch --shards --shuffle, equal memory",
+                equal,
+                lambda seed: daemon(args, weed.endpoint, equal, seed, tmp),
+            ),
+            (
                 "S5Sampler(shuffle=True), a budget of 4 shards",
                 4 * largest,
                 lambda seed: sampler(args, ds, 4 * largest, seed, tmp),
@@ -188,6 +219,11 @@ def main(argv: list[str] | None = None) -> int:
                 "S5IterableDataset(shuffle=True), a budget of 4 shards",
                 4 * largest,
                 lambda seed: iterable(args, ds, 4 * largest, seed, tmp),
+            ),
+            (
+                "s5loader prefetch --shards --shuffle, a budget of 4 shards",
+                4 * largest,
+                lambda seed: daemon(args, weed.endpoint, 4 * largest, seed, tmp),
             ),
             (
                 "S5Sampler(shuffle=True), default budget",

@@ -10,9 +10,10 @@ from collections.abc import Callable, Sequence
 
 from .._index.blocks import BlockPlan
 from .._index.sample import Field, Sample
-from .._shards.holding import Freeing, Holding
+from .._shards.holding import Freeing, Holding, Shape
 from .._shards.passes import Hits, ShardPass
 from .._shards.tar import is_gzip
+from .._util.platform import HOLE_BLOCK
 from .._util.uri import format_size
 from ..config import StagingOptions
 from ..dataset import StagedIndex
@@ -144,12 +145,13 @@ class ShardUnits(ObjectUnits):
     def lift_room(self, budget: int, punch: bool) -> int:
         """The budget the shards open may take when their samples are written out of them: the
         samples written out stand beside their shard's tar until its last, less what punching
-        them out of it gives back (``punch``: whole blocks only, nothing for samples smaller than
-        a few blocks). A shard staged takes ``disk`` bytes (its tar, and a compressed shard's own
-        bytes beside it), and what is written out of it at most its tar again less the share
-        ``r`` that punching gives back: ``need = disk + tar * (1 - r)`` in all, so ``budget / f``
-        of shards fit the budget with ``f`` the largest ``need / disk`` (at least the largest
-        shard, which then goes alone).
+        them out of it gives back (``punch``). A sample written out gives back the blocks its
+        bytes cover whole (see :mod:`s5loader.staging.holes`); the block it shares with each
+        neighbour stays until the neighbour is done, so each sample leaves at most two blocks of
+        itself behind (all of itself when smaller than that), and a shard staged and written out
+        takes at most ``need = disk + count * min(sample, 2 blocks)`` (without ``punch``:
+        ``disk + tar``). ``budget / f`` of shards fit the budget with ``f`` the largest
+        ``need / disk`` (at least the largest shard, which then goes alone).
 
         Raises:
             BudgetError: a shard's ``need`` is more than the budget.
@@ -157,16 +159,18 @@ class ShardUnits(ObjectUnits):
         shards = self.dataset.shards
         assert shards is not None
         most_f, largest = 1.0, 0
-        for i, sh in enumerate(shards):
+        for sh in shards:
             tar = sh.tarsize or sh.size
-            r = min(1.0, shards.freed_per_sample(i) * sh.nsamples / max(1, tar)) if punch else 0.0
-            need = sh.disk + tar * (1 - r)
+            shape = Shape.of(sh)
+            left = min(float(tar), shape.count * min(shape.per_sample, 2.0 * HOLE_BLOCK)) if punch else tar
+            need = sh.disk + left
             if need > budget:
                 unpacked = f", {format_size(sh.tarsize)} decompressed beside it" if sh.tarsize else ""
                 raise BudgetError(
-                    f"--budget {format_size(budget)} is too small for the shard {sh.uri} ({format_size(sh.size)}"
-                    f"{unpacked}): its samples written out stand beside its tar in the cache until its last, so "
-                    f"the budget must hold {format_size(int(need) + 1)} (twice the largest shard); raise --budget"
+                    f"--budget {format_size(budget)} is too small for the shard {sh.uri} "
+                    f"({format_size(sh.size)}{unpacked}): its samples written out stand beside its tar "
+                    f"in the cache until its last, so the budget must hold {format_size(int(need) + 1)}"
+                    f"{' (twice the largest shard)' if left >= tar else ''}; raise --budget"
                 )
             most_f, largest = max(most_f, need / max(1, sh.disk)), max(largest, sh.disk)
         return max(int(budget / most_f), largest)

@@ -117,7 +117,7 @@ class DaemonStream:
         self.n = len(dataset)
         units = self.units = units_of(dataset)
         cached = bool(options.epoch_cache) and epochs > 1
-        self.cost = units.order_cost() if counts else None
+        self.cost = units.order_cost(options.budget) if counts else None
 
         def is_released(key: int, layout: StagingLayout) -> bool:
             # a delivered sample: the consumer's; a staged one: gone from its pass folder

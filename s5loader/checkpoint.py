@@ -34,18 +34,16 @@ import contextlib
 import errno
 import functools
 import logging
-import mmap
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from ._largeobj import transfer as _transfer
+from ._largeobj.memload import available_memory, in_memory_kwargs, load_in_memory
 from ._largeobj.multipart import MultipartWriter
 from ._largeobj.parts import DEFAULT_CONCURRENCY, plan_parts
-from ._largeobj.ranged import ArrivingFile, RangedRead, anonymous_buffer, read_into
 from ._util.uri import format_size
 from .config import Access
-from .exceptions import StagingSpaceError
 from .s5cmd import S5cmd
 from .staging.area import StagingArea
 
@@ -89,8 +87,9 @@ def save(
             to the host through page-locked memory (torch's
             ``torch.utils.serialization.config.save.use_pinned_memory_for_d2h``) rather than
             into fresh pageable memory, so each copy is a DMA into page-locked pages (the
-            guide's checkpoint section has what it saves). The setting is restored and the page-locked buffers that torch keeps cached are released when
-            the save returns. ``False``: torch's own pageable copies.
+            guide's checkpoint section has what it saves). The setting is restored and the
+            page-locked buffers that torch keeps cached are released when the save returns.
+            ``False``: torch's own pageable copies.
 
     Raises:
         S3URIError: ``uri`` names no object.
@@ -241,75 +240,19 @@ def load(
     part = _transfer.part_bytes(part_size)
     store = Access.coerce(access, endpoint_url)
     size, etag = _transfer.head_size(uri, store)
-    mapped, in_memory_kwargs = _in_memory_kwargs(torch_load_kwargs)
-    available = _available_memory()
+    mapped, memory_kwargs = in_memory_kwargs(torch_load_kwargs)
+    available = available_memory()
     need = (1 if mapped else 2) * size
     fits = available is None or need + _transfer.margin(size) <= available
     if stream or (stream is None and fits):
         in_memory = functools.partial(
-            torch.load, map_location=map_location, weights_only=weights_only, **in_memory_kwargs
+            torch.load, map_location=map_location, weights_only=weights_only, **memory_kwargs
         )
-        return _load_in_memory(uri, store, size, etag, part, concurrency, available, mapped, in_memory)
+        return load_in_memory(uri, store, size, etag, part, concurrency, available, mapped, in_memory)
     staged = functools.partial(
         torch.load, map_location=map_location, weights_only=weights_only, **torch_load_kwargs
     )
     return _load_staged(uri, store, size, part, concurrency, staging_dir, staged)
-
-
-def _in_memory_kwargs(kwargs: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
-    """Whether a load into memory maps the object (``mmap=True``, where this system has an
-    in-memory file to map), and the ``torch.load`` arguments for it: without one, ``mmap`` is
-    dropped, so the object is read into memory and copied (a staged load still maps its file)."""
-    mapped = bool(kwargs.get("mmap"))
-    if mapped and not (hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")):
-        return False, {k: v for k, v in kwargs.items() if k != "mmap"}
-    return mapped, kwargs
-
-
-def _load_in_memory(
-    uri: str,
-    store: Access,
-    size: int,
-    etag: str,
-    part: int,
-    concurrency: int,
-    available: int | None,
-    mapped: bool,
-    torch_load: Callable[[Any], Any],
-) -> Any:
-    """Read the object with parallel ranged GETs into memory and load it: mapped (an in-memory
-    file whose pages the tensors view), or by ``torch.load`` reading each part as it arrives.
-
-    Raises:
-        StagingSpaceError: the object is larger than the memory available.
-    """
-    if available is not None and size > available:
-        raise StagingSpaceError(
-            f"{uri}: loading this checkpoint needs {format_size(size)} ({size} bytes) of memory; "
-            f"{format_size(available)} available; pass stream=False to stage it on disk"
-        )
-    plan = plan_parts(size, part_size=part, concurrency=concurrency)
-    log.info(
-        "%s: reading %s into memory (%d MiB parts, %d at once%s)",
-        uri,
-        format_size(size),
-        plan.part_mib,
-        plan.concurrency,
-        ", mapped" if mapped else "",
-    )
-    if mapped:
-        return _load_mapped(uri, store, size, etag, plan, torch_load)
-    buf = anonymous_buffer(size)
-    reader = RangedRead(uri, store, buf, etag=etag, plan=plan).start()
-    try:  # torch.load reads each part as soon as it has arrived
-        obj = torch_load(ArrivingFile(reader, buf))
-        reader.join()
-    except BaseException as exc:
-        reader.stop(exc)
-        if reader.error is not None and reader.error is not exc:
-            raise reader.error from exc  # what torch raised of it: the read's own error
-        raise
-    return obj
 
 
 def _load_staged(
@@ -338,38 +281,6 @@ def _load_staged(
         return torch_load(path)
     finally:
         area.remove()
-
-
-def _load_mapped(
-    uri: str, store: Access, size: int, etag: str, plan: Any, torch_load: Callable[[Any], Any]
-) -> Any:
-    """``torch.load(mmap=True)`` of the object read into an anonymous in-memory file (a memfd,
-    which no other process sees and which needs no cleanup): the tensors are views of its pages,
-    nothing is copied, and it is freed with the last of them."""
-    fd = os.memfd_create("s5loader-checkpoint", os.MFD_CLOEXEC)
-    try:
-        os.ftruncate(fd, size)
-        if size:
-            m = mmap.mmap(fd, size)
-            view = memoryview(m)
-            read_into(uri, store, view, etag=etag, plan=plan)  # on an error, threads still writing keep it
-            view.release()
-            m.close()
-        return torch_load(f"/proc/self/fd/{fd}")
-    finally:
-        os.close(fd)
-
-
-def _available_memory() -> int | None:
-    """The kernel's estimate of memory available without swapping (``MemAvailable``)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None  # unknown: try anyway
 
 
 @contextlib.contextmanager

@@ -234,8 +234,8 @@ def bench_checkpoints(
             "load_runs_s": loads,
         }
         print(
-            f"  {size / MiB:5.0f} MiB {label:7s} {name:17s} save {save_s:6.2f} s ({size / save_s / 1e6:5.0f} MB/s)"
-            f"   load {load_s:6.2f} s ({size / load_s / 1e6:5.0f} MB/s)",
+            f"  {size / MiB:5.0f} MiB {label:7s} {name:17s} save {save_s:6.2f} s ({size / save_s / 1e6:5.0f} "
+            f"MB/s)   load {load_s:6.2f} s ({size / load_s / 1e6:5.0f} MB/s)",
             flush=True,
         )
     return rows

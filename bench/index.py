@@ -75,9 +75,8 @@ def write_manifest(path: str, n: int, labels: str | None = None) -> None:
                 "int": f', "label": {i % classes}',
                 "text": f', "label": {json.dumps(f"类别{i % classes}")}',
             }[labels]
-            f.write(
-                f'{{"uri": "s3://bench/train/{c}/{c}_{i // classes}.JPEG", "size": {size}, "etag": "{etag}"{label}}}\n'
-            )
+            uri = f"s3://bench/train/{c}/{c}_{i // classes}.JPEG"
+            f.write(f'{{"uri": "{uri}", "size": {size}, "etag": "{etag}"{label}}}\n')
 
 
 # -- the measured process (a fresh interpreter, so RSS is its own) ---------------------------------
@@ -302,7 +301,10 @@ def main() -> None:
         nargs="?",
         const="int",
         choices=["int", "text"],
-        help="manifest: a label on every line, as most manifests carry: a number (int) or a name beyond ASCII (text)",
+        help=(
+            "manifest: a label on every line, as most manifests carry: a number (int) or a name beyond "
+            "ASCII (text)"
+        ),
     )
     p.add_argument(
         "--before", metavar="TREE", help="also measure the s5loader source tree TREE on the same data"

@@ -26,7 +26,8 @@ Each method runs ``--repeat`` times (default 2), the methods in a rotated order 
 (the first run after the source is written is slower, whoever runs it); the table gives each
 method's best time, its least CPU and its peak disk over all runs; the JSON every run's time.
 
-    .venv/bin/python bench/pack.py [--samples 2000] [--size 20KB] [--shard-size 4MB] [--budget 16MB] [--repeat 2]
+    .venv/bin/python bench/pack.py [--samples 2000] [--size 20KB] [--shard-size 4MB] [--budget 16MB] \
+        [--repeat 2]
 """
 
 from __future__ import annotations
@@ -291,8 +292,8 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             write_source(args.samples, size, src)
             print(
-                f"{args.samples} samples x {args.size} (+ a label) written in {time.perf_counter() - t0:.1f} s; "
-                f"shards of {args.shard_size}, s5loader budget {args.budget}",
+                f"{args.samples} samples x {args.size} (+ a label) written in {time.perf_counter() - t0:.1f} "
+                f"s; shards of {args.shard_size}, s5loader budget {args.budget}",
                 flush=True,
             )
             runs: dict[str, list[tuple[float, int, float, float]]] = {m: [] for m in chosen}
@@ -313,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     base = next((r for r in results if r["method"] == "s5loader"), None)
     print(
-        f"{'method':<22} {'best s':>8} {'x s5loader':>10} {'peak disk MB':>12} {'CPU s':>6} {'store CPU s':>11}"
+        f"{'method':<22} {'best s':>8} {'x s5loader':>10} {'peak disk MB':>12} {'CPU s':>6} "
+        f"{'store CPU s':>11}"
     )
     for r in results:
         r["time_vs_s5loader"] = round(r["seconds"] / base["seconds"], 2) if base else None

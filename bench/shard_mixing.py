@@ -226,12 +226,13 @@ def main(argv: list[str] | None = None) -> int:
         return sum(xs) / len(xs) if xs else float("nan")
 
     print(
-        f"\n{args.shards} class-sorted shards x {args.per_shard} samples of {per_sample / 1000:.1f} kB (one class "
-        f"per shard), {args.workers} DataLoader workers, batch {args.batch}, {args.seeds} epoch(s) each; equal "
-        f"memory: {args.workers} x {args.buffer} samples = {equal / 2**20:.2f} MiB\n"
+        f"\n{args.shards} class-sorted shards x {args.per_shard} samples of {per_sample / 1000:.1f} kB (one "
+        f"class per shard), {args.workers} DataLoader workers, batch {args.batch}, {args.seeds} epoch(s) "
+        f"each; equal memory: {args.workers} x {args.buffer} samples = {equal / 2**20:.2f} MiB\n"
     )
     print(
-        f"| loader | memory (budget) | distinct classes per {SPAN} | in the first {SPAN} | per {SPAN} vs webdataset |"
+        f"| loader | memory (budget) | distinct classes per {SPAN} | in the first {SPAN} "
+        f"| per {SPAN} vs webdataset |"
     )
     print("|---|---:|---:|---:|---:|")
     for r in rows:

@@ -21,10 +21,10 @@ prints ``listening on http://HOST:PORT`` (and writes the port to ``--port-file``
 serves until SIGINT/SIGTERM or, with ``--control``, until stdin closes; with ``--control``
 every line ``counts`` read on stdin is answered with one JSON line of the counts so far on
 stdout, and every line ``stats`` with one JSON line of the counts, the connections accepted so
-far and the most open at once since the last ``stats`` (see :meth:`LatencyProxy.take_stats`). :class:`LatencyProxy` runs it in a thread of another program; :class:`ProxyProcess`
-runs it as a child process (``s5loader bench --count-requests`` / ``--delay-ms``), so that its
-CPU is not the measured program's. This file uses the standard library only and runs as a
-script.
+far and the most open at once since the last ``stats`` (see :meth:`LatencyProxy.take_stats`).
+:class:`LatencyProxy` runs it in a thread of another program; :class:`ProxyProcess` runs it as
+a child process (``s5loader bench --count-requests`` / ``--delay-ms``), so that its CPU is not
+the measured program's. This file uses the standard library only and runs as a script.
 """
 
 from __future__ import annotations
@@ -453,7 +453,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--control",
         action="store_true",
-        help="answer each 'counts' line on stdin with the request counts as a JSON line; stop when stdin closes",
+        help=(
+            "answer each 'counts' line on stdin with the request counts as a JSON line; stop when stdin "
+            "closes"
+        ),
     )
     args = p.parse_args(argv)
     if args.delay_ms < 0:

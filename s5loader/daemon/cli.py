@@ -85,6 +85,8 @@ class _DefaultsHelp(argparse.HelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The arguments of ``s5loader prefetch``: the source, the cache, the order and the staging
+    options the daemon takes, and how to reach the store."""
     p = ArgumentParser(
         prog="s5loader prefetch",
         formatter_class=_DefaultsHelp,

@@ -291,7 +291,8 @@ def repeat_manifest(args: argparse.Namespace, path: str, staging: str) -> dict[s
     return result
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
+    """The arguments of ``index.py``."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=["manifest", "prefix"])
     p.add_argument("--objects", type=int, default=1_000_000)
@@ -316,7 +317,11 @@ def main() -> None:
         "--repeat", type=int, default=1, help="manifest: build the index this many times (least CPU kept)"
     )
     p.add_argument("--_child", nargs="+", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = _parser().parse_args()
     if args._child:  # the measured process
         kind, *rest = args._child
         out = measure_manifest(*rest) if kind == "manifest" else measure_prefix(*rest)

@@ -261,8 +261,8 @@ def measure(
     return seconds, peak.peak, cpu, server
 
 
-def main(argv: list[str] | None = None) -> int:
-    global ENDPOINT
+def _parser() -> argparse.ArgumentParser:
+    """The arguments of ``pack.py``."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--samples", type=int, default=2000)
     p.add_argument("--size", default="20KB", help="bytes of each sample's .jpg (default 20KB)")
@@ -271,7 +271,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", default="s5loader,webdataset+boto3,webdataset+boto3 x32,litdata")
     p.add_argument("--repeat", type=int, default=2, help="runs of each method (default 2)")
     p.add_argument("--output", default=os.path.join(HERE, "results", "pack.json"))
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    global ENDPOINT
+    args = _parser().parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the server stops with the `with` below
     size, shard, budget = parse_size(args.size), parse_size(args.shard_size), parse_size(args.budget)
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")

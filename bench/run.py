@@ -402,7 +402,8 @@ def readme_table(
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The arguments of ``run.py``."""
     p = argparse.ArgumentParser(prog="bench/run.py", description="Run the reproducible s5loader benchmark.")
     p.add_argument("--samples", type=int, default=2000, help="samples in the toy data set (default 2000)")
     p.add_argument("--sample-size", default="100KB", help="bytes of each .image (default 100KB)")
@@ -444,7 +445,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--out", default=os.path.join(HERE, "results"), help="results folder (default bench/results)"
     )
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
 
     t0 = time.monotonic()
     out = os.path.abspath(args.out)

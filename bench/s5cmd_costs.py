@@ -481,7 +481,8 @@ def upload(s5cmd: str, endpoint: str, source: str, keys: Sequence[str], size: in
         raise RuntimeError(f"{shlex.join(argv)} exited with code {proc.returncode}: {proc.stderr[-2000:]}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The arguments of ``s5cmd_costs.py``."""
     p = argparse.ArgumentParser(prog="s5cmd_costs.py", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--objects", type=int, default=4000, help="objects in the data set (default 4000)")
     p.add_argument(
@@ -543,6 +544,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="seed of the run order")
     p.add_argument("--json", default=os.path.join(HERE, "results", "s5cmd-costs.json"))
     p.add_argument("--markdown", default=os.path.join(HERE, "results", "s5cmd-costs.md"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
     args = p.parse_args(argv)
     try:
         if args.objects < 10 or args.repeat < 1:

@@ -136,7 +136,8 @@ def iterable(args: argparse.Namespace, ds: S5Dataset, budget: int, seed: int, ro
         return read(DataLoader(it, batch_size=args.batch, num_workers=args.workers, collate_fn=list))
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The arguments of ``shard_mixing.py``."""
     p = argparse.ArgumentParser(prog="bench/shard_mixing.py", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--shards", type=int, default=40)
     p.add_argument("--per-shard", type=int, default=250)
@@ -146,7 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--buffer", type=int, default=1000, help="WebDataset's shuffle buffer, samples per worker")
     p.add_argument("--seeds", type=int, default=3, help="epochs read by each loader, one seed each")
     p.add_argument("--json", help="write the figures here too")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     for var, value in (
         ("AWS_ACCESS_KEY_ID", "local"),
         ("AWS_SECRET_ACCESS_KEY", "local"),

@@ -438,7 +438,8 @@ def _hostport(text: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The arguments of ``proxy.py``."""
     p = argparse.ArgumentParser(prog="proxy.py", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument(
         "--upstream", type=_hostport, required=True, help="HOST:PORT of the server (or an http:// URL)"
@@ -458,6 +459,11 @@ def main(argv: list[str] | None = None) -> int:
             "closes"
         ),
     )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
     args = p.parse_args(argv)
     if args.delay_ms < 0:
         p.error(f"--delay-ms must be 0 or more, got {args.delay_ms}")

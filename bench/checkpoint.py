@@ -234,8 +234,8 @@ def bench_checkpoints(
             "load_runs_s": loads,
         }
         print(
-            f"  {size / MiB:5.0f} MiB {label:7s} {name:17s} save {save_s:6.2f} s ({size / save_s / 1e6:5.0f} MB/s)"
-            f"   load {load_s:6.2f} s ({size / load_s / 1e6:5.0f} MB/s)",
+            f"  {size / MiB:5.0f} MiB {label:7s} {name:17s} save {save_s:6.2f} s ({size / save_s / 1e6:5.0f} "
+            f"MB/s)   load {load_s:6.2f} s ({size / load_s / 1e6:5.0f} MB/s)",
             flush=True,
         )
     return rows
@@ -382,7 +382,8 @@ def bench_fetch(endpoint: str, tmp: str, total: int, volume: int, budget: int) -
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The arguments of ``checkpoint.py``."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--sizes", nargs="+", default=["256MiB", "1GiB"], help="state dict sizes (default 256MiB 1GiB)"
@@ -399,7 +400,11 @@ def main(argv: list[str] | None = None) -> int:
         help="where the state dict lives and loads go (cuda: a GPU's, as in training; default cpu)",
     )
     p.add_argument("--out", default=os.path.join(HERE, "results", "checkpoint.json"))
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     for k, v in (
         ("AWS_ACCESS_KEY_ID", "bench"),
         ("AWS_SECRET_ACCESS_KEY", "bench"),

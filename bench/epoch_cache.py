@@ -233,8 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{row['cache']:>5}: "
             + ", ".join(
-                f"epoch {x['epoch']}: {x['samples_s']} samples/s, {x['s3_get']} GET, {x['s3_bytes']} B from S3, "
-                f"{x['cache_hits']} hits"
+                f"epoch {x['epoch']}: {x['samples_s']} samples/s, {x['s3_get']} GET, {x['s3_bytes']} B from "
+                f"S3, {x['cache_hits']} hits"
                 for x in e
             )
             + f"; peak staging {row['peak_staging_bytes']} B "

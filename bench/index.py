@@ -75,9 +75,8 @@ def write_manifest(path: str, n: int, labels: str | None = None) -> None:
                 "int": f', "label": {i % classes}',
                 "text": f', "label": {json.dumps(f"类别{i % classes}")}',
             }[labels]
-            f.write(
-                f'{{"uri": "s3://bench/train/{c}/{c}_{i // classes}.JPEG", "size": {size}, "etag": "{etag}"{label}}}\n'
-            )
+            uri = f"s3://bench/train/{c}/{c}_{i // classes}.JPEG"
+            f.write(f'{{"uri": "{uri}", "size": {size}, "etag": "{etag}"{label}}}\n')
 
 
 # -- the measured process (a fresh interpreter, so RSS is its own) ---------------------------------
@@ -292,7 +291,8 @@ def repeat_manifest(args: argparse.Namespace, path: str, staging: str) -> dict[s
     return result
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
+    """The arguments of ``index.py``."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=["manifest", "prefix"])
     p.add_argument("--objects", type=int, default=1_000_000)
@@ -302,7 +302,10 @@ def main() -> None:
         nargs="?",
         const="int",
         choices=["int", "text"],
-        help="manifest: a label on every line, as most manifests carry: a number (int) or a name beyond ASCII (text)",
+        help=(
+            "manifest: a label on every line, as most manifests carry: a number (int) or a name beyond "
+            "ASCII (text)"
+        ),
     )
     p.add_argument(
         "--before", metavar="TREE", help="also measure the s5loader source tree TREE on the same data"
@@ -314,7 +317,11 @@ def main() -> None:
         "--repeat", type=int, default=1, help="manifest: build the index this many times (least CPU kept)"
     )
     p.add_argument("--_child", nargs="+", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = _parser().parse_args()
     if args._child:  # the measured process
         kind, *rest = args._child
         out = measure_manifest(*rest) if kind == "manifest" else measure_prefix(*rest)

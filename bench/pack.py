@@ -26,7 +26,8 @@ Each method runs ``--repeat`` times (default 2), the methods in a rotated order 
 (the first run after the source is written is slower, whoever runs it); the table gives each
 method's best time, its least CPU and its peak disk over all runs; the JSON every run's time.
 
-    .venv/bin/python bench/pack.py [--samples 2000] [--size 20KB] [--shard-size 4MB] [--budget 16MB] [--repeat 2]
+    .venv/bin/python bench/pack.py [--samples 2000] [--size 20KB] [--shard-size 4MB] [--budget 16MB] \
+        [--repeat 2]
 """
 
 from __future__ import annotations
@@ -260,8 +261,8 @@ def measure(
     return seconds, peak.peak, cpu, server
 
 
-def main(argv: list[str] | None = None) -> int:
-    global ENDPOINT
+def _parser() -> argparse.ArgumentParser:
+    """The arguments of ``pack.py``."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--samples", type=int, default=2000)
     p.add_argument("--size", default="20KB", help="bytes of each sample's .jpg (default 20KB)")
@@ -270,7 +271,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", default="s5loader,webdataset+boto3,webdataset+boto3 x32,litdata")
     p.add_argument("--repeat", type=int, default=2, help="runs of each method (default 2)")
     p.add_argument("--output", default=os.path.join(HERE, "results", "pack.json"))
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    global ENDPOINT
+    args = _parser().parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the server stops with the `with` below
     size, shard, budget = parse_size(args.size), parse_size(args.shard_size), parse_size(args.budget)
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
@@ -291,8 +297,8 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             write_source(args.samples, size, src)
             print(
-                f"{args.samples} samples x {args.size} (+ a label) written in {time.perf_counter() - t0:.1f} s; "
-                f"shards of {args.shard_size}, s5loader budget {args.budget}",
+                f"{args.samples} samples x {args.size} (+ a label) written in {time.perf_counter() - t0:.1f} "
+                f"s; shards of {args.shard_size}, s5loader budget {args.budget}",
                 flush=True,
             )
             runs: dict[str, list[tuple[float, int, float, float]]] = {m: [] for m in chosen}
@@ -313,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     base = next((r for r in results if r["method"] == "s5loader"), None)
     print(
-        f"{'method':<22} {'best s':>8} {'x s5loader':>10} {'peak disk MB':>12} {'CPU s':>6} {'store CPU s':>11}"
+        f"{'method':<22} {'best s':>8} {'x s5loader':>10} {'peak disk MB':>12} {'CPU s':>6} "
+        f"{'store CPU s':>11}"
     )
     for r in results:
         r["time_vs_s5loader"] = round(r["seconds"] / base["seconds"], 2) if base else None

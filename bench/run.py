@@ -240,13 +240,14 @@ def markdown(
     lines = [
         f"# s5loader bench, {any_doc['started']}",
         "",
-        f"Data: {info['samples']} samples (a {info['sample_size']} `.image` of random bytes + a small `.label` each) in a local "
-        f"SeaweedFS; batch size {s['batch_size']}, {s['num_workers']} DataLoader workers, "
-        f"samples_per_call {s['samples_per_call']}, calls_in_flight {s.get('calls_in_flight', s.get('buffers'))}, "
+        f"Data: {info['samples']} samples (a {info['sample_size']} `.image` of random bytes + a small "
+        f"`.label` each) in a local SeaweedFS; batch size {s['batch_size']}, {s['num_workers']} DataLoader "
+        f"workers, samples_per_call {s['samples_per_call']}, calls_in_flight "
+        f"{s.get('calls_in_flight', s.get('buffers'))}, "
         + (f"{s['steps']} steps per method" if s.get("steps") else "one pass over the data set per method")
         + f"; shard methods' shuffle: {SHARD_SHUFFLE_WORDS[s.get('shard_shuffle', 'block')]}"
-        + f"; the method list was run {s.get('repeat', 1)} times, interleaved, and each row is the repeat with "
-        "the median samples/s (all repeats' samples/s are in the note and in latest.json).",
+        + f"; the method list was run {s.get('repeat', 1)} times, interleaved, and each row is the "
+        "repeat with the median samples/s (all repeats' samples/s are in the note and in latest.json).",
         f"Machine: {m['logical_cpus']} logical CPUs ({m['cpu_model']}), {m['memory_gb']} GB, {m['os']}, "
         f"Python {m['python']}; versions {json.dumps(m['versions'])}.",
         f"Total time of `make bench`: {info['elapsed_s']:.0f}s.",
@@ -342,8 +343,8 @@ def readme_table(
 
         rows.append(
             [
-                f"first batch, s, batch {FIRST_BATCH['batch_size']} and {FIRST_BATCH['num_workers']} workers: "
-                f"direct / {delay_ms:g} ms proxy"
+                f"first batch, s, batch {FIRST_BATCH['batch_size']} and {FIRST_BATCH['num_workers']} "
+                f"workers: direct / {delay_ms:g} ms proxy"
             ]
             + [first(m) for m in methods]
         )
@@ -401,7 +402,8 @@ def readme_table(
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The arguments of ``run.py``."""
     p = argparse.ArgumentParser(prog="bench/run.py", description="Run the reproducible s5loader benchmark.")
     p.add_argument("--samples", type=int, default=2000, help="samples in the toy data set (default 2000)")
     p.add_argument("--sample-size", default="100KB", help="bytes of each .image (default 100KB)")
@@ -443,7 +445,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--out", default=os.path.join(HERE, "results"), help="results folder (default bench/results)"
     )
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
 
     t0 = time.monotonic()
     out = os.path.abspath(args.out)

@@ -228,7 +228,8 @@ def command_lines(shape: str, bucket: str, prefix: str, keys: Sequence[str], des
         ]
     if shape == "prefix":
         return [
-            f"cp --exclude '*..*' {shlex.quote(src + prefix + '*')} {shlex.quote(os.path.join(dest, prefix))}\n"
+            f"cp --exclude '*..*' {shlex.quote(src + prefix + '*')} "
+            f"{shlex.quote(os.path.join(dest, prefix))}\n"
         ]
     if shape in PROBES:
         return [f"{shape} {shlex.quote(src + k)}\n" for k in keys]
@@ -296,11 +297,11 @@ def markdown(doc: dict[str, Any]) -> str:
     out = [
         "## s5cmd's own costs per object",
         "",
-        f"{s['objects']} objects of {s['size']} bytes in a local SeaweedFS, copied by `s5cmd --json run FILE` into "
-        f"tmpfs; {doc['machine']['cpus']} CPUs, s5cmd {doc['s5cmd_version']}. CPU: user + sys of the s5cmd "
-        f"process (`wait4`), median of {s['repeat']} interleaved repeats (min-max in brackets); RSS: peak resident "
-        "memory of s5cmd (median, max); server: the SeaweedFS process's CPU during the run. "
-        f"Made by `bench/s5cmd_costs.py` in {doc['elapsed_s']:.0f} s.",
+        f"{s['objects']} objects of {s['size']} bytes in a local SeaweedFS, copied by `s5cmd --json run "
+        f"FILE` into tmpfs; {doc['machine']['cpus']} CPUs, s5cmd {doc['s5cmd_version']}. CPU: user + sys of "
+        f"the s5cmd process (`wait4`), median of {s['repeat']} interleaved repeats (min-max in brackets); "
+        "RSS: peak resident memory of s5cmd (median, max); server: the SeaweedFS process's CPU during the "
+        f"run. Made by `bench/s5cmd_costs.py` in {doc['elapsed_s']:.0f} s.",
         "",
     ]
     if doc.get("requests"):
@@ -335,8 +336,8 @@ def markdown(doc: dict[str, Any]) -> str:
             )
             out.append(
                 f"| {r['setting']} | {shape} | {r['cpu_ms_per_object']:.3f} "
-                f"({r['cpu_ms_per_object_min']:.3f}-{r['cpu_ms_per_object_max']:.3f}) | {vs} | {r['user_s']:.2f} | "
-                f"{r['sys_s']:.2f} | {r['maxrss_mib']:.0f} ({r['maxrss_mib_max']:.0f}) | "
+                f"({r['cpu_ms_per_object_min']:.3f}-{r['cpu_ms_per_object_max']:.3f}) | {vs} | "
+                f"{r['user_s']:.2f} | {r['sys_s']:.2f} | {r['maxrss_mib']:.0f} ({r['maxrss_mib_max']:.0f}) | "
                 f"{r['server_cpu_ms_per_object']:.3f} | {r['wall_s']:.2f} |"
             )
     return "\n".join(out) + "\n"
@@ -480,7 +481,8 @@ def upload(s5cmd: str, endpoint: str, source: str, keys: Sequence[str], size: in
         raise RuntimeError(f"{shlex.join(argv)} exited with code {proc.returncode}: {proc.stderr[-2000:]}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The arguments of ``s5cmd_costs.py``."""
     p = argparse.ArgumentParser(prog="s5cmd_costs.py", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--objects", type=int, default=4000, help="objects in the data set (default 4000)")
     p.add_argument(
@@ -492,7 +494,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--shapes",
         default=",".join(SHAPES),
-        help=f"line shapes (default {','.join(SHAPES)}; also {' and '.join(PROBES)}: one such command per object)",
+        help=(
+            f"line shapes (default {','.join(SHAPES)}; also {' and '.join(PROBES)}: one such command per "
+            "object)"
+        ),
     )
     p.add_argument(
         "--grid",
@@ -539,6 +544,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="seed of the run order")
     p.add_argument("--json", default=os.path.join(HERE, "results", "s5cmd-costs.json"))
     p.add_argument("--markdown", default=os.path.join(HERE, "results", "s5cmd-costs.md"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
     args = p.parse_args(argv)
     try:
         if args.objects < 10 or args.repeat < 1:

@@ -146,23 +146,27 @@ def daemon(args: argparse.Namespace, endpoint: str, budget: int, seed: int, root
     cmd = [sys.executable, "-m", "s5loader", "prefetch", f"s3://{BUCKET}/{PREFIX}", "--cache", cache]
     cmd += ["--budget", str(budget), "--shards", "--shuffle", "--seed", str(seed), "--epochs", "1"]
     cmd += ["--endpoint-url", endpoint, "--no-progress"]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE)
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(cmd, stderr=log)
     try:
         classes = []
         for sample in consume(cache, timeout=600):
             with open(sample.files["cls"], encoding="ascii") as f:
                 classes.append(int(f.read()))
         if proc.wait(timeout=60) != 0:
-            raise RuntimeError(f"s5loader prefetch exited {proc.returncode}: {proc.stderr.read()[-2000:]!r}")
+            log.seek(0)
+            raise RuntimeError(f"s5loader prefetch exited {proc.returncode}: {log.read()[-2000:]!r}")
         return classes
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        log.close()
         shutil.rmtree(cache, ignore_errors=True)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The arguments of ``shard_mixing.py``."""
     p = argparse.ArgumentParser(prog="bench/shard_mixing.py", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--shards", type=int, default=40)
     p.add_argument("--per-shard", type=int, default=250)
@@ -172,7 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--buffer", type=int, default=1000, help="WebDataset's shuffle buffer, samples per worker")
     p.add_argument("--seeds", type=int, default=3, help="epochs read by each loader, one seed each")
     p.add_argument("--json", help="write the figures here too")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     for var, value in (
         ("AWS_ACCESS_KEY_ID", "local"),
         ("AWS_SECRET_ACCESS_KEY", "local"),
@@ -262,12 +270,13 @@ def main(argv: list[str] | None = None) -> int:
         return sum(xs) / len(xs) if xs else float("nan")
 
     print(
-        f"\n{args.shards} class-sorted shards x {args.per_shard} samples of {per_sample / 1000:.1f} kB (one class "
-        f"per shard), {args.workers} DataLoader workers, batch {args.batch}, {args.seeds} epoch(s) each; equal "
-        f"memory: {args.workers} x {args.buffer} samples = {equal / 2**20:.2f} MiB\n"
+        f"\n{args.shards} class-sorted shards x {args.per_shard} samples of {per_sample / 1000:.1f} kB (one "
+        f"class per shard), {args.workers} DataLoader workers, batch {args.batch}, {args.seeds} epoch(s) "
+        f"each; equal memory: {args.workers} x {args.buffer} samples = {equal / 2**20:.2f} MiB\n"
     )
     print(
-        f"| loader | memory (budget) | distinct classes per {SPAN} | in the first {SPAN} | per {SPAN} vs webdataset |"
+        f"| loader | memory (budget) | distinct classes per {SPAN} | in the first {SPAN} "
+        f"| per {SPAN} vs webdataset |"
     )
     print("|---|---:|---:|---:|---:|")
     for r in rows:

@@ -32,19 +32,18 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
-import mmap
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ._largeobj import transfer as _transfer
+from ._largeobj.memload import available_memory, in_memory_kwargs, load_in_memory
 from ._largeobj.multipart import MultipartWriter
 from ._largeobj.parts import DEFAULT_CONCURRENCY, plan_parts
-from ._largeobj.ranged import ArrivingFile, RangedRead, anonymous_buffer, read_into
 from ._util.uri import format_size
 from .config import Access
-from .exceptions import StagingSpaceError
 from .s5cmd import S5cmd
 from .staging.area import StagingArea
 
@@ -87,9 +86,10 @@ def save(
         pin_memory: where ``obj`` holds tensors on a CUDA device, ``torch.save`` copies each
             to the host through page-locked memory (torch's
             ``torch.utils.serialization.config.save.use_pinned_memory_for_d2h``) rather than
-            into fresh pageable memory: 0.6 s less per GiB on an H100. The setting is
-            restored and the page-locked buffers that torch keeps cached are released when
-            the save returns. ``False``: torch's own pageable copies.
+            into fresh pageable memory, so each copy is a DMA into page-locked pages (the
+            guide's checkpoint section has what it saves). The setting is restored and the
+            page-locked buffers that torch keeps cached are released when the save returns.
+            ``False``: torch's own pageable copies.
 
     Raises:
         S3URIError: ``uri`` names no object.
@@ -112,25 +112,51 @@ def save(
             torch.save(obj, f)
 
     if stream is not False:
-        plan = plan_parts(need, part_size=part, concurrency=concurrency)
-        log.info(
-            "%s: streaming about %s into the upload (%d MiB parts, %d at once)",
-            uri,
-            format_size(need),
-            plan.part_mib,
-            plan.concurrency,
-        )
-        writer = MultipartWriter(uri, store, plan)
+        _save_streamed(serialise, uri, store, need, part, concurrency)
+    else:
+        _save_staged(serialise, uri, store, need, part, concurrency, staging_dir)
+
+
+def _save_streamed(
+    serialise: Callable[[Any], None], uri: str, store: Access, need: int, part: int, concurrency: int
+) -> None:
+    """Serialise straight into a multipart upload: parts planned from ``need``, each sent as it
+    fills, and the upload completed only once ``torch.save`` has returned (aborted otherwise)."""
+    plan = plan_parts(need, part_size=part, concurrency=concurrency)
+    log.info(
+        "%s: streaming about %s into the upload (%d MiB parts, %d at once)",
+        uri,
+        format_size(need),
+        plan.part_mib,
+        plan.concurrency,
+    )
+    writer = MultipartWriter(uri, store, plan)
+    try:
         try:
-            try:
-                serialise(writer)  # a binary file, write-only
-            except Exception:
-                writer.raise_failure()  # Ctrl-C or a failed part, rather than what torch's zip writer made of it
-                raise
-            writer.commit()
-        finally:
-            writer.close()  # aborts the upload unless it was committed
-        return
+            serialise(writer)  # a binary file, write-only
+        except Exception:
+            writer.raise_failure()  # Ctrl-C or a failed part, rather than what torch's zip writer made of it
+            raise
+        writer.commit()
+    finally:
+        writer.close()  # aborts the upload unless it was committed
+
+
+def _save_staged(
+    serialise: Callable[[Any], None],
+    uri: str,
+    store: Access,
+    need: int,
+    part: int,
+    concurrency: int,
+    staging_dir: str | None,
+) -> None:
+    """Serialise into a staging file where ``need`` bytes fit, then upload it with one ``s5cmd
+    cp`` in parallel parts; the staging area is removed either way.
+
+    Raises:
+        StagingSpaceError: no staging directory has room, or the disk filled up.
+    """
     root, seen = _transfer.pick_staging(need, staging_dir)
     if root is None:
         raise _transfer.space_error(uri, need, seen, "saving this checkpoint")
@@ -214,47 +240,36 @@ def load(
     part = _transfer.part_bytes(part_size)
     store = Access.coerce(access, endpoint_url)
     size, etag = _transfer.head_size(uri, store)
-    mapped = bool(torch_load_kwargs.get("mmap"))
-    in_memory_kwargs = torch_load_kwargs
-    if mapped and not (hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")):
-        # no in-memory file to map here: read into memory and copy, or map a staged file
-        mapped, in_memory_kwargs = False, {k: v for k, v in torch_load_kwargs.items() if k != "mmap"}
-    available = _available_memory()
+    mapped, memory_kwargs = in_memory_kwargs(torch_load_kwargs)
+    available = available_memory()
     need = (1 if mapped else 2) * size
     fits = available is None or need + _transfer.margin(size) <= available
     if stream or (stream is None and fits):
-        if available is not None and size > available:
-            raise StagingSpaceError(
-                f"{uri}: loading this checkpoint needs {format_size(size)} ({size} bytes) of memory; "
-                f"{format_size(available)} available; pass stream=False to stage it on disk"
-            )
-        plan = plan_parts(size, part_size=part, concurrency=concurrency)
-        log.info(
-            "%s: reading %s into memory (%d MiB parts, %d at once%s)",
-            uri,
-            format_size(size),
-            plan.part_mib,
-            plan.concurrency,
-            ", mapped" if mapped else "",
+        in_memory = functools.partial(
+            torch.load, map_location=map_location, weights_only=weights_only, **memory_kwargs
         )
-        if mapped:
-            return _load_mapped(uri, store, size, etag, plan, map_location, weights_only, torch_load_kwargs)
-        buf = anonymous_buffer(size)
-        reader = RangedRead(uri, store, buf, etag=etag, plan=plan).start()
-        try:  # torch.load reads each part as soon as it has arrived
-            obj = torch.load(
-                ArrivingFile(reader, buf),
-                map_location=map_location,  # type: ignore[arg-type]
-                weights_only=weights_only,
-                **in_memory_kwargs,
-            )
-            reader.join()
-        except BaseException as exc:
-            reader.stop(exc)
-            if reader.error is not None and reader.error is not exc:
-                raise reader.error from exc  # what torch raised of it: the read's own error
-            raise
-        return obj
+        return load_in_memory(uri, store, size, etag, part, concurrency, available, mapped, in_memory)
+    staged = functools.partial(
+        torch.load, map_location=map_location, weights_only=weights_only, **torch_load_kwargs
+    )
+    return _load_staged(uri, store, size, part, concurrency, staging_dir, staged)
+
+
+def _load_staged(
+    uri: str,
+    store: Access,
+    size: int,
+    part: int,
+    concurrency: int,
+    staging_dir: str | None,
+    torch_load: Callable[[Any], Any],
+) -> Any:
+    """Download the object into a staging file with ``s5cmd cp`` in parallel parts and load it;
+    the staging area is removed either way.
+
+    Raises:
+        StagingSpaceError: no staging directory has room for the object.
+    """
     root, seen = _transfer.pick_staging(size, staging_dir)
     if root is None:
         raise _transfer.space_error(uri, size, seen, "loading this checkpoint")
@@ -263,52 +278,9 @@ def load(
         path = os.path.join(area.create(), "checkpoint.pt")
         _transfer.download(S5cmd(access=store), uri, path, size=size, concurrency=concurrency, part_size=part)
         log.info("%s: downloaded %s into %s", uri, format_size(size), root)
-        return torch.load(path, map_location=map_location, weights_only=weights_only, **torch_load_kwargs)
+        return torch_load(path)
     finally:
         area.remove()
-
-
-def _load_mapped(
-    uri: str,
-    store: Access,
-    size: int,
-    etag: str,
-    plan: Any,
-    map_location: Any,
-    weights_only: bool,
-    kwargs: dict[str, Any],
-) -> Any:
-    """``torch.load(mmap=True)`` of the object read into an anonymous in-memory file (a memfd,
-    which no other process sees and which needs no cleanup): the tensors are views of its pages,
-    nothing is copied, and it is freed with the last of them."""
-    import torch
-
-    fd = os.memfd_create("s5loader-checkpoint", os.MFD_CLOEXEC)
-    try:
-        os.ftruncate(fd, size)
-        if size:
-            m = mmap.mmap(fd, size)
-            view = memoryview(m)
-            read_into(uri, store, view, etag=etag, plan=plan)  # on an error, threads still writing keep it
-            view.release()
-            m.close()
-        return torch.load(
-            f"/proc/self/fd/{fd}", map_location=map_location, weights_only=weights_only, **kwargs
-        )
-    finally:
-        os.close(fd)
-
-
-def _available_memory() -> int | None:
-    """The kernel's estimate of memory available without swapping (``MemAvailable``)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None  # unknown: try anyway
 
 
 @contextlib.contextmanager

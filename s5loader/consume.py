@@ -230,12 +230,7 @@ def consume(
         StallError: ``timeout`` passed without a new sample.
         ConfigError: ``poll_interval``, ``timeout`` or ``grace`` is not positive.
     """
-    if not poll_interval > 0:
-        raise ConfigError(f"poll_interval must be positive, got {poll_interval!r}")
-    if timeout is not None and not timeout > 0:
-        raise ConfigError(f"timeout must be positive or None, got {timeout!r}")
-    if grace is not None and not grace >= 0:
-        raise ConfigError(f"grace must be >= 0 or None, got {grace!r}")
+    _check_waits(poll_interval, timeout, grace)
     cache = os.fspath(cache)
     since = time.monotonic()
     stale = _read_end(cache) if not ready_names(cache) else None
@@ -248,13 +243,9 @@ def consume(
             end = _read_end(cache)  # before listing: no race
             ended = end is not None and end != stale
             names = ready_names(cache)
-            path = None
-            for name in names:  # the first one no other consumer claimed first
-                path = claim(cache, name)
-                if path is not None:
-                    break
-            if path is not None:
-                held = _load(name, path)
+            claimed = _claim_first(cache, names)
+            if claimed is not None:
+                held = _load(*claimed)
                 yield held
                 sample, held = held, None
                 since = time.monotonic()
@@ -267,16 +258,43 @@ def consume(
                 return
             daemon.check()
             if timeout is not None and time.monotonic() - since > timeout:
-                why = (
-                    "only the end marker of a finished run, whose samples were all consumed, is there"
-                    if stale is not None and end == stale
-                    else "the end marker is not there"
-                )
-                raise StallError(
-                    f"no sample arrived in {cache} for {timeout:g}s and {why}; "
-                    "is 's5loader prefetch --cache' running on it?"
-                )
+                raise _stall(cache, timeout, stale is not None and end == stale)
             time.sleep(poll_interval)
     finally:
         if held is not None and delete:
             unclaim(cache, held.name)  # left early: the next consumer starts with it
+
+
+def _check_waits(poll_interval: float, timeout: float | None, grace: float | None) -> None:
+    """Refuse a wait of :func:`consume` that is not a positive number of seconds (``grace``:
+    not negative); ``timeout`` and ``grace`` may be None, for ever."""
+    if not poll_interval > 0:
+        raise ConfigError(f"poll_interval must be positive, got {poll_interval!r}")
+    if timeout is not None and not timeout > 0:
+        raise ConfigError(f"timeout must be positive or None, got {timeout!r}")
+    if grace is not None and not grace >= 0:
+        raise ConfigError(f"grace must be >= 0 or None, got {grace!r}")
+
+
+def _claim_first(cache: str, names: list[str]) -> tuple[str, str] | None:
+    """Claim the first of the ready samples ``names`` that no other consumer claimed first;
+    its name and its claimed path, or None when the others took them all."""
+    for name in names:
+        path = claim(cache, name)
+        if path is not None:
+            return name, path
+    return None
+
+
+def _stall(cache: str, timeout: float, only_stale_end: bool) -> StallError:
+    """The error of a consumer that waited ``timeout`` seconds for a sample, saying what the
+    cache holds: only a finished run's end marker (``only_stale_end``), or no end marker."""
+    why = (
+        "only the end marker of a finished run, whose samples were all consumed, is there"
+        if only_stale_end
+        else "the end marker is not there"
+    )
+    return StallError(
+        f"no sample arrived in {cache} for {timeout:g}s and {why}; "
+        "is 's5loader prefetch --cache' running on it?"
+    )

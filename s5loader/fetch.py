@@ -114,21 +114,7 @@ def fetch(
     single_file = len(uris) == 1 and len(objects) == 1 and not extract and not is_dir_target(dest, uris[0])
     dest_dir = os.path.dirname(os.path.abspath(dest)) if single_file else os.path.abspath(dest)
     os.makedirs(dest_dir, exist_ok=True)
-    free = free_bytes(dest_dir)
-    if extract:
-        staged = min(limit, total)
-        need = staged + total
-        what = (
-            f"{format_size(staged)} of volumes at a time (the budget) + at least {format_size(total)} "
-            "extracted"
-        )
-    else:
-        need, what = total, f"{len(objects)} objects"
-    if need + _transfer.margin(need) > free:
-        raise StagingSpaceError(
-            f"{uris[0]}: fetching into {dest_dir} needs {format_size(need)} ({what}); "
-            f"{format_size(free)} free there"
-        )
+    _check_room(uris[0], dest_dir, len(objects), total, limit if extract else None)
     checkers = {o.uri: checker_for(o, md5_files, store) if verify else None for o in objects}
     work = FetchWork(dest_dir)
     t0 = time.monotonic()
@@ -144,6 +130,31 @@ def fetch(
         return result
     finally:
         work.close()
+
+
+def _check_room(uri: str, dest_dir: str, objects: int, total: int, budget: int | None) -> None:
+    """Refuse a fetch whose files ``dest_dir`` has no room for, before the first byte: the
+    ``total`` bytes of ``objects`` objects, or with ``budget`` (an extract) the volumes the
+    budget holds at once and the tree extracted from them.
+
+    Raises:
+        StagingSpaceError: names the source, the room needed (and what takes it) and the free space.
+    """
+    if budget is not None:
+        staged = min(budget, total)
+        need = staged + total
+        what = (
+            f"{format_size(staged)} of volumes at a time (the budget) + at least {format_size(total)} "
+            "extracted"
+        )
+    else:
+        need, what = total, f"{objects} objects"
+    free = free_bytes(dest_dir)
+    if need + _transfer.margin(need) > free:
+        raise StagingSpaceError(
+            f"{uri}: fetching into {dest_dir} needs {format_size(need)} ({what}); "
+            f"{format_size(free)} free there"
+        )
 
 
 def _fetch_plain(
@@ -216,8 +227,8 @@ def _fetch_extract(
     _archive.merge_into(out, os.path.dirname(work.path))
 
 
-def main(argv: list[str]) -> int:
-    """``s5loader fetch SOURCE [SOURCE ...] DEST [--verify] [--extract] [--budget SIZE]``."""
+def _parser() -> ArgumentParser:
+    """The arguments of ``s5loader fetch``."""
     p = ArgumentParser(
         prog="s5loader fetch",
         description="Download objects (one, several, a prefix, the volumes of a split archive) with "
@@ -250,7 +261,12 @@ def main(argv: list[str]) -> int:
         default=None,
         help="bytes per part (default: per object, about 64 parts of 5 to 64 MiB)",
     )
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    """``s5loader fetch SOURCE [SOURCE ...] DEST [--verify] [--extract] [--budget SIZE]``."""
+    args = _parser().parse_args(argv)
     logging.getLogger("botocore").setLevel(logging.WARNING)
     bar = Progress(
         f"fetching into {args.dest}", unit="bytes", final_line=False

@@ -23,24 +23,14 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
-from ._index.blocks import BlockPlan, plan_blocks
-from ._pack import plan as _plan
-from ._pack.archive import fingerprint as archive_fingerprint
-from ._pack.archive import pack_archive, volumes_of
-from ._pack.pipeline import Gate, Job, Packer, run_shards
 from ._pack.plan import PackOptions
+from ._pack.routes import PackResult, PackRun, already_packed, pack_archive_source, pack_objects, write_index
 from ._pack.state import DestState
-from ._pack.workdir import open_work
-from ._shards.index import DEFAULT_INDEX, PACK_RECORD
 from ._util.args import ArgumentParser, positive_int, size_arg
 from ._util.dist import rank_info
 from ._util.uri import as_folder, format_size, parse_s3_uri
 from .config import Access
-from .dataset import S5Dataset
-from .exceptions import BudgetError, ConfigError, ShardIndexError
 from .progress import Progress
 from .s5cmd import S5cmd
 
@@ -49,35 +39,6 @@ log = logging.getLogger(__name__)
 __all__ = ["pack", "PackResult"]
 
 PARALLEL_SHARDS = 2  # shards under way at once (the budget may allow fewer): one downloads while one uploads
-BLOCK_SIZE = 64  # most samples one wildcard line fetches, as the sampler's default
-
-
-@dataclass
-class PackResult:
-    """What :func:`pack` did.
-
-    Attributes:
-        shards: shards in the whole pack (every rank's).
-        packed: shards this process wrote (the others were done before, or are other ranks').
-        samples: samples in the index (rank 0), else in the shards this process wrote.
-        bytes: bytes of the shards this process wrote.
-        seconds: wall time.
-        index: the ``wids.json`` URI (rank 0), else None.
-        peak_staged: the most bytes of local disk reserved at once (never more than the budget).
-        budget: the budget.
-        skipped: sample keys left out (objects gone, with ``missing="skip"``): on rank 0 of
-            the whole pack, else of the shards this process wrote.
-    """
-
-    shards: int = 0
-    packed: int = 0
-    samples: int = 0
-    bytes: int = 0
-    seconds: float = 0.0
-    index: str | None = None
-    peak_staged: int = 0
-    budget: int = 0
-    skipped: list[str] = field(default_factory=list)
 
 
 def pack(
@@ -143,152 +104,51 @@ def pack(
     """
     t0 = time.monotonic()
     options = PackOptions(shard_size, group_by, label, shuffle, seed, budget, workers, missing, index_timeout)
-    store = Access.coerce(access, endpoint_url)
+    run = _start(
+        source, dest, options, Access.coerce(access, endpoint_url), staging_dir, progress, rank, world_size
+    )
+    packed = pack_archive_source(run, verify) if from_archive else pack_objects(run)
+    if packed.finished is not None:
+        return already_packed(run.result, packed.finished, run.dest, run.rank, t0)
+    if run.rank == 0:
+        write_index(run, packed)
+    run.result.seconds = time.monotonic() - t0
+    return run.result
+
+
+def _start(
+    source: str,
+    dest: str,
+    options: PackOptions,
+    store: Access,
+    staging_dir: str | None,
+    progress: Callable[[int, int], None] | None,
+    rank: int | None,
+    world_size: int | None,
+) -> PackRun:
+    """The run of one call: DEST checked, this process's rank, DEST's state and the s5cmd runner."""
     dest = as_folder(dest)
     parse_s3_uri(dest)
     r, world = rank_info(world_size, rank)
-    state = DestState(dest, store)
     parallel = max(1, min(PARALLEL_SHARDS, options.workers))
-    s5 = S5cmd(access=store, numworkers=max(4, options.workers // parallel))  # per shard's run
-    result = PackResult(budget=int(options.budget))
-    root = os.path.abspath(staging_dir) if staging_dir else tempfile.gettempdir()
-
-    def shard_done(n: int, size: int) -> None:
-        result.packed += 1
-        result.samples += n
-        result.bytes += size
-        if progress is not None:
-            progress(result.samples, total or result.samples)  # an archive's total is unknown
-
-    if from_archive:
-        if shuffle or label or group_by != "stem" or world > 1:
-            raise ConfigError(
-                f"{source}: an archive is packed in its own order, by one process, grouped by stem "
-                "(consecutive members sharing a key): drop shuffle, label, group_by and the other ranks"
-            )
-        _plan.check_places(source, dest)
-        half = int(options.budget) - int(options.budget) // 2
-        if int(options.shard_size) > half:
-            raise BudgetError(
-                f"{source}: packing an archive, half the budget ({format_size(half)}) holds the shards being "
-                f"written and uploaded, less than one shard ({format_size(int(options.shard_size))}): pass a budget "
-                f"of at least {format_size(2 * int(options.shard_size))} or a smaller shard size"
-            )
-        volumes, checkers = volumes_of([source], s5, verify)
-        doc = {
-            "version": _plan.VERSION,
-            "fingerprint": archive_fingerprint(volumes, checkers, options.content()),
-            "source": source,
-            "options": options.content(),
-            "shards": None,
-        }
-        if (finished := state.claim(doc, r, index_timeout)) is not None:
-            return _finished(result, finished, dest, r, t0)
-        total = 0
-        with open_work(root) as work:
-            packer = Packer(s5, store, state, work, missing, options.workers, shard_done)
-            nshards, result.peak_staged = pack_archive(
-                volumes,
-                checkers,
-                packer,
-                int(options.shard_size),
-                int(options.budget),
-                state.done(),
-                min(16, options.workers),
-            )
-        result.shards = nshards
-    else:
-        planned, base, blocks = _samples(source, dest, options, store)
-        order = _plan.order(len(planned), shuffle, seed)
-        sizes = [planned[i].tar_bytes for i in order]
-        cuts = _plan.cut(sizes, int(options.shard_size))
-        _plan.check_budget(planned, order, cuts, int(options.budget), dest)
-        doc = {
-            "version": _plan.VERSION,
-            "fingerprint": _plan.fingerprint([planned[i] for i in order], options),
-            "source": source,
-            "options": options.content(),
-            "shards": len(cuts),
-        }
-        if (finished := state.claim(doc, r, index_timeout)) is not None:
-            return _finished(result, finished, dest, r, t0)
-        done = state.done()
-        jobs: list[Job] = []
-        for i in _plan.rank_shards(len(cuts), r, world):
-            if i not in done:
-                numbers = [int(order[k]) for k in range(*cuts[i])]
-                samples = [planned[n] for n in numbers]
-                jobs.append((i, numbers, samples, _plan.disk_bytes(samples)))
-        total = sum(len(s) for _, _, s, _ in jobs)
-        log.info(
-            "packing %s into %s: %d samples, %d shards (%d done before; this rank packs %d)",
-            source,
-            dest,
-            len(planned),
-            len(cuts),
-            len(done),
-            len(jobs),
-        )
-        gate = Gate(int(options.budget))
-        with open_work(root, min(int(options.budget), sum(j[3] for j in jobs))) as work:
-            packer = Packer(
-                s5, store, state, work, missing, max(4, options.workers // parallel), shard_done, blocks
-            )
-            entries = run_shards(packer, jobs, gate, parallel)
-        result.peak_staged = gate.peak
-        result.skipped = [k for e in entries for k in e.get("skipped", [])]
-        result.shards = nshards = len(cuts)
-    if r == 0:
-        state.wait_all(nshards, world, index_timeout, lambda: None)
-        entries = state.entries(nshards)
-        result.samples = sum(int(e["nsamples"]) for e in entries)
-        result.skipped = [k for e in entries for k in e.get("skipped", [])]
-        if not from_archive and result.samples + len(result.skipped) != len(
-            planned
-        ):  # checked before it is indexed
-            raise ShardIndexError(
-                f"{dest}: the shards' markers count {result.samples} samples and {len(result.skipped)} left out; "
-                f"the plan has {len(planned)}; no index written"
-            )
-        result.index = state.write_index(entries, source, doc)
-        state.finish()
-    result.seconds = time.monotonic() - t0
-    return result
+    return PackRun(
+        source=source,
+        dest=dest,
+        options=options,
+        store=store,
+        rank=r,
+        world=world,
+        state=DestState(dest, store),
+        s5=S5cmd(access=store, numworkers=max(4, options.workers // parallel)),  # per shard's run
+        parallel=parallel,
+        root=os.path.abspath(staging_dir) if staging_dir else tempfile.gettempdir(),
+        result=PackResult(budget=int(options.budget)),
+        progress=progress,
+    )
 
 
-def _finished(result: PackResult, index: dict[str, Any], dest: str, rank: int, t0: float) -> PackResult:
-    """What a pack over a DEST that holds it finished returns: nothing packed, the index's counts."""
-    log.info("%s holds this pack, finished (%s%s): nothing to do", dest, dest, DEFAULT_INDEX)
-    result.shards = len(index["shardlist"])
-    result.samples = sum(int(e.get("nsamples", 0)) for e in index["shardlist"])
-    result.skipped = list(index[PACK_RECORD].get("skipped", []))
-    result.index = dest + DEFAULT_INDEX if rank == 0 else None
-    result.seconds = time.monotonic() - t0
-    return result
-
-
-def _samples(
-    source: str, dest: str, options: PackOptions, store: Access
-) -> tuple[list[_plan.PlannedSample], str, BlockPlan]:
-    """The samples of a prefix (grouped as ``from_prefix`` groups them) or a manifest, planned,
-    and their blocks (runs that one wildcard line fetches; none for a manifest)."""
-    if source.endswith((".jsonl", ".json")) or not source.startswith("s3://"):
-        ds = S5Dataset.from_manifest(source, access=store, group_by=options.group_by, label=options.label)
-        base = ""
-    else:
-        source = as_folder(source)
-        _plan.check_places(source, dest)
-        ds = S5Dataset.from_prefix(source, access=store, group_by=options.group_by, label=options.label)
-        base = parse_s3_uri(source).key
-    planned = _plan.plan_samples(ds.samples, base)
-    # blocks of at most a quarter of a shard's samples, so that most lie whole in one shard
-    per_shard = int(options.shard_size) * len(planned) // max(1, sum(p.tar_bytes for p in planned))
-    blocks = plan_blocks(ds.samples, max(2, min(BLOCK_SIZE, per_shard // 4)), ds.samples.listing)
-    return planned, base, blocks
-
-
-def main(argv: list[str]) -> int:
-    """``s5loader pack SOURCE DEST [--shard-size SIZE] [--group-by ...] [--shuffle --seed N] ...``."""
+def _parser() -> ArgumentParser:
+    """The arguments of ``s5loader pack``."""
     p = ArgumentParser(
         prog="s5loader pack",
         description="Pack raw objects, a manifest or a split archive into WebDataset tar shards under an "
@@ -324,7 +184,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--staging-dir", help="where local files go (default: the temporary directory)")
     p.add_argument("--index-timeout", type=float, default=3600.0, help="seconds rank 0 waits for other ranks")
     Access.add_arguments(p)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    """``s5loader pack SOURCE DEST [--shard-size SIZE] [--group-by ...] [--shuffle --seed N] ...``."""
+    args = _parser().parse_args(argv)
     bar = Progress(f"packing into {args.dest}", unit="samples", final_line=False)
     try:
         result = pack(

@@ -152,7 +152,8 @@ class Prefetcher:
                 rc = self.proc.poll()
                 if rc is not None:
                     raise DaemonError(
-                        f"the prefetch daemon for {self.source} exited with code {rc} before it ran: {self._log_tail()}"
+                        f"the prefetch daemon for {self.source} exited with code {rc} before it ran: "
+                        f"{self._log_tail()}"
                     )
                 if time.monotonic() > deadline:
                     raise DaemonError(

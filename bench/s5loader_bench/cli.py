@@ -160,7 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
         dest="calls_in_flight",
         type=positive_int,
         default=2,
-        help="S5Sampler calls_in_flight: s5cmd calls running at once (default 2; --buffers is its former name)",
+        help=(
+            "S5Sampler calls_in_flight: s5cmd calls running at once (default 2; --buffers is its former name)"
+        ),
     )
     p.add_argument("--budget", default="2GiB", help="S5Sampler staging budget (default 2GiB)")
     p.add_argument(
@@ -486,9 +488,10 @@ def table_rows(results: list[Figures]) -> list[list[str]]:
 
 def compact_table(results: list[Figures]) -> str:
     """The terminal's default table (:data:`COMPACT_COLUMNS`, plus the price of the requests per
-    million samples when requests were counted) and under it each method's own note (a skip, a failure, fewer workers than
-    asked) and whether samples/s are medians of repeats, wrapped to :data:`COMPACT_WIDTH`. The
-    CPU not attributed to a process and each repeat's samples/s are in the full table."""
+    million samples when requests were counted) and under it each method's own note (a skip, a
+    failure, fewer workers than asked) and whether samples/s are medians of repeats, wrapped to
+    :data:`COMPACT_WIDTH`. The CPU not attributed to a process and each repeat's samples/s are in
+    the full table."""
     counted = any(f.requests_per_sample is not None for f in results)
     header = list(COMPACT_COLUMNS) + (["$/M samples"] if counted else [])
     rows, notes = [header], []
@@ -757,8 +760,8 @@ def main(argv: list[str] | None = None) -> int:
             labels=not args.no_label,
         )
         print(
-            f"wrote {args.generate} samples ({count} objects with the shards, {nbytes / 1e6:.1f} MB of samples) "
-            f"under {args.source} and {shards} in {time.monotonic() - t0:.1f}s"
+            f"wrote {args.generate} samples ({count} objects with the shards, {nbytes / 1e6:.1f} MB of "
+            f"samples) under {args.source} and {shards} in {time.monotonic() - t0:.1f}s"
         )
         return EXIT_OK
     settings = Settings(

@@ -21,10 +21,10 @@ prints ``listening on http://HOST:PORT`` (and writes the port to ``--port-file``
 serves until SIGINT/SIGTERM or, with ``--control``, until stdin closes; with ``--control``
 every line ``counts`` read on stdin is answered with one JSON line of the counts so far on
 stdout, and every line ``stats`` with one JSON line of the counts, the connections accepted so
-far and the most open at once since the last ``stats`` (see :meth:`LatencyProxy.take_stats`). :class:`LatencyProxy` runs it in a thread of another program; :class:`ProxyProcess`
-runs it as a child process (``s5loader bench --count-requests`` / ``--delay-ms``), so that its
-CPU is not the measured program's. This file uses the standard library only and runs as a
-script.
+far and the most open at once since the last ``stats`` (see :meth:`LatencyProxy.take_stats`).
+:class:`LatencyProxy` runs it in a thread of another program; :class:`ProxyProcess` runs it as
+a child process (``s5loader bench --count-requests`` / ``--delay-ms``), so that its CPU is not
+the measured program's. This file uses the standard library only and runs as a script.
 """
 
 from __future__ import annotations
@@ -438,7 +438,8 @@ def _hostport(text: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The arguments of ``proxy.py``."""
     p = argparse.ArgumentParser(prog="proxy.py", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument(
         "--upstream", type=_hostport, required=True, help="HOST:PORT of the server (or an http:// URL)"
@@ -453,8 +454,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--control",
         action="store_true",
-        help="answer each 'counts' line on stdin with the request counts as a JSON line; stop when stdin closes",
+        help=(
+            "answer each 'counts' line on stdin with the request counts as a JSON line; stop when stdin "
+            "closes"
+        ),
     )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
     args = p.parse_args(argv)
     if args.delay_ms < 0:
         p.error(f"--delay-ms must be 0 or more, got {args.delay_ms}")

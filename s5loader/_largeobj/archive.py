@@ -73,47 +73,14 @@ def extract_stream(stream: Any, dest: str, archive: str) -> tuple[int, int]:
         StagingSpaceError: a member does not fit the free space of ``dest``.
         ConfigError: a ``.tar.zst`` archive and no ``zstandard`` module.
     """
-    src: Any = stream
-    mode = "r|*"
-    if is_zstd(archive):
-        try:
-            import zstandard
-        except ImportError as exc:
-            raise ConfigError(
-                f"{archive} is a zstandard archive; install the 'zstandard' module to extract it "
-                "(pip install zstandard)"
-            ) from exc
-        src = zstandard.ZstdDecompressor().stream_reader(stream, read_across_frames=True)
-        mode = "r|"
+    src, mode = _decompressing(stream, archive)
     members = written = 0
-    data_filter = getattr(tarfile, "data_filter", None)
     try:
         with tarfile.open(fileobj=src, mode=mode) as tar:  # type: ignore[call-overload]
             for member in tar:
-                why = _unsafe(member)
-                if why is not None:
-                    raise UnsafeArchiveError(f"{archive}: refusing the member {member.name!r}: {why}")
-                if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
-                    log.warning("%s: skipping %r (not a file, directory or link)", archive, member.name)
-                    continue
-                if member.isfile():
-                    free = free_bytes(dest)
-                    if member.size + MARGIN > free:
-                        raise StagingSpaceError(
-                            f"{archive}: the member {member.name!r} needs {format_size(member.size)}; "
-                            f"{format_size(free)} free in {dest} (after {format_size(written)} extracted)"
-                        )
-                try:
-                    if data_filter is not None:
-                        tar.extract(member, dest, set_attrs=True, filter=data_filter)
-                    else:  # pragma: no cover - Python without extraction filters
-                        tar.extract(member, dest)
-                except _FilterError as exc:  # the data filter's own checks (special modes, ...)
-                    raise UnsafeArchiveError(
-                        f"{archive}: refusing the member {member.name!r}: {exc}"
-                    ) from exc
-                members += 1
-                written += member.size if member.isfile() else 0
+                if _extract_member(tar, member, dest, archive, written):
+                    members += 1
+                    written += member.size if member.isfile() else 0
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise StagingSpaceError(
@@ -123,6 +90,59 @@ def extract_stream(stream: Any, dest: str, archive: str) -> tuple[int, int]:
     except (tarfile.TarError, EOFError, zlib.error) as exc:
         raise FetchError(f"{archive}: not a readable tar archive ({type(exc).__name__}: {exc})") from exc
     return members, written
+
+
+def _decompressing(stream: Any, archive: str) -> tuple[Any, str]:
+    """The stream ``tarfile`` reads and its mode: ``tarfile``'s own decompression (``r|*``), or
+    for a ``.tar.zst`` archive a zstandard reader over ``stream`` (read across its frames).
+
+    Raises:
+        ConfigError: a ``.tar.zst`` archive and no ``zstandard`` module.
+    """
+    if not is_zstd(archive):
+        return stream, "r|*"
+    try:
+        import zstandard
+    except ImportError as exc:
+        raise ConfigError(
+            f"{archive} is a zstandard archive; install the 'zstandard' module to extract it "
+            "(pip install zstandard)"
+        ) from exc
+    return zstandard.ZstdDecompressor().stream_reader(stream, read_across_frames=True), "r|"
+
+
+def _extract_member(
+    tar: tarfile.TarFile, member: tarfile.TarInfo, dest: str, archive: str, written: int
+) -> bool:
+    """Extract one member into ``dest`` (with the data filter where Python has it); False for a
+    member that is no file, directory or link, which is skipped with a warning.
+
+    Raises:
+        UnsafeArchiveError: the member's path or link leaves ``dest``, or the filter refuses it.
+        StagingSpaceError: a file larger than the free space of ``dest``.
+    """
+    why = _unsafe(member)
+    if why is not None:
+        raise UnsafeArchiveError(f"{archive}: refusing the member {member.name!r}: {why}")
+    if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
+        log.warning("%s: skipping %r (not a file, directory or link)", archive, member.name)
+        return False
+    if member.isfile():
+        free = free_bytes(dest)
+        if member.size + MARGIN > free:
+            raise StagingSpaceError(
+                f"{archive}: the member {member.name!r} needs {format_size(member.size)}; "
+                f"{format_size(free)} free in {dest} (after {format_size(written)} extracted)"
+            )
+    data_filter = getattr(tarfile, "data_filter", None)
+    try:
+        if data_filter is not None:
+            tar.extract(member, dest, set_attrs=True, filter=data_filter)
+        else:  # pragma: no cover - Python without extraction filters
+            tar.extract(member, dest)
+    except _FilterError as exc:  # the data filter's own checks (special modes, ...)
+        raise UnsafeArchiveError(f"{archive}: refusing the member {member.name!r}: {exc}") from exc
+    return True
 
 
 def merge_into(src: str, dest: str) -> None:

@@ -53,12 +53,12 @@ def _unsigned_parts(params: Any, context: dict[str, Any], **kwargs: Any) -> None
 
 def transfer_client(access: Access | str | None) -> Any:
     """The boto3 client of this process for large transfers over ``access``: the settings of
-    :meth:`Access.boto3_client`, except that the bodies of ``UploadPart`` and ``PutObject``
-    are neither hashed into the signature nor checksummed. botocore would otherwise read
-    every byte twice in this process (SHA-256 for the signature over plain http, CRC32 for
-    the checksum; each about 0.3 GB/s on a busy 2-core VM), which is more CPU than sending
-    it. Over https TLS protects the bytes, as it does for s5cmd's and boto3's own unsigned
-    uploads; over plain http (a store on the local network) nothing beyond TCP does."""
+    :meth:`Access.boto3_client`, except that the bodies of ``UploadPart`` and ``PutObject`` are
+    neither hashed into the signature nor checksummed. botocore would otherwise read every byte
+    twice in this process (SHA-256 for the signature over plain http, CRC32 for the checksum),
+    each pass costing more CPU than sending the bytes. Over https TLS protects the bytes, as it
+    does for s5cmd's and boto3's own unsigned uploads; over plain http (a store on the local
+    network) nothing beyond TCP does."""
     a = Access.coerce(access)
     key = (os.getpid(), a)  # a forked child makes its own
     with _CLIENTS_LOCK:

@@ -39,7 +39,7 @@ COPY_OUTSIDE_GIL = 1024**2  # copies at least this large go through torch, witho
 def anonymous_buffer(size: int) -> memoryview:
     """``size`` bytes of private anonymous memory; its pages are zeroed by the kernel when first
     written (by the threads that write them), where ``bytearray(size)`` writes every byte in the
-    calling thread first (0.45 s for 1 GiB on a 2-core VM)."""
+    calling thread before the first part can be read into it."""
     if size <= 0:
         return memoryview(bytearray(0))
     return memoryview(mmap.mmap(-1, size))
@@ -265,7 +265,7 @@ def _copy(out: memoryview, buf: memoryview, pos: int, n: int) -> None:
     """``out[:n] = buf[pos:pos + n]``. A large copy (a tensor's record) goes through torch where
     torch is loaded: its ``copy_`` releases the GIL, so the threads receiving the other parts
     keep reading meanwhile (a memoryview assignment holds the GIL for the whole record), and it
-    splits the copy over torch's threads: 6-10% off a 1 GiB load on a 2-core VM."""
+    splits the copy over torch's threads."""
     torch: Any = sys.modules.get("torch")
     if n < COPY_OUTSIDE_GIL or torch is None or out.readonly or buf.readonly:
         out[:n] = buf[pos : pos + n]

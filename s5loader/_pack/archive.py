@@ -161,8 +161,8 @@ class ArchivePacker:
             raise BudgetError(
                 f"{self.archive}: its member {member.name!r} ({format_size(member.size)}) makes "
                 f"{self.packer.shard_uri(shard)} take {format_size(need, exact=True)} of local disk, more "
-                f"than the {format_size(self.gate.budget)} that half the budget holds for shards; a sample is "
-                f"never split: pass a budget of at least {format_size(2 * need, exact=True)}"
+                f"than the {format_size(self.gate.budget)} that half the budget holds for shards; a sample "
+                f"is never split: pass a budget of at least {format_size(2 * need, exact=True)}"
             )
         if not self.gate.acquire(need - self._held, lambda: bool(self._errors)):
             raise self._errors[0]

@@ -174,7 +174,8 @@ def plan_samples(samples: Iterable[Sample], base: str) -> list[PlannedSample]:
         first = s.fields[0].uri if s.fields else key
         if key in seen:
             raise ConfigError(
-                f"{first}: its sample key {key!r} is also the key of {seen[key]}; shards need one sample per key"
+                f"{first}: its sample key {key!r} is also the key of {seen[key]}; "
+                "shards need one sample per key"
             )
         seen[key] = first
         members = [Member(check_member(key, f.name, f.uri), f.uri, f.size, f.etag) for f in s.fields]
@@ -254,16 +255,16 @@ def check_budget(
         s = planned[big]
         first = next((m.uri for m in s.members if m.uri), s.key)
         raise BudgetError(
-            f"{first}: its sample {s.key!r} takes {_size(need)} of local disk to pack (its tar and its largest "
-            f"object once more, while it is copied in), more than the budget of {_size(budget)}; a sample is "
-            f"never split: pass a budget of at least {format_size(need, exact=True)}"
+            f"{first}: its sample {s.key!r} takes {_size(need)} of local disk to pack (its tar and its "
+            f"largest object once more, while it is copied in), more than the budget of {_size(budget)}; a "
+            f"sample is never split: pass a budget of at least {format_size(need, exact=True)}"
         )
     needs = [disk_bytes([planned[order[k]] for k in range(a, b)]) for a, b in cuts]
     worst = max(range(len(needs)), key=needs.__getitem__, default=None)
     if worst is not None and needs[worst] > budget:
         raise BudgetError(
-            f"{dest}{SHARD_NAME.format(worst)} takes {_size(needs[worst])} of local disk to build (its tar and "
-            f"its largest object once more), more than the budget of {_size(budget)}: pass a smaller "
+            f"{dest}{SHARD_NAME.format(worst)} takes {_size(needs[worst])} of local disk to build (its tar "
+            f"and its largest object once more), more than the budget of {_size(budget)}: pass a smaller "
             f"--shard-size (shard_size) or a budget of at least {format_size(needs[worst], exact=True)}"
         )
 

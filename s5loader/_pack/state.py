@@ -200,7 +200,8 @@ class DestState:
                 ranks = ", ".join(map(str, ranks_of(missing, world)))
                 raise ShardIndexError(
                     f"waited {timeout:g}s for the shards of rank(s) {ranks} under {self.dest} "
-                    f"({len(missing)} of {nshards} shards missing, such as {SHARD_NAME.format(min(missing))}); "
+                    f"({len(missing)} of {nshards} shards missing, "
+                    f"such as {SHARD_NAME.format(min(missing))}); "
                     "run the pack again with the same arguments to finish them"
                 )
             stop()

@@ -79,8 +79,9 @@ def open_work(root: str, need: int = 0) -> Iterator[FetchWork]:
         free = free_bytes(folder)
         if need and need + margin(need) > free:
             raise StagingSpaceError(
-                f"packing through {folder} needs {format_size(need)} of local disk (the budget, or the shards "
-                f"if less); {format_size(free)} free there: pass a smaller budget or another staging_dir"
+                f"packing through {folder} needs {format_size(need)} of local disk (the budget, or the "
+                f"shards if less); {format_size(free)} free there: pass a smaller budget or another "
+                "staging_dir"
             )
         yield work
     finally:

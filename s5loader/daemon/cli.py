@@ -85,6 +85,8 @@ class _DefaultsHelp(argparse.HelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The arguments of ``s5loader prefetch``: the source, the cache, the order and the staging
+    options the daemon takes, and how to reach the store."""
     p = ArgumentParser(
         prog="s5loader prefetch",
         formatter_class=_DefaultsHelp,
@@ -119,7 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=False,
         type=_shuffle_arg,
         metavar="block",
-        help="a seeded permutation per epoch; '--shuffle block' permutes blocks of samples that share a key prefix",
+        help=(
+            "a seeded permutation per epoch; '--shuffle block' permutes blocks of samples that share a key "
+            "prefix"
+        ),
     )
     p.add_argument("--seed", type=int, default=0, help="the permutation's seed")
     p.add_argument("--epochs", type=positive_int, default=1, help="passes over the source")
@@ -131,9 +136,14 @@ def build_parser() -> argparse.ArgumentParser:
         exclude=NOT_DAEMON,
         required=("budget",),
         help={
-            "budget": "most bytes in the cache: samples delivered and not yet consumed, and those being fetched (e.g. 2GiB)",
-            "epoch_cache": "bytes of samples kept from one epoch for the next, beside --budget (e.g. 8GiB): read locally, "
-            "not fetched again",
+            "budget": (
+                "most bytes in the cache: samples delivered and not yet consumed, and those being fetched "
+                "(e.g. 2GiB)"
+            ),
+            "epoch_cache": (
+                "bytes of samples kept from one epoch for the next, beside --budget (e.g. 8GiB): read "
+                "locally, not fetched again"
+            ),
         },
     )
     p.add_argument("--fresh", action="store_true", help="discard the cache's samples and progress first")
@@ -232,7 +242,10 @@ def status(argv: list[str]) -> int:
         "--grace",
         type=_seconds,
         default=0.0,
-        help="seconds to wait for a daemon to take the cache before saying that it failed or is gone (default: 0)",
+        help=(
+            "seconds to wait for a daemon to take the cache before saying that it failed or is gone "
+            "(default: 0)"
+        ),
     )
     args = p.parse_args(argv)
     deadline = time.monotonic() + args.grace

@@ -95,27 +95,7 @@ class PrefetchDaemon:
         # as the sampler's window (a block order's, or the shards a shard order keeps open); a
         # restart keeps the saved one, whatever its budget
         room, window, punch, counts = lift_layout(ds, staging, opts.shuffle, opts.epochs, staging_root)
-        state = DaemonState(
-            opts.source,
-            "shards" if opts.shards else opts.group_by,
-            opts.shuffle,
-            opts.seed,
-            opts.epochs,
-            len(ds),
-            units_of(ds).fingerprint(),
-            run=secrets.token_hex(8),
-            block_size=staging.block_size if opts.shuffle == "block" else None,
-            window=window,
-        )
-        if old is not None:
-            diff = old.differences(state)
-            if diff:
-                raise DaemonError(
-                    f"the cache {self.cache} holds the progress of another run ({'; '.join(diff)}); "
-                    "use the same arguments to continue it, another --cache, or --fresh to start over"
-                )
-            state = old
-            state.run = state.run or secrets.token_hex(8)  # a state from before runs were named
+        state = _run_state(opts, ds, window, old, self.cache)
         self._state = state
         self._total = len(ds) * opts.epochs
         recover_pending(state, self._state_path)
@@ -314,6 +294,39 @@ class PrefetchDaemon:
         if isinstance(exc, Exception):
             self.fail(exc)
         self.close()
+
+
+def _run_state(
+    opts: PrefetchOptions, ds: S5Dataset, window: int, old: DaemonState | None, cache: str
+) -> DaemonState:
+    """The state of this run: the last run's (``old``) where it was made with the same
+    arguments, so the run continues it, else a fresh one.
+
+    Raises:
+        DaemonError: ``old`` belongs to a run with other arguments; names the differences.
+    """
+    state = DaemonState(
+        opts.source,
+        "shards" if opts.shards else opts.group_by,
+        opts.shuffle,
+        opts.seed,
+        opts.epochs,
+        len(ds),
+        units_of(ds).fingerprint(),
+        run=secrets.token_hex(8),
+        block_size=opts.staging.block_size if opts.shuffle == "block" else None,
+        window=window,
+    )
+    if old is None:
+        return state
+    diff = old.differences(state)
+    if diff:
+        raise DaemonError(
+            f"the cache {cache} holds the progress of another run ({'; '.join(diff)}); "
+            "use the same arguments to continue it, another --cache, or --fresh to start over"
+        )
+    old.run = old.run or secrets.token_hex(8)  # a state from before runs were named
+    return old
 
 
 def _dataset(opts: PrefetchOptions) -> S5Dataset:

@@ -65,9 +65,9 @@ def environment(access: Access) -> dict[str, str]:
         env["AWS_REGION"] = region
     elif not env.get("AWS_REGION"):
         env["AWS_REGION"] = env.get("AWS_DEFAULT_REGION") or "us-east-1"
-    # Go's collector at GOGC=400 with a soft 512 MiB ceiling: measured here 11-17% less
-    # s5cmd CPU per object in every line shape, at about 2x its peak RSS (117-188 MiB);
-    # see docs/s5cmd-head.md. The user's own settings win.
+    # Go's collector at GOGC=400 with a soft 512 MiB ceiling: s5cmd spends less CPU per object
+    # in every line shape, for a larger peak RSS (the figures are in docs/bench.md, "s5cmd's own
+    # costs per object"). The user's own settings win.
     env.setdefault("GOGC", "400")
     env.setdefault("GOMEMLIMIT", "512MiB")
     return env

@@ -11,7 +11,7 @@ import pytest
 from s5loader import Access, S5Dataset, S5Sampler, StagingOptions
 from s5loader._index.sample import Field, Sample
 from s5loader._s3api.client import s3_client
-from s5loader.daemon import build_parser, options_from_args
+from s5loader.daemon import PrefetchOptions, build_parser, options_from_args
 from s5loader.exceptions import ConfigError
 from s5loader.s5cmd import S5cmd
 
@@ -299,3 +299,17 @@ def test_access_to_args_round_trips_and_reaches_the_prefetcher(tmp_path: Path) -
         Prefetcher("s3://b/p/", cache=tmp_path / "c", budget=1000, retires=2)
     with pytest.raises(ConfigError, match="shuffle"):
         Prefetcher("s3://b/p/", cache=tmp_path / "c", budget=1000, shuffle="blocks")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"retries": -1}, "retries must be an int >= 0"),
+        ({"stall_timeout": 0}, "stall_timeout must be a positive"),
+        ({"calls_in_flight": 0}, "calls_in_flight must be a positive int"),
+        ({"on_error": "ignore"}, "on_error must be one of"),
+    ],
+)
+def test_staging_options_checked_as_the_samplers(tmp_path: Path, change: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        PrefetchOptions.of("s3://b/p/", str(tmp_path), 10**6, **change)

@@ -1,5 +1,6 @@
 """``bench/s5cmd_costs.py``: its settings grammar, the command lines it writes (the very lines
-s5loader writes), its aggregation. The short real run against SeaweedFS is in ``tests/test_s5cmd_costs_run.py``."""
+s5loader writes), its aggregation. A short real run against SeaweedFS is in
+``tests/test_s5cmd_costs_run.py``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
 """``s5loader prefetch`` end to end: the daemon runs as a subprocess exactly as a user runs it,
 against the real s5cmd and a real local S3 server; consumers run in other processes (Python's
-``consume`` and a shell loop with ``ls``, ``head`` and ``rm``)."""
+``consume`` and a shell loop with ``ls``, ``head`` and ``rm``).
+
+Private modules (``s5loader._sampling``, ``s5loader.daemon``) are imported only where they are
+the seam under test; the rest goes through the public API."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from support.stores import Peak, Store, make_pairs
+from support.waits import wait_for
 
 from s5loader._sampling.order import Order
 from s5loader.consume import END_MARKER, consume, ready_names
@@ -113,14 +117,6 @@ def cache_bytes(cache: Path) -> int:
     folders (claimed or not) and ``.staging``, not the lock, state and key files; a lower bound
     of the bytes at the end of the look (see :func:`s5loader.handover.sample_bytes`)."""
     return sample_bytes(cache)
-
-
-def wait_for(cond, timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def state(cache: Path) -> dict:

@@ -1,4 +1,7 @@
-"""The prefetch daemon takes the sampler's staging options, with the same names and checks."""
+"""The prefetch daemon takes the sampler's staging options, with the same names and checks.
+
+A private module (``s5loader.daemon``) is imported only where it is the seam under test; the
+rest goes through the public API."""
 
 from __future__ import annotations
 

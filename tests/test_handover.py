@@ -1,5 +1,8 @@
 """The daemon's hand-over: `prefetch --fresh` on a finished cache with a consumer started at
-once, the crash-safe shell consumer of docs/daemon.md, the restart message, the help text."""
+once, the crash-safe shell consumer of docs/daemon.md, the restart message, the help text.
+
+A private module (``s5loader.daemon``) is imported only where it is the seam under test; the
+rest goes through the public API."""
 
 from __future__ import annotations
 
@@ -10,11 +13,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from support.stores import Store, make_pairs
+from support.waits import wait_for
 
 from s5loader.consume import END_MARKER, consume, ready_names
 from s5loader.daemon import build_parser
@@ -79,9 +82,12 @@ def test_fresh_with_a_consumer_started_at_once(seaweed: Store, tmp_path: Path) -
         cwd=ROOT,
         env=dict(os.environ),
     )
-    while not (out.exists() and out.read_text()):  # the consumer is up and looking
-        assert consumer.poll() is None
-        time.sleep(0.02)
+
+    def consumer_up() -> bool:  # the consumer is up and looking
+        assert consumer.poll() is None, "the consumer exited"
+        return out.exists() and bool(out.read_text())
+
+    wait_for(consumer_up, 60, "the consumer to start")
     daemon = run_daemon(
         daemon_argv(seaweed, cache, 3 * PAIR, "--samples-per-call", "2", "--fresh"), tmp_path / "d.log"
     )

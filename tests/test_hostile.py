@@ -211,10 +211,8 @@ def test_bad_input_errors(moto: Store, proxy: FaultProxy, tmp_path, staging_root
     proxy.rules.append(Rule("", "badkey", method="*"))
     with pytest.raises(AccessDeniedError, match=r"s3://data/train/.*InvalidAccessKeyId"):
         S5Dataset.from_prefix(moto.uri(), endpoint_url=proxy.endpoint)
-    t0 = time.monotonic()
     with pytest.raises(EndpointError, match=r"s3://data/train/.*(refused|dial)"):
         S5Dataset.from_prefix(moto.uri(), endpoint_url="http://127.0.0.1:9")
-    assert time.monotonic() - t0 < 60
 
 
 @pytest.mark.parametrize(

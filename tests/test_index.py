@@ -1,5 +1,8 @@
 """The compact sample index: the same samples as the straightforward model, saved and loaded,
-listed with retries, and listed once per torchrun job."""
+listed with retries, and listed once per torchrun job.
+
+Private modules (``s5loader._index``, ``s5loader.s5cmd``) are imported only where they are the
+seam under test; the rest goes through the public API."""
 
 from __future__ import annotations
 
@@ -20,13 +23,13 @@ from support.reference_index import group as reference_group
 from support.stores import Store, free_port, make_pairs
 from torch.utils.data import DataLoader
 
-from s5loader import FetchError, IndexFileError, ManifestError, S5Dataset, S5Sampler
+from s5loader import FetchError, IndexFileError, ManifestError, S5Dataset, S5Sampler, find_s5cmd
 from s5loader._index.compact import SampleIndex
 from s5loader._index.listing import group
 from s5loader._index.sample import GROUP_BY, Sample
 from s5loader._index.saved import MAGIC, dumps, loads
 from s5loader.exceptions import ConfigError
-from s5loader.s5cmd import ObjectInfo, find_s5cmd
+from s5loader.s5cmd import ObjectInfo
 
 MD5 = "0123456789abcdef0123456789abcdef"
 PARTS = ["a", "b", "a.b", "a-b", "x.y.z", "_", "é", "0", "a.", ".b", "."]
@@ -238,7 +241,8 @@ echo "$*" >> {log}
 case " $* " in *" ls "*)
   n=$(grep -c ' ls ' {log})
   if [ "$n" -le {fail_first} ]; then
-    echo '{{"operation":"ls","error":"RequestError: send request failed: read: connection reset by peer"}}' >&2
+    err="RequestError: send request failed: read: connection reset by peer"
+    echo "{{\"operation\":\"ls\",\"error\":\"$err\"}}" >&2
     exit 1
   fi;;
 esac

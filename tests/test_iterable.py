@@ -1,5 +1,8 @@
 """S5IterableDataset: every sample once per epoch, equal counts per rank, the order, exact
-resume through StatefulDataLoader, the byte budget; real s5cmd against local S3 servers."""
+resume through StatefulDataLoader, the byte budget; real s5cmd against local S3 servers.
+
+Private modules (``s5loader._index``, ``s5loader._sampling``) are imported only where they are
+the seam under test; the rest goes through the public API."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from support.stores import Peak, Store, make_pairs, staged_bytes
+from support.stores import Peak, Store, make_pairs, only_folder, staged_bytes
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -137,7 +140,7 @@ def test_bad_options_and_states_are_config_and_state_errors(staging_root: str) -
             match="saved mid-epoch by rank 0 of 2, worker 0 of 1, chunk 1 cannot resume rank 0 of 1",
         ):
             iter(it)
-        area = it._area.path
+        area = only_folder(staging_root)  # the dataset's staging directory
         assert os.path.isdir(area)
     assert not os.path.exists(area)
 
@@ -264,7 +267,7 @@ def test_a_rank_stages_once_in_one_folder_within_its_whole_budget(seaweed: Store
     folders: set[str] = set()
 
     with S5IterableDataset(ds, budget=budget, samples_per_call=10, staging_dir=staging_root) as it:
-        area = it._area.path
+        area = only_folder(staging_root)
 
         def look() -> int:
             folders.update(n for n in os.listdir(area) if not n.startswith("."))

@@ -1,28 +1,22 @@
 """Live metrics: ``S5Sampler.metrics()`` and the daemon's ``--json-log`` give figures that match
-a run whose numbers are known."""
+a run whose numbers are known.
+
+Private modules (``s5loader.daemon``, ``s5loader.engine``) are imported only where they are the
+seam under test; the rest goes through the public API."""
 
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from support.faults import FaultProxy, Rule
 from support.stores import Store
+from support.waits import wait_for
 
 from s5loader import S5Dataset, S5Sampler
 from s5loader.engine.metrics import RATE_WINDOW_S, Metrics, Throughput
 
 SIZE = 1000  # bytes per sample: one object each
-
-
-def wait_for(predicate, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 # -- pure logic -----------------------------------------------------------------------------
@@ -108,8 +102,10 @@ def test_sampler_metrics_match_a_known_run(moto: Store, staging_root: str) -> No
                 assert 0 <= m.ready_ahead <= 3  # the sample handed out holds the fourth slot
                 if n == 0:
                     # the engine fills the budget ahead of the loader, then waits for a release
-                    assert wait_for(
-                        lambda: sampler.metrics().ready_ahead == 3 and sampler.metrics().calls_in_flight == 0
+                    wait_for(
+                        lambda: sampler.metrics().ready_ahead == 3 and sampler.metrics().calls_in_flight == 0,
+                        what="the budget filled ahead of the loader",
+                        interval=0.005,
                     )
                     m = sampler.metrics()
                     assert (m.position, m.staged_bytes, m.objects_in_flight, m.fetched_units) == (

@@ -1,7 +1,10 @@
 """The staging contract: one layout both sides use, and releases that reach the engine as
 events (the pass's FIFO), with the folder check left only as a slow safety net.
 
-The end-to-end tests run the real s5cmd against a real local S3 server."""
+The end-to-end tests run the real s5cmd against a real local S3 server.
+
+Private modules (``s5loader.engine``, ``s5loader.staging``) are imported only where they are the
+seam under test; the rest goes through the public API."""
 
 from __future__ import annotations
 

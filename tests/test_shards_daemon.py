@@ -1,6 +1,9 @@
 """The prefetch daemon over tar shards against local S3 servers: samples delivered as folders
 within the budget, a cut mid-shard continued, member names kept as bytes, gzip shards
-unpacked."""
+unpacked.
+
+Private modules (``s5loader._sampling``, ``s5loader._util``, ``s5loader.daemon``) are imported
+only where they are the seam under test; the rest goes through the public API."""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
 """Bad tar shards and bad sources against local S3 servers: damaged, hostile, missing and
 miscounted shards, indexes other tools write, sources that name no shard, decode errors,
-gzip shard errors. Each error names the shard's s3:// URI."""
+gzip shard errors. Each error names the shard's s3:// URI.
+
+A private module (``s5loader._shards``) is imported only where it is the seam under test; the
+rest goes through the public API."""
 
 from __future__ import annotations
 
@@ -31,9 +34,9 @@ from s5loader import (
     ShardIndexError,
     UnsafeArchiveError,
 )
-from s5loader._shards import index as _shards
 from s5loader._shards import indexing as _indexing
 from s5loader._shards import tar as _tar
+from s5loader.cli import main as cli_main
 
 
 def test_a_sparse_member_is_refused(tmp_path) -> None:
@@ -76,15 +79,9 @@ def test_bad_shards_raise_naming_them_or_are_skipped(moto: Store, staging_root: 
         got = load_all(ds, s, workers=0)
         assert sorted(x["__key__"] for x in got) == sorted(expected)[:3]
         assert moto.uri("shard-001.tar") in s.stats.skipped  # type: ignore[union-attr]
-    # an index that disagrees with its shard
-    moto.put(
-        {
-            "wids.json": _shards.format_index(
-                [_shards.Shard(moto.uri("shard-000.tar"), len(good["shard-000.tar"]), "", 4)],
-                moto.uri("wids.json"),
-            )
-        }
-    )
+    # an index that disagrees with its shard (written as any tool writes the wids format)
+    listed = [{"url": "shard-000.tar", "nsamples": 4, "filesize": len(good["shard-000.tar"])}]
+    moto.put({"wids.json": json.dumps({"wids_version": 1, "shardlist": listed}).encode()})
     ds = S5Dataset.from_shards([moto.uri("shard-000.tar")], endpoint_url=moto.endpoint)
     with S5Sampler(ds, shuffle=False, budget=100_000, staging_dir=staging_root) as s:
         with pytest.raises(ShardError, match=r"shard-000.tar holds 3 samples.*says 4"):
@@ -199,7 +196,7 @@ def test_decode_and_the_direct_read_without_a_sampler(moto: Store) -> None:
     assert by_key["train/shard-000"]["tar"] == shards["shard-000.tar"]
     # a field that is not what its extension says names the field, the key and its URI
     moto.put({"bad/shard-000.tar": tar_of([("x.json", b"{nope")]), "rawbad/y.json": b"{nope"})
-    _indexing.build_index(moto.uri("bad/"), moto.endpoint)
+    assert cli_main(["index-shards", moto.uri("bad/"), "--endpoint-url", moto.endpoint]) == 0
     with pytest.raises(
         DecodeError, match=r"s3://\S+/bad/shard-000.tar: field 'json' of sample 'x' cannot be decoded"
     ):

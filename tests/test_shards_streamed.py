@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from support.shards import leftovers, load_all, make_shards, put_indexed, put_indexed_with
 from support.stores import Store
+from support.waits import stays_false
 from torch.utils.data import DataLoader
 
 from s5loader import S5Dataset, S5Sampler, ShardError
@@ -53,7 +54,6 @@ def test_the_engine_starts_once_the_streamed_first_shard_gave_a_sample(
     # The other shards' calls do not share the link with the first shard before its first
     # sample is here: while its GET gets no answer, nothing else is requested.
     import threading
-    import time
 
     from support.faults import FaultProxy, Rule
 
@@ -69,8 +69,12 @@ def test_the_engine_starts_once_the_streamed_first_shard_gave_a_sample(
             first: list[int] = []
             t = threading.Thread(target=lambda: first.append(next(it)))
             t.start()
-            time.sleep(1.5)
-            before = [p for _, p, _ in proxy.requests if "shard-000.tar" not in p and ".tar" in p]
+            assert proxy.wait_held("shard-000.tar", 1, 30), "the streamed shard was never requested"
+            stays_false(
+                lambda: [p for _, p, _ in proxy.requests if "shard-000.tar" not in p and ".tar" in p],
+                1.5,
+                "another shard was requested before the streamed one gave a sample",
+            )
             proxy.release.set()
             t.join(30)
             rest = list(it)
@@ -78,7 +82,6 @@ def test_the_engine_starts_once_the_streamed_first_shard_gave_a_sample(
     finally:
         guard.cancel()
         proxy.close()
-    assert before == []  # the engine waited for the streamed shard's first sample
     assert sorted(keys) == sorted(expected)  # then every sample once
 
 

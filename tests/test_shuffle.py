@@ -1,5 +1,8 @@
 """shuffle="block": windows of whole blocks sized by the budget, their determinism,
-completeness and resume, the quality figure, and the engine's calls of whole windows."""
+completeness and resume, the quality figure, and the engine's calls of whole windows.
+
+A private module (``s5loader.engine``) is imported only where it is the seam under test; the
+rest goes through the public API."""
 
 from __future__ import annotations
 

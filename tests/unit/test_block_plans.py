@@ -1,5 +1,8 @@
 """Blocks without a server: samples that share a key prefix are planned as one wildcard line,
-which never covers the objects of another sample."""
+which never covers the objects of another sample.
+
+Private modules (``s5loader._index``) are imported on purpose: their own behaviour is what these
+tests check."""
 
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ def test_block_never_covers_objects_of_other_samples() -> None:
     # "a1" and "a10" share the prefix "train/a1": a block "train/a1*" would also match a10's
     keys = ["train/a1", "train/a10", "train/a11", "train/b"]
     layout = plan_blocks(samples_of(keys), 2, listing_of(samples_of(keys)))
+    assert layout.blocks  # else the loop below checks nothing
     for blk in layout.blocks:
         prefix = blk.prefix
         covered = [k for k in keys for f in ("image", "label") if f"{k}.{f}".startswith(prefix)]

@@ -1,5 +1,8 @@
 """shuffle="block" without a server: windows of whole blocks sized by the budget, their
-determinism, completeness and resume, and the quality figure."""
+determinism, completeness and resume, and the quality figure.
+
+Private modules (``s5loader._sampling``) are imported on purpose: their own behaviour is what
+these tests check."""
 
 from __future__ import annotations
 

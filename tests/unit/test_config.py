@@ -1,5 +1,8 @@
 """The options objects (fast tier: no server): StagingOptions and Access are checked once,
-with messages that say what to change; the renamed sampler keywords; the daemon's flags."""
+with messages that say what to change; the renamed sampler keywords; the daemon's flags.
+
+Private modules (``s5loader._index``, ``s5loader._s3api``, ``s5loader.daemon``, ``s5loader.s5cmd``)
+are imported on purpose: their own behaviour is what these tests check."""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """How a large object is cut into parts (checkpoints, dcp, fetch): sizes from the object's size,
-S3's limits kept, the caller's choice kept, a streamed upload that outgrows its estimate."""
+S3's limits kept, the caller's choice kept, a streamed upload that outgrows its estimate.
+
+Private modules (``s5loader._largeobj``) are imported on purpose: their own behaviour is what
+these tests check."""
 
 from __future__ import annotations
 

@@ -1,5 +1,9 @@
 """Unit and property tests: sizes, URIs, grouping, s5cmd command lines, the order across ranks
-and after an elastic resume, finding and configuring s5cmd, a file's footprint on disk."""
+and after an elastic resume, finding and configuring s5cmd, a file's footprint on disk.
+
+Private modules (``s5loader._index``, ``s5loader._sampling``, ``s5loader._util``,
+``s5loader.s5cmd``, ``s5loader.staging``) are imported on purpose: their own behaviour is what
+these tests check."""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """The staging contract without a server: one layout both sides use, and releases announced
-as events through the FIFO of the pass."""
+as events through the FIFO of the pass.
+
+Private modules (``s5loader._index``, ``s5loader.staging``) are imported on purpose: their own
+behaviour is what these tests check."""
 
 from __future__ import annotations
 
@@ -38,3 +41,4 @@ def test_layout_paths_and_release_announce_the_index(tmp_path) -> None:
 def test_release_without_fifo_is_silent(tmp_path) -> None:
     layout = StagingLayout(str(tmp_path / "gone"))
     layout.release(3, [f"{tmp_path}/gone/3/data"])  # neither folder nor FIFO: nothing to do
+    assert os.listdir(tmp_path) == []  # and nothing made: no folder, no FIFO

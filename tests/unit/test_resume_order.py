@@ -1,6 +1,9 @@
 """Resume without a server: the order promise (identical to
 ``torch.utils.data.DistributedSampler``), positions and resume arithmetic, and a staged index
-that survives pickling."""
+that survives pickling.
+
+Private modules (``s5loader._sampling``) are imported on purpose: their own behaviour is what
+these tests check."""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
 """``bench/s5cmd_costs.py``: its settings grammar, the command lines it writes (the very lines
 s5loader writes), its aggregation. A short real run against SeaweedFS is in
-``tests/test_s5cmd_costs_run.py``."""
+``tests/test_s5cmd_costs_run.py``.
+
+Private modules (``s5loader.s5cmd``) are imported on purpose: their own behaviour is what these
+tests check."""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """s5cmd's words for missing credentials and a missing bucket (as s5cmd 2.3 prints them) become
-messages that say what is wrong and what to check, with the URI; boto3's errors say the same."""
+messages that say what is wrong and what to check, with the URI; boto3's errors say the same.
+
+Private modules (``s5loader._s3api``, ``s5loader.s5cmd``) are imported on purpose: their own
+behaviour is what these tests check."""
 
 from __future__ import annotations
 

@@ -11,7 +11,6 @@ import contextlib
 import logging
 import os
 import random
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -37,10 +36,9 @@ from test_daemon import (
     state,
 )
 
-import s5loader.daemon.state as daemon_state
 from s5loader import find_s5cmd
 from s5loader.consume import ready_names
-from s5loader.daemon import LOCK_FILE, STAGING_DIR, PrefetchDaemon, PrefetchOptions, sample_folder_name
+from s5loader.daemon import LOCK_FILE, STAGING_DIR, PrefetchDaemon, PrefetchOptions
 from s5loader.daemon.state import Ledger
 
 
@@ -65,38 +63,6 @@ def test_stem_over_folder_per_sample_data_warns_with_the_cli_flag(
 
 
 # -- 2. an idle daemon ---------------------------------------------------------------------------
-def test_ledger_looks_at_an_unchanged_cache_without_listing_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The engine asks about every delivered sample several times a second while the cache is
-    full: an unchanged cache costs a stat, not a listing of thousands of folders."""
-    monkeypatch.setattr(
-        daemon_state, "_MTIME_MARGIN_NS", 0, raising=False
-    )  # no waiting for coarse timestamps
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    ledger = Ledger(str(cache))
-    for seq in range(2000):
-        name = sample_folder_name(seq, f"train/{seq}")
-        (cache / name).mkdir()
-        ledger.add(seq, name, 100)
-    listed: list[str] = []
-    real_listdir = os.listdir
-
-    def listdir(path: str = ".") -> list[str]:
-        if os.fspath(path) == str(cache):
-            listed.append(os.fspath(path))
-        return real_listdir(path)
-
-    monkeypatch.setattr(os, "listdir", listdir)
-    time.sleep(0.05)  # the folders' last change is older than the first listing
-    for _ in range(100):
-        ledger.refresh(force=True)
-        assert not any(ledger.is_released(seq) for seq in range(0, 2000, 50))
-    assert len(listed) <= 2, f"{len(listed)} listings of an unchanged cache"
-    shutil.rmtree(cache / sample_folder_name(7, "train/7"))  # consumed
-    ledger.refresh(force=True)
-    assert ledger.is_released(7) and not ledger.is_released(8) and ledger.count == 1999
 
 
 @contextlib.contextmanager

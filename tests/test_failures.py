@@ -26,24 +26,6 @@ def proxy(moto: Store):
     p.close()
 
 
-def test_failure_line_is_matched_by_its_destination() -> None:
-    from s5loader.s5cmd import parse_line, partial_of, reported_destinations
-
-    # the shape s5cmd v2.3 prints for a failing cp --raw line and for one object of a wildcard
-    line = b'{"operation":"cp","command":"cp s3://b/a b.bin /stage dir/.c1/.r/3.0","error":"AccessDenied: x"}'
-    r = parse_line(line)
-    assert r is not None and not r.ok and r.error == "AccessDenied: x"
-    assert list(reported_destinations(r.command)) == [
-        "s3://b/a b.bin /stage dir/.c1/.r/3.0",
-        "b.bin /stage dir/.c1/.r/3.0",
-        "/stage dir/.c1/.r/3.0",
-        "dir/.c1/.r/3.0",
-    ]
-    assert list(partial_of("3.01083930865"))[:2] == ["3.0108393086", "3.010839308"]
-    assert "3.0" in partial_of("3.01083930865") and "3.01" in partial_of("3.01083930865")
-    assert list(partial_of("3.0")) == ["3."] and list(partial_of("x.bin")) == []
-
-
 def _mixed(moto: Store, proxy: FaultProxy) -> S5Dataset:
     """Twelve stem pairs, all in the first call (32 samples): a 403, a 500 on every attempt
     (not a 503 SlowDown, which s5cmd backs off from for seconds), an object deleted after the

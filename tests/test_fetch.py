@@ -23,8 +23,6 @@ from support.stores import Store, mount_tmpfs
 from support.waits import wait_for
 
 from s5loader import ChecksumError, ConfigError, StagingSpaceError, UnsafeArchiveError
-from s5loader._largeobj.sources import natural_key
-from s5loader._largeobj.verify import Checker, parse_md5_file
 from s5loader.fetch import fetch
 
 KiB, MiB = 1024, 1024**2
@@ -363,29 +361,3 @@ def test_interrupted_fetch_leaves_nothing(moto: Store, tmp_path, sig: int) -> No
     assert os.listdir(dest) == []  # no volume, no partial file, no work directory
     _, alive = psutil.wait_procs(s5, timeout=10)
     assert not alive
-
-
-def test_md5_files_and_etags_units() -> None:
-    text = "d41d8cd98f00b204e9800998ecf8427e  a.part00\n0cc175b9c0f1b6a831c399e269772661 *a.part01\n"
-    assert parse_md5_file(text, "a.part01") == "0cc175b9c0f1b6a831c399e269772661"
-    assert parse_md5_file(text, "other") is None
-    assert (
-        parse_md5_file("d41d8cd98f00b204e9800998ecf8427e  whatever\n", "x")
-        == "d41d8cd98f00b204e9800998ecf8427e"
-    )
-    data = os.urandom(20 * MiB + 5)
-    parts = [data[i : i + 8 * MiB] for i in range(0, len(data), 8 * MiB)]
-    etag = hashlib.md5(b"".join(hashlib.md5(p).digest() for p in parts)).hexdigest() + "-3"
-    ok = Checker("s3://b/k", len(data), etag)
-    ok.update(data[:12345])
-    ok.update(data[12345:])
-    ok.check()  # the part size (8 MiB) is guessed from the size and the part count
-    bad = Checker("s3://b/k", len(data), etag)
-    bad.update(bytes([data[0] ^ 0xFF]) + data[1:])  # always differs from data
-    with pytest.raises(ChecksumError, match="s3://b/k: the bytes do not match its multipart ETag"):
-        bad.check()
-    short = Checker("s3://b/k", len(data), etag)
-    short.update(data[:-1])
-    with pytest.raises(ChecksumError, match="got 20971524 bytes, the listing says 20971525"):
-        short.check()
-    assert sorted(["v10", "v2", "v1"], key=natural_key) == ["v1", "v2", "v10"]

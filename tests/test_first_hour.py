@@ -93,27 +93,6 @@ def test_a_compressed_shard_is_named_as_such_first(
     assert "is a compressed tar shard" in err and "no *.tar shard under" not in err
 
 
-@pytest.mark.parametrize(
-    "argv, wrong, right",
-    [
-        (["prefetch", "s3://b/p/", "--cache", "/tmp/x", "--budjet", "1GiB"], "--budjet", "--budget"),
-        (["ls", "s3://b/p/", "--limt", "3"], "--limt", "--limit"),
-        (["fetch", "s3://b/k", "/tmp/x", "--verfy"], "--verfy", "--verify"),
-    ],
-)
-def test_the_cli_names_a_mistyped_option(
-    argv: list[str], wrong: str, right: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    from s5loader.cli import main
-
-    with pytest.raises(SystemExit) as exit_:
-        main(argv)
-    assert exit_.value.code == 2
-    err = capsys.readouterr().err
-    assert f"unrecognized option: {wrong} (did you mean {right}?)" in err
-    assert "are required" not in err
-
-
 def test_an_unreachable_endpoint_says_what_to_check() -> None:
     # a port nobody listens on, as when the local server was not started in this shell
     port = free_port()

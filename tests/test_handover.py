@@ -20,7 +20,6 @@ from support.stores import Store, make_pairs
 from support.waits import wait_for
 
 from s5loader.consume import END_MARKER, consume, ready_names
-from s5loader.daemon import build_parser
 from s5loader.exceptions import StallError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,20 +165,3 @@ def test_restart_starvation_is_catching_up(seaweed: Store, tmp_path: Path) -> No
     # budget of two samples and an eager consumer starve later on for real).
     first_starved = next(line for line in text.splitlines() if "catching up" in line or "starved:" in line)
     assert "catching up after a restart at sample" in first_starved and "WARNING" not in first_starved, text
-
-
-def test_help_shows_every_default() -> None:
-    text = build_parser().format_help().split("options:", 1)[1]
-    for option, default in (
-        ("--group-by", "stem"),
-        ("--seed", "0"),
-        ("--epochs", "1"),
-        ("--samples-per-call", "1000"),
-        ("--calls-in-flight", "2"),
-        ("--s5cmd-workers", "256"),
-        ("--block-size", "64"),
-        ("--on-error", "raise"),
-        ("--shuffle", "off"),
-    ):
-        section = text.split(f"\n  {option}", 1)[1].split("\n  --", 1)[0]
-        assert f"(default: {default})" in " ".join(section.split()), (option, section)

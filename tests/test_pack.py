@@ -410,17 +410,6 @@ def test_labels_and_manifests_become_members(moto: Store, tmp_path) -> None:
     }
 
 
-def test_the_command_is_listed_and_names_a_mistyped_option(capsys: pytest.CaptureFixture[str]) -> None:
-    from s5loader.cli import main
-
-    assert main(["--help"]) == 0
-    assert "  pack " in capsys.readouterr().out
-    with pytest.raises(SystemExit) as exit_:
-        main(["pack", "s3://b/raw/", "s3://b/shards/", "--shard-sise", "1MB"])
-    assert exit_.value.code == 2
-    assert "unrecognized option: --shard-sise (did you mean --shard-size?)" in capsys.readouterr().err
-
-
 def test_no_shard_of_a_volume_that_fails_its_check_is_marked_done(moto: Store, tmp_path) -> None:
     files = dataset(30, size=3 * KiB)
     buf = io.BytesIO()

@@ -1,6 +1,9 @@
 """Access options end to end, through the real s5cmd and real local servers: each option
 reaches the listing (s5cmd ls), the staging (s5cmd cp) and the direct GET (boto3), as a
-recording proxy in front of the server sees them."""
+recording proxy in front of the server sees them.
+
+Private modules (``s5loader._index``, ``s5loader.daemon``) are imported only where they are the
+seam under test; the rest goes through the public API."""
 
 from __future__ import annotations
 

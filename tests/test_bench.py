@@ -1,7 +1,8 @@
-"""``s5loader bench``: argument errors, ``--generate``, a short run of every method against a
-real local S3 server, peers reported as skipped when absent, the tree CPU monitor and its
-split by process kind, the latency proxy and its request counts, ``--steps`` bounding every
-method, and the runtime package loading none of it. No timing assertions."""
+"""``s5loader bench`` against a real local S3 server: ``--generate``, a short run of every
+method, peers reported as skipped when absent, the tree CPU monitor and its split by process
+kind, the latency proxy and its request counts, ``--steps`` bounding every method, and the
+runtime package loading none of it. The parts that need no server are in
+``tests/unit/test_bench_*.py``. No timing assertions."""
 
 from __future__ import annotations
 
@@ -12,19 +13,16 @@ import os
 import subprocess
 import sys
 import tarfile
-import time
 import uuid
-from collections.abc import Iterator
 
 import boto3
 import pytest
 
-from s5loader.cli import main as cli_main
 from s5loader_bench import cli as bench
 from s5loader_bench import methods as bench_methods
-from s5loader_bench.methods import METHODS, Context, Figures, Recorder, Settings, drive, wildcard_cover
-from s5loader_bench.monitor import CpuSplit, ProcTimes, TreeMonitor
-from s5loader_bench.proxy import LatencyProxy, RequestParser, classify
+from s5loader_bench.methods import METHODS, Context, Figures, Settings
+from s5loader_bench.monitor import TreeMonitor
+from s5loader_bench.proxy import LatencyProxy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,67 +40,6 @@ def _keys(endpoint: str, bucket: str, prefix: str) -> dict[str, int]:
 
 
 # -- argument errors ---------------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("argv", "needle"),
-    [
-        ([], "source"),
-        (["bucket/prefix"], "SOURCE must be an s3://"),
-        (["s3://b/p/", "--steps", "0"], "--steps"),
-        (["s3://b/p/", "--steps", "3", "--seconds", "2"], "not allowed with argument"),
-        (["s3://b/p/", "--seconds", "-1"], "--seconds"),
-        (["s3://b/p/", "--batch-size", "many"], "--batch-size"),
-        (["s3://b/p/", "--num-workers", "-2"], "--num-workers"),
-        (["s3://b/p/", "--methods", "s5loader,bogus"], "unknown method 'bogus'"),
-        (["s3://b/p/", "--budget", "lots"], "--budget"),
-        (["s3://b/p/", "--generate", "0"], "--generate"),
-        (["s3://b/p/", "--generate", "5", "--sample-size", "big"], "--sample-size"),
-        (["s3://b/p/", "--shards-prefix", "/tmp/shards"], "--shards-prefix must be an s3://"),
-        (["s3://b/p/", "--prices", "PUT=0.005"], "KIND one of GET, HEAD, LIST, other"),
-        (["s3://b/p/", "--prices", "GET=free"], "'free' is not a number"),
-        (["s3://b/p/", "--prices", "LIST=-1"], "a price must be 0 or more"),
-        (["s3://b/p/", "--first-batch", "--steps", "3"], "not allowed with argument"),
-    ],
-)
-def test_argument_errors(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert bench.main(argv) == 2
-    err = capsys.readouterr().err
-    assert needle in err and "usage: s5loader bench" in err
-
-
-def test_argument_error_through_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli_main(["bench", "s3://b/p/", "--methods", "nope"]) == 2
-    assert "unknown method 'nope'" in capsys.readouterr().err
-
-
-def test_plot_without_matplotlib_is_a_clear_error(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
-    assert bench.main(["s3://b/p/", "--plot", "x.png"]) == 2
-    err = capsys.readouterr().err
-    assert "--plot needs matplotlib" in err and "pip install 's5loader[bench]'" in err
-
-
-def test_counting_needs_a_plain_http_endpoint(capsys: pytest.CaptureFixture[str]) -> None:
-    assert bench.main(["s3://b/p/", "--count-requests", "--endpoint-url", "https://s3.example.com"]) == 2
-    assert "need a plain http:// endpoint" in capsys.readouterr().err
-    assert bench.main(["s3://b/p/", "--delay-ms", "-1", "--endpoint-url", "http://127.0.0.1:1"]) == 2
-    assert "--delay-ms must be 0 or more" in capsys.readouterr().err
-
-
-def test_missing_bench_dependency_names_the_extra(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    for name in [m for m in sys.modules if m == "s5loader_bench" or m.startswith("s5loader_bench.")]:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setitem(sys.modules, "psutil", None)  # import psutil -> ModuleNotFoundError
-    assert cli_main(["bench", "s3://b/p/"]) == 1
-    err = capsys.readouterr().err
-    assert "needs psutil" in err and "pip install 's5loader[bench]'" in err
-    monkeypatch.setitem(sys.modules, "s5loader_bench", None)
-    assert cli_main(["bench", "s3://b/p/"]) == 1
-    err = capsys.readouterr().err
-    assert "s5loader_bench is not installed" in err and "pip install 's5loader[bench]'" in err
 
 
 # -- against a real local S3 ---------------------------------------------------------------
@@ -426,25 +363,6 @@ def _offline_context(tmp_path, **settings: object) -> Context:
     return Context(s, None, "s5cmd", None, str(tmp_path))  # type: ignore[arg-type]
 
 
-def test_no_shards_note_points_at_shards_prefix_first(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A user with their own bucket needs --shards-prefix (their shards); --generate only writes a
-    synthetic data set."""
-    monkeypatch.setattr(bench_methods, "list_uris", lambda ctx, prefix: [])
-    shard_methods = ["s5loader-shards", "s5loader-iterable"] + (
-        ["webdataset"] if _installed("webdataset") else []
-    )
-    for prefix, default in ((None, True), ("s3://my-bucket/tars/", False)):
-        ctx = _offline_context(tmp_path, shards_prefix=prefix)
-        for m in shard_methods:
-            f = bench_methods.measure(m, ctx)
-            assert f.status == "skipped", (m, f.note)
-            assert f.note.startswith(f"no tar shards under {prefix or 's3://my-bucket/train-shards/'}")
-            assert "point --shards-prefix at" in f.note
-            assert f.note.index("--shards-prefix") < f.note.index("--generate")
-            assert "synthetic" in f.note[f.note.index("--generate") - 60 :]
-            assert ("(the default" in f.note) is default
-
-
 def test_webdataset_with_fewer_shards_than_workers_runs_one_worker_per_shard(
     tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -479,231 +397,9 @@ def test_webdataset_with_fewer_shards_than_workers_runs_one_worker_per_shard(
 
 
 # -- the table ------------------------------------------------------------------------------
-def _realistic_results(counted: bool = False) -> list[Figures]:
-    """Figures like a real run's (the README's loopback figures), every method, one skipped."""
-    rates = {
-        "s5loader": 396.0,
-        "s5loader-block": 591.0,
-        "s5loader-sorted": 601.0,
-        "boto3": 239.0,
-        "s5cmd-run": 343.0,
-        "s5cmd-bulk": 590.0,
-        "webdataset": 1302.4,
-        "s5loader-shards": 1881.2,
-        "s5loader-iterable": 1453.0,
-    }
-    cpu = {
-        "s5loader": 2.68,
-        "s5loader-block": 1.98,
-        "s5loader-sorted": 1.95,
-        "boto3": 4.18,
-        "s5cmd-run": 2.44,
-        "s5cmd-bulk": 1.07,
-        "webdataset": 0.83,
-        "s5loader-shards": 0.64,
-        "s5loader-iterable": 0.67,
-    }
-    out = []
-    for m in METHODS:
-        if m not in rates:
-            out.append(
-                Figures(
-                    m,
-                    status="skipped",
-                    note=f"{m} is not installed (No module named '{m}'); pip install 's5loader[bench]'",
-                )
-            )
-            continue
-        f = Figures(
-            m,
-            samples=2000,
-            bytes=200_002_000,
-            steps=500,
-            seconds=2000 / rates[m],
-            samples_per_s=rates[m],
-            mb_per_s=rates[m] * 0.100001,
-            step100_mean_s=400 / rates[m],
-            step100_var_s2=0.0123,
-            step100_s=[400 / rates[m]] * 5,
-            wait_fraction=0.87,
-            cpu_s=cpu[m] * 2,
-            cpu_util=1.43,
-            cpu_s_per_1k_samples=cpu[m],
-            cpu_split_s_per_1k_samples={
-                "s5cmd": cpu[m] / 2,
-                "main": cpu[m] / 4,
-                "workers": cpu[m] / 4,
-                "unattributed": 0.01,
-            },
-            peak_mem_mb=1234.5,
-            ratio_to_s5loader=rates[m] / rates["s5loader"],
-            first_batch_s=0.25,
-            repeats_samples_per_s=[rates[m] * 0.9, rates[m], rates[m] * 1.1],
-        )
-        f.num_workers = None if m.startswith("s5cmd") else 4
-        if counted:
-            f.requests = {"GET": 4000, "HEAD": 0, "LIST": 2000, "other": 0}
-            bench_methods.fill_request_rates(f)
-        if m == "webdataset":
-            f.note, f.num_workers = "2 shards, ran with 2 workers instead of 4", 2
-        out.append(f)
-    return out
-
-
-@pytest.mark.parametrize("counted", [False, True])
-def test_default_table_is_compact(counted: bool) -> None:
-    results = _realistic_results(counted)
-    table = bench.format_table(results)  # what main prints without --wide
-    lines = table.splitlines()
-    assert max(len(ln) for ln in lines) <= 100, "\n" + table
-    header = lines[0].split("  ")
-    expected = list(bench.COMPACT_COLUMNS) + (["$/M samples"] if counted else [])
-    assert [c.strip() for c in header if c.strip()] == expected
-    by_method = {ln.split()[0]: ln for ln in lines[1 : 1 + len(METHODS)]}
-    assert list(by_method) == list(METHODS)
-    assert by_method["s5loader"].split()[1:6] == ["396.0", "39.6", "0.25", "1.00x", "2.68"]
-    assert by_method["s3torchconnector"].split()[1] == "skipped"
-    # what the compact columns leave out is said under the table: notes, skips, medians
-    assert "webdataset: 2 shards, ran with 2 workers instead of 4" in table
-    assert "s3torchconnector: skipped: s3torchconnector is not installed" in table
-    assert "samples/s: the median of 3 repeats" in table
-    assert len(lines) <= len(METHODS) + 8, "\n" + table  # a note per method at most, not per figure
-    if counted:  # 2 GETs and a LIST per sample at S3 list prices: 2 x $0.0004 + $0.005 per 1,000
-        assert by_method["s5loader"].split()[6] == "5.80"
-    for wide_only in (
-        "s/100 steps (mean)",
-        "GET/HEAD/LIST/other per sample",
-        "peak mem MB",
-        "waited",
-        "new conns/request",
-        "requests/sample",
-    ):
-        assert wide_only not in table
-    assert "--wide" in lines[-1]
-
-
-def test_wide_table_and_markdown_have_every_column() -> None:
-    results = _realistic_results(counted=True)
-    wide = bench.format_table(results, wide=True)
-    header = wide.splitlines()[0]
-    assert all(c in header for c in bench.COLUMNS) and header.rstrip().endswith("note")
-    assert max(len(ln) for ln in wide.splitlines()) > 200  # the full table: why it is not the default
-    assert "2 shards, ran with 2 workers instead of 4" in wide and "median of 3 repeats" in wide
-    md = bench.format_table(results, markdown=True)
-    assert md.splitlines()[0] == "| " + " | ".join(bench.COLUMNS) + " |"
-    assert bench.build_parser().parse_args(["s3://b/p/", "--wide"]).wide
-    assert not bench.build_parser().parse_args(["s3://b/p/"]).wide
-
-
-def test_prices_are_s3_list_prices_unless_given() -> None:
-    parse = bench.build_parser().parse_args
-    assert parse(["s3://b/p/"]).prices == {"GET": 0.0004, "HEAD": 0.0004, "LIST": 0.005, "other": 0.005}
-    assert parse(["s3://b/p/", "--prices", "list=0.0054,GET=0.00043"]).prices == {
-        "GET": 0.00043,
-        "HEAD": 0.0004,
-        "LIST": 0.0054,
-        "other": 0.005,
-    }
-
-
-def test_dollars_and_connections_per_request() -> None:
-    f = Figures(
-        "x",
-        samples=2000,
-        objects=4000,
-        requests={"GET": 4000, "HEAD": 4000, "LIST": 4, "other": 0, "unreadable": 1},
-        new_connections=800,
-    )
-    bench_methods.fill_request_rates(f, bench_methods.S3_PRICES)
-    # (8,000 x $0.0004 + 4 x $0.005) / 1,000 per 2,000 samples
-    assert f.dollars_per_million_samples == pytest.approx(1.61)
-    assert f.connections_per_request == pytest.approx(800 / 8004)
-    bench_methods.fill_request_rates(f, {**bench_methods.S3_PRICES, "HEAD": 0.0})
-    assert f.dollars_per_million_samples == pytest.approx(0.81)
-
-
-def test_readme_table_quotes_dollars_connections_and_the_first_batch() -> None:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "bench_run", os.path.join(os.path.dirname(__file__), "..", "bench", "run.py")
-    )
-    assert spec is not None and spec.loader is not None
-    run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)
-
-    def doc(**by_method: dict) -> dict:  # type: ignore[type-arg]
-        return {"results": [{"method": m, "status": "ok", **r} for m, r in by_method.items()]}
-
-    counted = {
-        "samples_per_s": 400.0,
-        "first_batch_s": 0.3,
-        "requests_per_sample": 4.0,
-        "requests_per_sample_by_kind": {"GET": 2.0, "HEAD": 2.0, "LIST": 0.0},
-        "dollars_per_million_samples": 1.61,
-        "connections_per_request": 0.5,
-        "peak_open_connections": 300,
-    }
-    runs = {
-        "proxy": doc(
-            **{"s5loader": counted, "s3torchconnector": {**counted, "dollars_per_million_samples": 0.81}}
-        )
-    }
-    extra = {
-        "first-direct": doc(s5loader={"first_batch_s": 0.21}, s3torchconnector={"first_batch_s": 0.35}),
-        "first-proxy": doc(s5loader={"first_batch_s": 0.4}),
-        "single": doc(s5loader={"dollars_per_million_samples": 0.8}),
-    }
-    table = run.readme_table(runs, 20.0, extra)
-    rows = {
-        cells[0]: cells[1:]
-        for cells in ([c.strip() for c in ln.strip("|").split(" | ")] for ln in table.splitlines())
-    }
-    assert rows["first batch, s, batch 32 and 4 workers: direct / 20 ms proxy"][:2] == [
-        "0.21 / 0.40",
-        "0.35 / -",
-    ]
-    assert rows["$ per million samples at S3 list prices (image + label, proxy run)"][:2] == ["1.61", "0.81"]
-    assert rows["$ per million samples at S3 list prices (one object per sample)"][0] == "0.80"
-    assert rows["new TCP connections per request / most open at once (proxy run)"][0] == "0.500 / 300"
 
 
 # -- the measuring parts -------------------------------------------------------------------
-def test_recorder_windows_of_100_steps() -> None:
-    rec = Recorder(batch_size=2, max_steps=300, seconds=None)
-    rec.step_at = [0.01 * (k + 1) for k in range(250)]  # a step every 10 ms
-    rec.samples, rec.bytes, rec.wait_s = 500, 5000, 1.0
-    f = Figures("x")
-    rec.fill(f)
-    assert (
-        f.steps == 250 and f.step100_mean_s == pytest.approx(1.0) and f.step100_var_s2 == pytest.approx(0.0)
-    )
-    assert f.samples_per_s == pytest.approx(200.0) and f.wait_fraction == pytest.approx(0.4)
-
-
-def test_first_batch_is_timed_from_iter_of_the_first_epoch() -> None:
-    class Slow:
-        """A loader whose start (workers, staging) takes 0.2 s and whose batches take 0.01 s."""
-
-        def __init__(self) -> None:
-            self.epochs = 0
-
-        def __iter__(self) -> Iterator[list[int]]:
-            self.epochs += 1
-            time.sleep(0.2)
-            for k in range(5):
-                time.sleep(0.01)
-                yield [k, k]
-
-    rec = Recorder(batch_size=2, max_steps=8, seconds=None)
-    loader = Slow()
-    time.sleep(0.3)  # before iter(loader): not part of the first batch
-    drive(lambda epoch: loader, rec, compute_ms=0)
-    f = Figures("x")
-    rec.fill(f)
-    assert loader.epochs == 2 and f.steps == 8
-    assert f.first_batch_s is not None and 0.2 <= f.first_batch_s < 0.3  # the first epoch's start only
-    assert f.step100_mean_s is None and rec.step_at[0] >= 0.5
 
 
 def test_tree_monitor_counts_children() -> None:
@@ -810,110 +506,6 @@ def test_checkpoint_bench_runs_every_method_side_by_side(tmp_path) -> None:
 
 
 # -- counting requests and splitting CPU: the logic on made-up inputs ----------------------
-@pytest.mark.parametrize(
-    ("method", "target", "kind"),
-    [
-        ("GET", "/data/train/0001.image", "GET"),
-        ("GET", "/data/train/0001.image?x-id=GetObject", "GET"),
-        ("GET", "/train/0001.image", "GET"),  # virtual-hosted
-        ("HEAD", "/data/train/0001.image", "HEAD"),
-        ("GET", "/data?list-type=2&prefix=train%2F&encoding-type=url", "LIST"),
-        ("GET", "/data/?delimiter=%2F&prefix=", "LIST"),
-        ("GET", "/?list-type=2", "LIST"),
-        ("GET", "/", "LIST"),
-        ("GET", "/data?location", "other"),
-        ("PUT", "/data/train/0001.image", "other"),
-        ("DELETE", "/data/train/0001.image", "other"),
-        ("get", "http://127.0.0.1:8333/data/k", "GET"),  # an absolute target
-    ],
-)
-def test_classify(method: str, target: str, kind: str) -> None:
-    assert classify(method, target) == kind
-
-
-def _feed_in_pieces(parser: RequestParser, data: bytes, size: int) -> None:
-    for i in range(0, len(data), size):
-        parser.feed(data[i : i + size])
-
-
-@pytest.mark.parametrize("piece", [1, 7, 64, 100_000])
-def test_request_parser_follows_bodies_and_kept_alive_connections(piece: int) -> None:
-    fake = b"GET /data/fake HTTP/1.1\r\nHost: x\r\n\r\n"  # inside bodies: never a request
-    stream = (
-        b"GET /data/a HTTP/1.1\r\nHost: x\r\n\r\n"
-        + b"PUT /data/b HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(fake)
-        + fake
-        + b"HEAD /data/a HTTP/1.1\r\n\r\n"
-        + b"PUT /data/c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
-        + b"%x;ext=1\r\n" % len(fake)
-        + fake
-        + b"\r\n"
-        + b"3\r\nabc\r\n0\r\nx-trailer: 1\r\n\r\n"
-        + b"GET /data?list-type=2&prefix=t HTTP/1.1\r\n\r\n"
-    )
-    counts: dict[str, int] = {}
-    _feed_in_pieces(RequestParser(counts), stream, piece)
-    assert counts == {"GET": 1, "other": 2, "HEAD": 1, "LIST": 1}
-
-
-def test_request_parser_gives_up_on_what_is_not_http() -> None:
-    counts: dict[str, int] = {}
-    parser = RequestParser(counts)
-    parser.feed(b"\x16\x03\x01 TLS hello\r\n\r\n")
-    parser.feed(b"GET /data/a HTTP/1.1\r\n\r\n")  # the stream is not followed any more
-    assert counts == {"unreadable": 1}
-
-
-def _p(pid: int, kind: str, own: float, reaped: float = 0.0) -> ProcTimes:
-    return ProcTimes((pid, 1.0), kind, own, reaped)
-
-
-def test_cpu_split_follows_processes_that_end_between_samples() -> None:
-    split = CpuSplit()
-    split.add(1.0, 0.0, [_p(10, "workers", 0.5)])  # the start: only what comes after counts
-    split.add(1.2, 0.0, [_p(10, "workers", 0.7), _p(11, "s5cmd", 0.4)])
-    # s5cmd 11 ended and was reaped by the training process with 0.6 s: 0.2 s after its last sample
-    split.add(1.3, 0.6, [_p(10, "workers", 0.8)])
-    assert split.result() == pytest.approx({"main": 0.3, "workers": 0.3, "s5cmd": 0.6, "unattributed": 0.0})
-    # a process that started and ended between two samples: nobody to give it to
-    split.add(1.3, 0.9, [_p(10, "workers", 0.8)])
-    assert split.result()["unattributed"] == pytest.approx(0.3)
-    # the worker ends and is reaped, with an s5cmd child of its own it had reaped unseen
-    split.add(1.4, 0.9 + 0.8 + 0.5, [])
-    r = split.result()
-    assert r == pytest.approx({"main": 0.4, "workers": 0.8, "s5cmd": 0.6, "unattributed": 0.3})
-    assert sum(r.values()) == pytest.approx((1.4 + 2.2) - (1.0 + 0.5))
-
-
-def test_cpu_split_of_a_grandchild_seen_alive() -> None:
-    split = CpuSplit()
-    split.add(0.0, 0.0, [])
-    split.add(0.1, 0.0, [_p(20, "workers", 0.2), _p(21, "s5cmd", 0.5)])
-    # s5cmd 21 (a worker's child) ended with 0.55 s, reaped by worker 20; worker still alive
-    split.add(0.1, 0.0, [_p(20, "workers", 0.3, reaped=0.55)])
-    r = split.result()
-    assert r["s5cmd"] == pytest.approx(0.55) and r["workers"] == pytest.approx(0.3)
-    assert r["unattributed"] == 0.0
-
-
-def test_cpu_split_leaves_excluded_processes_out() -> None:
-    split = CpuSplit()
-    split.add(0.0, 0.0, [_p(30, "excluded", 5.0), _p(31, "workers", 0.0)])
-    split.add(0.0, 0.0, [_p(30, "excluded", 5.4), _p(31, "workers", 0.3)])
-    split.add(0.1, 5.6, [_p(31, "workers", 0.4)])  # the excluded one ended, reaped with 5.6 s
-    assert split.result() == pytest.approx({"main": 0.1, "workers": 0.4, "s5cmd": 0.0, "unattributed": 0.0})
-
-
-def test_wildcard_cover_names_exactly_the_needed_keys() -> None:
-    keys = [f"train/{i:06d}.{f}" for i in range(1000) for f in ("image", "label")] + ["train/odd*key"]
-    for count in (1, 2, 12, 137, 1000):
-        needed = {f"train/{i:06d}.{f}" for i in range(count) for f in ("image", "label")}
-        prefixes, singles = wildcard_cover(keys, needed, "train/")
-        matched = {k for k in keys for p in prefixes if k.startswith(p)} | set(singles)
-        assert matched == needed
-        assert len(prefixes) <= 40  # wildcards, not one line per object
-    prefixes, singles = wildcard_cover(keys, {"train/odd*key", "train/000003.image"}, "train/")
-    assert singles == ["train/odd*key"] and prefixes == ["train/000003.image"]
 
 
 def test_repeat_reports_the_median(
@@ -1068,25 +660,3 @@ print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in heavy)))
         check=True,
     ).stderr
     assert "s5loader_bench" not in imported and "matplotlib" not in imported and "psutil" not in imported
-
-
-def test_runtime_package_ships_no_benchmark() -> None:
-    """The benchmark's code lives in s5loader_bench and its needs in the bench extra."""
-    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
-        project = tomllib.load(f)["project"]
-    runtime = {d.split(">")[0].split("[")[0].strip() for d in project["dependencies"]}
-    assert runtime.isdisjoint({"psutil", "matplotlib", "webdataset", "s3torchconnector"})
-    assert {"psutil", "matplotlib", "s3torchconnector"} <= {
-        d.split(">")[0].strip() for d in project["optional-dependencies"]["bench"]
-    }
-    package = os.path.join(ROOT, "s5loader")
-    for name in os.listdir(package):
-        if name.endswith(".py"):
-            text = open(os.path.join(package, name)).read()
-            assert "bench" not in name and "import psutil" not in text and "matplotlib" not in text, name
-    bench_package = os.path.join(ROOT, "bench", "s5loader_bench")
-    for name in os.listdir(bench_package):
-        if name.endswith(".py"):  # the public API only
-            text = open(os.path.join(bench_package, name)).read()
-            assert "s5loader._" not in text and "from s5loader." not in text, name

@@ -1,6 +1,9 @@
 """``s5loader prefetch`` end to end: the daemon runs as a subprocess exactly as a user runs it,
 against the real s5cmd and a real local S3 server; consumers run in other processes (Python's
-``consume`` and a shell loop with ``ls``, ``head`` and ``rm``)."""
+``consume`` and a shell loop with ``ls``, ``head`` and ``rm``).
+
+Private modules (``s5loader._sampling``, ``s5loader.daemon``) are imported only where they are
+the seam under test; the rest goes through the public API."""
 
 from __future__ import annotations
 
@@ -10,19 +13,17 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support.stores import Peak, Store, make_pairs
+from support.waits import wait_for
 
 from s5loader._sampling.order import Order
 from s5loader.consume import END_MARKER, consume, ready_names
 from s5loader.daemon import STAGING_DIR, STATE_FILE, PrefetchDaemon, PrefetchOptions, sample_folder_name
 from s5loader.dataset import S5Dataset
-from s5loader.exceptions import StallError
 from s5loader.handover import sample_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,14 +114,6 @@ def cache_bytes(cache: Path) -> int:
     folders (claimed or not) and ``.staging``, not the lock, state and key files; a lower bound
     of the bytes at the end of the look (see :func:`s5loader.handover.sample_bytes`)."""
     return sample_bytes(cache)
-
-
-def wait_for(cond, timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def state(cache: Path) -> dict:
@@ -411,47 +404,3 @@ def test_starvation_and_progress_are_reported(seaweed: Store, cache: Path, tmp_p
     assert events[-1]["event"] == "done" and events[-1]["delivered"] == 5
     text = (tmp_path / "daemon.log").read_text()
     assert "MB/s" in text and "starved" in text
-
-
-# -- the consumer on its own --------------------------------------------------------------------
-def test_consume_waits_deletes_and_stops_at_end(tmp_path: Path) -> None:
-    cache = tmp_path / "c"
-
-    def deliver(seq: int) -> None:
-        tmp = tmp_path / f"tmp{seq}"
-        tmp.mkdir()
-        (tmp / "label").write_bytes(str(seq).encode())
-        os.rename(tmp, cache / sample_folder_name(seq, f"k/{seq}"))
-
-    def daemon() -> None:  # starts after the consumer, delivers slowly, then ends
-        time.sleep(0.2)
-        cache.mkdir()
-        for seq in range(3):
-            deliver(seq)
-            time.sleep(0.1)
-        (cache / END_MARKER).write_text("{}")
-
-    t = threading.Thread(target=daemon)
-    t.start()
-    seen = []
-    for s in consume(cache, poll_interval=0.01, timeout=5):
-        seen.append((s.name, s.read("label"), s.key))
-        assert os.path.isdir(s.path)
-        assert [n for n in ready_names(str(cache)) if n < s.name] == []  # the last one was deleted
-    t.join()
-    assert seen == [(sample_folder_name(i, f"k/{i}"), str(i).encode(), f"k_{i}") for i in range(3)]
-    assert ready_names(str(cache)) == []
-
-    # leaving the loop early keeps the current sample for the next consumer
-    (cache / END_MARKER).unlink()
-    for seq in (3, 4):
-        deliver(seq)
-    gen = consume(cache)
-    s = next(gen)
-    gen.close()  # as a break does
-    assert ready_names(str(cache))[0] == s.name
-    seqs = []
-    with pytest.raises(StallError):  # no end marker and nothing more arrives
-        for x in consume(cache, timeout=0.3, poll_interval=0.01):
-            seqs.append(x.seq)
-    assert seqs == [3, 4] and ready_names(str(cache)) == []

@@ -15,9 +15,9 @@ from support.stores import Peak, Store, make_pairs
 from test_daemon import PAIR, ROOT, daemon_argv, expected_names, finish, json_events, start
 from test_daemon_liveness import no_process_left, run_shell_loop  # noqa: F401 (a fixture)
 
+from s5loader import find_s5cmd
 from s5loader.consume import END_MARKER, consume
 from s5loader.handover import CLAIMED_DIR, sample_bytes
-from s5loader.s5cmd import find_s5cmd
 
 CONSUMER = """
 import sys, time

@@ -1,7 +1,10 @@
 """A consumer learns that the daemon failed or is gone, and probing the daemon's lock is
 harmless: the daemon and its consumers run as subprocesses (``s5loader prefetch``, the shell
 loop of docs/daemon.md, ``consume``) against the real s5cmd and a local S3 server; the daemon is
-killed with SIGKILL and stopped with SIGTERM at the moments a user hits."""
+killed with SIGKILL and stopped with SIGTERM at the moments a user hits.
+
+A private module (``s5loader.daemon``) is imported only where it is the seam under test; the
+rest goes through the public API."""
 
 from __future__ import annotations
 
@@ -11,14 +14,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 from support.stores import Store, free_port, make_pairs
-from test_daemon import PAIR, ROOT, daemon_argv, finish, json_events, s5cmd_on, start, state, wait_for
+from support.waits import wait_for
+from test_daemon import PAIR, ROOT, daemon_argv, finish, json_events, s5cmd_on, start, state
 from test_handover import doc_shell_consumer
 
 from s5loader.consume import END_MARKER, ERROR_MARKER, consume, ready_names
@@ -210,10 +213,12 @@ def test_sigterm_while_python_loads_the_daemon_exits_0_and_says_so(seaweed: Stor
         daemon_argv(seaweed.uri(), tmp_path / "cache", 10 * PAIR, "--endpoint-url", seaweed.endpoint), log
     )
     # SIGTERM once the command has a handler for it, and torch is not loaded yet
-    deadline = time.monotonic() + 30
-    while not sigcaught(daemon.pid, signal.SIGTERM):
-        assert time.monotonic() < deadline and daemon.poll() is None, "the daemon took no SIGTERM handler"
-        time.sleep(0.002)
+
+    def handler_or_exit() -> bool:
+        assert daemon.poll() is None, "the daemon exited before it took a SIGTERM handler"
+        return sigcaught(daemon.pid, signal.SIGTERM)
+
+    wait_for(handler_or_exit, 30, "the daemon to take a SIGTERM handler", interval=0.002)
     assert not loaded(daemon.pid, "libtorch"), "the daemon took SIGTERM only after loading torch"
     daemon.send_signal(signal.SIGTERM)
     assert finish(daemon, timeout=60) == 0, log.read_text()

@@ -1,4 +1,7 @@
-"""The prefetch daemon's state file: synced to disk, written once per delivery."""
+"""The prefetch daemon's state file: synced to disk, written once per delivery.
+
+A private module (``s5loader.daemon``) is imported only where it is the seam under test; the
+rest goes through the public API."""
 
 from __future__ import annotations
 

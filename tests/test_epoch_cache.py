@@ -1,5 +1,8 @@
 """The epoch cache through the real path: s5cmd against SeaweedFS behind a proxy that counts
-requests, a DataLoader with workers reading and handing samples back."""
+requests, a DataLoader with workers reading and handing samples back.
+
+A private module (``s5loader.daemon``) is imported only where it is the seam under test; the
+rest goes through the public API."""
 
 from __future__ import annotations
 

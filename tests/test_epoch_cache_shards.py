@@ -1,5 +1,8 @@
 """The epoch cache over tar shards, through the real path: s5cmd against SeaweedFS behind a proxy
-that counts GETs per shard; the sampler and the iterable dataset with DataLoader workers."""
+that counts GETs per shard; the sampler and the iterable dataset with DataLoader workers.
+
+A private module (``s5loader._sampling``) is imported only where it is the seam under test; the
+rest goes through the public API."""
 
 from __future__ import annotations
 

@@ -50,10 +50,12 @@ def test_a_dataloader_gets_its_first_fill_before_it_is_staged(
 def test_a_sampler_iterated_directly_yields_staged_samples(moto: Store, staging_root: str) -> None:
     moto.put(make_pairs(12))
     ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
+    read = []
     with S5Sampler(ds, shuffle=True, staging_dir=staging_root) as sampler:
         for idx in sampler:  # a consumer of its own may read the files without S5Dataset
             assert not idx.early and os.path.isdir(f"{idx.folder}/{int(idx)}")
-            ds[idx]
+            read.append(ds[idx]["__key__"])
+    assert sorted(read) == sorted(s.key for s in ds.samples)  # every sample once
 
 
 def test_a_dataloader_with_workers_reads_every_sample_once(seaweed: Store, staging_root: str) -> None:

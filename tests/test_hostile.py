@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import signal
 import threading
 import time
@@ -25,7 +24,6 @@ from s5loader import (
     S5Dataset,
     S5Sampler,
 )
-from s5loader import exceptions as exc_mod
 from s5loader.testing import SeaweedFS
 
 HOSTILE = [
@@ -211,19 +209,8 @@ def test_bad_input_errors(moto: Store, proxy: FaultProxy, tmp_path, staging_root
     proxy.rules.append(Rule("", "badkey", method="*"))
     with pytest.raises(AccessDeniedError, match=r"s3://data/train/.*InvalidAccessKeyId"):
         S5Dataset.from_prefix(moto.uri(), endpoint_url=proxy.endpoint)
-    t0 = time.monotonic()
     with pytest.raises(EndpointError, match=r"s3://data/train/.*(refused|dial)"):
         S5Dataset.from_prefix(moto.uri(), endpoint_url="http://127.0.0.1:9")
-    assert time.monotonic() - t0 < 60
-
-
-@pytest.mark.parametrize(
-    "cls", [c for c in vars(exc_mod).values() if isinstance(c, type) and issubclass(c, exc_mod.S5LoaderError)]
-)
-def test_exceptions_survive_pickling(cls) -> None:
-    e = cls("cannot stage s3://b/k: boom")
-    e2 = pickle.loads(pickle.dumps(e))
-    assert type(e2) is cls and str(e2) == str(e)
 
 
 def test_error_in_worker_process_keeps_type_and_uri(moto: Store) -> None:

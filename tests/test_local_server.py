@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from support.stores import free_port
 
-from s5loader.s5cmd import find_s5cmd
+from s5loader import find_s5cmd
 
 ROOT = Path(__file__).resolve().parent.parent
 S3_LOCAL = str(ROOT / "bin" / "s3-local")
@@ -55,7 +55,8 @@ def test_start_prints_exports_a_fresh_shell_can_use(local: tuple[Path, dict[str,
     script = f"""
 set -e
 {r.stdout}
-{sys.executable} -c 'import boto3; boto3.client("s3").put_object(Bucket="first", Key="a/b.txt", Body=b"hello")'
+{sys.executable} -c 'import boto3
+boto3.client("s3").put_object(Bucket="first", Key="a/b.txt", Body=b"hello")'
 PATH={s5cmd}:$PATH s5cmd ls 's3://first/a/*'
 """
     shell_env = {"PATH": os.environ["PATH"], "HOME": env.get("HOME", "/root"), "TMPDIR": env["TMPDIR"]}

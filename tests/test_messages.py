@@ -1,5 +1,8 @@
 """Messages a first run meets: no starvation warning on a short run, a budget below one batch
-fails at once with the numbers, missing credentials and a missing bucket say what to check."""
+fails at once with the numbers, missing credentials and a missing bucket say what to check.
+
+A private module (``s5loader.engine``) is imported only where it is the seam under test; the
+rest goes through the public API."""
 
 from __future__ import annotations
 

@@ -1,60 +1,21 @@
 """Live metrics: ``S5Sampler.metrics()`` and the daemon's ``--json-log`` give figures that match
-a run whose numbers are known."""
+a run whose numbers are known.
+
+Private modules (``s5loader.daemon``, ``s5loader.engine``) are imported only where they are the
+seam under test; the rest goes through the public API."""
 
 from __future__ import annotations
 
 import threading
-import time
 
-import pytest
 from support.faults import FaultProxy, Rule
 from support.stores import Store
+from support.waits import wait_for
 
 from s5loader import S5Dataset, S5Sampler
-from s5loader.engine.metrics import RATE_WINDOW_S, Metrics, Throughput
+from s5loader.engine.metrics import Metrics
 
 SIZE = 1000  # bytes per sample: one object each
-
-
-def wait_for(predicate, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
-
-
-# -- pure logic -----------------------------------------------------------------------------
-def test_throughput_rates_over_the_last_window_and_down_to_zero_when_idle() -> None:
-    t = Throughput(100.0)
-    assert t.rates(100.0, 0, 0) == (0.0, 0.0)
-    for k in range(1, 41):  # 40 points a quarter second apart: 1 MB and 10 samples a second
-        t.add(100.0 + k / 4, k * 250_000, k * 10 // 4)
-    mb_s, samples_s = t.rates(110.0, 10_000_000, 100)
-    assert mb_s == pytest.approx(1.0) and samples_s == pytest.approx(10.0)
-    t.add(110.1, 0, 0)  # closer than a quarter second to the last point: not kept
-    assert t.points[-1][0] == 110.0
-    # nothing more lands: the rate falls as the window moves on, to zero once it is past
-    assert t.rates(110.0 + RATE_WINDOW_S / 2, 10_000_000, 100)[0] < 1.0
-    assert t.rates(110.0 + RATE_WINDOW_S + 1, 10_000_000, 100) == (0.0, 0.0)
-
-
-def test_metrics_as_dict_has_every_field() -> None:
-    m = Metrics(epoch=2, budget=10, skips=1)
-    d = m.as_dict()
-    assert d["epoch"] == 2 and d["budget"] == 10 and d["skips"] == 1
-    assert set(d) >= {
-        "staged_bytes",
-        "ready_ahead",
-        "calls_in_flight",
-        "objects_in_flight",
-        "mb_s",
-        "samples_s",
-        "waited_s",
-        "retries",
-        "position",
-    }
 
 
 # -- the real path ----------------------------------------------------------------------------
@@ -108,8 +69,10 @@ def test_sampler_metrics_match_a_known_run(moto: Store, staging_root: str) -> No
                 assert 0 <= m.ready_ahead <= 3  # the sample handed out holds the fourth slot
                 if n == 0:
                     # the engine fills the budget ahead of the loader, then waits for a release
-                    assert wait_for(
-                        lambda: sampler.metrics().ready_ahead == 3 and sampler.metrics().calls_in_flight == 0
+                    wait_for(
+                        lambda: sampler.metrics().ready_ahead == 3 and sampler.metrics().calls_in_flight == 0,
+                        what="the budget filled ahead of the loader",
+                        interval=0.005,
                     )
                     m = sampler.metrics()
                     assert (m.position, m.staged_bytes, m.objects_in_flight, m.fetched_units) == (

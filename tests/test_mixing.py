@@ -14,8 +14,7 @@ from support.shards import class_sorted_shards, leftovers
 from support.stores import Peak, Store, on_disk
 from torch.utils.data import DataLoader
 
-from s5loader import S5Dataset, S5IterableDataset, S5Sampler, StateError
-from s5loader._util.uri import parse_size
+from s5loader import S5Dataset, S5IterableDataset, S5Sampler, StateError, parse_size
 
 SHARDS, PER_SHARD, SIZE = 40, 250, 3000  # ~3 kB samples, one class per shard
 BUFFER, WORKERS, BATCH = 1000, 2, 32
@@ -71,13 +70,13 @@ def test_class_sorted_shards_mix_as_well_as_webdataset_with_the_same_bytes_every
         batch_size=BATCH,
         num_workers=WORKERS,
     ) as it:
-        with Peak(lambda: on_disk(it._area.path)) as peak:
+        with Peak(lambda: on_disk(staging_root)) as peak:
             got = [
                 x
                 for b in DataLoader(it, batch_size=BATCH, num_workers=WORKERS, collate_fn=lambda b: b)
                 for x in b
             ]
-        assert leftovers(it._area.path) == []
+        assert leftovers(staging_root) == []
     assert sorted(x["__key__"] for x in got) == everything
     figures["iterable"] = [int(x["cls"]) for x in got]
     assert 0 < peak.peak <= budget + 40 * 4096, (peak.peak, budget)

@@ -1,5 +1,8 @@
 """Staging space is checked for the node: its ranks (LOCAL_WORLD_SIZE under torchrun) share one
-file system."""
+file system.
+
+A private module (``s5loader.staging``) is imported only where it is the seam under test; the
+rest goes through the public API."""
 
 from __future__ import annotations
 

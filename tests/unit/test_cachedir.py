@@ -1,6 +1,9 @@
 """The daemon's cache directory as a consumer sees it, on folders made by hand: claims, the
 daemon's status from its lock and markers, the bytes the budget counts, the ledger of what
-consumers took, the lock a probe holds; and sizes and flags as the command line says them."""
+consumers took, the lock a probe holds; and sizes and flags as the command line says them.
+
+Private modules (``s5loader._util``, ``s5loader.daemon``) are imported on purpose: their own
+behaviour is what these tests check."""
 
 from __future__ import annotations
 

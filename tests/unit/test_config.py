@@ -1,5 +1,8 @@
 """The options objects (fast tier: no server): StagingOptions and Access are checked once,
-with messages that say what to change; the renamed sampler keywords; the daemon's flags."""
+with messages that say what to change; the renamed sampler keywords; the daemon's flags.
+
+Private modules (``s5loader._index``, ``s5loader._s3api``, ``s5loader.daemon``, ``s5loader.s5cmd``)
+are imported on purpose: their own behaviour is what these tests check."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import pytest
 from s5loader import Access, S5Dataset, S5Sampler, StagingOptions
 from s5loader._index.sample import Field, Sample
 from s5loader._s3api.client import s3_client
-from s5loader.daemon import build_parser, options_from_args
+from s5loader.daemon import PrefetchOptions, build_parser, options_from_args
 from s5loader.exceptions import ConfigError
 from s5loader.s5cmd import S5cmd
 
@@ -299,3 +302,17 @@ def test_access_to_args_round_trips_and_reaches_the_prefetcher(tmp_path: Path) -
         Prefetcher("s3://b/p/", cache=tmp_path / "c", budget=1000, retires=2)
     with pytest.raises(ConfigError, match="shuffle"):
         Prefetcher("s3://b/p/", cache=tmp_path / "c", budget=1000, shuffle="blocks")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"retries": -1}, "retries must be an int >= 0"),
+        ({"stall_timeout": 0}, "stall_timeout must be a positive"),
+        ({"calls_in_flight": 0}, "calls_in_flight must be a positive int"),
+        ({"on_error": "ignore"}, "on_error must be one of"),
+    ],
+)
+def test_staging_options_checked_as_the_samplers(tmp_path: Path, change: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        PrefetchOptions.of("s3://b/p/", str(tmp_path), 10**6, **change)

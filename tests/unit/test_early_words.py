@@ -1,6 +1,9 @@
 """A reader's wait for the sampler's word on a sample handed out before it was staged
 (``StagingLayout.mark_early`` and ``wait_staged``): staged, not staged, an error, a pass folder
-that goes; woken by the bell the sampler rings, or by looking where no FIFO can be made."""
+that goes; woken by the bell the sampler rings, or by looking where no FIFO can be made.
+
+Private modules (``s5loader.staging``) are imported on purpose: their own behaviour is what
+these tests check."""
 
 from __future__ import annotations
 

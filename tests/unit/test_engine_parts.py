@@ -1,5 +1,9 @@
 """Unit tests of the staging engine's pure parts: which positions a call takes (windows, budget,
-kept samples, samples still held) and the count of fields each sample in flight waits for."""
+kept samples, samples still held) and the count of fields each sample in flight waits for.
+
+Private modules (``s5loader._index``, ``s5loader._util``, ``s5loader.engine``,
+``s5loader.s5cmd``, ``s5loader.staging``) are imported on purpose: their own behaviour is what
+these tests check."""
 
 from __future__ import annotations
 

@@ -1,5 +1,9 @@
 """The epoch cache's choices without a server: the keep-set, the shares of a node's ranks,
-admission, the index fingerprint and the cache folder's identity."""
+admission, the index fingerprint and the cache folder's identity.
+
+Private modules (``s5loader._index``, ``s5loader._sampling``, ``s5loader._util``,
+``s5loader.daemon``, ``s5loader.staging``) are imported on purpose: their own behaviour is what
+these tests check."""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
 """What readers of a staged tar shard give back (``staging/holes.py``, ``release_shard_sample``):
 a block comes back once every sample touching it is done (read, or not needed), counted once
-whoever frees it, never a block a sample still to be read (or not yet downloaded) touches."""
+whoever frees it, never a block a sample still to be read (or not yet downloaded) touches.
+
+Private modules (``s5loader._util``, ``s5loader.staging``) are imported on purpose: their own
+behaviour is what these tests check."""
 
 from __future__ import annotations
 

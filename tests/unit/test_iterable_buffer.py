@@ -1,7 +1,10 @@
 """A shuffle buffer over tar shards against the rank's budget: checked in the process that makes
 the S5IterableDataset (and at each set_epoch), naming shuffle_buffer, the budget, the largest
 buffer that fits and the budget that holds this one; no server needed (the shards are
-described, never fetched)."""
+described, never fetched).
+
+Private modules (``s5loader._index``, ``s5loader._sampling``, ``s5loader._shards``) are imported
+on purpose: their own behaviour is what these tests check."""
 
 from __future__ import annotations
 
@@ -10,14 +13,13 @@ import re
 
 import pytest
 
-from s5loader import Access, BudgetError, S5Dataset, S5IterableDataset
+from s5loader import Access, BudgetError, S5Dataset, S5IterableDataset, parse_size
 from s5loader._index.sample import Field, Sample
 from s5loader._sampling.iterparts import rank_layout, rank_order
 from s5loader._sampling.order import Order
 from s5loader._sampling.units import units_of
 from s5loader._shards import index as _shards
 from s5loader._shards.dataset import ShardSet
-from s5loader._util.uri import parse_size
 
 SHARD = 1_000_000
 
@@ -90,4 +92,5 @@ def test_a_buffer_over_raw_objects_costs_no_staging_space(tmp_path) -> None:
     with S5IterableDataset(
         S5Dataset(samples), shuffle=True, shuffle_buffer=400, budget=4000, staging_dir=str(tmp_path)
     ) as it:
-        it.set_epoch(1)
+        it.set_epoch(1)  # 400 buffered samples of 1000 bytes and a budget of 4000: no BudgetError
+        assert it.epoch == 1

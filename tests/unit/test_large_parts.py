@@ -1,10 +1,17 @@
 """How a large object is cut into parts (checkpoints, dcp, fetch): sizes from the object's size,
-S3's limits kept, the caller's choice kept, a streamed upload that outgrows its estimate."""
+S3's limits kept, the caller's choice kept, a streamed upload that outgrows its estimate.
+
+Private modules (``s5loader._largeobj``) are imported on purpose: their own behaviour is what
+these tests check."""
 
 from __future__ import annotations
 
+import hashlib
+import os
+
 import pytest
 
+from s5loader import ChecksumError
 from s5loader._largeobj.parts import (
     DEFAULT_CONCURRENCY,
     MAX_PARTS,
@@ -13,6 +20,8 @@ from s5loader._largeobj.parts import (
     plan_parts,
     stream_part_size,
 )
+from s5loader._largeobj.sources import natural_key
+from s5loader._largeobj.verify import Checker, parse_md5_file
 
 MiB = 1024**2
 GiB = 1024**3
@@ -90,3 +99,29 @@ def test_a_large_copy_out_of_a_loaded_buffer_goes_through_torch_and_is_exact(mon
     out = bytearray(2 * MiB)
     ranged._copy(memoryview(out), src, 7, 2 * MiB)
     assert out == src[7 : 7 + 2 * MiB] and len(calls) == 2
+
+
+def test_md5_files_and_etags_units() -> None:
+    text = "d41d8cd98f00b204e9800998ecf8427e  a.part00\n0cc175b9c0f1b6a831c399e269772661 *a.part01\n"
+    assert parse_md5_file(text, "a.part01") == "0cc175b9c0f1b6a831c399e269772661"
+    assert parse_md5_file(text, "other") is None
+    assert (
+        parse_md5_file("d41d8cd98f00b204e9800998ecf8427e  whatever\n", "x")
+        == "d41d8cd98f00b204e9800998ecf8427e"
+    )
+    data = os.urandom(20 * MiB + 5)
+    parts = [data[i : i + 8 * MiB] for i in range(0, len(data), 8 * MiB)]
+    etag = hashlib.md5(b"".join(hashlib.md5(p).digest() for p in parts)).hexdigest() + "-3"
+    ok = Checker("s3://b/k", len(data), etag)
+    ok.update(data[:12345])
+    ok.update(data[12345:])
+    ok.check()  # the part size (8 MiB) is guessed from the size and the part count
+    bad = Checker("s3://b/k", len(data), etag)
+    bad.update(bytes([data[0] ^ 0xFF]) + data[1:])  # always differs from data
+    with pytest.raises(ChecksumError, match="s3://b/k: the bytes do not match its multipart ETag"):
+        bad.check()
+    short = Checker("s3://b/k", len(data), etag)
+    short.update(data[:-1])
+    with pytest.raises(ChecksumError, match="got 20971524 bytes, the listing says 20971525"):
+        short.check()
+    assert sorted(["v10", "v2", "v1"], key=natural_key) == ["v1", "v2", "v10"]

@@ -1,7 +1,10 @@
 """Manifest lines read by the fast paths (chunks of lines of the usual shape read a column at a
 time, or single lines read by a regex, extra fields of plain scalars such as a label) give
 exactly the index the full path (``json.loads``) gives: the same samples, the same extra values
-of the same types, the same saved bytes, the same errors."""
+of the same types, the same saved bytes, the same errors.
+
+Private modules (``s5loader._index``) are imported on purpose: their own behaviour is what these
+tests check."""
 
 from __future__ import annotations
 

@@ -19,5 +19,6 @@ def test_the_daemon_engine_is_prefetch_daemon_and_the_old_name_warns() -> None:
 def test_the_public_api_is_all_there() -> None:
     import s5loader
 
+    assert "S5Sampler" in s5loader.__all__ and "S5Dataset" in s5loader.__all__
     for name in s5loader.__all__:
         assert getattr(s5loader, name) is not None, name

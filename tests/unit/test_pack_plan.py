@@ -1,14 +1,17 @@
 """The plan of ``s5loader pack``, pure logic: options, member names, order, the cut into shards,
-the fingerprint, the rank split; the shard writer's bytes; the disk gate."""
+the fingerprint, the rank split; the shard writer's bytes; the disk gate.
+
+Private modules (``s5loader._index``, ``s5loader._pack``, ``s5loader._shards``,
+``s5loader.staging``) are imported on purpose: their own behaviour is what these tests check."""
 
 from __future__ import annotations
 
 import io
 import os
 import threading
-import time
 
 import pytest
+from support.waits import stays_false
 
 from s5loader import BudgetError, ConfigError, UnsafeArchiveError
 from s5loader._index.sample import Field, Sample
@@ -164,8 +167,7 @@ def test_gate_holds_shards_within_the_budget_and_refuses_more_than_it() -> None:
     got: list[bool] = []
     t = threading.Thread(target=lambda: got.append(gate.acquire(50, lambda: False)))
     t.start()
-    time.sleep(0.05)
-    assert not got  # 60 + 50 > 100: waits while the first holds the disk
+    stays_false(lambda: got, 0.2, "60 + 50 > 100, yet the second acquire did not wait for the first")
     gate.release(60)
     t.join(5)
     assert got == [True] and gate.peak == 60

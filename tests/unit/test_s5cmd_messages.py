@@ -1,11 +1,19 @@
 """s5cmd's words for missing credentials and a missing bucket (as s5cmd 2.3 prints them) become
-messages that say what is wrong and what to check, with the URI; boto3's errors say the same."""
+messages that say what is wrong and what to check, with the URI; boto3's errors say the same.
+
+Private modules (``s5loader._s3api``, ``s5loader.s5cmd``) are imported on purpose: their own
+behaviour is what these tests check."""
 
 from __future__ import annotations
 
 import botocore.exceptions
 
-from s5loader import AccessDeniedError, EndpointError, FetchError, NoSuchBucketError
+from s5loader import (
+    AccessDeniedError,
+    EndpointError,
+    FetchError,
+    NoSuchBucketError,
+)
 from s5loader._s3api.errors import boto3_error
 from s5loader.s5cmd import error_for, error_from_exit
 
@@ -69,3 +77,21 @@ def test_boto3_says_the_same() -> None:
     no_bucket = boto3_error(missing, "s3://dmeo/train/", "http://127.0.0.1:9000")
     assert isinstance(no_bucket, NoSuchBucketError)
     assert "the store at http://127.0.0.1:9000 has no bucket 'dmeo'" in str(no_bucket)
+
+
+def test_failure_line_is_matched_by_its_destination() -> None:
+    from s5loader.s5cmd import parse_line, partial_of, reported_destinations
+
+    # the shape s5cmd v2.3 prints for a failing cp --raw line and for one object of a wildcard
+    line = b'{"operation":"cp","command":"cp s3://b/a b.bin /stage dir/.c1/.r/3.0","error":"AccessDenied: x"}'
+    r = parse_line(line)
+    assert r is not None and not r.ok and r.error == "AccessDenied: x"
+    assert list(reported_destinations(r.command)) == [
+        "s3://b/a b.bin /stage dir/.c1/.r/3.0",
+        "b.bin /stage dir/.c1/.r/3.0",
+        "/stage dir/.c1/.r/3.0",
+        "dir/.c1/.r/3.0",
+    ]
+    assert list(partial_of("3.01083930865"))[:2] == ["3.0108393086", "3.010839308"]
+    assert "3.0" in partial_of("3.01083930865") and "3.01" in partial_of("3.01083930865")
+    assert list(partial_of("3.0")) == ["3."] and list(partial_of("x.bin")) == []

@@ -2,7 +2,10 @@
 open as soon as what the open ones hold leaves room, counted as the readers give bytes back; every
 sample comes once, the same seed gives the same order, no stretch of it (nor a pass resumed from
 any position) needs more than the budget, and it mixes class-sorted shards at least as a shuffle
-buffer of the same bytes. No server: the shards are described, never fetched."""
+buffer of the same bytes. No server: the shards are described, never fetched.
+
+Private modules (``s5loader._sampling``, ``s5loader._shards``) are imported on purpose: their
+own behaviour is what these tests check."""
 
 from __future__ import annotations
 

@@ -1,7 +1,10 @@
 """The order over tar shards (``Order.shard_order``): ranks take whole runs of shards, so a shard
 is fetched by one rank; with ``shuffle=True`` samples mix across the shards a rank has open
 from the first sample on, never more shards open than asked; the same seed gives the same
-order; every sample comes once per epoch over the ranks."""
+order; every sample comes once per epoch over the ranks.
+
+Private modules (``s5loader._sampling``) are imported on purpose: their own behaviour is what
+these tests check."""
 
 from __future__ import annotations
 

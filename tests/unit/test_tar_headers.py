@@ -1,6 +1,9 @@
 """The tar scan reads plain ustar headers itself and leaves the rest to tarfile: on every tar
 (ustar, GNU and pax formats, long and non-ASCII names, folders, links, empty files, damaged
-headers, cut tars) it gives exactly what tarfile alone gives, samples or error."""
+headers, cut tars) it gives exactly what tarfile alone gives, samples or error.
+
+Private modules (``s5loader._shards``) are imported on purpose: their own behaviour is what
+these tests check."""
 
 from __future__ import annotations
 

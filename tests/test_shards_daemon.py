@@ -1,0 +1,257 @@
+"""The prefetch daemon over tar shards against local S3 servers: samples delivered as folders
+within the budget, a cut mid-shard continued, member names kept as bytes, gzip shards
+unpacked.
+
+Private modules (``s5loader._sampling``, ``s5loader._util``, ``s5loader.daemon``) are imported
+only where they are the seam under test; the rest goes through the public API."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from support.shards import CONSUMER, gzip_shards, make_shards, put_indexed, tar_of
+from support.stores import Store, on_disk
+
+from s5loader import BudgetError, S5Dataset
+
+
+def test_the_daemon_delivers_shard_samples_as_folders_within_budget(
+    seaweed: Store, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from support.stores import Peak
+
+    from s5loader._sampling.order import Order
+    from s5loader._sampling.units import units_of
+    from s5loader._util.platform import punches_holes
+    from s5loader.consume import END_MARKER, ready_names
+    from s5loader.daemon import sample_folder_name
+
+    shards, expected = make_shards(4, 5, size=2000)
+    source = put_indexed(seaweed, shards)
+    big = max(len(v) for v in shards.values())
+    budget = 2 * big + 3000
+    cache, out = tmp_path / "cache", tmp_path / "got.jsonl"
+    env = dict(os.environ)
+    consumer = subprocess.Popen([sys.executable, "-c", CONSUMER, str(cache), str(out)], env=env)
+
+    def cache_bytes() -> int:
+        # bytes of samples: a staged shard's less what was punched out of it (the blocks it takes,
+        # at most its size), a delivered file's size
+        seen = {}
+        for root, _, files in os.walk(cache):
+            for f in files:
+                if f not in (".lock", ".state.json", ".released") and "/.calls" not in root:
+                    try:
+                        st = os.lstat(os.path.join(root, f))
+                    except OSError:
+                        continue
+                    staged = "/.staging/" in root + "/" and f == "tar"
+                    seen[st.st_ino] = min(st.st_size, st.st_blocks * 512) if staged else st.st_size
+        return sum(seen.values())
+
+    with Peak(cache_bytes, interval=0.002) as peak:
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "s5loader",
+                "prefetch",
+                "--shards",
+                source,
+                "--cache",
+                str(cache),
+                "--budget",
+                str(budget),
+                "--endpoint-url",
+                seaweed.endpoint,
+                "--shuffle",
+                "--seed",
+                "3",
+                "--epochs",
+                "2",
+                "--samples-per-call",
+                "2",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+        assert r.returncode == 0, r.stderr
+        assert consumer.wait(60) == 0
+    # the shared shard order (as many shards open as the daemon's state says, counting what the
+    # samples written out of a shard give back where the file system punches them out), every epoch
+    ds = S5Dataset.from_shards(source, endpoint_url=seaweed.endpoint)
+    window = json.loads((cache / ".state.json").read_text())["window"]
+    units = units_of(ds)
+    cost = units.order_cost() if punches_holes(str(tmp_path)) else None
+    want = []
+    for epoch in range(2):
+        for i in units.plan(Order(True, 3, 1, 0, False), epoch, 0, None, window, cost)[0]:
+            want.append(sample_folder_name(len(want), ds[i]["__key__"]))
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [g["name"] for g in got] == want
+    epoch_keys = [sorted(n.split("-", 1)[1] for n in want[e * 20 : (e + 1) * 20]) for e in range(2)]
+    assert epoch_keys[0] == epoch_keys[1] == sorted(expected)  # each sample once an epoch
+    for g in got:
+        key = g["name"].split("-", 1)[1]
+        assert g["files"] == {f: hashlib.sha256(v).hexdigest() for f, v in expected[key].items()}
+    assert peak.peak <= budget, (peak.peak, budget)
+    assert ready_names(str(cache)) == [] and (cache / END_MARKER).exists()
+    # a budget that cannot hold a shard and its unpacked samples (on a file system that cannot
+    # punch them out of it) is refused before any download
+    from s5loader.daemon import PrefetchDaemon, PrefetchOptions, stream
+
+    opts = PrefetchOptions.of(
+        source, str(tmp_path / "c2"), big + 10, endpoint_url=seaweed.endpoint, shards=True
+    )
+    with monkeypatch.context() as m:
+        m.setattr(stream, "punches_holes", lambda folder, most: False)
+        with (
+            PrefetchDaemon(opts) as p,
+            pytest.raises(BudgetError, match=r"shard s3://.*shard-00\d.tar.*twice the largest shard"),
+        ):
+            p.open()
+    assert not list((tmp_path / "c2" / ".staging").glob("*/tar"))
+
+
+def test_a_shard_daemon_cut_mid_shard_continues_without_loss_or_repeat(moto: Store, tmp_path) -> None:
+    import threading
+
+    from s5loader.consume import consume
+    from s5loader.daemon import PrefetchDaemon, PrefetchOptions, sample_folder_name
+
+    shards, expected = make_shards(3, 5, size=1000)
+    source = put_indexed(moto, shards)
+    big = max(len(v) for v in shards.values())
+    cache = tmp_path / "cache"
+    opts = PrefetchOptions.of(
+        source, str(cache), 2 * big + 2000, endpoint_url=moto.endpoint, shards=True, samples_per_call=1
+    )
+
+    class Cut(Exception):
+        pass
+
+    class CutAtSeven(PrefetchDaemon):
+        def _deliver(self, seq: int, staged) -> None:  # type: ignore[no-untyped-def]
+            if seq == 7:  # the third sample of the second shard: the process dies here
+                raise Cut()
+            super()._deliver(seq, staged)
+
+    got: list[tuple[str, dict[str, bytes]]] = []
+
+    def consumer() -> None:
+        for s in consume(str(cache), timeout=60):
+            got.append((s.name, {f: s.read(f) for f in s.files}))
+
+    reader = threading.Thread(target=consumer)
+    reader.start()
+    with CutAtSeven(opts) as first, pytest.raises(Cut):
+        first.open()
+        first.run()
+    with PrefetchDaemon(opts) as second:
+        second.open()
+        assert second.summary.resumed_from == 7
+        assert second.run().delivered == 8
+    reader.join(60)
+    keys = sorted(expected)
+    assert [name for name, _ in got] == [sample_folder_name(i, k) for i, k in enumerate(keys)]
+    for name, files in got:
+        assert files == expected[name.split("-", 1)[1]]
+
+
+def test_a_member_name_that_is_not_utf8_keeps_its_bytes_through_the_daemon(moto: Store, tmp_path) -> None:
+    # an old tar's Latin-1 name: tarfile gives it as surrogates, which UTF-8 cannot encode
+    from s5loader.consume import consume
+    from s5loader.daemon import PrefetchDaemon, PrefetchOptions
+
+    name = b"caf\xe9".decode("utf-8", "surrogateescape")
+    data = tar_of([(f"{name}.cls", b"1"), (f"{name}.txt", b"t"), ("plain.cls", b"2")])
+    source = put_indexed(moto, {"shard-000.tar": data})
+    opts = PrefetchOptions.of(
+        source, str(tmp_path / "cache"), 4 * len(data), endpoint_url=moto.endpoint, shards=True
+    )
+    with PrefetchDaemon(opts) as daemon:
+        daemon.open()
+        assert daemon.run().delivered == 2
+    got, raw = [], []
+    for s in consume(str(tmp_path / "cache"), timeout=60):
+        got.append((s.key, {f: s.read(f) for f in s.files}))
+        with open(os.path.join(s.path, "__key__"), "rb") as fh:
+            raw.append(fh.read())
+    assert got == [(name, {"cls": b"1", "txt": b"t"}), ("plain", {"cls": b"2"})]
+    assert raw == [b"caf\xe9", b"plain"]
+
+
+def test_the_daemon_unpacks_gzip_shards_within_a_budget_that_counts_their_tar(
+    seaweed: Store, tmp_path
+) -> None:
+    from support.stores import Peak
+
+    source, shards, expected = gzip_shards(seaweed, n_shards=4, per_shard=5)
+    tars = {n: len(gzip.decompress(d)) for n, d in shards.items()}
+    # a staged shard, its tar beside it, and the samples unpacked from the tar
+    budget = max(len(d) + 2 * tars[n] for n, d in shards.items())
+    cache, out = tmp_path / "cache", tmp_path / "got.jsonl"
+    consumer = subprocess.Popen([sys.executable, "-c", CONSUMER, str(cache), str(out)])
+    with Peak(lambda: on_disk(str(cache)), interval=0.002) as peak:
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "s5loader",
+                "prefetch",
+                "--shards",
+                source,
+                "--cache",
+                str(cache),
+                "--budget",
+                str(budget),
+                "--endpoint-url",
+                seaweed.endpoint,
+                "--shuffle",
+                "--seed",
+                "3",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert r.returncode == 0, r.stderr
+        assert consumer.wait(60) == 0
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(g["name"].split("-", 1)[1] for g in got) == sorted(expected)
+    for g in got:
+        fields = expected[g["name"].split("-", 1)[1]]
+        assert {k.rsplit(".", 1)[-1]: v for k, v in g["files"].items()} == {
+            f: hashlib.sha256(v).hexdigest() for f, v in fields.items()
+        }
+    assert 0 < peak.peak <= budget, (peak.peak, budget)
+    # a budget that cannot hold the largest shard with its tar beside it
+    staged = max(len(d) + tars[n] for n, d in shards.items())
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "s5loader",
+            "prefetch",
+            "--shards",
+            source,
+            "--cache",
+            str(tmp_path / "c2"),
+            "--budget",
+            str(staged - 1),
+            "--endpoint-url",
+            seaweed.endpoint,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode != 0 and "decompressed" in r.stderr and "raise --budget" in r.stderr, r.stderr[-2000:]

@@ -1,0 +1,68 @@
+"""Blocks without a server: samples that share a key prefix are planned as one wildcard line,
+which never covers the objects of another sample.
+
+Private modules (``s5loader._index``) are imported on purpose: their own behaviour is what these
+tests check."""
+
+from __future__ import annotations
+
+from support.stores import Store, make_pairs, scratch_folders, staged_samples  # noqa: F401
+
+from s5loader._index.blocks import plan_blocks
+from s5loader._index.sample import Field, Sample
+
+
+def samples_of(keys: list[str], fields=("image", "label")) -> list[Sample]:
+    return [Sample(k, tuple(Field(f, f"s3://b/{k}.{f}", 1, "") for f in fields)) for k in keys]
+
+
+def listing_of(samples: list[Sample]) -> list[str]:
+    return [f.uri[7:] for s in samples for f in s.fields]
+
+
+def test_numbered_keys_form_blocks_of_their_decade() -> None:
+    samples = samples_of([f"train/{i:05d}" for i in range(2000)])
+    layout = plan_blocks(samples, 64, listing_of(samples))
+    assert len(layout.blocks) == 200
+    blk = layout.blocks[12]
+    assert (blk.start, blk.stop, blk.wildcard) == (120, 130, "s3://b/train/0012*")
+    assert blk.rels[0] == ("00120.image", "00120.label")
+    assert all(b >= 0 for b in layout.block_of)
+    units = layout.units
+    assert sorted(i for u in units for i in u) == list(range(2000))
+
+
+def test_block_never_covers_objects_of_other_samples() -> None:
+    # "a1" and "a10" share the prefix "train/a1": a block "train/a1*" would also match a10's
+    keys = ["train/a1", "train/a10", "train/a11", "train/b"]
+    layout = plan_blocks(samples_of(keys), 2, listing_of(samples_of(keys)))
+    assert layout.blocks  # else the loop below checks nothing
+    for blk in layout.blocks:
+        prefix = blk.prefix
+        covered = [k for k in keys for f in ("image", "label") if f"{k}.{f}".startswith(prefix)]
+        assert len(covered) == 2 * len(blk)
+
+
+def test_unsafe_keys_get_no_block() -> None:
+    keys = ["d/x*y", "d/q'uote", "d/../up", "d/sp ace", "d/.hidden", "d/a..b"]
+    layout = plan_blocks(samples_of(keys), 8, listing_of(samples_of(keys)))
+    for b in layout.block_of:
+        if b >= 0:
+            assert all(part not in layout.blocks[b].prefix for part in ("*", ".."))
+            assert " " not in "".join(layout.blocks[b].rels[0]) and "'" not in "".join(
+                layout.blocks[b].rels[0]
+            )
+    assert layout.block_of[0] == -1 and layout.block_of[2] == -1 and layout.block_of[5] == -1
+
+
+def test_objects_outside_the_samples_keep_blocks_exact() -> None:
+    # README is left out by stem grouping, but a wildcard over train/ would fetch it
+    samples = samples_of(["train/apple", "train/berry", "train/cherry"])
+    listing = [*listing_of(samples), "train/README", "train/sub/"]
+    layout = plan_blocks(samples, 8, listing)
+    assert all(not blk.prefix == "train/" for blk in layout.blocks)
+    for blk in layout.blocks:
+        assert [k for k in listing if k.startswith(blk.prefix)] == [
+            k for i in range(blk.start, blk.stop) for k in listing_of([samples[i]])
+        ]
+    assert plan_blocks(samples, 8, None).blocks == []  # no listing (manifest): no blocks

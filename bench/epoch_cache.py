@@ -127,6 +127,8 @@ def s5loader_runs(args: argparse.Namespace, proxy: ProxyProcess, root: str) -> l
         ds = S5Dataset.from_prefix("s3://data/ec/", endpoint_url=proxy.endpoint)
     total = ds.total_bytes
     budget = total // 8
+    if args.shards:  # the shards of a batch must fit at once, whole (the cache keeps them whole)
+        budget = max(budget, 3 * -(-total // args.shards))
     rows: dict[str, dict[str, Any]] = {}
     for rep in range(args.repeat):
         for name, cache in (("none", 0), ("half", total // 2), ("all", total)):

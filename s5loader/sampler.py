@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import sys
 import warnings
@@ -12,17 +11,14 @@ from typing import Any, cast
 
 from torch.utils.data import Sampler
 
-from ._sampling.cacheplan import node_ranks
 from ._sampling.cacherun import open_cache_run
+from ._sampling.epochs import EpochOrders
 from ._sampling.mixing import few_shards
 from ._sampling.order import WINDOW_CAP, ShuffleQuality, block_window, shuffle_quality  # noqa: F401 (re-exported)
-from ._sampling.passes import write_command_files
 from ._sampling.pieces import part_len
-from ._sampling.resume import check_state, check_window, make_state, resume, resume_cost, resume_window
 from ._sampling.run import StagingRun
 from ._sampling.setup import check_loader_batch, configure, staging_options
 from ._sampling.units import can_free, freeing_cost
-from ._shards.holding import Freeing
 from ._util.platform import require_linux
 from ._util.uri import format_size
 from .config import StagingOptions
@@ -121,7 +117,7 @@ class S5Sampler(Sampler[int]):
             numworkers=("s5cmd_workers", numworkers),
         )
         self.dataset = dataset
-        self._order, self._window, options, root = configure(
+        order, window, options, root = configure(
             dataset,
             options,
             shuffle=shuffle,
@@ -131,29 +127,20 @@ class S5Sampler(Sampler[int]):
             drop_last=drop_last,
             batch_size=batch_size,
         )
-        self._cost: Freeing | None = None
-        cache = open_cache_run(dataset, self._order, self._window, options, root, self._local_orders)
+        # the cache plans on the orders of the node's ranks once the first pass starts
+        cache = open_cache_run(dataset, order, window, options, root, lambda e: self._epochs.local_orders(e))
         # over tar shards that do not fit: the budget used as a shuffle buffer (see Order.shard_order)
-        self._can_free = can_free(dataset, cache is not None, root, options.keep_staged)
-        self._cost = freeing_cost(
-            dataset, self._order.shuffle, cache is not None, options.budget, root, options.keep_staged
+        cost = freeing_cost(
+            dataset, order.shuffle, cache is not None, options.budget, root, options.keep_staged
         )
-        self._run = StagingRun(
-            dataset, options, root, options.keep_staged, cache, frees=self._cost is not None
-        )
+        self._run = StagingRun(dataset, options, root, options.keep_staged, cache, frees=cost is not None)
+        freeable = can_free(dataset, cache is not None, root, options.keep_staged)
+        self._epochs = EpochOrders(order, window, self._run, cost, freeable)
         self._warned = False
         self.keep_staged = options.keep_staged
         self.epoch = 0
         self._pos = self._run.position  # where this rank is in self.epoch (see state_dict)
         self._finalizer = weakref.finalize(self, close_off_engine, self._run.close)  # a pass stops first
-
-    def _local_orders(self, epoch: int) -> list[list[int]]:
-        """The whole order of ``epoch`` of each rank of this node (the epoch cache plans on them)."""
-        o, run = self._order, self._run
-        return [
-            run.units.plan(dataclasses.replace(o, rank=r), epoch, 0, run.blocks, self._window, self._cost)[0]
-            for r in node_ranks(o.rank, o.num_replicas)
-        ]
 
     # -- the Sampler protocol -----------------------------------------------------------
     @property
@@ -171,14 +158,14 @@ class S5Sampler(Sampler[int]):
 
     @property
     def num_replicas(self) -> int:
-        return self._order.num_replicas
+        return self._epochs.order.num_replicas
 
     @property
     def rank(self) -> int:
-        return self._order.rank
+        return self._epochs.order.rank
 
     def __len__(self) -> int:
-        return part_len(len(self.dataset), self._order.num_replicas, self._order.drop_last)
+        return part_len(len(self.dataset), self._epochs.order.num_replicas, self._epochs.order.drop_last)
 
     def set_epoch(self, epoch: int) -> None:
         """Use the order of ``epoch`` for the next pass (as ``DistributedSampler``).
@@ -199,7 +186,9 @@ class S5Sampler(Sampler[int]):
         batch = check_loader_batch(self, self.dataset, self.budget, sys._getframe(1))
         if not self._warned:  # a budget that holds few shards: said once
             self._warned = True
-            few = few_shards(self.dataset, self.budget, self._cost, self._order.shuffle, "S5Sampler")
+            few = few_shards(
+                self.dataset, self.budget, self._epochs.cost, self._epochs.order.shuffle, "S5Sampler"
+            )
             if few:
                 warnings.warn(few, UserWarning, stacklevel=2)
         return self._iterate(batch)
@@ -210,30 +199,25 @@ class S5Sampler(Sampler[int]):
             self._pos.start, self._pos.epoch_done = 0, False  # the same epoch again, from its start
         order, windows = self._epoch_plan(self.epoch, self._pos.start)
         if batch is not None:  # over tar shards: the shards of one batch must fit at once
-            self._run.units.check_batch(order, batch, self.budget, self._cost)
+            self._run.units.check_batch(order, batch, self.budget, self._epochs.cost)
         early = batch is not None
         # without skips=True the run yields staged indices only
-        stream = self._run.stage(order, windows, self._order.shuffle, lambda: self.epoch, early=early)
+        stream = self._run.stage(order, windows, self._epochs.order.shuffle, lambda: self.epoch, early=early)
         yield from cast(Iterator[StagedIndex], stream)
 
     def _epoch_order(self, epoch: int, start: int = 0) -> list[int]:
-        return self._epoch_plan(epoch, start)[0]
+        return self._epochs.plan(epoch, start)[0]
 
     def _epoch_plan(self, epoch: int, start: int = 0) -> tuple[list[int], list[int] | None]:
         """This rank's order from ``start`` on, and (``shuffle="block"``) where its windows begin."""
-        run = self._run
-        return run.units.plan(self._order, epoch, start, run.blocks, self._window, self._cost)
-
-    def _units(self) -> list[list[int]]:
-        """The blocks a ``shuffle="block"`` order permutes: tar shards, else key-prefix blocks."""
-        return self._run.units.order_units(self._run.blocks)
+        return self._epochs.plan(epoch, start)
 
     @property
     def window(self) -> int:
         """The most samples of a ``shuffle="block"`` window (see ``shuffle``); over tar shards
         with ``shuffle`` True or False, the shards open at once where read samples give nothing
         back (a ``shuffle=True`` order that counts what they give back opens more)."""
-        return self._window
+        return self._epochs.window
 
     def shuffle_quality(self, epoch: int | None = None, span: int = 256) -> ShuffleQuality:
         """How well this rank's order of ``epoch`` (default: the current one) mixes blocks (over
@@ -252,12 +236,7 @@ class S5Sampler(Sampler[int]):
             shuffle draws about ``span`` blocks per run when blocks are many; key order about
             ``span`` / the block size.
         """
-        order = self._epoch_order(self.epoch if epoch is None else epoch)
-        unit_of = [0] * len(self.dataset)
-        for u, members in enumerate(self._units()):
-            for i in members:
-                unit_of[i] = u
-        return shuffle_quality(order, unit_of, span)
+        return self._epochs.quality(self.epoch if epoch is None else epoch, span)
 
     @property
     def stats(self) -> Stats | None:
@@ -290,8 +269,7 @@ class S5Sampler(Sampler[int]):
         Returns:
             the paths of the command files, in order.
         """
-        order, windows = self._epoch_plan(self.epoch if epoch is None else epoch)
-        return write_command_files(self.dataset, order, windows, self._run.blocks, self._options, directory)
+        return self._epochs.command_files(directory, self.epoch if epoch is None else epoch)
 
     # -- resume (torchdata's Stateful protocol) --------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -301,10 +279,7 @@ class S5Sampler(Sampler[int]):
         means "epoch ``epoch`` is done": loading it makes the next pass a whole epoch, the one
         :meth:`set_epoch` names.
         """
-        room = (self._cost.room or 0) if self._cost is not None else 0
-        return make_state(
-            self._order, self.epoch, len(self.dataset), self._pos, self._window, self._run.units.name, room
-        )
+        return self._epochs.state(self.epoch, self._pos)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict`, staging only what is left.
@@ -321,13 +296,7 @@ class S5Sampler(Sampler[int]):
             StateError: the state does not fit (another data set size, negative counts, an
                 unknown version, a missing key).
         """
-        units = self._run.units
-        saved = check_state(state, len(self.dataset), units)
-        window = check_window(state, self._window)
-        self._order, self.epoch = resume(saved, self._order, self.epoch, self._pos, len(self.dataset), units)
-        self._window, self._run.options = resume_window(saved, window, self._window, self._options, units)
-        self._cost = resume_cost(saved, self._cost, self._can_free, units, self.dataset.source)
-        self._run.passes.frees = self._run.passes.frees or self._cost is not None
+        self.epoch = self._epochs.load(state, self.epoch, self._pos)
 
     # -- lifetime -----------------------------------------------------------------------
     def close(self) -> None:
@@ -344,7 +313,7 @@ class S5Sampler(Sampler[int]):
         return {**self.__dict__, "_finalizer": None}  # the running pass stays (see StagingPasses)
 
     def __repr__(self) -> str:
-        o = self._order
+        o = self._epochs.order
         return (
             f"S5Sampler({self.dataset!r}, shuffle={o.shuffle}, seed={o.seed}, rank={o.rank}/"
             f"{o.num_replicas}, budget={format_size(self.budget)}, staging_dir={self.staging_dir!r})"

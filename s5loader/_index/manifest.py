@@ -22,9 +22,10 @@ from .._s3api.errors import boto3_error
 from .._util.uri import parse_s3_uri
 from ..config import Access
 from ..exceptions import EmptySourceError, ManifestError, S5LoaderError
-from .builder import IndexBuilder, SameObjectTwice
+from .builder import IndexBuilder
 from .compact import SampleIndex
 from .listing import stat_objects
+from .sorting import SameObjectTwice
 
 
 def index_manifest(path_or_uri: str, access: Access | str | None, group_by: str) -> SampleIndex:

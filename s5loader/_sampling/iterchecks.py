@@ -87,6 +87,21 @@ def check_count(name: str, value: int | None, least: int) -> int | None:
     return value
 
 
+def check_worker_count(told: int | None, running: int, source: str) -> None:
+    """The ``num_workers`` an :class:`~s5loader.S5IterableDataset` was made with (``None``:
+    any) against the workers its DataLoader ``running`` runs (1 without workers).
+
+    Raises:
+        ConfigError: the counts differ.
+    """
+    if told is not None and max(1, told) != running:
+        raise ConfigError(
+            f"S5IterableDataset over {source or 'the data set'} was made with "
+            f"num_workers={told}, but its DataLoader runs {running} worker(s) (num_workers=0 "
+            "runs one, in the main process): give both the same count"
+        )
+
+
 def check_buffer(
     dataset: S5Dataset,
     order: Order,

@@ -1,13 +1,12 @@
-"""Call planning: which positions of the order the next call takes (:func:`pick_call`), which
-s5cmd command lines fetch a call's samples, what S3 requests they cost, and how to read the
-answers to them (reported path -> sample position and field, scratch path -> final path)."""
+"""Call planning: which s5cmd command lines fetch a call's samples, what S3 requests they cost,
+and how to read the answers to them (reported path -> sample position and field, scratch path
+-> final path). Which positions a call takes is :mod:`.schedule`'s."""
 
 from __future__ import annotations
 
-import bisect
 import os
 from collections import Counter
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .._index.blocks import BlockPlan
@@ -22,7 +21,6 @@ from ..s5cmd import (
     write_command_file,
 )
 from ..staging.layout import field_names
-from .budget import Budget
 from .side import download_requests
 
 
@@ -37,77 +35,6 @@ class CallPlan:
     scratch: list[str] = field(default_factory=list)  # folders to remove when the call ends
     aside: list[tuple[int, int, str, str]] = field(default_factory=list)  # keys no command file can carry
     requests: Counter[str] = field(default_factory=Counter)  # what the lines cost s5cmd: GET, HEAD, LIST
-
-
-@dataclass
-class Pick:
-    """The positions the next call takes, and where the order stands after it."""
-
-    first: int  # the first position not yet staged (past the kept samples skipped)
-    picked: list[int]  # the retried positions, then the new ones
-    nxt: int  # the first position after the call
-    end: int  # where the call would end with budget enough (see :func:`call_end`)
-    cut: bool  # the budget (or a sample still held) cut the call short
-    whole: bool  # the call ends at a window's start: its windows are whole
-
-
-def call_end(first: int, spc: int, windows: Sequence[int], n: int) -> int:
-    """Where a call that begins at ``first`` ends: after ``spc`` positions (of ``n``), or
-    earlier at the start of the last window that begins within them."""
-    end = min(first + spc, n)
-    k = bisect.bisect_right(windows, end) - 1
-    if k >= 0 and windows[k] > first and end < n:
-        return windows[k]
-    return end
-
-
-def pick_call(
-    order: Sequence[int],
-    samples: Sequence[Sample],
-    budget: Budget,
-    first: int,
-    spc: int,
-    retried: Sequence[int],
-    windows: Sequence[int],
-    kept: Container[int] | None,
-    mark: Callable[[int], None],
-) -> Pick:
-    """Take the positions from ``first`` that the next call stages after ``retried``: at most
-    ``spc`` in all, within the budget, ending at a window's start where the budget cuts the
-    call inside a window. Kept samples (``kept``) are marked ready with ``mark`` and skipped;
-    ``budget.blocked`` tells whether the budget stopped the call before any new sample."""
-    picked = list(retried)  # a retried sample still holds its budget
-    in_call = {order[p] for p in picked}
-    left = budget.limit - budget.reserved
-    nxt, cut = first, False
-    end = call_end(nxt, spc, windows, len(order))
-    while nxt < end and len(picked) < spc:
-        idx = order[nxt]
-        if kept is not None and idx in kept:
-            mark(nxt)
-            if len(picked) == len(retried):
-                first = nxt + 1  # only kept samples so far: the unstaged part begins after them
-            nxt += 1
-            continue
-        budget.check_fits(samples[idx])
-        size = samples[idx].size
-        # An index still on disk from earlier in the order (padding can repeat one)
-        # is staged again only once its first copy is released.
-        if idx in budget.held or idx in in_call or size > left:
-            cut = True
-            break
-        picked.append(nxt)
-        in_call.add(idx)
-        left -= size
-        nxt += 1
-    budget.blocked = cut and not picked
-    whole = False
-    if cut and windows:
-        k = bisect.bisect_right(windows, nxt) - 1
-        if k >= 0 and windows[k] > first:
-            nxt, whole = windows[k], True  # what fits, less the part of a window
-            picked = [p for p in picked if p < nxt]
-    return Pick(first, picked, nxt, end, cut, whole)
 
 
 def plan_call(

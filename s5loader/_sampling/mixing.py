@@ -55,9 +55,8 @@ def draw_open(pieces: list[list[int]], room: float, cost: Freeing, rng: np.rando
     back = [0] * len(parts)
     heads = [0.0] * len(parts)  # what the run from the shard's start gives back
     tails = [0.0] * len(parts)  # and the run to its end
-    tokens: list[
-        int
-    ] = []  # one per unread sample of the open pieces: a uniform token is a piece by its count
+    # one per unread sample of the open pieces: a uniform token is a piece by its count
+    tokens: list[int] = []
     out: list[int] = []
     held = 0.0
     queued = opened = 0

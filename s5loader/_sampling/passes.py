@@ -82,35 +82,8 @@ class StagingPasses:
         With an epoch ``cache``, its hits are not fetched and the samples it keeps are handed
         back by their readers. With ``early``, an index not staged yet goes out at once, its
         reader to wait for it (:mod:`.early`)."""
-        where = self._new_pass()
-        hits, back = (
-            cache.begin_pass(epoch(), order, where.path) if cache is not None else (None, frozenset())
-        )
-        keep = self.keep
-        units = open_pass(self.dataset, order, where.path, keep, options, shuffle, self.frees, hits, early)
-        released, folders = self.released, StagingLayout(where.path)
-        stager = Stager(
-            self.dataset.samples,
-            units.engine_order,
-            where,
-            self.s5cmd,
-            units.engine_options(options),
-            kept=self.kept if keep else units.engine_kept(hits),
-            access=self.dataset.access,
-            layout=self.layout,
-            windows=units.engine_windows(windows),
-            first_call=units.first_call,
-            is_released=(lambda k: released(k, folders)) if released is not None else None,
-        )
-        if self.on_stager is not None:
-            self.on_stager(stager)
-        units.start(stager, options)
-        if cache is not None:
-            stager.budget.on_release = cache.on_release
-        # a pass whose first unit streams starts the engine once that unit gave its first sample
-        later = units.streams_first
-        if not later:
-            stager.start()
+        where, units, stager, back = self._open(order, windows, options, shuffle, epoch(), cache, early)
+        keep, later = self.keep, units.streams_first
         self.active, self.units = stager, units
         position.yielded = 0
         position.pass_len = len(order)
@@ -149,6 +122,46 @@ class StagingPasses:
             if cache is not None:
                 cache.end_pass(epoch())
             report(stager.stats, time.monotonic() - t0, finished)
+
+    def _open(
+        self,
+        order: list[int],
+        windows: list[int] | None,
+        options: StagingOptions,
+        shuffle: bool | str,
+        epoch: int,
+        cache: CacheRun | None,
+        early: bool,
+    ) -> tuple[PassArea, PassUnits, Stager, frozenset[int]]:
+        """A new pass over ``order``: its folder, its units, its engine (started, unless the
+        first unit streams) and the units the epoch cache keeps (handed back by their readers)."""
+        where = self._new_pass()
+        hits, back = cache.begin_pass(epoch, order, where.path) if cache is not None else (None, frozenset())
+        keep = self.keep
+        units = open_pass(self.dataset, order, where.path, keep, options, shuffle, self.frees, hits, early)
+        released, folders = self.released, StagingLayout(where.path)
+        stager = Stager(
+            self.dataset.samples,
+            units.engine_order,
+            where,
+            self.s5cmd,
+            units.engine_options(options),
+            kept=self.kept if keep else units.engine_kept(hits),
+            access=self.dataset.access,
+            layout=self.layout,
+            windows=units.engine_windows(windows),
+            first_call=units.first_call,
+            is_released=(lambda k: released(k, folders)) if released is not None else None,
+        )
+        if self.on_stager is not None:
+            self.on_stager(stager)
+        units.start(stager, options)
+        if cache is not None:
+            stager.budget.on_release = cache.on_release
+        # a pass whose first unit streams starts the engine once that unit gave its first sample
+        if not units.streams_first:
+            stager.start()
+        return where, units, stager, back
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "active": None}  # a copy in another process runs no pass

@@ -49,20 +49,20 @@ class S5Sampler(Sampler[int]):
             ``staging_dir``, ``stall_timeout``, ``retries``, ``retry_backoff``, ``on_error``,
             ``verify``, ``keep_staged``, ``shrink_budget``, ``epoch_cache``,
             ``keep_epoch_cache``), the same object for every front end; default: its defaults.
-        shuffle: ``True``: a new permutation of all samples each epoch (call
-            :meth:`set_epoch`); ``"block"``: permute blocks of up to ``block_size`` samples
-            that share a key prefix, gather them into windows of whole blocks, and shuffle the
-            samples within each window; a window holds as many samples as ``calls_in_flight + 1``
-            windows fit in ``budget`` (at most 8192), so a batch draws from many blocks, and
-            s5cmd fetches each block of 13 objects or more with one wildcard request; ``False``: key order. Over tar
-            shards (:meth:`S5Dataset.from_shards`) each rank takes a contiguous run of the
-            shards (permuted with ``True`` and ``"block"``), so a shard is fetched by one rank;
-            with ``True`` the budget works as a shuffle buffer: shards open as soon as what the
-            open ones still hold (read samples give their bytes back) leaves room, and each next
-            sample comes from an open shard at random (see :meth:`Order.shard_order
+        shuffle: ``True``: a new permutation of all samples each epoch (call :meth:`set_epoch`);
+            ``"block"``: permute blocks of up to ``block_size`` samples that share a key prefix,
+            gather them into windows of whole blocks, and shuffle the samples within each window; a
+            window holds as many samples as ``calls_in_flight + 1`` windows fit in ``budget`` (at most
+            8192), so a batch draws from many blocks, and s5cmd fetches each block of 13 objects or
+            more with one wildcard request; ``False``: key order. Over tar shards
+            (:meth:`S5Dataset.from_shards`) each rank takes a contiguous run of the shards (permuted
+            with ``True`` and ``"block"``), so a shard is fetched by one rank; with ``True`` the
+            budget works as a shuffle buffer: shards open as soon as what the open ones still hold
+            (read samples give their bytes back) leaves room, and each next sample comes from an open
+            shard at random (see :meth:`Order.shard_order
             <s5loader._sampling.order.Order.shard_order>`); a budget that holds few shards, which
-            mixes class-sorted shards poorly, is a warning at ``iter()`` naming the budget that
-            mixes like a 1000-sample shuffle buffer.
+            mixes class-sorted shards poorly, is a warning at ``iter()`` naming the budget that mixes
+            like a 1000-sample shuffle buffer.
         seed: the permutation's seed; the same seed and epoch give the same order everywhere.
         num_replicas, rank: the distributed split; defaults from torch.distributed, else
             ``WORLD_SIZE`` / ``RANK``, else one process.

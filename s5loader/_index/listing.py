@@ -148,8 +148,9 @@ def _beside_hint(bucket: str, folder: str, access: Access | str | None) -> str:
     if not examples:
         return ""
     return (
-        f"; a prefix names a folder, so s3://{bucket}/{folder[:-1]} reads only s3://{bucket}/{folder}, not keys "
-        f"beside it such as {', '.join(examples)}: name the folder they are in, or list the objects in a manifest"
+        f"; a prefix names a folder, so s3://{bucket}/{folder[:-1]} reads only s3://{bucket}/{folder}, "
+        f"not keys beside it such as {', '.join(examples)}: name the folder they are in, or list the "
+        "objects in a manifest"
     )
 
 

@@ -178,10 +178,11 @@ def _too_big(
     smaller = f"shuffle_buffer={fits} or less" if fits > 1 else "shuffle_buffer=0 (no buffer)"
     raise_to = f", or raise the budget to at least {format_size(_at_least(holds))}" if holds else ""
     return BudgetError(
-        f"shuffle_buffer={shuffle_buffer} over the tar shards of {dataset.source or 'the data set'} needs more "
-        f"staged than the budget holds: a sample the buffer holds back keeps its shard staged after the "
-        f"order has moved on, so rank {order.rank}'s order of epoch {epoch} needs {format_size(need)} of "
-        f"shards staged at once, more than the budget of {format_size(budget)}{mixes}. Give {smaller}{raise_to}"
+        f"shuffle_buffer={shuffle_buffer} over the tar shards of {dataset.source or 'the data set'} "
+        "needs more staged than the budget holds: a sample the buffer holds back keeps its shard staged "
+        f"after the order has moved on, so rank {order.rank}'s order of epoch {epoch} needs "
+        f"{format_size(need)} of shards staged at once, more than the budget of {format_size(budget)}"
+        f"{mixes}. Give {smaller}{raise_to}"
     )
 
 

@@ -83,8 +83,8 @@ def fit_budget(
     Raises:
         ConfigError: options the data set's units cannot stage (:meth:`ObjectUnits.check`).
         BudgetError: a sample (or shard) larger than the budget, a budget (and epoch cache)
-            larger than the free space, ``keep_staged`` with a budget smaller than the data set, or a budget smaller
-            than a batch.
+            larger than the free space, ``keep_staged`` with a budget smaller than the data
+            set, or a budget smaller than a batch.
     """
     budget = options.budget
     largest = dataset.samples[dataset.samples.largest()]

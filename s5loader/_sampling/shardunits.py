@@ -41,7 +41,8 @@ class ShardUnits(ObjectUnits):
         if big.size > options.budget:
             raise BudgetError(
                 f"the shard {big.fields[0].uri} is {format_size(big.size)}, larger than the budget of "
-                f"{format_size(options.budget)}; a shard is staged whole: raise the budget or write smaller shards"
+                f"{format_size(options.budget)}; a shard is staged whole: raise the budget or write "
+                "smaller shards"
             )
 
     def window(self, budget: int, calls_in_flight: int, shuffle: bool | str) -> int:
@@ -113,10 +114,10 @@ class ShardUnits(ObjectUnits):
                         held.done(s, j)
         if most > budget:
             raise BudgetError(
-                f"a DataLoader batch of {batch} samples of {self.dataset.source or 'the data set'} draws from tar "
-                f"shards that take {format_size(most)} staged at once (the batch from position {at} on), "
-                f"more than the budget of {format_size(budget)}: a batch is read only once all of it is "
-                "staged; raise the budget, lower batch_size, or use shuffle='block'"
+                f"a DataLoader batch of {batch} samples of {self.dataset.source or 'the data set'} draws "
+                f"from tar shards that take {format_size(most)} staged at once (the batch from position "
+                f"{at} on), more than the budget of {format_size(budget)}: a batch is read only once all "
+                "of it is staged; raise the budget, lower batch_size, or use shuffle='block'"
             )
 
     def per_rank(self, shuffle: bool | str) -> bool:
@@ -164,9 +165,10 @@ class ShardUnits(ObjectUnits):
             if need > budget:
                 unpacked = f", {format_size(sh.tarsize)} decompressed beside it" if sh.tarsize else ""
                 raise BudgetError(
-                    f"--budget {format_size(budget)} is too small for the shard {sh.uri} ({format_size(sh.size)}"
-                    f"{unpacked}): its samples written out stand beside its tar in the cache until its last, so "
-                    f"the budget must hold {format_size(int(need) + 1)} (twice the largest shard); raise --budget"
+                    f"--budget {format_size(budget)} is too small for the shard {sh.uri} "
+                    f"({format_size(sh.size)}{unpacked}): its samples written out stand beside its tar in "
+                    f"the cache until its last, so the budget must hold {format_size(int(need) + 1)} "
+                    "(twice the largest shard); raise --budget"
                 )
             most_f, largest = max(most_f, need / max(1, sh.disk)), max(largest, sh.disk)
         return max(int(budget / most_f), largest)

@@ -72,9 +72,9 @@ def resolve(source: str | Sequence[str], access: Access | str | None) -> tuple[l
     """The shards a source names, with sizes and ETags, and the folder for its default index.
 
     Args:
-        source: ``s3://b/train/`` (every ``*.tar``, ``*.tar.gz`` and ``*.tgz`` below it, in key order), a brace pattern
-            (``s3://b/train/shard-{000000..000999}.tar``, in pattern order), one shard URI,
-            or a list of shard URIs (in list order).
+        source: ``s3://b/train/`` (every ``*.tar``, ``*.tar.gz`` and ``*.tgz`` below it, in
+            key order), a brace pattern (``s3://b/train/shard-{000000..000999}.tar``, in
+            pattern order), one shard URI, or a list of shard URIs (in list order).
 
     Raises:
         S3URIError, EmptySourceError, ObjectNotFoundError (a shard the pattern or list
@@ -167,9 +167,9 @@ def _from_folder(source: str, access: Access | str | None) -> tuple[list[ObjectI
             )
         some = ", ".join(o.uri for o in listed[:NEAR])
         raise EmptySourceError(
-            f"no *.tar or *.tar.gz shard under {source}: it holds {len(listed)} other object(s), such as {some}. "
-            "Shards are tar files of samples (s5loader pack writes them from objects like these); "
-            "S5Dataset.from_prefix reads the objects themselves"
+            f"no *.tar or *.tar.gz shard under {source}: it holds {len(listed)} other object(s), "
+            f"such as {some}. Shards are tar files of samples (s5loader pack writes them from objects "
+            "like these); S5Dataset.from_prefix reads the objects themselves"
         )
     return objects, folder_of(source)
 

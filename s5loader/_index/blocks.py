@@ -1,11 +1,11 @@
 """Blocks: runs of consecutive samples whose objects are exactly the objects under one key
 prefix, so that one wildcard ``cp`` fetches all of them.
 
-s5cmd pays a HEAD request and its bookkeeping for every single-object ``cp`` line, but one
-LIST for a wildcard: measured here, a command file of one wildcard line per block of ten
-samples costs about 40% of the CPU of one ``cp --raw`` line per object, close to a bulk copy
-of the whole prefix. The engine uses a block's wildcard line whenever a call holds the whole
-block and the block has enough objects that its LIST costs no more than the HEADs it saves
+s5cmd pays a HEAD request and its bookkeeping for every single-object ``cp`` line, but one LIST
+for a wildcard, so a command file of one wildcard line per block costs s5cmd much less CPU than
+one ``cp --raw`` line per object, close to a bulk copy of the whole prefix (docs/s5cmd-head.md
+has the figures). The engine uses a block's wildcard line whenever a call holds the whole block
+and the block has enough objects that its LIST costs no more than the HEADs it saves
 (:func:`~s5loader.s5cmd.wildcard_pays`), and plain per-object lines otherwise, so every order
 still works.
 """

@@ -219,9 +219,9 @@ class ShardUnits(ObjectUnits):
 
     def s5cmd_workers(self, options: StagingOptions) -> int:
         """At most :data:`SHARD_WORKERS`, so that a call's shards land one after another (its
-        first ones early, each fetched in parallel parts when large) instead of all together at
-        its end; the first batch and a pass's first calls wait less (a 6,000-sample pass over
-        10 MB shards through 20 ms round trips took 5.0 s instead of 6.4 here, medians of 3)."""
+        first ones early, each fetched in parallel parts when large) rather than all together at
+        its end: the first batch and a pass's first calls then wait for the shards they read,
+        not for the whole call."""
         return min(options.s5cmd_workers, SHARD_WORKERS)
 
     def open_pass(

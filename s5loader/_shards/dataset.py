@@ -36,10 +36,11 @@ from .index import Shard
 
 log = logging.getLogger(__name__)
 
-# Samples of the member tables a worker keeps, least recently read dropped first (about 0.5 KB
-# each, so about 25 MB): every shard open at once under a 2 GiB budget of 40 KB samples, since
-# shuffle=True reads from all of them in turn and a table read again per sample cost a third of
-# the throughput; a worker keeps the tables of shards other workers finished until they age out.
+# Samples of the member tables a worker keeps, least recently read dropped first (a member
+# entry takes about half a kilobyte): enough for every shard open at once under a 2 GiB budget
+# of 40 KB samples, since shuffle=True reads from all of them in turn and reading a shard's
+# table again for each sample would be a large share of the reading; a worker keeps the tables
+# of shards other workers finished until they age out.
 _TABLE_SAMPLES = 50_000
 
 

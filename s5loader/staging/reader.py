@@ -105,8 +105,8 @@ def _word(mark: str) -> bytes | None:
 
 
 def _wait_for_word(layout: StagingLayout, index: int) -> bytes | None:
-    """Wait on a FIFO the sampler rings once the word on ``index`` is there (a blocking wait:
-    a sleep loop cost the workers about a tenth of a millisecond of CPU per sample here); None
+    """Wait on a FIFO the sampler rings once the word on ``index`` is there (a blocking wait,
+    so that a worker spends no CPU on a sample while it waits, as a sleep loop would); None
     when the pass folder or the sampler's process is gone."""
     mark, bell = layout.early_mark(index), layout.early_bell(index)
     parent = os.getppid()  # a DataLoader worker's: the sampler's process

@@ -7,22 +7,21 @@ import sys
 import warnings
 import weakref
 from collections.abc import Iterator
-from typing import Any, cast
+from typing import Any
 
-from torch.utils.data import Sampler
+from torch.utils.data import BatchSampler, Sampler
 
 from ._sampling.cacherun import open_cache_run
 from ._sampling.epochs import EpochOrders
-from ._sampling.mixing import few_shards
 from ._sampling.order import WINDOW_CAP, ShuffleQuality, block_window, shuffle_quality  # noqa: F401 (re-exported)
 from ._sampling.pieces import part_len
 from ._sampling.run import StagingRun
-from ._sampling.setup import check_loader_batch, configure, staging_options
+from ._sampling.setup import check_loader_batch, configure, loader_batch_size, staging_options
 from ._sampling.units import can_free, freeing_cost
 from ._util.platform import require_linux
 from ._util.uri import format_size
 from .config import StagingOptions
-from .dataset import S5Dataset, StagedIndex
+from .dataset import S5Dataset
 from .engine import Stats
 from .engine.metrics import Metrics
 from .engine.stager import close_off_engine
@@ -136,6 +135,7 @@ class S5Sampler(Sampler[int]):
         self._run = StagingRun(dataset, options, root, options.keep_staged, cache, frees=cost is not None)
         freeable = can_free(dataset, cache is not None, root, options.keep_staged)
         self._epochs = EpochOrders(order, window, self._run, cost, freeable)
+        dataset._plain.watch(self._run.area.path)  # a plain int of a staged sample is reported
         self._warned = False
         self.keep_staged = options.keep_staged
         self.epoch = 0
@@ -181,29 +181,31 @@ class S5Sampler(Sampler[int]):
         self._pos.epoch_set = True
 
     def __iter__(self) -> Iterator[int]:
-        # Called by a DataLoader's BatchSampler: a budget smaller than its batch is an error now
-        # instead of a stall, and samples not staged yet go out at once (its reader waits).
-        batch = check_loader_batch(self, self.dataset, self.budget, sys._getframe(1))
-        if not self._warned:  # a budget that holds few shards: said once
-            self._warned = True
-            few = few_shards(
-                self.dataset, self.budget, self._epochs.cost, self._epochs.order.shuffle, "S5Sampler"
-            )
-            if few:
-                warnings.warn(few, UserWarning, stacklevel=2)
-        return self._iterate(batch)
+        """The indices of the next pass, each once its sample is staged; to a DataLoader's own
+        BatchSampler at once, as :meth:`batches` does. Its batch size is looked up in the frame
+        that asks for the iterator, the only place a sampler given as ``DataLoader(ds,
+        sampler=sampler, batch_size=n)`` can learn it (see
+        :func:`~s5loader._sampling.setup.loader_batch_size`)."""
+        return self._start(loader_batch_size(self, sys._getframe(1)))
 
-    def _iterate(self, batch: int | None = None) -> Iterator[int]:
-        self._run.passes.close_active()
-        if self._pos.epoch_done:
-            self._pos.start, self._pos.epoch_done = 0, False  # the same epoch again, from its start
-        order, windows = self._epoch_plan(self.epoch, self._pos.start)
-        if batch is not None:  # over tar shards: the shards of one batch must fit at once
-            self._run.units.check_batch(order, batch, self.budget, self._epochs.cost)
-        early = batch is not None
-        # without skips=True the run yields staged indices only
-        stream = self._run.stage(order, windows, self._epochs.order.shuffle, lambda: self.epoch, early=early)
-        yield from cast(Iterator[StagedIndex], stream)
+    def batches(self, batch_size: int, drop_last: bool = False) -> BatchSampler:
+        """A BatchSampler for ``DataLoader(ds, batch_sampler=sampler.batches(n))``: the explicit
+        way to give the sampler the DataLoader's batch size, where a wrapper or torchdata's
+        ``StatefulDataLoader`` hides it (its ``state_dict`` is this sampler's). The batches are
+        those of ``DataLoader(ds, sampler=sampler, batch_size=n, drop_last=drop_last)``; a budget
+        smaller than one is a :class:`~s5loader.BudgetError` at ``iter()``, and an index not
+        staged yet goes out at once (its reader waits), so a batch waits only for itself."""
+        return LoaderBatches(self, batch_size, drop_last)
+
+    def _start(self, batch: int | None) -> Iterator[int]:
+        """:meth:`__iter__` with the batch size of the DataLoader that cuts the indices, if any."""
+        if batch is not None:  # a budget smaller than a batch: an error now, not a stall
+            check_loader_batch(self.dataset, self.budget, batch)
+        few = None if self._warned else self._epochs.few_shards(self.budget)
+        self._warned = True
+        if few:  # a budget that holds few shards: said once
+            warnings.warn(few, UserWarning, stacklevel=3)
+        return self._epochs.stage(lambda: self.epoch, self._pos, batch, self.budget)
 
     def _epoch_order(self, epoch: int, start: int = 0) -> list[int]:
         return self._epochs.plan(epoch, start)[0]
@@ -318,3 +320,29 @@ class S5Sampler(Sampler[int]):
             f"S5Sampler({self.dataset!r}, shuffle={o.shuffle}, seed={o.seed}, rank={o.rank}/"
             f"{o.num_replicas}, budget={format_size(self.budget)}, staging_dir={self.staging_dir!r})"
         )
+
+
+class LoaderBatches(BatchSampler):
+    """The batches of an :class:`S5Sampler` for a DataLoader's ``batch_sampler=`` (made by
+    :meth:`S5Sampler.batches`): the sampler iterated with the batch size given, as a
+    DataLoader's own BatchSampler iterates it; resumable through the sampler's state."""
+
+    sampler: S5Sampler
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batch: list[int] = []
+        for idx in self.sampler._start(self.batch_size):
+            batch.append(idx)
+            if len(batch) == self.batch_size:
+                yield batch
+                batch = []
+        if batch and not self.drop_last:
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """The sampler's :meth:`~S5Sampler.state_dict` (torchdata's Stateful protocol)."""
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The sampler's :meth:`~S5Sampler.load_state_dict`."""
+        self.sampler.load_state_dict(state)

@@ -1,16 +1,19 @@
 """A sampler rank's order of each epoch: the :class:`~s5loader._sampling.order.Order` (shuffle,
 seed, ranks), the ``shuffle="block"`` window and, over tar shards, what a shard order counts the
-bytes its read samples give back with, laid out over the run's units; and everything read off
-it: the orders of the node's ranks (for the epoch cache), how well an order mixes, the command
-files it would run, and its saved state."""
+bytes its read samples give back with, laid out over the run's units; the pass that stages it;
+and everything read off it: the orders of the node's ranks (for the epoch cache), how well an
+order mixes, the command files it would run, and its saved state."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, cast
 
 from .._shards.holding import Freeing
+from ..staging.reader import StagedIndex
 from .cacheplan import node_ranks
+from .mixing import few_shards
 from .order import Order, ShuffleQuality, shuffle_quality
 from .passes import write_command_files
 from .resume import Position, check_state, check_window, make_state, resume, resume_cost, resume_window
@@ -44,6 +47,28 @@ class EpochOrders:
         windows begin."""
         run = self.run
         return run.units.plan(self.order, epoch, start, run.blocks, self.window, self.cost)
+
+    def stage(
+        self, epoch: Callable[[], int], position: Position, batch: int | None, budget: int
+    ) -> Iterator[StagedIndex]:
+        """Stage this rank's order of ``epoch()`` from where ``position`` stands (an epoch
+        done is staged again from its start) in a new pass, replacing the running one, and
+        yield each index once staged; with the ``batch`` size of the DataLoader that cuts the
+        indices, at once (its readers wait), after checking that a batch's shards fit ``budget``."""
+        run = self.run
+        run.passes.close_active()
+        if position.epoch_done:
+            position.start, position.epoch_done = 0, False  # the same epoch again, from its start
+        order, windows = self.plan(epoch(), position.start)
+        if batch is not None:  # over tar shards: the shards of one batch must fit at once
+            run.units.check_batch(order, batch, budget, self.cost)
+        # without skips=True the run yields staged indices only
+        stream = run.stage(order, windows, self.order.shuffle, epoch, early=batch is not None)
+        yield from cast(Iterator[StagedIndex], stream)
+
+    def few_shards(self, budget: int) -> str | None:
+        """The warning for a budget that holds too few tar shards to mix them, if it does."""
+        return few_shards(self.run.dataset, budget, self.cost, self.order.shuffle, "S5Sampler")
 
     def local_orders(self, epoch: int) -> list[list[int]]:
         """The whole order of ``epoch`` of each rank of this node (the epoch cache plans on them)."""

@@ -25,6 +25,7 @@ from ..engine.stager import close_off_engine
 from ..s5cmd import S5cmd
 from ..staging.area import PassArea, StagingArea
 from ..staging.layout import StagingLayout
+from ..staging.plainindex import plain_reads
 from .cacherun import CacheRun
 from .early import EARLY
 from .resume import Position
@@ -109,6 +110,7 @@ class StagingPasses:
             close_off_engine(stager.close)  # a generator closed by a collector on the engine's thread
             if not superseded:
                 self.active = None
+            stager.stats.plain_indices = plain_reads(where.path)
             self.last_stats = stager.stats
             self.last_metrics = stager.metrics(epoch=epoch(), position=position.yielded)
             if keep:
@@ -168,7 +170,11 @@ class StagingPasses:
 
     def stats(self) -> Stats | None:
         """What the running pass did so far, else the last one."""
-        return self.active.stats if self.active is not None else self.last_stats
+        stager = self.active
+        if stager is None:
+            return self.last_stats
+        stager.stats.plain_indices = plain_reads(stager.area.path)
+        return stager.stats
 
     def metrics(self, epoch: int, position: int, samples: int, budget: int) -> Metrics:
         """The running pass's figures, else the last pass's as it ended, else zeros."""

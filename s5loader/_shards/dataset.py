@@ -121,6 +121,10 @@ class ShardSet(Sequence[Shard]):
         """The samples of each shard, for ``shuffle="block"`` (a shard is a block)."""
         return [list(self.shard_samples(s)) for s in range(len(self._shards))]
 
+    def unit_of(self, index: int) -> int:
+        """The staging unit of sample ``index``: its shard."""
+        return self.locate(index)[0]
+
     def describe(self) -> str:
         return f"{self.samples} samples in {len(self._shards)} shards"
 

@@ -116,6 +116,12 @@ class Stager:
         self.retries = Retries(options, self.stats, area.path, self.fields.forget, s5cmd.settings.endpoint())
         self.calls = Calls(s5cmd, self._field, area.path, options.verify, self.stats)
         self.side = SideFetches(access)
+        self._compose(kept, windows, first_call)
+
+    def _compose(self, kept: Container[int] | None, windows: Sequence[int] | None, first_call: int) -> None:
+        """The parts that act on the calls: what settles an ended one, the watchdog over the
+        running ones, and the scheduler that picks the next (see :mod:`.schedule`)."""
+        order, samples, options = self.order, self.samples, self.opts
         self.ends = CallEnds(
             order,
             samples,

@@ -126,8 +126,7 @@ class S5Sampler(Sampler[int]):
             drop_last=drop_last,
             batch_size=batch_size,
         )
-        # the cache plans on the orders of the node's ranks once the first pass starts
-        cache = open_cache_run(dataset, order, window, options, root, lambda e: self._epochs.local_orders(e))
+        cache = open_cache_run(dataset, order, window, options, root, self._local_orders)
         # over tar shards that do not fit: the budget used as a shuffle buffer (see Order.shard_order)
         cost = freeing_cost(
             dataset, order.shuffle, cache is not None, options.budget, root, options.keep_staged
@@ -141,6 +140,10 @@ class S5Sampler(Sampler[int]):
         self.epoch = 0
         self._pos = self._run.position  # where this rank is in self.epoch (see state_dict)
         self._finalizer = weakref.finalize(self, close_off_engine, self._run.close)  # a pass stops first
+
+    def _local_orders(self, epoch: int) -> list[list[int]]:
+        # the epoch cache plans on the orders of the node's ranks (held weakly: a method)
+        return self._epochs.local_orders(epoch)
 
     # -- the Sampler protocol -----------------------------------------------------------
     @property

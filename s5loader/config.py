@@ -12,11 +12,12 @@ import argparse
 import difflib
 import logging
 import os
-import threading
 import urllib.parse
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from ._util.botoclient import new_s3_client
+from ._util.checks import boolean, optional_str, positive_int, seconds
 from ._util.uri import ENDPOINT_VARS, parse_size
 from .exceptions import ConfigError
 
@@ -26,19 +27,6 @@ ADDRESSING_STYLES = ("auto", "path", "virtual")
 ON_ERROR = ("raise", "skip")
 
 _warned_insecure: set[str | None] = set()
-# botocore's data loader (the parsed S3 service model and endpoint rules), shared by every client
-# this process makes and inherited by a forked DataLoader worker: a new client then costs about
-# 0.01 CPU s instead of 0.15 (it holds parsed JSON only, nothing a fork could break).
-_LOADERS: dict[Any, Any] = {}
-_LOADERS_LOCK = threading.Lock()
-
-
-def _new_lock_after_fork() -> None:
-    global _LOADERS_LOCK
-    _LOADERS_LOCK = threading.Lock()  # a thread of the parent may have held it at the fork
-
-
-os.register_at_fork(after_in_child=_new_lock_after_fork)
 
 
 def resolve_endpoint(endpoint_url: str | None) -> str | None:
@@ -55,11 +43,6 @@ def resolve_endpoint(endpoint_url: str | None) -> str | None:
             "(environment, profile) and give the endpoint as scheme://host:port"
         )
     return found
-
-
-def _optional_str(name: str, value: Any) -> None:
-    if value is not None and (not isinstance(value, str) or not value):
-        raise ConfigError(f"{name} must be a non-empty string or None, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -102,10 +85,9 @@ class Access:
 
     def __post_init__(self) -> None:
         for name in ("endpoint_url", "profile", "credentials_file", "region"):
-            _optional_str(name, getattr(self, name))
+            optional_str(name, getattr(self, name))
         for name in ("anonymous", "requester_pays", "verify_ssl", "list_objects_v1"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
+            boolean(name, getattr(self, name))
         if self.anonymous and (self.profile or self.credentials_file):
             raise ConfigError(
                 "anonymous=True sends unsigned requests and loads no credentials: "
@@ -118,7 +100,8 @@ class Access:
             object.__setattr__(self, "credentials_file", path)
         if self.addressing_style not in ADDRESSING_STYLES:
             raise ConfigError(
-                f"addressing_style must be one of {', '.join(ADDRESSING_STYLES)}; got {self.addressing_style!r}"
+                f"addressing_style must be one of {', '.join(ADDRESSING_STYLES)}; "
+                f"got {self.addressing_style!r}"
             )
         endpoint = self.endpoint()
         if self.addressing_style == "path" and not endpoint:
@@ -135,7 +118,7 @@ class Access:
     @classmethod
     def coerce(cls, access: Access | str | None, endpoint_url: str | None = None) -> Access:
         """One :class:`Access` from an ``access=`` and an ``endpoint_url=`` argument (a plain
-        string ``access`` is an endpoint URL, as the functions took before).
+        string ``access`` is an endpoint URL).
 
         Raises:
             ConfigError: both name an endpoint, and different ones.
@@ -148,7 +131,8 @@ class Access:
             raise ConfigError(f"access must be an s5loader.Access, got {type(access).__name__}")
         if endpoint_url and access.endpoint_url and endpoint_url != access.endpoint_url:
             raise ConfigError(
-                f"endpoint_url={endpoint_url!r} differs from access.endpoint_url={access.endpoint_url!r}; give one"
+                f"endpoint_url={endpoint_url!r} differs from "
+                f"access.endpoint_url={access.endpoint_url!r}; give one"
             )
         if endpoint_url and not access.endpoint_url:
             return replace(access, endpoint_url=endpoint_url)
@@ -183,53 +167,18 @@ class Access:
         Raises:
             ConfigError: the profile does not exist.
         """
-        import boto3
-        import botocore
-        import botocore.session
-        from botocore.config import Config
-
-        extra: dict[str, Any] = {}
-        if self.anonymous:
-            extra["signature_version"] = botocore.UNSIGNED
-        if self.addressing_style != "auto":
-            extra["s3"] = {"addressing_style": self.addressing_style}
         if not self.verify_ssl:
             self.warn_insecure()
-        core = botocore.session.Session()
-        if self.credentials_file:
-            core.set_config_variable("credentials_file", self.credentials_file)
-        if self.profile:
-            core.set_config_variable("profile", self.profile)  # data_path may be the profile's
-        try:
-            with _LOADERS_LOCK:
-                data_path = core.get_config_variable("data_path")
-                loader = _LOADERS.get(data_path)
-                if loader is None:
-                    loader = _LOADERS[data_path] = core.get_component("data_loader")
-                else:
-                    core.register_component("data_loader", loader)
-                try:
-                    session = boto3.session.Session(botocore_session=core, profile_name=self.profile)
-                finally:
-                    # each boto3 Session appends its own data folder to the shared loader's paths
-                    loader.search_paths[:] = list(dict.fromkeys(loader.search_paths))
-            client = session.client(
-                "s3",
-                endpoint_url=self.endpoint(),
-                region_name=self.region_name(),
-                verify=False if not self.verify_ssl else None,
-                config=Config(
-                    retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=64, **extra
-                ),
-            )
-        except botocore.exceptions.ProfileNotFound as exc:
-            raise ConfigError(
-                f"profile {self.profile!r} is not in the AWS config or credentials files: {exc}"
-            ) from exc
-        if self.requester_pays:
-            # On every request, those of download_file's transfer manager included.
-            client.meta.events.register("before-sign.s3", _request_payer)
-        return client
+        return new_s3_client(
+            endpoint=self.endpoint(),
+            region=self.region_name(),
+            anonymous=self.anonymous,
+            profile=self.profile,
+            credentials_file=self.credentials_file,
+            requester_pays=self.requester_pays,
+            verify_ssl=self.verify_ssl,
+            addressing_style=self.addressing_style,
+        )
 
     def s5cmd_flags(self) -> list[str]:
         """s5cmd's global flags for these settings (``--endpoint-url``, ``--no-sign-request``,
@@ -264,7 +213,8 @@ class Access:
         g = parser.add_argument_group("access to the store")
         g.add_argument(
             "--endpoint-url",
-            help="the S3 endpoint (default: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL or S3_ENDPOINT_URL, else AWS)",
+            help="the S3 endpoint (default: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL or "
+            "S3_ENDPOINT_URL, else AWS)",
         )
         g.add_argument(
             "--no-sign-request",
@@ -334,15 +284,6 @@ class Access:
         if self.addressing_style != "auto":
             argv += ["--addressing-style", self.addressing_style]
         return argv
-
-
-def _request_payer(request: Any, **kwargs: Any) -> None:
-    request.headers["x-amz-request-payer"] = "requester"
-
-
-def _positive_int(name: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigError(f"{name} must be a positive int, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -431,26 +372,13 @@ class StagingOptions:
                 "larger than the budget: give one or the other"
             )
         for name in ("samples_per_call", "calls_in_flight", "s5cmd_workers", "block_size"):
-            _positive_int(name, getattr(self, name))
+            positive_int(name, getattr(self, name))
         for name in ("verify", "keep_staged", "shrink_budget", "keep_epoch_cache"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
+            boolean(name, getattr(self, name))
         if not isinstance(self.retries, int) or isinstance(self.retries, bool) or self.retries < 0:
             raise ConfigError(f"retries must be an int >= 0, got {self.retries!r}")
-        if (
-            isinstance(self.stall_timeout, bool)
-            or not isinstance(self.stall_timeout, (int, float))
-            or not self.stall_timeout > 0
-        ):
-            raise ConfigError(
-                f"stall_timeout must be a positive number of seconds, got {self.stall_timeout!r}"
-            )
-        if (
-            isinstance(self.retry_backoff, bool)
-            or not isinstance(self.retry_backoff, (int, float))
-            or self.retry_backoff < 0
-        ):
-            raise ConfigError(f"retry_backoff must be a number of seconds >= 0, got {self.retry_backoff!r}")
+        seconds("stall_timeout", self.stall_timeout, positive=True)
+        seconds("retry_backoff", self.retry_backoff, positive=False)
         if self.on_error not in ON_ERROR:
             raise ConfigError(f"on_error must be one of {', '.join(ON_ERROR)}; got {self.on_error!r}")
-        _optional_str("staging_dir", self.staging_dir)
+        optional_str("staging_dir", self.staging_dir)

@@ -18,6 +18,7 @@ from ._shards.index import load_shards
 from .config import Access
 from .decode import decode
 from .exceptions import EmptySourceError
+from .staging.plainindex import PlainIndices
 from .staging.reader import ObjectReader
 from .staging.reader import StagedIndex as StagedIndex  # the index type samplers yield
 
@@ -73,6 +74,8 @@ class S5Dataset(Dataset[Any]):
             self._samples.set_column(DISK, disk)
         self.transform = transform
         self.decode = bool(decode)
+        # the staging directories of the S5Samplers over this dataset (see staging/plainindex.py)
+        self._plain = PlainIndices()
         self.source = source
         #: Class names (sorted folder names) with ``label="folder"``, as torchvision's ImageFolder.
         self.classes: list[str] = list(self._samples.meta.get("classes", []))
@@ -271,6 +274,8 @@ class S5Dataset(Dataset[Any]):
         return self._samples.total_bytes
 
     def __getitem__(self, index: int) -> Any:
+        if self._plain.roots and not isinstance(index, StagedIndex):
+            self._plain.check(int(index), self._reader.unit_of(index))
         member, where = self._reader.read(index, self._samples, self.access)
         return self._finish(member, where)
 

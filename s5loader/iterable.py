@@ -11,19 +11,18 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import secrets
 import weakref
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset
 
-from ._sampling.feed import END, ERROR, INDEX, SKIP, Hello, connect, local
-from ._sampling.iterchecks import check_buffer, check_count, check_options
+from ._sampling.feed import Hello, connect, local, rendezvous_name
+from ._sampling.iterchecks import check_buffer, check_count, check_options, check_worker_count
 from ._sampling.iterparts import STATE_VERSION as STATE_VERSION
-from ._sampling.iterparts import _Pass, check_state, resumed_epoch, start_pass
+from ._sampling.iterparts import _Pass, check_state, read_feed, resumed_epoch, start_pass
 from ._sampling.iterparts import buffer_shuffle as buffer_shuffle
 from ._sampling.iterparts import worker_length as worker_length
 from ._sampling.order import Order
@@ -138,7 +137,7 @@ class S5IterableDataset(IterableDataset[Any]):
         self._epoch_set = False
         self._loaded: dict[str, Any] | None = None  # a loaded state, applied by the next __iter__
         self._pass: _Pass | None = None
-        # Names the rendezvous of a rank's workers with their host (see _feed_name).
+        # Names the rendezvous of a rank's workers with their host (see rendezvous_name).
         self._uid = secrets.token_hex(6)
         self._iterations = 0
         # One directory for the whole dataset, made now by the process that owns it (the
@@ -239,22 +238,16 @@ class S5IterableDataset(IterableDataset[Any]):
         p = self._start_pass()
         self._pass = p
         self._iterations += 1
-        name = self._feed_name(p)
+        name = rendezvous_name(self._uid, p.rank, self._iterations)
         if p.worker == 0:
             messages = local(self._hosting.host(p).open(name, p))
         else:
             messages = connect(name, Hello(p.worker, p.num_workers, p.epoch, p.yielded, p.plan))
-        return self._generate(p, messages)
+        return read_feed(self.dataset, p, messages)
 
     def _start_pass(self) -> _Pass:
         rank, world, worker, nw = pytorch_worker_info(self._num_replicas, self._rank)
-        told = self._num_workers
-        if told is not None and max(1, told) != nw:
-            raise ConfigError(
-                f"S5IterableDataset over {self.dataset.source or 'the data set'} was made with "
-                f"num_workers={told}, but its DataLoader runs {nw} worker(s) (num_workers=0 "
-                "runs one, in the main process): give both the same count"
-            )
+        check_worker_count(self._num_workers, nw, self.dataset.source)
         loaded, self._loaded = self._loaded, None
         return start_pass(
             loaded,
@@ -267,32 +260,6 @@ class S5IterableDataset(IterableDataset[Any]):
             self._chunk,
             self.dataset.source or "the data set",
         )
-
-    def _feed_name(self, p: _Pass) -> str:
-        """The rendezvous of the rank's workers with their host for this iteration: the same in
-        every worker of one ``iter(loader)`` (the loader's base seed, and this copy's count of
-        iterations, which persistent workers keep in step), unique to this data set."""
-        info = get_worker_info()
-        base = info.seed - info.id if info is not None else os.getpid()
-        return f"s5loader-{self._uid}-r{p.rank}-{base}-{self._iterations}"
-
-    def _generate(self, p: _Pass, messages: Iterator[tuple[str, Any]]) -> Iterator[Any]:
-        try:
-            for kind, payload in messages:
-                if kind == INDEX:
-                    sample = self.dataset[payload]
-                    p.yielded += 1  # before the yield: a state taken now counts this sample
-                    yield sample
-                elif kind == SKIP:
-                    p.yielded += 1  # skipped (on_error="skip"): counted, so a resumed pass lines up
-                elif kind == ERROR:
-                    raise payload
-                elif kind == END:
-                    break
-        finally:
-            close = getattr(messages, "close", None)
-            if close is not None:
-                close()
 
     def metrics(self) -> Metrics:
         """Live figures of this rank's staging (see :meth:`S5Sampler.metrics

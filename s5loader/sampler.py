@@ -2,31 +2,26 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import sys
 import warnings
 import weakref
 from collections.abc import Iterator
-from typing import Any, cast
+from typing import Any
 
-from torch.utils.data import Sampler
+from torch.utils.data import BatchSampler, Sampler
 
-from ._sampling.cacheplan import node_ranks
 from ._sampling.cacherun import open_cache_run
-from ._sampling.mixing import few_shards
+from ._sampling.epochs import EpochOrders
 from ._sampling.order import WINDOW_CAP, ShuffleQuality, block_window, shuffle_quality  # noqa: F401 (re-exported)
-from ._sampling.passes import write_command_files
 from ._sampling.pieces import part_len
-from ._sampling.resume import check_state, check_window, make_state, resume, resume_cost, resume_window
 from ._sampling.run import StagingRun
-from ._sampling.setup import check_loader_batch, configure, staging_options
+from ._sampling.setup import check_loader_batch, configure, loader_batch_size, staging_options
 from ._sampling.units import can_free, freeing_cost
-from ._shards.holding import Freeing
 from ._util.platform import require_linux
 from ._util.uri import format_size
 from .config import StagingOptions
-from .dataset import S5Dataset, StagedIndex
+from .dataset import S5Dataset
 from .engine import Stats
 from .engine.metrics import Metrics
 from .engine.stager import close_off_engine
@@ -53,20 +48,20 @@ class S5Sampler(Sampler[int]):
             ``staging_dir``, ``stall_timeout``, ``retries``, ``retry_backoff``, ``on_error``,
             ``verify``, ``keep_staged``, ``shrink_budget``, ``epoch_cache``,
             ``keep_epoch_cache``), the same object for every front end; default: its defaults.
-        shuffle: ``True``: a new permutation of all samples each epoch (call
-            :meth:`set_epoch`); ``"block"``: permute blocks of up to ``block_size`` samples
-            that share a key prefix, gather them into windows of whole blocks, and shuffle the
-            samples within each window; a window holds as many samples as ``calls_in_flight + 1``
-            windows fit in ``budget`` (at most 8192), so a batch draws from many blocks, and
-            s5cmd fetches each block of 13 objects or more with one wildcard request; ``False``: key order. Over tar
-            shards (:meth:`S5Dataset.from_shards`) each rank takes a contiguous run of the
-            shards (permuted with ``True`` and ``"block"``), so a shard is fetched by one rank;
-            with ``True`` the budget works as a shuffle buffer: shards open as soon as what the
-            open ones still hold (read samples give their bytes back) leaves room, and each next
-            sample comes from an open shard at random (see :meth:`Order.shard_order
+        shuffle: ``True``: a new permutation of all samples each epoch (call :meth:`set_epoch`);
+            ``"block"``: permute blocks of up to ``block_size`` samples that share a key prefix,
+            gather them into windows of whole blocks, and shuffle the samples within each window; a
+            window holds as many samples as ``calls_in_flight + 1`` windows fit in ``budget`` (at most
+            8192), so a batch draws from many blocks, and s5cmd fetches each block of 13 objects or
+            more with one wildcard request; ``False``: key order. Over tar shards
+            (:meth:`S5Dataset.from_shards`) each rank takes a contiguous run of the shards (permuted
+            with ``True`` and ``"block"``), so a shard is fetched by one rank; with ``True`` the
+            budget works as a shuffle buffer: shards open as soon as what the open ones still hold
+            (read samples give their bytes back) leaves room, and each next sample comes from an open
+            shard at random (see :meth:`Order.shard_order
             <s5loader._sampling.order.Order.shard_order>`); a budget that holds few shards, which
-            mixes class-sorted shards poorly, is a warning at ``iter()`` naming the budget that
-            mixes like a 1000-sample shuffle buffer.
+            mixes class-sorted shards poorly, is a warning at ``iter()`` naming the budget that mixes
+            like a 1000-sample shuffle buffer.
         seed: the permutation's seed; the same seed and epoch give the same order everywhere.
         num_replicas, rank: the distributed split; defaults from torch.distributed, else
             ``WORLD_SIZE`` / ``RANK``, else one process.
@@ -121,7 +116,7 @@ class S5Sampler(Sampler[int]):
             numworkers=("s5cmd_workers", numworkers),
         )
         self.dataset = dataset
-        self._order, self._window, options, root = configure(
+        order, window, options, root = configure(
             dataset,
             options,
             shuffle=shuffle,
@@ -131,16 +126,15 @@ class S5Sampler(Sampler[int]):
             drop_last=drop_last,
             batch_size=batch_size,
         )
-        self._cost: Freeing | None = None
-        cache = open_cache_run(dataset, self._order, self._window, options, root, self._local_orders)
+        cache = open_cache_run(dataset, order, window, options, root, self._local_orders)
         # over tar shards that do not fit: the budget used as a shuffle buffer (see Order.shard_order)
-        self._can_free = can_free(dataset, cache is not None, root, options.keep_staged)
-        self._cost = freeing_cost(
-            dataset, self._order.shuffle, cache is not None, options.budget, root, options.keep_staged
+        cost = freeing_cost(
+            dataset, order.shuffle, cache is not None, options.budget, root, options.keep_staged
         )
-        self._run = StagingRun(
-            dataset, options, root, options.keep_staged, cache, frees=self._cost is not None
-        )
+        self._run = StagingRun(dataset, options, root, options.keep_staged, cache, frees=cost is not None)
+        freeable = can_free(dataset, cache is not None, root, options.keep_staged)
+        self._epochs = EpochOrders(order, window, self._run, cost, freeable)
+        dataset._plain.watch(self._run.area.path)  # a plain int of a staged sample is reported
         self._warned = False
         self.keep_staged = options.keep_staged
         self.epoch = 0
@@ -148,12 +142,8 @@ class S5Sampler(Sampler[int]):
         self._finalizer = weakref.finalize(self, close_off_engine, self._run.close)  # a pass stops first
 
     def _local_orders(self, epoch: int) -> list[list[int]]:
-        """The whole order of ``epoch`` of each rank of this node (the epoch cache plans on them)."""
-        o, run = self._order, self._run
-        return [
-            run.units.plan(dataclasses.replace(o, rank=r), epoch, 0, run.blocks, self._window, self._cost)[0]
-            for r in node_ranks(o.rank, o.num_replicas)
-        ]
+        # the epoch cache plans on the orders of the node's ranks (held weakly: a method)
+        return self._epochs.local_orders(epoch)
 
     # -- the Sampler protocol -----------------------------------------------------------
     @property
@@ -171,14 +161,14 @@ class S5Sampler(Sampler[int]):
 
     @property
     def num_replicas(self) -> int:
-        return self._order.num_replicas
+        return self._epochs.order.num_replicas
 
     @property
     def rank(self) -> int:
-        return self._order.rank
+        return self._epochs.order.rank
 
     def __len__(self) -> int:
-        return part_len(len(self.dataset), self._order.num_replicas, self._order.drop_last)
+        return part_len(len(self.dataset), self._epochs.order.num_replicas, self._epochs.order.drop_last)
 
     def set_epoch(self, epoch: int) -> None:
         """Use the order of ``epoch`` for the next pass (as ``DistributedSampler``).
@@ -194,46 +184,45 @@ class S5Sampler(Sampler[int]):
         self._pos.epoch_set = True
 
     def __iter__(self) -> Iterator[int]:
-        # Called by a DataLoader's BatchSampler: a budget smaller than its batch is an error now
-        # instead of a stall, and samples not staged yet go out at once (its reader waits).
-        batch = check_loader_batch(self, self.dataset, self.budget, sys._getframe(1))
-        if not self._warned:  # a budget that holds few shards: said once
-            self._warned = True
-            few = few_shards(self.dataset, self.budget, self._cost, self._order.shuffle, "S5Sampler")
-            if few:
-                warnings.warn(few, UserWarning, stacklevel=2)
-        return self._iterate(batch)
+        """The indices of the next pass, each once its sample is staged; to a DataLoader's own
+        BatchSampler at once, as :meth:`batches` does. Its batch size is looked up in the frame
+        that asks for the iterator, the only place a sampler given as ``DataLoader(ds,
+        sampler=sampler, batch_size=n)`` can learn it (see
+        :func:`~s5loader._sampling.setup.loader_batch_size`)."""
+        return self._start(loader_batch_size(self, sys._getframe(1)))
 
-    def _iterate(self, batch: int | None = None) -> Iterator[int]:
-        self._run.passes.close_active()
-        if self._pos.epoch_done:
-            self._pos.start, self._pos.epoch_done = 0, False  # the same epoch again, from its start
-        order, windows = self._epoch_plan(self.epoch, self._pos.start)
-        if batch is not None:  # over tar shards: the shards of one batch must fit at once
-            self._run.units.check_batch(order, batch, self.budget, self._cost)
-        early = batch is not None
-        # without skips=True the run yields staged indices only
-        stream = self._run.stage(order, windows, self._order.shuffle, lambda: self.epoch, early=early)
-        yield from cast(Iterator[StagedIndex], stream)
+    def batches(self, batch_size: int, drop_last: bool = False) -> BatchSampler:
+        """A BatchSampler for ``DataLoader(ds, batch_sampler=sampler.batches(n))``: the explicit
+        way to give the sampler the DataLoader's batch size, where a wrapper or torchdata's
+        ``StatefulDataLoader`` hides it (its ``state_dict`` is this sampler's). The batches are
+        those of ``DataLoader(ds, sampler=sampler, batch_size=n, drop_last=drop_last)``; a budget
+        smaller than one is a :class:`~s5loader.BudgetError` at ``iter()``, and an index not
+        staged yet goes out at once (its reader waits), so a batch waits only for itself."""
+        return LoaderBatches(self, batch_size, drop_last)
+
+    def _start(self, batch: int | None) -> Iterator[int]:
+        """:meth:`__iter__` with the batch size of the DataLoader that cuts the indices, if any."""
+        if batch is not None:  # a budget smaller than a batch: an error now, not a stall
+            check_loader_batch(self.dataset, self.budget, batch)
+        few = None if self._warned else self._epochs.few_shards(self.budget)
+        self._warned = True
+        if few:  # a budget that holds few shards: said once
+            warnings.warn(few, UserWarning, stacklevel=3)
+        return self._epochs.stage(lambda: self.epoch, self._pos, batch, self.budget)
 
     def _epoch_order(self, epoch: int, start: int = 0) -> list[int]:
-        return self._epoch_plan(epoch, start)[0]
+        return self._epochs.plan(epoch, start)[0]
 
     def _epoch_plan(self, epoch: int, start: int = 0) -> tuple[list[int], list[int] | None]:
         """This rank's order from ``start`` on, and (``shuffle="block"``) where its windows begin."""
-        run = self._run
-        return run.units.plan(self._order, epoch, start, run.blocks, self._window, self._cost)
-
-    def _units(self) -> list[list[int]]:
-        """The blocks a ``shuffle="block"`` order permutes: tar shards, else key-prefix blocks."""
-        return self._run.units.order_units(self._run.blocks)
+        return self._epochs.plan(epoch, start)
 
     @property
     def window(self) -> int:
         """The most samples of a ``shuffle="block"`` window (see ``shuffle``); over tar shards
         with ``shuffle`` True or False, the shards open at once where read samples give nothing
         back (a ``shuffle=True`` order that counts what they give back opens more)."""
-        return self._window
+        return self._epochs.window
 
     def shuffle_quality(self, epoch: int | None = None, span: int = 256) -> ShuffleQuality:
         """How well this rank's order of ``epoch`` (default: the current one) mixes blocks (over
@@ -252,12 +241,7 @@ class S5Sampler(Sampler[int]):
             shuffle draws about ``span`` blocks per run when blocks are many; key order about
             ``span`` / the block size.
         """
-        order = self._epoch_order(self.epoch if epoch is None else epoch)
-        unit_of = [0] * len(self.dataset)
-        for u, members in enumerate(self._units()):
-            for i in members:
-                unit_of[i] = u
-        return shuffle_quality(order, unit_of, span)
+        return self._epochs.quality(self.epoch if epoch is None else epoch, span)
 
     @property
     def stats(self) -> Stats | None:
@@ -290,8 +274,7 @@ class S5Sampler(Sampler[int]):
         Returns:
             the paths of the command files, in order.
         """
-        order, windows = self._epoch_plan(self.epoch if epoch is None else epoch)
-        return write_command_files(self.dataset, order, windows, self._run.blocks, self._options, directory)
+        return self._epochs.command_files(directory, self.epoch if epoch is None else epoch)
 
     # -- resume (torchdata's Stateful protocol) --------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -301,10 +284,7 @@ class S5Sampler(Sampler[int]):
         means "epoch ``epoch`` is done": loading it makes the next pass a whole epoch, the one
         :meth:`set_epoch` names.
         """
-        room = (self._cost.room or 0) if self._cost is not None else 0
-        return make_state(
-            self._order, self.epoch, len(self.dataset), self._pos, self._window, self._run.units.name, room
-        )
+        return self._epochs.state(self.epoch, self._pos)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict`, staging only what is left.
@@ -321,13 +301,7 @@ class S5Sampler(Sampler[int]):
             StateError: the state does not fit (another data set size, negative counts, an
                 unknown version, a missing key).
         """
-        units = self._run.units
-        saved = check_state(state, len(self.dataset), units)
-        window = check_window(state, self._window)
-        self._order, self.epoch = resume(saved, self._order, self.epoch, self._pos, len(self.dataset), units)
-        self._window, self._run.options = resume_window(saved, window, self._window, self._options, units)
-        self._cost = resume_cost(saved, self._cost, self._can_free, units, self.dataset.source)
-        self._run.passes.frees = self._run.passes.frees or self._cost is not None
+        self.epoch = self._epochs.load(state, self.epoch, self._pos)
 
     # -- lifetime -----------------------------------------------------------------------
     def close(self) -> None:
@@ -344,8 +318,34 @@ class S5Sampler(Sampler[int]):
         return {**self.__dict__, "_finalizer": None}  # the running pass stays (see StagingPasses)
 
     def __repr__(self) -> str:
-        o = self._order
+        o = self._epochs.order
         return (
             f"S5Sampler({self.dataset!r}, shuffle={o.shuffle}, seed={o.seed}, rank={o.rank}/"
             f"{o.num_replicas}, budget={format_size(self.budget)}, staging_dir={self.staging_dir!r})"
         )
+
+
+class LoaderBatches(BatchSampler):
+    """The batches of an :class:`S5Sampler` for a DataLoader's ``batch_sampler=`` (made by
+    :meth:`S5Sampler.batches`): the sampler iterated with the batch size given, as a
+    DataLoader's own BatchSampler iterates it; resumable through the sampler's state."""
+
+    sampler: S5Sampler
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batch: list[int] = []
+        for idx in self.sampler._start(self.batch_size):
+            batch.append(idx)
+            if len(batch) == self.batch_size:
+                yield batch
+                batch = []
+        if batch and not self.drop_last:
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """The sampler's :meth:`~S5Sampler.state_dict` (torchdata's Stateful protocol)."""
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The sampler's :meth:`~S5Sampler.load_state_dict`."""
+        self.sampler.load_state_dict(state)

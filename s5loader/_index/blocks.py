@@ -1,11 +1,11 @@
 """Blocks: runs of consecutive samples whose objects are exactly the objects under one key
 prefix, so that one wildcard ``cp`` fetches all of them.
 
-s5cmd pays a HEAD request and its bookkeeping for every single-object ``cp`` line, but one
-LIST for a wildcard: measured here, a command file of one wildcard line per block of ten
-samples costs about 40% of the CPU of one ``cp --raw`` line per object, close to a bulk copy
-of the whole prefix. The engine uses a block's wildcard line whenever a call holds the whole
-block and the block has enough objects that its LIST costs no more than the HEADs it saves
+s5cmd pays a HEAD request and its bookkeeping for every single-object ``cp`` line, but one LIST
+for a wildcard, so a command file of one wildcard line per block costs s5cmd much less CPU than
+one ``cp --raw`` line per object, close to a bulk copy of the whole prefix (docs/s5cmd-head.md
+has the figures). The engine uses a block's wildcard line whenever a call holds the whole block
+and the block has enough objects that its LIST costs no more than the HEADs it saves
 (:func:`~s5loader.s5cmd.wildcard_pays`), and plain per-object lines otherwise, so every order
 still works.
 """
@@ -115,21 +115,10 @@ def plan_blocks(samples: Sequence[Sample], block_size: int, listing: Sequence[st
     blocks: list[Block] = []
     if n == 0 or block_size < 2 or listing is None:
         return BlockPlan(blocks, block_of)
-    if isinstance(samples, SampleIndex):
-        # the keys straight from the index's string table, no Sample built per sample
-        if len(samples.buckets) != 1:
-            return BlockPlan(blocks, block_of)
-        bucket = samples.buckets[0]
-        every_key = list(samples.text)
-        at = samples.first.tolist()
-        keys = [every_key[at[i] : at[i + 1]] for i in range(n)]
-        del every_key
-    else:
-        buckets = {_split(f.uri)[0] for s in samples for f in s.fields}
-        if len(buckets) != 1:
-            return BlockPlan(blocks, block_of)
-        bucket = buckets.pop()
-        keys = [[_split(f.uri)[1] for f in s.fields] for s in samples]
+    found = _keys_in_one_bucket(samples)
+    if found is None:
+        return BlockPlan(blocks, block_of)
+    bucket, keys = found
     lo = [min(k) for k in keys]
     hi = [max(k) for k in keys]
     every = sorted(listing)
@@ -170,6 +159,22 @@ def plan_blocks(samples: Sequence[Sample], block_size: int, listing: Sequence[st
             if exact(i, i + 1, p):
                 single[i] = _make_block(bucket, p, i, i + 1, keys)
     return BlockPlan(blocks, block_of, single)
+
+
+def _keys_in_one_bucket(samples: Sequence[Sample]) -> tuple[str, list[list[str]]] | None:
+    """The bucket of ``samples`` and each sample's keys, or ``None`` when they lie in several
+    buckets (a wildcard line lists one)."""
+    if isinstance(samples, SampleIndex):
+        # the keys straight from the index's string table, no Sample built per sample
+        if len(samples.buckets) != 1:
+            return None
+        every_key = list(samples.text)
+        at = samples.first.tolist()
+        return samples.buckets[0], [every_key[at[i] : at[i + 1]] for i in range(len(samples))]
+    buckets = {_split(f.uri)[0] for s in samples for f in s.fields}
+    if len(buckets) != 1:
+        return None
+    return buckets.pop(), [[_split(f.uri)[1] for f in s.fields] for s in samples]
 
 
 def _make_block(bucket: str, prefix: str, a: int, b: int, keys: list[list[str]]) -> Block | None:

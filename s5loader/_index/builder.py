@@ -1,9 +1,8 @@
 """Grouping objects into a compact :class:`~s5loader._index.compact.SampleIndex` as they stream in.
 
 Objects are added one at a time (``s5cmd ls`` output, manifest lines) or a column at a time
-(chunks of manifest lines) into flat buffers, never kept as Python objects. Listings come
-sorted by key, and for most data sets that order is already the order of samples and fields;
-the builder checks it as objects arrive and sorts only when it is not.
+(chunks of manifest lines) into flat buffers, never kept as Python objects. The order check and
+the sort, where the input needs one, are in :mod:`.sorting`.
 """
 
 from __future__ import annotations
@@ -15,30 +14,18 @@ import logging
 import operator
 import re
 from array import array
-from collections.abc import Iterable, Iterator
-from itertools import pairwise, repeat, starmap
+from itertools import repeat
 from typing import Any
 
 import numpy as np
 
-from ..exceptions import ConfigError
-from .compact import _DATA, _ETAG_MD5, _ETAG_OTHER, ENC, SampleIndex, Sparse, Strings, _view, etag_code
+from .compact import _DATA, _ETAG_MD5, _ETAG_OTHER, ENC, SampleIndex, Sparse, Strings, etag_code
 from .sample import check_group_by
+from .sorting import InputOrder, apply_order, sort_objects
 
 log = logging.getLogger(__name__)
 
 _LOWER_HEX = re.compile(r"[0-9a-f]{32}").fullmatch
-
-
-class SameObjectTwice(ConfigError):
-    """An object was given twice (a sample would have the same field twice)."""
-
-    def __init__(self, message: str, uri: str = "") -> None:
-        super().__init__(message)
-        self.uri = uri
-
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (self.__class__, (self.args[0], self.uri))
 
 
 class IndexBuilder:
@@ -59,7 +46,7 @@ class IndexBuilder:
         self.source = source
         self._text, self._off, self._bucket, self._size = bytearray(), array("q", [0]), array("H"), array("q")
         self._etag, self._kind, self._name_at, self._klen = bytearray(), array("b"), array("i"), array("i")
-        self._new = bytearray()  # 1 where an object starts a sample (while the input is in order)
+        self._order = InputOrder()
         self._odd_keys: dict[int, str] = {}
         self._odd_etags: dict[int, str] = {}
         # extra fields, by object: its number, its input order, its fields as JSON text
@@ -68,8 +55,6 @@ class IndexBuilder:
         self._unused: list[str] | None = [] if listing else None
         self._skipped: list[str] = []
         self._n_skipped = 0
-        self._prev: tuple[str, str, str] | None = None
-        self._in_order = True
         self._last_bucket, self._last_id = "", 0
         self._put_bucket, self._put_off, self._put_size = (
             self._bucket.append,
@@ -103,37 +88,13 @@ class IndexBuilder:
             return
         slash = uri.find("/", 5)
         bucket = uri[5:slash] if slash >= 0 else uri[5:]
-        group_by = self.group_by
-        if group_by == "object":
-            skey, at = key, _DATA
-        elif group_by == "stem":
-            head, _, base_name = key.rpartition("/")
-            stem, dot, ext = base_name.partition(".")
-            if not dot or not stem or not ext:
-                return self._skip(uri, key)
-            skey, at = (f"{head}/{stem}" if head else stem), len(key) - len(ext)
-        else:
-            base = self.base
-            if base:
-                rel = key[len(base) :] if key.startswith(base) else key
-                folder, sep, name = rel.partition("/")
-                if not sep or not name:
-                    return self._skip(uri, key)
-                skey = base + folder
-            else:
-                skey, sep, name = key.rpartition("/")
-                if not sep:
-                    return self._skip(uri, key)
-            at = len(key) - len(name)
+        found = self._sample_of(key)
+        if found is None:
+            return self._skip(uri, key)
+        skey, at = found
         j = len(self._size)
-        if self._in_order:
-            cur = (bucket, skey, key[at:] if at >= 0 else "data")
-            prev = self._prev
-            if prev is None or cur > prev:
-                self._new.append(prev is None or cur[:2] != prev[:2])
-            else:
-                self._in_order = False  # out of order, or a field twice: sort and check
-            self._prev = cur
+        if self._order.in_order:
+            self._order.note((bucket, skey, key[at:] if at >= 0 else "data"))
         if bucket != self._last_bucket:
             self._last_id = self._buckets.setdefault(bucket, len(self._buckets))
             self._last_bucket = bucket
@@ -157,6 +118,30 @@ class IndexBuilder:
             self._extra_at.append(j)
             self._extra_order.append(order if order >= 0 else j)
             self._extra_json.append(json.dumps(extra) if extra else extra_json)  # type: ignore[arg-type]
+
+    def _sample_of(self, key: str) -> tuple[str, int] | None:
+        """The sample key of ``key`` and where its field name starts in it (``_DATA``: the
+        field ``data``), or ``None`` where the grouping leaves the object out."""
+        if self.group_by == "object":
+            return key, _DATA
+        if self.group_by == "stem":
+            head, _, base_name = key.rpartition("/")
+            stem, dot, ext = base_name.partition(".")
+            if not dot or not stem or not ext:
+                return None
+            return (f"{head}/{stem}" if head else stem), len(key) - len(ext)
+        base = self.base
+        if base:
+            rel = key[len(base) :] if key.startswith(base) else key
+            folder, sep, name = rel.partition("/")
+            if not sep or not name:
+                return None
+            skey = base + folder
+        else:
+            skey, sep, name = key.rpartition("/")
+            if not sep:
+                return None
+        return skey, len(key) - len(name)
 
     def _put_etag(self, j: int, etag: str) -> None:
         kind, raw = etag_code(etag)
@@ -195,8 +180,8 @@ class IndexBuilder:
             return
         skeys, ats = grouped
         one_bucket = buckets.count(buckets[0]) == n
-        if self._in_order:
-            self._check_order(None if one_bucket else buckets, buckets[0], keys, skeys, ats)
+        if self._order.in_order:
+            self._order.note_column(None if one_bucket else buckets, buckets[0], keys, skeys, ats)
         ids = self._buckets
         for b in dict.fromkeys(buckets):
             ids.setdefault(b, len(ids))
@@ -205,6 +190,15 @@ class IndexBuilder:
             array("H", [self._last_id]) * n if one_bucket else array("H", map(ids.__getitem__, buckets))
         )
         j0 = len(self._size)
+        self._put_columns(keys, sizes, etags, ats)
+        self._put_extras(j0, extras, order)
+
+    def _put_columns(
+        self, keys: list[str], sizes: list[int], etags: list[str], ats: list[int] | None
+    ) -> None:
+        """:meth:`add_many`'s arrays: the keys' text, the sizes, the ETags and where each sample
+        key and field name lies in its key (``ats`` as :func:`_group_keys` gives them)."""
+        n, j0 = len(keys), len(self._size)
         chars = np.fromiter(map(len, keys), dtype=np.int64, count=n)
         joined = "".join(keys)
         encoded = joined.encode("utf-8", ENC)
@@ -230,6 +224,11 @@ class IndexBuilder:
         else:  # the sample key ends one character (the dot or the slash) before the field name
             self._name_at.extend(array("i", ats))
             self._klen.frombytes((np.array(ats, dtype=np.int32) - 1).tobytes())
+
+    def _put_extras(self, j0: int, extras: list[str | None], order: int) -> None:
+        """:meth:`add_many`'s extra fields (JSON text or ``None``), the first object at ``j0``
+        and in input ``order``."""
+        n = len(extras)
         if None not in extras:
             self._extra_at.extend(range(j0, j0 + n))
             self._extra_order.extend(range(order, order + n))
@@ -241,32 +240,6 @@ class IndexBuilder:
                     self._extra_order.append(order + i)
                     self._extra_json.append(extra)
 
-    def _check_order(
-        self, buckets: list[str] | None, bucket: str, keys: list[str], skeys: list[str], ats: list[int] | None
-    ) -> None:
-        """:meth:`add`'s order check over a column of objects (``buckets`` ``None``: all in
-        ``bucket``): while (bucket, sample key, field name) rises, mark where samples start."""
-        n = len(keys)
-        names: list[Any] = (
-            ["data"] * n if ats is None else list(map(operator.getitem, keys, map(slice, ats, repeat(None))))
-        )
-        cur: list[Any] = (
-            keys
-            if buckets is None and ats is None
-            else list(zip(buckets or [bucket] * n, skeys, names, strict=True))
-        )
-        prev, first = self._prev, ((buckets or [bucket])[0], skeys[0], names[0])
-        if (prev is not None and first <= prev) or not all(map(operator.lt, cur, cur[1:])):
-            self._in_order = False  # out of order, or an object twice: build() sorts and checks
-            return
-        self._new.append(prev is None or first[:2] != prev[:2])
-        if ats is None:  # rising keys: every object is a sample
-            self._new += b"\x01" * (n - 1)
-        else:
-            samples: list[Any] = skeys if buckets is None else list(zip(buckets, skeys, strict=True))
-            self._new += bytes(map(operator.ne, samples[1:], samples))
-        self._prev = ((buckets or [bucket])[-1], skeys[-1], names[-1])
-
     def _skip(self, uri: str, key: str) -> None:
         self._n_skipped += 1
         if len(self._skipped) < 3:
@@ -274,25 +247,30 @@ class IndexBuilder:
         if self._unused is not None:
             self._unused.append(key)
 
+    def _warn_skipped(self) -> None:
+        """Log, once per build, how many objects the grouping left out, naming a few."""
+        if not self._n_skipped:
+            return
+        why = {
+            "stem": "no extension to name a field (expected NAME.FIELD)",
+            "folder": "not inside a sub-folder",
+        }
+        log.warning(
+            "group_by=%r left out %d object(s) of %s with %s, e.g. %s",
+            self.group_by,
+            self._n_skipped,
+            self.source or "the source",
+            why[self.group_by],
+            ", ".join(self._skipped),
+        )
+
     def build(self, meta: dict[str, Any] | None = None) -> SampleIndex:
         """The index. The builder must not be used afterwards.
 
         Raises:
             ConfigError: a sample has the same field twice.
         """
-        if self._n_skipped:
-            why = {
-                "stem": "no extension to name a field (expected NAME.FIELD)",
-                "folder": "not inside a sub-folder",
-            }
-            log.warning(
-                "group_by=%r left out %d object(s) of %s with %s, e.g. %s",
-                self.group_by,
-                self._n_skipped,
-                self.source or "the source",
-                why[self.group_by],
-                ", ".join(self._skipped),
-            )
+        self._warn_skipped()
         m = len(self._size)
         text = Strings(bytes(self._text), np.frombuffer(self._off, dtype=np.int64).copy())
         self._text = bytearray()
@@ -302,21 +280,19 @@ class IndexBuilder:
         kind = np.frombuffer(self._kind, dtype=np.int8).copy()
         name_at = np.frombuffer(self._name_at, dtype=np.int32).copy()
         klen = np.frombuffer(self._klen, dtype=np.int32).copy()
-        new = np.frombuffer(bytes(self._new), dtype=np.uint8).astype(bool) if self._in_order else None
+        in_order = self._order.in_order
+        new = np.frombuffer(bytes(self._order.new), dtype=np.uint8).astype(bool) if in_order else None
         bucket_names = sorted(self._buckets, key=self._buckets.__getitem__)
         odd_keys, odd_etags = self._odd_keys, self._odd_etags
         extra_at = np.frombuffer(self._extra_at, dtype=np.int64).copy()
-        if not self._in_order:
-            perm, new, ordered = _sort(self.group_by, odd_keys, text, bucket_names, bucket, klen, name_at)
-            text = Strings.of(ordered)  # here, not in _sort: the sort's garbage is gone (a lower peak)
-            inv = np.empty(m, dtype=np.int64)
-            inv[perm] = np.arange(m, dtype=np.int64)
-            bucket, size, etag, kind, name_at, klen = (
-                a[perm] for a in (bucket, size, etag, kind, name_at, klen)
+        if not in_order:
+            perm, new, ordered = sort_objects(
+                self.group_by, odd_keys, text, bucket_names, bucket, klen, name_at
             )
-            odd_keys = {int(inv[j]): v for j, v in odd_keys.items()}
-            odd_etags = {int(inv[j]): v for j, v in odd_etags.items()}
-            extra_at = inv[extra_at]
+            text = Strings.of(ordered)  # here, once the sort's garbage is gone: a lower peak
+            (bucket, size, etag, kind, name_at, klen), (odd_keys, odd_etags), extra_at = apply_order(
+                perm, [bucket, size, etag, kind, name_at, klen], [odd_keys, odd_etags], extra_at
+            )
         assert new is not None
         first = (
             np.concatenate([np.flatnonzero(new), [m]]).astype(np.int64) if m else np.zeros(1, dtype=np.int64)
@@ -354,69 +330,6 @@ def _trim() -> None:
     # system so that the index's own size is what stays resident (glibc only).
     with contextlib.suppress(OSError, AttributeError):  # not glibc
         ctypes.CDLL(None).malloc_trim(0)
-
-
-def _sort(
-    group_by: str,
-    odd: dict[int, str],
-    text: Strings,
-    buckets: list[str],
-    bucket: np.ndarray,
-    klen: np.ndarray,
-    name_at: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """The order of (bucket, sample key, field name), where samples start in it, and the keys
-    in that order.
-
-    Raises:
-        SameObjectTwice: an object is there twice.
-        ConfigError: a sample would have the same field twice.
-    """
-    keys = list(text)
-    n = len(keys)
-    if group_by == "object" and len(buckets) == 1:
-        # one object per sample and one bucket: the order of the keys, and each object
-        # starts a sample unless a key is there twice (the general path says which)
-        perm = sorted(range(n), key=keys.__getitem__)
-        ordered = list(map(keys.__getitem__, perm))
-        if not any(map(operator.eq, ordered, ordered[1:])):
-            return np.array(perm, dtype=np.int64), np.ones(n, dtype=bool), ordered
-    skeys: Iterable[str] = map(
-        operator.getitem, keys, map(slice, _view(klen))
-    )  # memoryviews: no list of ints
-    if odd:
-        skeys = [odd.get(j, skey) for j, skey in enumerate(skeys)]
-    # One string per object sorts like the (bucket, key, name) tuple as long as no part
-    # holds a NUL character (which sorts below every other), and sorts faster.
-    joined = b"\0" not in text.blob and not any("\0" in b for b in buckets)
-    parts = zip(map(buckets.__getitem__, _view(bucket)), skeys, keys, _view(name_at), strict=True)
-    sort_keys: list[Any] = (
-        [f"{b}\0{s}\0{k[at:] if at >= 0 else 'data'}" for b, s, k, at in parts]
-        if joined
-        else [((b, s), k[at:] if at >= 0 else "data") for b, s, k, at in parts]
-    )
-    perm = sorted(range(n), key=sort_keys.__getitem__)
-    ordered = list(map(sort_keys.__getitem__, perm))
-    if any(map(operator.eq, ordered, ordered[1:])):
-        cur = next(a for a, b in pairwise(ordered) if a == b)
-        b_, skey, name = cur.split("\0") if joined else (*cur[0], cur[1])
-        dup = sorted(f"s3://{b_}/{keys[j]}" for j in perm if sort_keys[j] == cur)
-        message = f"sample {skey!r} has the field {name!r} twice ({', '.join(dup)}); use another group_by"
-        raise SameObjectTwice(message, dup[0]) if len(set(dup)) == 1 else ConfigError(message)
-    order = np.array(perm, dtype=np.int64)
-    del perm, sort_keys
-    # a sample starts where (bucket, sample key), the sort key up to its last part, changes
-    if joined:
-        head = np.array([len(b) + 1 for b in buckets], dtype=np.int64)[bucket] + klen
-        for j, skey in odd.items():
-            head[j] = len(buckets[int(bucket[j])]) + 1 + len(skey)
-        groups: Iterator[Any] = map(operator.getitem, ordered, map(slice, _view(head[order])))
-    else:
-        groups = map(operator.itemgetter(0), ordered)
-    new = np.ones(n, dtype=bool)
-    new[1:] = np.fromiter(starmap(operator.ne, pairwise(groups)), dtype=bool, count=max(n - 1, 0))
-    del ordered
-    return order, new, list(map(keys.__getitem__, _view(order)))
 
 
 def _group_keys(group_by: str, keys: list[str]) -> tuple[list[str], list[int] | None] | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .._s3api.client import s3_client
@@ -58,6 +59,26 @@ _PAGE = 1000  # keys per LIST response (the S3 maximum, which s5cmd asks for)
 _PROGRESS_DELAY = 1.0  # seconds of listing before its progress shows
 
 
+@dataclass
+class _Listing:
+    """One attempt at listing a prefix: the builder the objects go to, how many came and how
+    they were listed."""
+
+    builder: IndexBuilder
+    progress: Progress
+    seen: int = 0
+    how: str = "s5cmd ls"
+
+    def add(self, objects: Iterable[ObjectInfo]) -> None:
+        """Add ``objects`` (each with ``uri``, ``key``, ``size``, ``etag``) to the builder,
+        counting them on the progress line a page at a time."""
+        for obj in objects:
+            self.builder.add(obj.uri, obj.key, obj.size, obj.etag)
+            self.seen += 1
+            if not self.seen % _PAGE:
+                self.progress.set(self.seen)
+
+
 def index_prefix(prefix: str, s5cmd: S5cmd, group_by: str) -> SampleIndex:
     """List the objects under ``s3://bucket/prefix`` with ``s5cmd ls`` and group them, reading
     the listing as it streams in. A listing that fails on a transient error (the store
@@ -75,23 +96,13 @@ def index_prefix(prefix: str, s5cmd: S5cmd, group_by: str) -> SampleIndex:
     progress = Progress(f"listing {prefix}", delay=_PROGRESS_DELAY, logger=log, final_line=False)
     with progress:
         for attempt in range(1, LIST_ATTEMPTS + 1):
-            builder = IndexBuilder(group_by, base=uri.key, source=prefix, listing=True)
-            seen = 0
-            how = "s5cmd ls"
+            listing = _Listing(IndexBuilder(group_by, base=uri.key, source=prefix, listing=True), progress)
             try:
                 try:
-                    for obj in s5cmd.list(str(uri)):
-                        builder.add(obj.uri, obj.key, obj.size, obj.etag)
-                        seen += 1
-                        if not seen % _PAGE:
-                            progress.set(seen)
+                    listing.add(s5cmd.list(str(uri)))
                 except _GlobInPrefix:
-                    how = "the S3 API (s5cmd ls reads '*?[' in a prefix as wildcards)"
-                    for obj in _list_boto3(uri.bucket, uri.key, s5cmd.settings):
-                        builder.add(obj.uri, obj.key, obj.size, obj.etag)
-                        seen += 1
-                        if not seen % _PAGE:
-                            progress.set(seen)
+                    listing.how = "the S3 API (s5cmd ls reads '*?[' in a prefix as wildcards)"
+                    listing.add(_list_boto3(uri.bucket, uri.key, s5cmd.settings))
             except EmptySourceError:
                 pass  # told below, with the keys beside an empty folder
             except FetchError as exc:
@@ -102,23 +113,24 @@ def index_prefix(prefix: str, s5cmd: S5cmd, group_by: str) -> SampleIndex:
                 log.warning(
                     "listing %s failed after %d object(s) (%s); listing again in %.1fs",
                     prefix,
-                    seen,
+                    listing.seen,
                     exc,
                     delay,
                 )
                 time.sleep(delay)
                 continue
             break
-        progress.set(seen)
+        progress.set(listing.seen)
+    seen = listing.seen
     if not seen:
         raise EmptySourceError(f"no object under {prefix}{_beside_hint(uri.bucket, uri.key, s5cmd.settings)}")
     listed = time.monotonic() - start
-    index = builder.build()
+    index = listing.builder.build()
     log.info(
         "listed %s with %s: %d objects in %.1fs (%d attempt(s), about %d LIST requests), "
         "%d samples indexed in %.1fs",
         prefix,
-        how,
+        listing.how,
         seen,
         listed,
         attempt,
@@ -136,8 +148,9 @@ def _beside_hint(bucket: str, folder: str, access: Access | str | None) -> str:
     if not examples:
         return ""
     return (
-        f"; a prefix names a folder, so s3://{bucket}/{folder[:-1]} reads only s3://{bucket}/{folder}, not keys "
-        f"beside it such as {', '.join(examples)}: name the folder they are in, or list the objects in a manifest"
+        f"; a prefix names a folder, so s3://{bucket}/{folder[:-1]} reads only s3://{bucket}/{folder}, "
+        f"not keys beside it such as {', '.join(examples)}: name the folder they are in, or list the "
+        "objects in a manifest"
     )
 
 

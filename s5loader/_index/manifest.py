@@ -22,9 +22,10 @@ from .._s3api.errors import boto3_error
 from .._util.uri import parse_s3_uri
 from ..config import Access
 from ..exceptions import EmptySourceError, ManifestError, S5LoaderError
-from .builder import IndexBuilder, SameObjectTwice
+from .builder import IndexBuilder
 from .compact import SampleIndex
 from .listing import stat_objects
+from .sorting import SameObjectTwice
 
 
 def index_manifest(path_or_uri: str, access: Access | str | None, group_by: str) -> SampleIndex:
@@ -139,7 +140,8 @@ class _ManifestReader:
             rec = {"uri": rec}
         if not isinstance(rec, dict) or not isinstance(rec.get("uri"), str):
             raise ManifestError(
-                f"{source} line {lineno}: expected a URI string or an object with a 'uri' field, got {line[:200]!r}"
+                f"{source} line {lineno}: expected a URI string or an object with a 'uri' field, "
+                f"got {line[:200]!r}"
             )
         uri = rec.pop("uri")
         try:
@@ -178,7 +180,8 @@ _CANON_LINES = re.compile(
     re.MULTILINE,
 )
 _LOOSE_LINES = re.compile(
-    r'^[ \t]*\{[ \t]*"uri"[ \t]*:[ \t]*"s3://([^"/\n]*)/([^"\n]+)"[ \t]*,[ \t]*"size"[ \t]*:[ \t]*(0|[1-9][0-9]*)'
+    r'^[ \t]*\{[ \t]*"uri"[ \t]*:[ \t]*"s3://([^"/\n]*)/([^"\n]+)"[ \t]*,'
+    r'[ \t]*"size"[ \t]*:[ \t]*(0|[1-9][0-9]*)'
     r'[ \t]*(?:,[ \t]*"etag"[ \t]*:[ \t]*"([^"\n]*)"[ \t]*)?(.*)$',
     re.MULTILINE,
 )

@@ -27,6 +27,7 @@ import struct
 import tempfile
 import zlib
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -121,23 +122,7 @@ def loads(data: bytes, where: str = "the index data") -> SampleIndex:
         raise IndexFileError(f"{where} is damaged or truncated (its SHA-256 checksum does not match)")
     try:
         header = json.loads(body[_HEAD.size : _HEAD.size + hlen])
-        raw = zlib.decompress(body[_HEAD.size + hlen :])
-        arrays: dict[str, np.ndarray] = {}
-        at = 0
-        text = b""
-        for name, dtype, shape in header["arrays"]:
-            dt = np.dtype(dtype)
-            count = int(np.prod(shape)) if shape else 1
-            # copies, so that the decompressed buffer is freed and the text is held once
-            arrays[name] = (
-                np.frombuffer(raw, dtype=dt, count=count, offset=at).reshape(shape).copy()
-                if name != "text"
-                else np.empty(0, np.uint8)
-            )
-            if name == "text":
-                text = raw[at : at + count]
-            at += count * dt.itemsize
-        del raw
+        arrays, text = _unpack(header["arrays"], zlib.decompress(body[_HEAD.size + hlen :]))
 
         def strings(prefix: str) -> Strings:
             return Strings(arrays[f"{prefix}.text"].tobytes(), _offsets(arrays[f"{prefix}.len"]))
@@ -166,6 +151,27 @@ def loads(data: bytes, where: str = "the index data") -> SampleIndex:
         )
     except (KeyError, ValueError, TypeError, zlib.error) as exc:  # a well-formed checksum over bad content
         raise IndexFileError(f"{where} is not a readable s5loader index ({exc})") from exc
+
+
+def _unpack(layout: list[Any], raw: bytes) -> tuple[dict[str, np.ndarray], bytes]:
+    """The arrays an index file's decompressed body ``raw`` holds, as its header's ``layout``
+    (name, dtype, shape) lists them, and the key text (an empty array in its place)."""
+    arrays: dict[str, np.ndarray] = {}
+    at = 0
+    text = b""
+    for name, dtype, shape in layout:
+        dt = np.dtype(dtype)
+        count = int(np.prod(shape)) if shape else 1
+        # copies, so that the decompressed buffer is freed and the text is held once
+        arrays[name] = (
+            np.frombuffer(raw, dtype=dt, count=count, offset=at).reshape(shape).copy()
+            if name != "text"
+            else np.empty(0, np.uint8)
+        )
+        if name == "text":
+            text = raw[at : at + count]
+        at += count * dt.itemsize
+    return arrays, text
 
 
 def index_bytes(index: SampleIndex) -> bytes:

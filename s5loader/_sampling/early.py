@@ -8,12 +8,12 @@ sample is staged makes the first batch wait for the whole first fill, and every 
 staging is behind, for one a fill further on. So a pass that a DataLoader iterates hands out an
 index whose sample is not staged yet at once (at most :data:`EARLY_MOST` of them unsettled),
 and a reader of such a sample waits for it (:func:`~s5loader.staging.reader.wait_staged`).
-Indices still go out in order, and a sample staged already goes out as before; so does every
+Indices still go out in order, and a sample staged already goes out as it is; so does every
 sample of a pass iterated directly, whose consumer may expect its files in place.
 
 A thread in the sampler's process waits on the engine for those samples, in order, as the
-sampler itself used to (so the time still counts as the loader's wait, and a budget too small
-for what the readers hold is still found), and leaves its word on each in the pass folder
+sampler waits for any other (so the time counts as the loader's wait, and a budget too small
+for what the readers hold is found), and leaves its word on each in the pass folder
 (:meth:`~s5loader.staging.layout.StagingLayout.mark_early`): staged (the sample is then handed
 to its reader, whose release frees its budget as for any other), not staged (the pass stopped
 first, replaced by a newer one or closed: the reader raises, as the sampler's own wait does; a

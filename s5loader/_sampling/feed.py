@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import pickle
 import queue
 import socket
@@ -26,6 +27,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
+
+from torch.utils.data import get_worker_info
 
 from ..exceptions import S5LoaderError, StallError
 
@@ -217,6 +220,15 @@ class FeedHost:
         for w in self._writers.values():
             w.close()
         self._writers.clear()
+
+
+def rendezvous_name(uid: str, rank: int, iterations: int) -> str:
+    """The rendezvous of a rank's workers with their host for one iteration: the same in every
+    worker of one ``iter(loader)`` (the loader's base seed, and the data set copy's count of
+    ``iterations``, which persistent workers keep in step), unique to the data set (``uid``)."""
+    info = get_worker_info()
+    base = info.seed - info.id if info is not None else os.getpid()
+    return f"s5loader-{uid}-r{rank}-{base}-{iterations}"
 
 
 def connect(name: str, hello: Hello, timeout: float = CONNECT_S) -> Iterator[tuple[str, Any]]:

@@ -87,6 +87,21 @@ def check_count(name: str, value: int | None, least: int) -> int | None:
     return value
 
 
+def check_worker_count(told: int | None, running: int, source: str) -> None:
+    """The ``num_workers`` an :class:`~s5loader.S5IterableDataset` was made with (``None``:
+    any) against the workers its DataLoader ``running`` runs (1 without workers).
+
+    Raises:
+        ConfigError: the counts differ.
+    """
+    if told is not None and max(1, told) != running:
+        raise ConfigError(
+            f"S5IterableDataset over {source or 'the data set'} was made with "
+            f"num_workers={told}, but its DataLoader runs {running} worker(s) (num_workers=0 "
+            "runs one, in the main process): give both the same count"
+        )
+
+
 def check_buffer(
     dataset: S5Dataset,
     order: Order,
@@ -115,7 +130,6 @@ def check_buffer(
     units = units_of(dataset)
     if shuffle_buffer <= 1 or units.peak_bytes([], False) is None:
         return
-    n = len(dataset)
     peaks: dict[tuple[int, int | None, int, int], int] = {}
 
     def peak(budget: int, k: int, e: int = epoch) -> int:
@@ -132,6 +146,23 @@ def check_buffer(
     need = peak(budget, shuffle_buffer)
     if need <= budget or peak(budget, 0) > budget:
         return  # it fits, or not even without a buffer: the pass's own check says why
+    window = rank_layout(dataset, budget, options.calls_in_flight, order.shuffle, cached, root)[0]
+    raise _too_big(dataset, order, shuffle_buffer, epoch, budget, need, window, peak)
+
+
+def _too_big(
+    dataset: S5Dataset,
+    order: Order,
+    shuffle_buffer: int,
+    epoch: int,
+    budget: int,
+    need: int,
+    window: int,
+    peak: Callable[[int, int, int], int],
+) -> BudgetError:
+    """:func:`check_buffer`'s error: the bytes the order ``need``s at once against the budget,
+    and what would fit (``peak(budget, buffer, epoch)``: the bytes an order needs at once)."""
+    n = len(dataset)
     # What is suggested must also fit the next epochs' draws (each draws anew): as many as
     # about a million samples' worth of orders, at most SUGGEST_EPOCHS.
     epochs = range(epoch, epoch + max(1, min(SUGGEST_EPOCHS, 1_000_000 // max(1, n // order.num_replicas))))
@@ -139,7 +170,6 @@ def check_buffer(
     holds = _budget_for(
         lambda b: all(peak(b, shuffle_buffer, e) <= b for e in epochs), need, dataset.total_bytes
     )
-    window = rank_layout(dataset, budget, options.calls_in_flight, order.shuffle, cached, root)[0]
     mixes = (
         f"; shuffle=True already mixes samples across the shards the budget holds open ({window} here)"
         if order.shuffle is True
@@ -147,11 +177,12 @@ def check_buffer(
     )
     smaller = f"shuffle_buffer={fits} or less" if fits > 1 else "shuffle_buffer=0 (no buffer)"
     raise_to = f", or raise the budget to at least {format_size(_at_least(holds))}" if holds else ""
-    raise BudgetError(
-        f"shuffle_buffer={shuffle_buffer} over the tar shards of {dataset.source or 'the data set'} needs more "
-        f"staged than the budget holds: a sample the buffer holds back keeps its shard staged after the "
-        f"order has moved on, so rank {order.rank}'s order of epoch {epoch} needs {format_size(need)} of "
-        f"shards staged at once, more than the budget of {format_size(budget)}{mixes}. Give {smaller}{raise_to}"
+    return BudgetError(
+        f"shuffle_buffer={shuffle_buffer} over the tar shards of {dataset.source or 'the data set'} "
+        "needs more staged than the budget holds: a sample the buffer holds back keeps its shard staged "
+        f"after the order has moved on, so rank {order.rank}'s order of epoch {epoch} needs "
+        f"{format_size(need)} of shards staged at once, more than the budget of {format_size(budget)}"
+        f"{mixes}. Give {smaller}{raise_to}"
     )
 
 

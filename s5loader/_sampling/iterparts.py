@@ -12,6 +12,7 @@ order exactly.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ import numpy as np
 from .._shards.holding import Freeing
 from ..dataset import S5Dataset
 from ..exceptions import StateError
+from .feed import END, ERROR, INDEX, SKIP
 from .order import Order
 from .pieces import part_len
 from .resume import check_fields
@@ -269,3 +271,25 @@ def check_state(state: Any, dataset_len: int) -> dict[str, Any]:
     out["chunk"] = chunk
     out["version"] = STATE_VERSION
     return out
+
+
+def read_feed(dataset: S5Dataset, p: _Pass, messages: Iterator[tuple[str, Any]]) -> Iterator[Any]:
+    """The samples of a worker's pass ``p``: each staged index its host sends (see :mod:`.feed`)
+    read from ``dataset``, counted in ``p.yielded`` as it goes out, a skipped one counted only;
+    the engine's error raised; closes ``messages`` at the end."""
+    try:
+        for kind, payload in messages:
+            if kind == INDEX:
+                sample = dataset[payload]
+                p.yielded += 1  # before the yield: a state taken now counts this sample
+                yield sample
+            elif kind == SKIP:
+                p.yielded += 1  # skipped (on_error="skip"): counted, so a resumed pass lines up
+            elif kind == ERROR:
+                raise payload
+            elif kind == END:
+                break
+    finally:
+        close = getattr(messages, "close", None)
+        if close is not None:
+            close()

@@ -55,9 +55,8 @@ def draw_open(pieces: list[list[int]], room: float, cost: Freeing, rng: np.rando
     back = [0] * len(parts)
     heads = [0.0] * len(parts)  # what the run from the shard's start gives back
     tails = [0.0] * len(parts)  # and the run to its end
-    tokens: list[
-        int
-    ] = []  # one per unread sample of the open pieces: a uniform token is a piece by its count
+    # one per unread sample of the open pieces: a uniform token is a piece by its count
+    tokens: list[int] = []
     out: list[int] = []
     held = 0.0
     queued = opened = 0
@@ -191,14 +190,15 @@ def few_shards(
     held = (
         ""
         if cost is not None
-        else ", each held whole until its last sample is read (an epoch cache or keep_staged keeps shards whole, or the "
-        "staging directory cannot punch holes)"
+        else ", each held whole until its last sample is read (an epoch cache or keep_staged keeps "
+        "shards whole, or the staging directory cannot punch holes)"
     )
     return (
-        f"{who}(shuffle=True) over the tar shards of {dataset.source or 'the data set'}: the budget of "
-        f"{format_size(budget)} holds about {budget // largest} of its shards ({format_size(largest)} the largest"
-        f"{held}), so a batch draws from fewer shards than a {REFERENCE_BUFFER}-sample shuffle buffer would, and "
-        f"shards that each hold one class mix poorly. A budget of {format_size(need)} mixes at least like that "
-        "buffer (shuffle_quality(span=64) measures an order); or write shards whose samples are mixed already "
-        "with `s5loader pack --shuffle`"
+        f"{who}(shuffle=True) over the tar shards of {dataset.source or 'the data set'}: the budget "
+        f"of {format_size(budget)} holds about {budget // largest} of its shards "
+        f"({format_size(largest)} the largest{held}), so a batch draws from fewer shards than a "
+        f"{REFERENCE_BUFFER}-sample shuffle buffer would, and shards that each hold one class mix "
+        f"poorly. A budget of {format_size(need)} mixes at least like that buffer "
+        "(shuffle_quality(span=64) measures an order); or write shards whose samples are mixed "
+        "already with `s5loader pack --shuffle`"
     )

@@ -220,29 +220,7 @@ class Order:
             room = cost.room if cost.room is not None else max(1, open_units) * cost.largest
             rng = np.random.default_rng([self.seed & (2**64 - 1), epoch, self.rank, *run])
             return draw_open(split_by_shard(pieces, cost), room, cost, rng)[start:]
-        pieces = [[p[j] for j in torch.randperm(len(p), generator=g).tolist()] for p in pieces if p]
-        draws = torch.rand(sum(map(len, pieces)), generator=g).tolist()
-        pool: list[list[int]] = []  # open shards: [piece number, samples taken]
-        queued = 0
-        while len(pool) < max(1, open_units) and queued < len(pieces):
-            pool.append([queued, 0])
-            queued += 1
-        out = []
-        tags = []
-        for x in draws:
-            at = min(int(x * len(pool)), len(pool) - 1)
-            slot = pool[at]
-            piece = pieces[slot[0]]
-            out.append(piece[slot[1]])
-            tags.append(slot[0])
-            slot[1] += 1
-            if slot[1] == len(piece):  # drained: the next shard takes its place
-                if queued < len(pieces):
-                    pool[at] = [queued, 0]
-                    queued += 1
-                else:
-                    pool[at] = pool[-1]
-                    pool.pop()
+        out, tags = _draw_from_open(pieces, open_units, g)
         return front_first(out, tags, g)[start:]
 
     def _rank_pieces(self, n: int, units: list[list[int]], g: torch.Generator | None) -> list[list[int]]:
@@ -258,6 +236,39 @@ class Order:
     def _shuffle(seq: list[int], a: int, g: torch.Generator) -> None:
         chunk = seq[a:]
         seq[a:] = [chunk[k] for k in torch.randperm(len(chunk), generator=g).tolist()]
+
+
+def _draw_from_open(
+    pieces: list[list[int]], open_units: int, g: torch.Generator
+) -> tuple[list[int], list[int]]:
+    """The samples of ``pieces`` (each a shard's run of samples) drawn from ``open_units``
+    pieces open at once: each next sample from an open piece chosen uniformly, a piece's
+    samples in a random order, a drained piece replaced by the next; with the piece each
+    sample came from."""
+    pieces = [[p[j] for j in torch.randperm(len(p), generator=g).tolist()] for p in pieces if p]
+    draws = torch.rand(sum(map(len, pieces)), generator=g).tolist()
+    pool: list[list[int]] = []  # open shards: [piece number, samples taken]
+    queued = 0
+    while len(pool) < max(1, open_units) and queued < len(pieces):
+        pool.append([queued, 0])
+        queued += 1
+    out = []
+    tags = []
+    for x in draws:
+        at = min(int(x * len(pool)), len(pool) - 1)
+        slot = pool[at]
+        piece = pieces[slot[0]]
+        out.append(piece[slot[1]])
+        tags.append(slot[0])
+        slot[1] += 1
+        if slot[1] == len(piece):  # drained: the next shard takes its place
+            if queued < len(pieces):
+                pool[at] = [queued, 0]
+                queued += 1
+            else:
+                pool[at] = pool[-1]
+                pool.pop()
+    return out, tags
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from ..engine.stager import close_off_engine
 from ..s5cmd import S5cmd
 from ..staging.area import PassArea, StagingArea
 from ..staging.layout import StagingLayout
+from ..staging.plainindex import plain_reads
 from .cacherun import CacheRun
 from .early import EARLY
 from .resume import Position
@@ -82,35 +83,8 @@ class StagingPasses:
         With an epoch ``cache``, its hits are not fetched and the samples it keeps are handed
         back by their readers. With ``early``, an index not staged yet goes out at once, its
         reader to wait for it (:mod:`.early`)."""
-        where = self._new_pass()
-        hits, back = (
-            cache.begin_pass(epoch(), order, where.path) if cache is not None else (None, frozenset())
-        )
-        keep = self.keep
-        units = open_pass(self.dataset, order, where.path, keep, options, shuffle, self.frees, hits, early)
-        released, folders = self.released, StagingLayout(where.path)
-        stager = Stager(
-            self.dataset.samples,
-            units.engine_order,
-            where,
-            self.s5cmd,
-            units.engine_options(options),
-            kept=self.kept if keep else units.engine_kept(hits),
-            access=self.dataset.access,
-            layout=self.layout,
-            windows=units.engine_windows(windows),
-            first_call=units.first_call,
-            is_released=(lambda k: released(k, folders)) if released is not None else None,
-        )
-        if self.on_stager is not None:
-            self.on_stager(stager)
-        units.start(stager, options)
-        if cache is not None:
-            stager.budget.on_release = cache.on_release
-        # a pass whose first unit streams starts the engine once that unit gave its first sample
-        later = units.streams_first
-        if not later:
-            stager.start()
+        where, units, stager, back = self._open(order, windows, options, shuffle, epoch(), cache, early)
+        keep, later = self.keep, units.streams_first
         self.active, self.units = stager, units
         position.yielded = 0
         position.pass_len = len(order)
@@ -136,6 +110,7 @@ class StagingPasses:
             close_off_engine(stager.close)  # a generator closed by a collector on the engine's thread
             if not superseded:
                 self.active = None
+            stager.stats.plain_indices = plain_reads(where.path)
             self.last_stats = stager.stats
             self.last_metrics = stager.metrics(epoch=epoch(), position=position.yielded)
             if keep:
@@ -150,12 +125,56 @@ class StagingPasses:
                 cache.end_pass(epoch())
             report(stager.stats, time.monotonic() - t0, finished)
 
+    def _open(
+        self,
+        order: list[int],
+        windows: list[int] | None,
+        options: StagingOptions,
+        shuffle: bool | str,
+        epoch: int,
+        cache: CacheRun | None,
+        early: bool,
+    ) -> tuple[PassArea, PassUnits, Stager, frozenset[int]]:
+        """A new pass over ``order``: its folder, its units, its engine (started, unless the
+        first unit streams) and the units the epoch cache keeps (handed back by their readers)."""
+        where = self._new_pass()
+        hits, back = cache.begin_pass(epoch, order, where.path) if cache is not None else (None, frozenset())
+        keep = self.keep
+        units = open_pass(self.dataset, order, where.path, keep, options, shuffle, self.frees, hits, early)
+        released, folders = self.released, StagingLayout(where.path)
+        stager = Stager(
+            self.dataset.samples,
+            units.engine_order,
+            where,
+            self.s5cmd,
+            units.engine_options(options),
+            kept=self.kept if keep else units.engine_kept(hits),
+            access=self.dataset.access,
+            layout=self.layout,
+            windows=units.engine_windows(windows),
+            first_call=units.first_call,
+            is_released=(lambda k: released(k, folders)) if released is not None else None,
+        )
+        if self.on_stager is not None:
+            self.on_stager(stager)
+        units.start(stager, options)
+        if cache is not None:
+            stager.budget.on_release = cache.on_release
+        # a pass whose first unit streams starts the engine once that unit gave its first sample
+        if not units.streams_first:
+            stager.start()
+        return where, units, stager, back
+
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "active": None}  # a copy in another process runs no pass
 
     def stats(self) -> Stats | None:
         """What the running pass did so far, else the last one."""
-        return self.active.stats if self.active is not None else self.last_stats
+        stager = self.active
+        if stager is None:
+            return self.last_stats
+        stager.stats.plain_indices = plain_reads(stager.area.path)
+        return stager.stats
 
     def metrics(self, epoch: int, position: int, samples: int, budget: int) -> Metrics:
         """The running pass's figures, else the last pass's as it ended, else zeros."""

@@ -222,7 +222,8 @@ def resume(
     what = "a shuffle='block'" if saved.shuffle == "block" else "a shard-order"
     if saved.units != units.name and not saved.complete:
         raise StateError(
-            f"the state was saved mid-epoch by a sampler that staged {saved.units}s; this one stages {units.name}s"
+            f"the state was saved mid-epoch by a sampler that staged {saved.units}s; "
+            f"this one stages {units.name}s"
         )
     if units.per_rank(saved.shuffle) and w != here and not saved.complete:
         raise StateError(
@@ -262,10 +263,11 @@ def resume_cost(saved: SavedPosition, cost: Any, possible: bool, units: Any, sou
         return None
     if not possible:
         raise StateError(
-            f"the state of {source or 'the data set'} was saved mid-epoch by a shard order that counts the bytes its "
-            "samples give back as they are read; this sampler's readers cannot (an epoch cache or keep_staged keeps "
-            "shards whole, or the staging directory's file system cannot punch holes): resume with the same options "
-            "and staging_dir, or from a state taken at an epoch's end"
+            f"the state of {source or 'the data set'} was saved mid-epoch by a shard order that counts "
+            "the bytes its samples give back as they are read; this sampler's readers cannot (an epoch "
+            "cache or keep_staged keeps shards whole, or the staging directory's file system cannot "
+            "punch holes): resume with the same options and staging_dir, or from a state taken at an "
+            "epoch's end"
         )
     resumed = units.order_cost()
     resumed.room = saved.room

@@ -83,8 +83,8 @@ def fit_budget(
     Raises:
         ConfigError: options the data set's units cannot stage (:meth:`ObjectUnits.check`).
         BudgetError: a sample (or shard) larger than the budget, a budget (and epoch cache)
-            larger than the free space, ``keep_staged`` with a budget smaller than the data set, or a budget smaller
-            than a batch.
+            larger than the free space, ``keep_staged`` with a budget smaller than the data
+            set, or a budget smaller than a batch.
     """
     budget = options.budget
     largest = dataset.samples[dataset.samples.largest()]
@@ -119,24 +119,36 @@ def fit_budget(
     return options, root
 
 
-def check_loader_batch(
-    sampler: object, dataset: S5Dataset, budget: int, caller: FrameType | None
-) -> int | None:
-    """When a DataLoader's BatchSampler iterates ``sampler`` (``caller`` is the frame that
-    asked for the iterator), check that ``budget`` holds one of its batches of ``dataset``.
+def loader_batch_size(sampler: object, caller: FrameType | None) -> int | None:
+    """The batch size of the DataLoader's BatchSampler that asked ``sampler`` for its iterator
+    (``caller``: the frame that called ``iter(sampler)``), else ``None``.
 
-    Returns:
-        the batch size of the DataLoader's BatchSampler that iterates it, else None.
-
-    Raises:
-        BudgetError: the budget is smaller than the loader's batch of the largest samples.
+    This is the fallback for ``DataLoader(ds, sampler=sampler, batch_size=n)``, the drop-in use
+    of a sampler: ``Sampler.__iter__`` takes no argument, and the DataLoader makes its own
+    BatchSampler, which calls ``iter(sampler)`` from its ``__iter__`` with itself as ``self``;
+    its frame is the only place the sampler can learn that a DataLoader batches it, and by how
+    much. Anything else between them (a wrapping sampler or batch sampler, torchdata's
+    ``StatefulDataLoader``, whose batch iterator calls ``iter(sampler)``) is not recognised:
+    the sampler then yields each index once its sample is staged, and no batch is checked
+    against the budget. :meth:`S5Sampler.batches <s5loader.S5Sampler.batches>` gives the batch
+    size explicitly.
     """
     owner = caller.f_locals.get("self") if caller is not None else None
     if not (isinstance(owner, BatchSampler) and owner.sampler is sampler):
         return None
-    if units_of(dataset).holds_batches:
-        _check_batch_fits(dataset, int(owner.batch_size), budget)
     return int(owner.batch_size)
+
+
+def check_loader_batch(dataset: S5Dataset, budget: int, batch_size: int) -> None:
+    """Check that ``budget`` holds one DataLoader batch of ``batch_size`` samples of
+    ``dataset`` where its units hold whole batches (raw objects; over tar shards the order's
+    own check counts the shards of each batch).
+
+    Raises:
+        BudgetError: the budget is smaller than the loader's batch of the largest samples.
+    """
+    if units_of(dataset).holds_batches:
+        _check_batch_fits(dataset, batch_size, budget)
 
 
 def _check_batch_fits(dataset: S5Dataset, batch_size: int, budget: int) -> None:

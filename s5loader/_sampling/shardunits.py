@@ -42,7 +42,8 @@ class ShardUnits(ObjectUnits):
         if big.size > options.budget:
             raise BudgetError(
                 f"the shard {big.fields[0].uri} is {format_size(big.size)}, larger than the budget of "
-                f"{format_size(options.budget)}; a shard is staged whole: raise the budget or write smaller shards"
+                f"{format_size(options.budget)}; a shard is staged whole: raise the budget or write "
+                "smaller shards"
             )
 
     def window(self, budget: int, calls_in_flight: int, shuffle: bool | str) -> int:
@@ -114,10 +115,10 @@ class ShardUnits(ObjectUnits):
                         held.done(s, j)
         if most > budget:
             raise BudgetError(
-                f"a DataLoader batch of {batch} samples of {self.dataset.source or 'the data set'} draws from tar "
-                f"shards that take {format_size(most)} staged at once (the batch from position {at} on), "
-                f"more than the budget of {format_size(budget)}: a batch is read only once all of it is "
-                "staged; raise the budget, lower batch_size, or use shuffle='block'"
+                f"a DataLoader batch of {batch} samples of {self.dataset.source or 'the data set'} draws "
+                f"from tar shards that take {format_size(most)} staged at once (the batch from position "
+                f"{at} on), more than the budget of {format_size(budget)}: a batch is read only once all "
+                "of it is staged; raise the budget, lower batch_size, or use shuffle='block'"
             )
 
     def per_rank(self, shuffle: bool | str) -> bool:
@@ -221,9 +222,9 @@ class ShardUnits(ObjectUnits):
 
     def s5cmd_workers(self, options: StagingOptions) -> int:
         """At most :data:`SHARD_WORKERS`, so that a call's shards land one after another (its
-        first ones early, each fetched in parallel parts when large) instead of all together at
-        its end; the first batch and a pass's first calls wait less (a 6,000-sample pass over
-        10 MB shards through 20 ms round trips took 5.0 s instead of 6.4 here, medians of 3)."""
+        first ones early, each fetched in parallel parts when large) rather than all together at
+        its end: the first batch and a pass's first calls then wait for the shards they read,
+        not for the whole call."""
         return min(options.s5cmd_workers, SHARD_WORKERS)
 
     def open_pass(

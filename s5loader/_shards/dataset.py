@@ -36,10 +36,11 @@ from .index import Shard
 
 log = logging.getLogger(__name__)
 
-# Samples of the member tables a worker keeps, least recently read dropped first (about 0.5 KB
-# each, so about 25 MB): every shard open at once under a 2 GiB budget of 40 KB samples, since
-# shuffle=True reads from all of them in turn and a table read again per sample cost a third of
-# the throughput; a worker keeps the tables of shards other workers finished until they age out.
+# Samples of the member tables a worker keeps, least recently read dropped first (a member
+# entry takes about half a kilobyte): enough for every shard open at once under a 2 GiB budget
+# of 40 KB samples, since shuffle=True reads from all of them in turn and reading a shard's
+# table again for each sample would be a large share of the reading; a worker keeps the tables
+# of shards other workers finished until they age out.
 _TABLE_SAMPLES = 50_000
 
 
@@ -119,6 +120,10 @@ class ShardSet(Sequence[Shard]):
     def shard_units(self) -> list[list[int]]:
         """The samples of each shard, for ``shuffle="block"`` (a shard is a block)."""
         return [list(self.shard_samples(s)) for s in range(len(self._shards))]
+
+    def unit_of(self, index: int) -> int:
+        """The staging unit of sample ``index``: its shard."""
+        return self.locate(index)[0]
 
     def describe(self) -> str:
         return f"{self.samples} samples in {len(self._shards)} shards"

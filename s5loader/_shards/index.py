@@ -1,6 +1,7 @@
 """Where the shards and their sample counts come from: a source (an s3 prefix of ``*.tar`` and
-gzip-compressed ``*.tar.gz``/``*.tgz``, a list of URIs, or a WebDataset brace pattern) and a wids-style JSON shard list, which
-``s5loader index-shards`` builds by reading each shard's tar headers.
+gzip-compressed ``*.tar.gz``/``*.tgz``, a list of URIs, or a WebDataset brace pattern) and a
+wids-style JSON shard list, which ``s5loader index-shards`` builds by reading each shard's tar
+headers.
 
 The shard list is webdataset's indexed format (``wids``)::
 
@@ -90,7 +91,8 @@ def parse_entries(data: bytes, where: str) -> dict[str, tuple[int, int]]:
         n = entry.get("nsamples") if isinstance(entry, dict) else None
         if not isinstance(url, str) or not isinstance(n, int) or isinstance(n, bool) or n < 0:
             raise ShardIndexError(
-                f"the shard index {where}: entry {i} needs a 'url' string and an int 'nsamples' >= 0, got {entry!r}"
+                f"the shard index {where}: entry {i} needs a 'url' string and an int 'nsamples' >= 0, "
+                f"got {entry!r}"
             )
         t = entry.get("tarsize", 0)
         if not isinstance(t, int) or isinstance(t, bool) or t < 0:

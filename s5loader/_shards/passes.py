@@ -79,6 +79,21 @@ class ShardPass:
         self.layout = StagingLayout(folder)
         self.keep = keep
         self.on_error = on_error
+        self._visit(order)
+        self.state = bytearray(len(self.shard_of_visit))
+        self.order = order
+        # The epoch cache's hits: a shard in the cache is moved into the pass folder instead of
+        # fetched; one the pass visits twice (padding repeats samples) is fetched each time.
+        visits = Counter(self.shard_of_visit)
+        self.hits = hits
+        self.once = {s for s, k in visits.items() if k == 1}
+        self.stream: ShardStream | None = None
+        self.yielded: set[int] = set()  # samples of the streamed shard handed to the readers
+        self.streamed = 0 if self._can_stream_first() else None
+
+    def _visit(self, order: Sequence[int]) -> None:
+        """Cut ``order`` into shard visits: a visit is a run of positions in one shard that
+        needs none of its samples twice (padding repeats samples: a shard is then visited again)."""
         self.visit_of: list[int] = []
         self.sample_of: list[int] = []  # per position, the sample's number in its shard
         self.shard_of_visit: list[int] = []
@@ -101,29 +116,21 @@ class ShardPass:
             self.last[v] = pos
             self.visit_of.append(v)
             self.sample_of.append(j)
-        self.state = bytearray(len(self.shard_of_visit))
-        self.order = order
-        # The epoch cache's hits: a shard in the cache is moved into the pass folder instead of
-        # fetched; one the pass visits twice (padding repeats samples) is fetched each time.
-        visits = Counter(self.shard_of_visit)
-        self.hits = hits
-        self.once = {s for s, k in visits.items() if k == 1}
-        self.stream: ShardStream | None = None
-        self.yielded: set[int] = set()  # samples of the streamed shard handed to the readers
-        # The first shard of the pass is read while it downloads (see _shards/stream.py) when
-        # it is a plain tar that the pass visits once and does not keep.
-        # An order that counts what its samples give back counts the samples a visit does not
-        # need as given back when the shard opens, which a shard read while it downloads does not
-        # do: such a pass streams its first shard only when it needs every sample of it.
+
+    def _can_stream_first(self) -> bool:
+        """Whether the first shard of the pass is read while it downloads (see
+        _shards/stream.py): a plain tar that the pass visits once and does not keep.
+
+        An order that counts what its samples give back counts the samples a visit does not
+        need as given back when the shard opens, which a shard read while it downloads does
+        not do: such a pass streams its first shard only when it needs every sample of it."""
         first = self.shard_of_visit[0] if self.shard_of_visit else -1
-        self.streamed = (
-            0
-            if first in self.once
-            and not keep
+        return (
+            first in self.once
+            and not self.keep
             and not _tar.is_gzip(self.shards[first].uri)
-            and not (hits is not None and hits.has(first))
-            and not (frees and len(self.needed[0]) < self.shards[first].nsamples)
-            else None
+            and not (self.hits is not None and self.hits.has(first))
+            and not (self.frees and len(self.needed[0]) < self.shards[first].nsamples)
         )
 
     # -- the pass's units, as the engine asks them (see s5loader._sampling.units) -------------

@@ -72,45 +72,69 @@ def resolve(source: str | Sequence[str], access: Access | str | None) -> tuple[l
     """The shards a source names, with sizes and ETags, and the folder for its default index.
 
     Args:
-        source: ``s3://b/train/`` (every ``*.tar``, ``*.tar.gz`` and ``*.tgz`` below it, in key order), a brace pattern
-            (``s3://b/train/shard-{000000..000999}.tar``, in pattern order), one shard URI,
-            or a list of shard URIs (in list order).
+        source: ``s3://b/train/`` (every ``*.tar``, ``*.tar.gz`` and ``*.tgz`` below it, in
+            key order), a brace pattern (``s3://b/train/shard-{000000..000999}.tar``, in
+            pattern order), one shard URI, or a list of shard URIs (in list order).
 
     Raises:
         S3URIError, EmptySourceError, ObjectNotFoundError (a shard the pattern or list
         names does not exist), and the listing's errors.
     """
     if not isinstance(source, str):
-        uris = [str(u) for u in source]
-        if not uris:
-            raise EmptySourceError("the shard list is empty")
-        for u in uris:
-            parse_s3_uri(u)
-            _refuse_compressed(u)
-        folders = {folder_of(u) for u in uris}
-        folder = folders.pop() if len(folders) == 1 else folder_of(posixpath.commonprefix(uris))
-        return [_stat(u, access) for u in uris], folder
+        return _from_list([str(u) for u in source], access)
     parse_s3_uri(source)
     _refuse_compressed(source)
     if "{" in source:
-        uris = expand_braces(source)
-        for u in uris:
-            _refuse_compressed(u)
-        literal = source[: source.index("{")]
-        try:
-            found = {o.uri: o for o in list_prefix(literal, S5cmd(access=Access.coerce(access)))}
-        except EmptySourceError:
-            found = {}
-        missing = [u for u in uris if u not in found]
-        if missing:
-            near = _near(missing[0], access, [o for u, o in found.items() if u not in uris] or None)
-            raise ObjectNotFoundError(
-                f"{missing[0]}: no such shard ({len(missing)} of the {len(uris)} shards {source} names are "
-                f"missing){near}"
-            )
-        return [found[u] for u in uris], folder_of(literal)
+        return _from_pattern(source, access)
     if source.endswith(SHARD_SUFFIXES):
         return [_stat(source, access)], folder_of(source)
+    return _from_folder(source, access)
+
+
+def _from_list(uris: list[str], access: Access | str | None) -> tuple[list[ObjectInfo], str]:
+    """The shards of a list of URIs, each looked up; the folder they share."""
+    if not uris:
+        raise EmptySourceError("the shard list is empty")
+    for u in uris:
+        parse_s3_uri(u)
+        _refuse_compressed(u)
+    folders = {folder_of(u) for u in uris}
+    folder = folders.pop() if len(folders) == 1 else folder_of(posixpath.commonprefix(uris))
+    return [_stat(u, access) for u in uris], folder
+
+
+def _from_pattern(source: str, access: Access | str | None) -> tuple[list[ObjectInfo], str]:
+    """The shards a brace pattern names, in pattern order, found by listing the prefix before
+    its first brace.
+
+    Raises:
+        ObjectNotFoundError: a shard the pattern names is missing.
+    """
+    uris = expand_braces(source)
+    for u in uris:
+        _refuse_compressed(u)
+    literal = source[: source.index("{")]
+    try:
+        found = {o.uri: o for o in list_prefix(literal, S5cmd(access=Access.coerce(access)))}
+    except EmptySourceError:
+        found = {}
+    missing = [u for u in uris if u not in found]
+    if missing:
+        near = _near(missing[0], access, [o for u, o in found.items() if u not in uris] or None)
+        raise ObjectNotFoundError(
+            f"{missing[0]}: no such shard ({len(missing)} of the {len(uris)} shards {source} names are "
+            f"missing){near}"
+        )
+    return [found[u] for u in uris], folder_of(literal)
+
+
+def _from_folder(source: str, access: Access | str | None) -> tuple[list[ObjectInfo], str]:
+    """The shards listed under a folder, in key order.
+
+    Raises:
+        ShardError: ``source`` is an object that is no shard.
+        EmptySourceError: no shard under the folder; the message says what is there or beside.
+    """
     given, source = source, as_folder(source)  # a prefix names a folder, never its siblings
     try:
         listed = list_prefix(source, S5cmd(access=Access.coerce(access)))
@@ -143,9 +167,9 @@ def resolve(source: str | Sequence[str], access: Access | str | None) -> tuple[l
             )
         some = ", ".join(o.uri for o in listed[:NEAR])
         raise EmptySourceError(
-            f"no *.tar or *.tar.gz shard under {source}: it holds {len(listed)} other object(s), such as {some}. "
-            "Shards are tar files of samples (s5loader pack writes them from objects like these); "
-            "S5Dataset.from_prefix reads the objects themselves"
+            f"no *.tar or *.tar.gz shard under {source}: it holds {len(listed)} other object(s), "
+            f"such as {some}. Shards are tar files of samples (s5loader pack writes them from objects "
+            "like these); S5Dataset.from_prefix reads the objects themselves"
         )
     return objects, folder_of(source)
 

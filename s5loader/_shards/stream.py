@@ -1,7 +1,7 @@
 """Reading a tar shard while it downloads: the first shard of a pass.
 
-A pass stages shards whole with s5cmd, so its first sample would wait for a whole shard (a
-second or more for a 100 MB shard). The first shard of a pass is instead downloaded by one
+A pass stages shards whole with s5cmd, so its first sample would wait for a whole shard to
+download. The first shard of a pass is instead downloaded by one
 streamed GET in a thread of the process that runs the pass: each chunk is written to the
 shard's staged path as it arrives, its tar headers are read as they go by, and each sample
 whose bytes are on disk is added to the shard's member table at once. The readers read a

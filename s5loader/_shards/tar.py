@@ -97,16 +97,7 @@ def iter_scan(fileobj: Any, size: int | None, uri: str, stream: bool = False) ->
                     f"{uri}: a damaged or truncated tar after member {last!r} ({exc or type(exc).__name__})"
                 ) from exc
             last = info.name
-            _check_name(info.name, uri)
-            if info.issparse():  # its data is not stored in one piece: offsets would lie
-                raise ShardError(
-                    f"{uri}: member {info.name!r} is a GNU sparse file; write shards without --sparse"
-                )
-            if size is not None and info.offset_data + info.size > size:
-                raise ShardError(
-                    f"{uri}: member {info.name!r} is truncated ({info.size} bytes at offset "
-                    f"{info.offset_data}, the shard has {size})"
-                )
+            _check_member(info, size, uri)
             if not info.isreg():
                 continue
             parts = split_name(info.name)
@@ -125,6 +116,24 @@ def iter_scan(fileobj: Any, size: int | None, uri: str, stream: bool = False) ->
     _check_end(fileobj, end, size, stream, last, uri)
     if key is not None:
         yield TarSample(key, tuple(members))
+
+
+def _check_member(info: Any, size: int | None, uri: str) -> None:
+    """A member :func:`iter_scan` can locate by offset: a safe name, its data in one piece and
+    within the shard's ``size``.
+
+    Raises:
+        ShardError: a sparse or truncated member.
+        UnsafeArchiveError: a member name with ``..`` or an absolute path.
+    """
+    _check_name(info.name, uri)
+    if info.issparse():  # its data is not stored in one piece: offsets would lie
+        raise ShardError(f"{uri}: member {info.name!r} is a GNU sparse file; write shards without --sparse")
+    if size is not None and info.offset_data + info.size > size:
+        raise ShardError(
+            f"{uri}: member {info.name!r} is truncated ({info.size} bytes at offset "
+            f"{info.offset_data}, the shard has {size})"
+        )
 
 
 class Tail:

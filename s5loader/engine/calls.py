@@ -224,7 +224,8 @@ class Calls:
         if not self._warned_unexpected:
             self._warned_unexpected = True
             log.warning(
-                "an object not in the listing was fetched (%s): dropped; objects added since the listing are not loaded",
+                "an object not in the listing was fetched (%s): dropped; objects added since the "
+                "listing are not loaded",
                 where,
             )
 

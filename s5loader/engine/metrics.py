@@ -226,6 +226,14 @@ class PassReport:
                 ", ".join(stats.skipped[:10]),
                 " ..." if len(stats.skipped) > 10 else "",
             )
+        if stats.plain_indices:
+            self.log.warning(
+                "epoch %d: %d sample(s) reached the dataset as plain ints instead of the StagedIndex "
+                "the sampler yielded (a wrapper called int() on them): each was fetched again and its "
+                "staged files left to hold the budget; pass the sampler's indices through unchanged",
+                epoch,
+                stats.plain_indices,
+            )
         self.run_s += elapsed
         if self.run_s >= _STARVED_MIN_RUN_S and elapsed > 0 and starved >= _STARVED_SHARE * elapsed:
             o = options

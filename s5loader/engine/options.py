@@ -35,6 +35,9 @@ class Stats:
     peak_reserved: int = 0
     # S3 requests the pass asked for, by kind (GET, HEAD, LIST): see count_requests
     requests: Counter[str] = field(default_factory=Counter)
+    # samples of the pass that reached the dataset as plain ints, not the StagedIndex handed out
+    # (fetched again; see s5loader/staging/plainindex.py)
+    plain_indices: int = 0
 
     @property
     def staged_samples(self) -> int:

@@ -1,16 +1,15 @@
-"""Call planning: which positions of the order the next call takes (:func:`pick_call`), which
-s5cmd command lines fetch a call's samples, what S3 requests they cost, and how to read the
-answers to them (reported path -> sample position and field, scratch path -> final path)."""
+"""Call planning: which s5cmd command lines fetch a call's samples, what S3 requests they cost,
+and how to read the answers to them (reported path -> sample position and field, scratch path
+-> final path). Which positions a call takes is :mod:`.schedule`'s."""
 
 from __future__ import annotations
 
-import bisect
 import os
 from collections import Counter
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from .._index.blocks import BlockPlan
+from .._index.blocks import Block, BlockPlan
 from .._index.sample import Sample
 from ..s5cmd import (
     can_write,
@@ -22,7 +21,6 @@ from ..s5cmd import (
     write_command_file,
 )
 from ..staging.layout import field_names
-from .budget import Budget
 from .side import download_requests
 
 
@@ -39,77 +37,6 @@ class CallPlan:
     requests: Counter[str] = field(default_factory=Counter)  # what the lines cost s5cmd: GET, HEAD, LIST
 
 
-@dataclass
-class Pick:
-    """The positions the next call takes, and where the order stands after it."""
-
-    first: int  # the first position not yet staged (past the kept samples skipped)
-    picked: list[int]  # the retried positions, then the new ones
-    nxt: int  # the first position after the call
-    end: int  # where the call would end with budget enough (see :func:`call_end`)
-    cut: bool  # the budget (or a sample still held) cut the call short
-    whole: bool  # the call ends at a window's start: its windows are whole
-
-
-def call_end(first: int, spc: int, windows: Sequence[int], n: int) -> int:
-    """Where a call that begins at ``first`` ends: after ``spc`` positions (of ``n``), or
-    earlier at the start of the last window that begins within them."""
-    end = min(first + spc, n)
-    k = bisect.bisect_right(windows, end) - 1
-    if k >= 0 and windows[k] > first and end < n:
-        return windows[k]
-    return end
-
-
-def pick_call(
-    order: Sequence[int],
-    samples: Sequence[Sample],
-    budget: Budget,
-    first: int,
-    spc: int,
-    retried: Sequence[int],
-    windows: Sequence[int],
-    kept: Container[int] | None,
-    mark: Callable[[int], None],
-) -> Pick:
-    """Take the positions from ``first`` that the next call stages after ``retried``: at most
-    ``spc`` in all, within the budget, ending at a window's start where the budget cuts the
-    call inside a window. Kept samples (``kept``) are marked ready with ``mark`` and skipped;
-    ``budget.blocked`` tells whether the budget stopped the call before any new sample."""
-    picked = list(retried)  # a retried sample still holds its budget
-    in_call = {order[p] for p in picked}
-    left = budget.limit - budget.reserved
-    nxt, cut = first, False
-    end = call_end(nxt, spc, windows, len(order))
-    while nxt < end and len(picked) < spc:
-        idx = order[nxt]
-        if kept is not None and idx in kept:
-            mark(nxt)
-            if len(picked) == len(retried):
-                first = nxt + 1  # only kept samples so far: the unstaged part begins after them
-            nxt += 1
-            continue
-        budget.check_fits(samples[idx])
-        size = samples[idx].size
-        # An index still on disk from earlier in the order (padding can repeat one)
-        # is staged again only once its first copy is released.
-        if idx in budget.held or idx in in_call or size > left:
-            cut = True
-            break
-        picked.append(nxt)
-        in_call.add(idx)
-        left -= size
-        nxt += 1
-    budget.blocked = cut and not picked
-    whole = False
-    if cut and windows:
-        k = bisect.bisect_right(windows, nxt) - 1
-        if k >= 0 and windows[k] > first:
-            nxt, whole = windows[k], True  # what fits, less the part of a window
-            picked = [p for p in picked if p < nxt]
-    return Pick(first, picked, nxt, end, cut, whole)
-
-
 def plan_call(
     samples: Sequence[Sample],
     order: Sequence[int],
@@ -122,7 +49,7 @@ def plan_call(
 ) -> CallPlan:
     """Turn the samples at ``positions`` into s5cmd command lines.
 
-    A block (see :mod:`._blocks`) whose samples are all in the call is fetched with one
+    A block (see :mod:`s5loader._index.blocks`) whose samples are all in the call is fetched with one
     wildcard line into a scratch folder below ``scratch_dir``, where that costs no more S3
     requests than a line per object (:func:`~s5loader.s5cmd.wildcard_pays`: the block has
     enough objects that its LIST costs less than the HEADs it saves); its files are renamed
@@ -130,15 +57,37 @@ def plan_call(
     key prefix of its own. Every other object gets its own ``cp --raw`` line: a sample of a few
     objects never costs a LIST. :attr:`CallPlan.requests` counts what the lines cost.
     Destinations come from sample indices and field names only, never from a key (block
-    scratch paths come from keys that :mod:`._blocks` checked to be plain names).
+    scratch paths come from keys that :mod:`s5loader._index.blocks` checked to be plain names).
     Positions in ``single`` (retries) always go one object at a time.
     With ``via_scratch``, ``cp --raw`` lines also download below ``scratch_dir`` (to
     ``.r/POSITION.FIELD``) and their files are renamed into place on arrival, so a copy
     that is given up on while its call runs on can never write into a sample's folder.
     """
     plan = CallPlan()
+    wildcards = _wildcard_groups(order, positions, layout, single)
+    for blk, ps, tag in wildcards:
+        _add_wildcard(plan, samples, order, sample_dir, blk, ps, f"{scratch_dir}/.{tag}")
+    in_blocks = {p for _, ps, _ in wildcards for p in ps}
+    raw = f"{scratch_dir}/.r"
+    for pos in positions:
+        if pos not in in_blocks:
+            _add_copies(plan, samples, order, sample_dir, pos, raw if via_scratch else None)
+    return plan
+
+
+def _wildcard_groups(
+    order: Sequence[int],
+    positions: Sequence[int],
+    layout: BlockPlan | None,
+    single: set[int] | frozenset[int],
+) -> list[tuple[Block, list[int], str]]:
+    """The wildcard lines of a call: each block whose samples are all at ``positions`` (none in
+    ``single``), then each sample with a key prefix of its own, where one LIST costs less than
+    the HEADs it saves; with the positions each fetches and a tag naming its scratch folder."""
+    if layout is None:
+        return []
     whole: dict[int, list[int]] = {}
-    if layout is not None and layout.blocks:
+    if layout.blocks:
         for pos in positions:
             b = layout.block_of[order[pos]]
             if b >= 0 and pos not in single:
@@ -150,8 +99,8 @@ def plan_call(
             and wildcard_pays(layout.blocks[b].objects)
         }
     in_blocks = {p for ps in whole.values() for p in ps}
-    wildcards = [(layout.blocks[b], ps, f"b{b}") for b, ps in whole.items()] if layout is not None else []
-    if layout is not None and layout.single is not None:
+    wildcards = [(layout.blocks[b], ps, f"b{b}") for b, ps in whole.items()]
+    if layout.single is not None:
         for pos in positions:
             blk1 = layout.single[order[pos]]
             if (
@@ -162,42 +111,61 @@ def plan_call(
             ):
                 wildcards.append((blk1, [pos], f"s{pos}"))
                 in_blocks.add(pos)
-    for blk, ps, tag in wildcards:
-        scratch = f"{scratch_dir}/.{tag}"
-        plan.scratch.append(scratch)
-        plan.lines.append(wildcard_line(blk.wildcard, scratch + "/"))
-        plan.requests += wildcard_requests(f.size for pos in ps for f in samples[order[pos]].fields)
-        reported = plan.folders.setdefault(scratch + "/", [])
-        for pos in ps:
-            idx = order[pos]
-            names = field_names(samples[idx])
-            for j, rel in enumerate(blk.rels[idx - blk.start]):
-                where = f"{scratch}/{rel}"
-                plan.items[where] = (pos, j)
-                plan.moves[where] = f"{sample_dir(idx)}/{names[j]}"
-                reported.append(where)
-    raw = f"{scratch_dir}/.r"
-    for pos in positions:
-        if pos in in_blocks:
-            continue
+    return wildcards
+
+
+def _add_wildcard(
+    plan: CallPlan,
+    samples: Sequence[Sample],
+    order: Sequence[int],
+    sample_dir: Callable[[int], str],
+    blk: Block,
+    ps: list[int],
+    scratch: str,
+) -> None:
+    """One wildcard line that fetches the samples at ``ps`` into ``scratch``, each file renamed
+    into its sample's folder as it arrives."""
+    plan.scratch.append(scratch)
+    plan.lines.append(wildcard_line(blk.wildcard, scratch + "/"))
+    plan.requests += wildcard_requests(f.size for pos in ps for f in samples[order[pos]].fields)
+    reported = plan.folders.setdefault(scratch + "/", [])
+    for pos in ps:
         idx = order[pos]
-        sample = samples[idx]
-        folder = sample_dir(idx)
-        for j, (f, name) in enumerate(zip(sample.fields, field_names(sample), strict=True)):
-            dest = f"{folder}/{name}"
-            if not can_write(f.uri):
-                plan.aside.append((pos, j, f.uri, dest))
-                plan.requests += download_requests(f.size)  # fetched with boto3 instead
-                continue
-            if via_scratch:
-                if not plan.scratch or plan.scratch[-1] != raw:
-                    plan.scratch.append(raw)
-                plan.moves[f"{raw}/{pos}.{j}"] = dest
-                dest = f"{raw}/{pos}.{j}"
-            plan.lines.append(copy_line(f.uri, dest))
-            plan.requests += copy_requests(f.size)
-            plan.items[dest] = (pos, j)
-    return plan
+        names = field_names(samples[idx])
+        for j, rel in enumerate(blk.rels[idx - blk.start]):
+            where = f"{scratch}/{rel}"
+            plan.items[where] = (pos, j)
+            plan.moves[where] = f"{sample_dir(idx)}/{names[j]}"
+            reported.append(where)
+
+
+def _add_copies(
+    plan: CallPlan,
+    samples: Sequence[Sample],
+    order: Sequence[int],
+    sample_dir: Callable[[int], str],
+    pos: int,
+    raw: str | None,
+) -> None:
+    """A ``cp --raw`` line per object of the sample at ``pos`` (downloading below ``raw``, then
+    renamed into place, where given); a key no command file can carry goes aside."""
+    idx = order[pos]
+    sample = samples[idx]
+    folder = sample_dir(idx)
+    for j, (f, name) in enumerate(zip(sample.fields, field_names(sample), strict=True)):
+        dest = f"{folder}/{name}"
+        if not can_write(f.uri):
+            plan.aside.append((pos, j, f.uri, dest))
+            plan.requests += download_requests(f.size)  # fetched with boto3 instead
+            continue
+        if raw is not None:
+            if not plan.scratch or plan.scratch[-1] != raw:
+                plan.scratch.append(raw)
+            plan.moves[f"{raw}/{pos}.{j}"] = dest
+            dest = f"{raw}/{pos}.{j}"
+        plan.lines.append(copy_line(f.uri, dest))
+        plan.requests += copy_requests(f.size)
+        plan.items[dest] = (pos, j)
 
 
 def write_plan_files(

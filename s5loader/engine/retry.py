@@ -85,7 +85,8 @@ class Retries:
                     raise StallError(
                         f"staging from {self.endpoint or 'AWS S3'} made no progress for "
                         f"{self.opts.stall_timeout:g}s, {self.opts.retries} times; gave up on "
-                        f"{len(stalled)} object(s): {', '.join(stalled[:5])}{' ...' if len(stalled) > 5 else ''}; "
+                        f"{len(stalled)} object(s): {', '.join(stalled[:5])}"
+                        f"{' ...' if len(stalled) > 5 else ''}; "
                         "the store accepted the requests but sent no data: check its health and load, "
                         "or raise stall_timeout for a slow link"
                     )

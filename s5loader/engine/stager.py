@@ -1,12 +1,13 @@
 """The staging engine shared by the Sampler and the prefetch daemon: it only orchestrates.
 
 A background thread walks an ordered list of sample indices, cuts it into calls of at most
-``samples_per_call`` samples that fit the byte budget (:mod:`.budget`), plans each call's
-command lines (:mod:`.plan`), keeps ``calls_in_flight`` ``s5cmd run`` processes in flight and routes
-their output to samples as it comes (:mod:`.calls`), so a sample is ready as soon as its last
-file is staged. What fails goes to the retry policy (:mod:`.retry`); hung copies and stalled
-calls are found by the watchdog (:mod:`.watchdog`); keys no command file can carry are fetched
-aside (:mod:`.side`). Budget comes back when consumers release what they read.
+``samples_per_call`` samples that fit the byte budget (:mod:`.schedule`, :mod:`.budget`), plans
+each call's command lines (:mod:`.plan`), keeps ``calls_in_flight`` ``s5cmd run`` processes in
+flight and routes their output to samples as it comes (:mod:`.calls`), so a sample is ready as
+soon as its last file is staged. Ended calls are settled (:mod:`.endings`): what fails goes to
+the retry policy (:mod:`.retry`); hung copies and stalled calls are found by the watchdog
+(:mod:`.watchdog`); keys no command file can carry are fetched aside (:mod:`.side`). Budget
+comes back when consumers release what they read.
 
 ``windows`` (ascending positions, the first 0) cuts the order into windows that calls stage
 whole: a call that reaches past a window's start (by ``samples_per_call`` or by the budget)
@@ -33,12 +34,14 @@ from ..s5cmd import S5cmd
 from ..staging.area import StagingArea
 from ..staging.layout import ReleaseEvents, StagingLayout
 from .budget import Budget
-from .calls import Call, Calls
+from .calls import Calls
+from .endings import CallEnds
 from .metrics import Metrics, Throughput, snapshot
 from .options import Stats
-from .plan import pick_call, plan_call
-from .ready import SKIPPED, Outstanding, Readiness
-from .retry import Failures, Retries
+from .plan import plan_call
+from .ready import Outstanding, Readiness
+from .retry import Retries
+from .schedule import Scheduler
 from .side import SideFetches
 from .watchdog import Watchdog
 
@@ -68,8 +71,9 @@ class Stager:
     (:meth:`StagingLayout.release <s5loader.staging.layout.StagingLayout.release>`: delete its
     folder, then announce the index on the pass's FIFO); :meth:`yielded` tells the engine which
     samples a consumer holds. With ``is_released`` (the prefetch daemon's ledger) the engine
-    also asks that of the keys nobody announces (negative ones), often. The first call takes ``first_call`` units of the order, each
-    next one twice as many, up to ``samples_per_call`` (over shards a unit is a shard: 1).
+    also asks that of the keys nobody announces (negative ones), often. The first call takes
+    ``first_call`` units of the order, each next one twice as many, up to ``samples_per_call``
+    (over shards a unit is a shard: 1; see :mod:`.schedule`).
     """
 
     def __init__(
@@ -92,19 +96,15 @@ class Stager:
         self.area = area
         self.s5cmd = s5cmd
         self.opts = options
-        self.kept = kept
         self.folders = StagingLayout(area.path)
         self.access = access
         self.layout = layout
-        self.windows = list(windows or ())
-        self.first_call = max(1, first_call)
         self.stats = Stats(samples=len(order))
         self.ready = Readiness(len(order), self.stats)
         self._cond = self.ready.cond  # the engine's one lock
         self._stop = threading.Event()
         self._aborted = False
         self._thread: threading.Thread | None = None
-        self._next = 0
         self._seq = 0
         self.fields = Outstanding()
         self.throughput = Throughput(time.monotonic())
@@ -116,14 +116,43 @@ class Stager:
         self.retries = Retries(options, self.stats, area.path, self.fields.forget, s5cmd.settings.endpoint())
         self.calls = Calls(s5cmd, self._field, area.path, options.verify, self.stats)
         self.side = SideFetches(access)
+        self._compose(kept, windows, first_call)
+
+    def _compose(self, kept: Container[int] | None, windows: Sequence[int] | None, first_call: int) -> None:
+        """The parts that act on the calls: what settles an ended one, the watchdog over the
+        running ones, and the scheduler that picks the next (see :mod:`.schedule`)."""
+        order, samples, options = self.order, self.samples, self.opts
+        self.ends = CallEnds(
+            order,
+            samples,
+            self.calls,
+            self.budget,
+            self.retries,
+            self.ready,
+            self.stats,
+            self.folders,
+            options.stall_timeout,
+            self._field_done,
+        )
         self.watchdog = Watchdog(
             options.stall_timeout,
             self.calls,
-            lambda pos, j: self._field(pos, j).uri,
+            self.ends.field_uri,
             lambda pos: self.samples[self.order[pos]].size,
-            self._finish_exited,
-            self._hold_given_up,
-            self._failed,
+            self.ends.finish_exited,
+            self.ends.hold_given_up,
+            self.ends.failed,
+        )
+        self.schedule = Scheduler(
+            order,
+            samples,
+            self.budget,
+            self.retries,
+            self.ready,
+            self.stats,
+            kept=kept,
+            windows=windows,
+            first_call=first_call,
         )
 
     def _field(self, pos: int, j: int) -> Field:
@@ -182,7 +211,7 @@ class Stager:
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join()
-        self._kill_all()
+        self.ends.kill_all()
         if events is not None:
             events.close()
         self.side.close()
@@ -197,7 +226,7 @@ class Stager:
                 if self._finished():
                     break
                 self._pump()
-                self.side.check(self._current, self._field_done, self._failed)
+                self.side.check(self._current, self._field_done, self.ends.failed)
                 self.watchdog.check()
                 self._check_deadlock()
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer
@@ -205,42 +234,25 @@ class Stager:
                 log.exception("the staging engine failed")
             self.ready.fail(exc)
         finally:
-            self._kill_all()
+            self.ends.kill_all()
 
     def _finished(self) -> bool:
-        return self._next >= len(self.order) and not self.retries.due and not self.calls and not self.side
+        return (
+            self.schedule.next >= len(self.order)
+            and not self.retries.due
+            and not self.calls
+            and not self.side
+        )
 
     def _current(self, pos: int, attempt: int) -> bool:
         return attempt == self.retries.attempts.get(pos, 0) and pos in self.fields
 
     def _schedule(self) -> None:
-        order, samples, budget = self.order, self.samples, self.budget
-        # The first calls are small (first_call units, then twice, four times as many...)
-        spc = min(self.opts.samples_per_call, self.first_call << min(self.stats.calls, 20))
+        spc = self.schedule.call_size(self.opts.samples_per_call)
         while len(self.calls) < self.opts.calls_in_flight:
-            retried, before = self.retries.take_due(time.monotonic(), spc), self._next
-            pick = pick_call(
-                order, samples, budget, self._next, spc, retried, self.windows, self.kept, self.ready.mark
-            )
-            self._next, picked = pick.first, pick.picked
-            if not picked:
-                if before < self._next < len(order):
-                    continue  # a call's worth of kept units (staged already): pick after them now
+            picked = self.schedule.next_call(spc, self.calls)
+            if picked is None:
                 return
-            new = len(picked) - len(retried)
-            want = pick.end - self._next
-            if pick.cut and not retried and not pick.whole:
-                if self.windows and budget.reserved:
-                    return  # wait for releases rather than split a window that the budget holds
-                if budget.put_off(new, want, self.calls, self.ready):
-                    return  # wait for releases rather than start a sliver of a call
-            if retried:
-                self.retries.started(retried)
-            with self._cond:
-                for pos in picked[len(retried) :]:
-                    budget.reserve(order[pos], samples[order[pos]].size)
-            self._next = pick.nxt
-            self.stats.peak_reserved = max(self.stats.peak_reserved, budget.reserved)
             self._start_call(picked)
 
     def _start_call(self, positions: list[int]) -> None:
@@ -279,11 +291,11 @@ class Stager:
         elif self.budget.blocked and not (self.retries.due or self.side):
             timeout = self.budget.idle_interval
         else:
-            timeout = 0.01 if (self._next < len(self.order) or self.retries.due or self.side) else 0.2
+            timeout = 0.01 if (self.schedule.next < len(self.order) or self.retries.due or self.side) else 0.2
         if not self.calls and self.budget.events is None:
             time.sleep(timeout)
             return
-        self.calls.pump(timeout, self._field_done, self._end_call, self.budget.on_events)
+        self.calls.pump(timeout, self._field_done, self.ends.end, self.budget.on_events)
 
     def _field_done(self, pos: int) -> None:
         if not self.fields.done(pos):
@@ -291,40 +303,6 @@ class Stager:
         self.stats.staged_units += 1
         self.throughput.add(time.monotonic(), self.stats.staged_bytes, self.stats.staged_units)
         self.ready.mark(pos)
-
-    def _discard(self, call: Call) -> None:
-        freed = self.calls.discard(call)
-        if freed:
-            with self._cond:
-                self.budget.reserved -= freed
-
-    def _end_call(self, call: Call) -> None:
-        rc = call.proc.wait()
-        self._discard(call)
-        if not call.plan.items:
-            return
-        self._failed(
-            self.calls.attribute(call, rc, self.opts.stall_timeout, lambda pos, j: self._field(pos, j).uri)
-        )
-
-    def _finish_exited(self, call: Call) -> None:
-        self.calls.drain(call, self._field_done)
-        self._end_call(call)
-
-    def _hold_given_up(self, extra: int) -> None:
-        self.budget.add(extra)
-        self.stats.peak_reserved = max(self.stats.peak_reserved, self.budget.reserved)
-
-    def _failed(self, failures: Failures) -> None:
-        self.retries.failed(failures, self._give_up)
-
-    def _give_up(self, pos: int, kind: str, msg: str, uri: str) -> None:
-        idx = self.order[pos]
-        shutil.rmtree(self.folders.sample_dir(idx), ignore_errors=True)
-        self.retries.give_up(self.samples[idx].key, kind, msg, uri)
-        with self._cond:
-            self.budget.free(idx)
-        self.ready.mark(pos, SKIPPED)
 
     def _check_deadlock(self) -> None:
         # Only a consumer waiting while the budget blocks staging and nothing else can free it.
@@ -335,13 +313,8 @@ class Stager:
             or self.retries.due
         ):
             return
-        if self._next < len(self.order):
+        if self.schedule.next < len(self.order):
             self.budget.check_deadlock(self.ready.consumer_waiting, self.opts.stall_timeout)
-
-    def _kill_all(self) -> None:
-        for call in self.calls:
-            self.calls.kill(call)
-            self._discard(call)
 
     def abort(self) -> None:
         """Kill s5cmd at once, taking no lock: for a signal handler, which may have interrupted

@@ -7,7 +7,8 @@ sample back once read. A pass folder looks like this::
     PASS/<index>/<field>     the staged files of one sample (names from :func:`field_names`)
     PASS/.released           a FIFO: each reader writes "<index>\\n" after deleting a sample
     PASS/.calls/, PASS/.c*/  the engine's command files and scratch folders
-    PASS/.h/<index>/         a read sample handed back for the epoch cache (see :meth:`StagingLayout.hand_back`)
+    PASS/.h/<index>/         a read sample handed back for the epoch cache
+                             (see :meth:`StagingLayout.hand_back`)
     PASS/.e/<index>          the sampler's word on a sample handed out before it was staged
                              (see :meth:`StagingLayout.mark_early`)
 

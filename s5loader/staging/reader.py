@@ -37,6 +37,12 @@ class StagedIndex(int):
     dataset can serve several samplers (a training and an evaluation loader), and a worker
     that reads a sample of a pass that was replaced (``persistent_workers`` after a
     ``break``) reads that pass's files, never the next pass's.
+
+    The folder travels only while the index stays a ``StagedIndex``: code between the sampler
+    and the dataset that makes a plain int of it (``int(i)``) leaves the dataset no folder to
+    read, so it fetches the sample directly and the staged files stay unreleased. The dataset
+    of a sampler reports such a read (a warning, :attr:`Stats.plain_indices
+    <s5loader.engine.options.Stats.plain_indices>`; see :mod:`s5loader.staging.plainindex`).
     """
 
     folder: str
@@ -105,8 +111,8 @@ def _word(mark: str) -> bytes | None:
 
 
 def _wait_for_word(layout: StagingLayout, index: int) -> bytes | None:
-    """Wait on a FIFO the sampler rings once the word on ``index`` is there (a blocking wait:
-    a sleep loop cost the workers about a tenth of a millisecond of CPU per sample here); None
+    """Wait on a FIFO the sampler rings once the word on ``index`` is there (a blocking wait,
+    so that a worker spends no CPU on a sample while it waits, as a sleep loop would); None
     when the pass folder or the sampler's process is gone."""
     mark, bell = layout.early_mark(index), layout.early_bell(index)
     parent = os.getppid()  # a DataLoader worker's: the sampler's process
@@ -257,6 +263,10 @@ class ObjectReader:
             for k, v in sample.extra.items():
                 out.setdefault(k, v)
         return out, {f.name: f.uri for f in sample.fields}
+
+    def unit_of(self, index: int) -> int:
+        """The staging unit of sample ``index``: the sample itself."""
+        return int(index)
 
     def describe(self) -> str:
         return f"{self.samples} samples"

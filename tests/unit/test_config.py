@@ -227,7 +227,7 @@ def test_missing_profile_is_a_config_error(tmp_path: Path) -> None:
 
 
 def test_clients_share_one_parsed_service_model(tmp_path: Path) -> None:
-    from s5loader import config
+    from s5loader._util import botoclient as config
 
     creds = tmp_path / "credentials"
     creds.write_text("[p]\naws_access_key_id = a\naws_secret_access_key = b\n")

@@ -16,8 +16,8 @@ from s5loader import BudgetError
 from s5loader._index.sample import Field, Sample
 from s5loader.engine.budget import Budget
 from s5loader.engine.options import Stats
-from s5loader.engine.plan import call_end, pick_call
 from s5loader.engine.ready import Outstanding, Readiness
+from s5loader.engine.schedule import call_end, pick_call
 
 
 def _samples(*sizes: int) -> list[Sample]:

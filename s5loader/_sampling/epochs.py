@@ -1,0 +1,120 @@
+"""A sampler rank's order of each epoch: the :class:`~s5loader._sampling.order.Order` (shuffle,
+seed, ranks), the ``shuffle="block"`` window and, over tar shards, what a shard order counts the
+bytes its read samples give back with, laid out over the run's units; the pass that stages it;
+and everything read off it: the orders of the node's ranks (for the epoch cache), how well an
+order mixes, the command files it would run, and its saved state."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any, cast
+
+from .._shards.holding import Freeing
+from ..staging.reader import StagedIndex
+from .cacheplan import node_ranks
+from .mixing import few_shards
+from .order import Order, ShuffleQuality, shuffle_quality
+from .passes import write_command_files
+from .resume import Position, check_state, check_window, make_state, resume, resume_cost, resume_window
+from .run import StagingRun
+
+
+class EpochOrders:
+    """The orders of the epochs of one rank of an :class:`~s5loader.S5Sampler` over ``run``.
+
+    Args:
+        order: the checked order options and this rank's place among the ranks.
+        window: the most samples of a ``shuffle="block"`` window (over tar shards with
+            ``shuffle`` True or False: the shards open at once).
+        run: the staging run whose units and blocks the orders are laid out over.
+        cost: over tar shards, what a ``shuffle=True`` order counts the bytes its read samples
+            give back with (``None``: it counts nothing).
+        can_free: whether this sampler's readers can give bytes back (for a resumed state).
+    """
+
+    def __init__(
+        self, order: Order, window: int, run: StagingRun, cost: Freeing | None, can_free: bool
+    ) -> None:
+        self.order = order
+        self.window = window
+        self.run = run
+        self.cost = cost
+        self.can_free = can_free
+
+    def plan(self, epoch: int, start: int = 0) -> tuple[list[int], list[int] | None]:
+        """This rank's order of ``epoch`` from ``start`` on, and (``shuffle="block"``) where its
+        windows begin."""
+        run = self.run
+        return run.units.plan(self.order, epoch, start, run.blocks, self.window, self.cost)
+
+    def stage(
+        self, epoch: Callable[[], int], position: Position, batch: int | None, budget: int
+    ) -> Iterator[StagedIndex]:
+        """Stage this rank's order of ``epoch()`` from where ``position`` stands (an epoch
+        done is staged again from its start) in a new pass, replacing the running one, and
+        yield each index once staged; with the ``batch`` size of the DataLoader that cuts the
+        indices, at once (its readers wait), after checking that a batch's shards fit ``budget``."""
+        run = self.run
+        run.passes.close_active()
+        if position.epoch_done:
+            position.start, position.epoch_done = 0, False  # the same epoch again, from its start
+        order, windows = self.plan(epoch(), position.start)
+        if batch is not None:  # over tar shards: the shards of one batch must fit at once
+            run.units.check_batch(order, batch, budget, self.cost)
+        # without skips=True the run yields staged indices only
+        stream = run.stage(order, windows, self.order.shuffle, epoch, early=batch is not None)
+        yield from cast(Iterator[StagedIndex], stream)
+
+    def few_shards(self, budget: int) -> str | None:
+        """The warning for a budget that holds too few tar shards to mix them, if it does."""
+        return few_shards(self.run.dataset, budget, self.cost, self.order.shuffle, "S5Sampler")
+
+    def local_orders(self, epoch: int) -> list[list[int]]:
+        """The whole order of ``epoch`` of each rank of this node (the epoch cache plans on them)."""
+        o, run = self.order, self.run
+        return [
+            run.units.plan(dataclasses.replace(o, rank=r), epoch, 0, run.blocks, self.window, self.cost)[0]
+            for r in node_ranks(o.rank, o.num_replicas)
+        ]
+
+    def quality(self, epoch: int, span: int) -> ShuffleQuality:
+        """How well the order of ``epoch`` mixes the blocks ``shuffle="block"`` permutes (tar
+        shards, else key-prefix blocks); see :meth:`S5Sampler.shuffle_quality
+        <s5loader.S5Sampler.shuffle_quality>`."""
+        order = self.plan(epoch)[0]
+        unit_of = [0] * len(self.run.dataset)
+        for u, members in enumerate(self.run.units.order_units(self.run.blocks)):
+            for i in members:
+                unit_of[i] = u
+        return shuffle_quality(order, unit_of, span)
+
+    def command_files(self, directory: str, epoch: int) -> list[str]:
+        """Write the s5cmd command files of the order of ``epoch`` into ``directory``; see
+        :meth:`S5Sampler.write_command_files <s5loader.S5Sampler.write_command_files>`."""
+        run = self.run
+        order, windows = self.plan(epoch)
+        return write_command_files(run.dataset, order, windows, run.blocks, run.options, directory)
+
+    def state(self, epoch: int, position: Position) -> dict[str, Any]:
+        """The saved state of this rank at ``position`` of ``epoch``."""
+        room = (self.cost.room or 0) if self.cost is not None else 0
+        n = len(self.run.dataset)
+        return make_state(self.order, epoch, n, position, self.window, self.run.units.name, room)
+
+    def load(self, state: dict[str, Any], epoch: int, position: Position) -> int:
+        """Continue from a saved ``state``: the order, the window, the run's options and the
+        shard order's count as it says, ``position`` moved to where it stopped. Returns the
+        epoch of the next pass.
+
+        Raises:
+            StateError: the state does not fit (see :func:`~s5loader._sampling.resume.check_state`).
+        """
+        run, units, n = self.run, self.run.units, len(self.run.dataset)
+        saved = check_state(state, n, units)
+        window = check_window(state, self.window)
+        self.order, epoch = resume(saved, self.order, epoch, position, n, units)
+        self.window, run.options = resume_window(saved, window, self.window, run.options, units)
+        self.cost = resume_cost(saved, self.cost, self.can_free, units, run.dataset.source)
+        run.passes.frees = run.passes.frees or self.cost is not None
+        return epoch

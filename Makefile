@@ -27,8 +27,10 @@ test: venv
 test-fast: venv
 	$(PY) -m pytest -q tests/unit
 
+# ruff's rules (lines of at most 110 columns included), its format and mypy; CI runs it first.
 lint: venv
 	$(VENV)/bin/ruff check s5loader tests bench bin
+	$(VENV)/bin/ruff format --check s5loader tests bench bin
 	$(VENV)/bin/mypy s5loader bench/s5loader_bench bench/run.py
 
 # The bench extra (matplotlib, s3torchconnector, litdata) on top of the test one, PyTorch held at

@@ -48,9 +48,9 @@ def endpoint_hint(endpoint: str | None) -> str:
 
 CREDENTIALS_HINT = (
     "; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or name a profile of "
-    "~/.aws/credentials with AWS_PROFILE or Access(profile=...) (--profile), or another credentials file "
-    "with Access(credentials_file=...) (--credentials-file); a public bucket needs none: Access(anonymous=True) "
-    "(--no-sign-request)"
+    "~/.aws/credentials with AWS_PROFILE or Access(profile=...) (--profile), or another credentials "
+    "file with Access(credentials_file=...) (--credentials-file); a public bucket needs none: "
+    "Access(anonymous=True) (--no-sign-request)"
 )
 
 

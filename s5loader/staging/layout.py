@@ -34,6 +34,7 @@ full. Consumers that only delete folders (the prefetch daemon's) keep working th
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -52,6 +53,8 @@ HANDED_BACK = ".h"
 EARLY = ".e"
 #: :meth:`StagingLayout.mark_early`'s word for a sample that will not be staged in its pass
 NOT_STAGED = b"-"
+# beside an early word that could not be written for lack of space: the pass failed so
+NO_SPACE_MARK = ".nospace"
 MEMBERS = ".members"
 NEED = ".need"
 
@@ -193,9 +196,18 @@ class StagingLayout:
         if not word:
             os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600))
         else:
-            with open(path + ".tmp", "wb") as fh:
-                fh.write(word)
-            os.replace(path + ".tmp", path)
+            try:
+                with open(path + ".tmp", "wb") as fh:
+                    fh.write(word)
+                os.replace(path + ".tmp", path)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                # no room for the word (the staging file system is full): an empty file, which
+                # takes no block, says so instead (see :data:`NO_SPACE_MARK`)
+                with contextlib.suppress(OSError):
+                    os.unlink(path + ".tmp")
+                os.close(os.open(path + NO_SPACE_MARK, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600))
         try:  # after the word: a reader that opened its bell later finds the word first
             fd = os.open(self.early_bell(index), os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:

@@ -18,8 +18,8 @@ from .._s3api.client import s3_client
 from .._s3api.errors import boto3_error
 from .._util.uri import parse_s3_uri
 from ..config import Access
-from ..exceptions import S5LoaderError
-from .layout import NOT_STAGED, StagingLayout
+from ..exceptions import S5LoaderError, StagingSpaceError
+from .layout import NO_SPACE_MARK, NOT_STAGED, StagingLayout
 
 # where no FIFO can be made, pauses between looks for the word on a sample handed out before it
 # was staged: short at first (the first batch waits for it), then up to this long
@@ -107,7 +107,15 @@ def _word(mark: str) -> bytes | None:
         with open(mark, "rb") as fh:
             return fh.read()
     except FileNotFoundError:
-        return None
+        pass
+    if os.path.exists(mark + NO_SPACE_MARK):  # the engine had no room to write its error
+        return word_of_error(
+            StagingSpaceError(
+                f"the staging directory {os.path.dirname(os.path.dirname(mark))} ran out of space "
+                "while the sample was staged: free space there or lower the budget"
+            )
+        )
+    return None
 
 
 def _wait_for_word(layout: StagingLayout, index: int) -> bytes | None:
@@ -116,6 +124,8 @@ def _wait_for_word(layout: StagingLayout, index: int) -> bytes | None:
     when the pass folder or the sampler's process is gone."""
     mark, bell = layout.early_mark(index), layout.early_bell(index)
     parent = os.getppid()  # a DataLoader worker's: the sampler's process
+    if parent == 1:  # that process is gone already: this worker was handed on to init
+        return None
     try:
         os.mkfifo(bell, 0o600)
     except FileExistsError:

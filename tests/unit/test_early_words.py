@@ -119,3 +119,25 @@ def test_without_fifos_the_reader_looks_now_and_then(
     layout.mark_early(8)  # no bell to ring: the next look finds the word
     t.join(30)
     assert got == [True]
+
+
+def test_an_error_word_with_no_room_to_be_written_is_a_staging_space_error(
+    layout: StagingLayout, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import builtins
+    import errno
+
+    from s5loader import StagingSpaceError
+
+    real_open = builtins.open
+
+    def full(path: str, mode: str = "r", *a: object, **kw: object) -> object:
+        if str(path).endswith(".tmp") and "w" in mode:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, mode, *a, **kw)
+
+    monkeypatch.setattr(builtins, "open", full)
+    layout.mark_early(4, word_of_error(StallError("stalled")))  # the file system is full
+    monkeypatch.setattr(builtins, "open", real_open)
+    with pytest.raises(StagingSpaceError, match=f"{layout.folder} ran out of space"):
+        wait_staged(layout, 4)

@@ -52,7 +52,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 import s5loader  # noqa: E402
 from s5loader import S5Dataset, parse_size  # noqa: E402
-from s5loader.staging.area import tree_bytes  # noqa: E402
+from s5loader._staging.area import tree_bytes  # noqa: E402
 from s5loader.testing import SeaweedFS  # noqa: E402
 
 BUCKET = "data"

@@ -215,7 +215,7 @@ def object_keys(n: int, prefix: str) -> list[str]:
 
 def command_lines(shape: str, bucket: str, prefix: str, keys: Sequence[str], dest: str) -> list[str]:
     """The ``s5cmd run`` lines of one shape, copying every key of ``bucket`` (all under
-    ``prefix``) into ``dest``, written as s5loader writes them (``s5loader.s5cmd.copy_line``
+    ``prefix``) into ``dest``, written as s5loader writes them (``s5loader._s5cmd.copy_line``
     and ``wildcard_line``)."""
     src = f"s3://{bucket}/"
     if shape == "raw":

@@ -42,13 +42,13 @@ from .exceptions import (
 
 if TYPE_CHECKING:
     from . import checkpoint, dcp, fetch
+    from ._s5cmd import find_s5cmd
     from .dataset import S5Dataset
     from .iterable import S5IterableDataset
     from .metrics import Metrics, log_metrics
     from .packing import PackResult, pack
     from .prefetch import Prefetcher
     from .progress import Progress
-    from .s5cmd import find_s5cmd
     from .sampler import S5Sampler
 
 # The names that need torch (or s5cmd's plumbing) come from their modules when first asked for:
@@ -66,7 +66,7 @@ _LAZY = {
     "pack": ("packing", "pack"),
     "Prefetcher": ("prefetch", "Prefetcher"),
     "Progress": ("progress", "Progress"),
-    "find_s5cmd": ("s5cmd", "find_s5cmd"),
+    "find_s5cmd": ("_s5cmd", "find_s5cmd"),
     "S5Sampler": ("sampler", "S5Sampler"),
 }
 

@@ -42,10 +42,10 @@ from ._largeobj import transfer as _transfer
 from ._largeobj.memload import available_memory, in_memory_kwargs, load_in_memory
 from ._largeobj.multipart import MultipartWriter
 from ._largeobj.parts import DEFAULT_CONCURRENCY, plan_parts
+from ._s5cmd import S5cmd
+from ._staging.area import StagingArea
 from ._util.uri import format_size
 from .config import Access
-from .s5cmd import S5cmd
-from .staging.area import StagingArea
 
 log = logging.getLogger(__name__)
 

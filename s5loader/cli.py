@@ -86,7 +86,7 @@ def _index_shards(argv: list[str]) -> int:
 COMMANDS = {
     "ls": ("list the samples of a source", "s5loader.cli:_ls"),
     "index-shards": ("count the samples of tar shards into a wids shard index", "s5loader.cli:_index_shards"),
-    "prefetch": ("keep a bounded local cache filled for any consumer", "s5loader.daemon.cli:main"),
+    "prefetch": ("keep a bounded local cache filled for any consumer", "s5loader._daemon.command:main"),
     "bench": ("measure loading methods on your bucket", "s5loader_bench.cli:main"),
     "fetch": ("download big objects or a split archive through a small disk", "s5loader.fetch:main"),
     "pack": (

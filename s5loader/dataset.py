@@ -13,14 +13,14 @@ from ._index import sources as _sources
 from ._index.compact import SampleIndex
 from ._index.sample import DISK, Sample
 from ._index.share import shared_object
-from ._shards.dataset import ShardSet
 from ._shards.index import load_shards
+from ._shards.shardset import ShardSet
+from ._staging.plainindex import PlainIndices
+from ._staging.reader import ObjectReader
+from ._staging.reader import StagedIndex as StagedIndex  # the index type samplers yield
 from .config import Access
 from .decode import decode
 from .exceptions import EmptySourceError
-from .staging.plainindex import PlainIndices
-from .staging.reader import ObjectReader
-from .staging.reader import StagedIndex as StagedIndex  # the index type samplers yield
 
 log = logging.getLogger(__name__)
 

@@ -37,11 +37,11 @@ from torch.futures import Future
 from ._largeobj import transfer as _transfer
 from ._largeobj.multipart import MultipartWriter
 from ._largeobj.parts import plan_parts
+from ._s5cmd import S5cmd
+from ._staging.area import StagingArea, free_bytes
 from ._util.uri import format_size, parse_s3_uri
 from .checkpoint import DEFAULT_CONCURRENCY
 from .config import Access
-from .s5cmd import S5cmd
-from .staging.area import StagingArea, free_bytes
 
 log = logging.getLogger(__name__)
 

@@ -28,16 +28,16 @@ from dataclasses import dataclass
 from ._largeobj import archive as _archive
 from ._largeobj import transfer as _transfer
 from ._largeobj import verify as _verify
-from ._largeobj.sources import checker_for, is_dir_target, resolve
+from ._largeobj.fetch_sources import checker_for, is_dir_target, resolve
 from ._largeobj.volumes import FetchWork, Volumes, poll_progress
+from ._s5cmd import ObjectInfo, S5cmd
+from ._staging.area import free_bytes, tree_bytes
 from ._util.args import ArgumentParser, positive_int, size_arg
 from ._util.uri import format_size, parse_size
 from .checkpoint import DEFAULT_CONCURRENCY
 from .config import Access
 from .exceptions import ConfigError, S5LoaderError, StagingSpaceError
 from .progress import Progress
-from .s5cmd import ObjectInfo, S5cmd
-from .staging.area import free_bytes, tree_bytes
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 sample, and whether a daemon is alive on it (docs/daemon.md, "The hand-over protocol").
 
 Both sides take the names from here: :mod:`s5loader.consume` (the consumer, which depends on
-nothing of the daemon) and :mod:`s5loader.daemon` (the producer).
+nothing of the daemon) and :mod:`s5loader._daemon` (the producer).
 
 * A delivered sample is a folder ``SEQUENCE-KEY`` (:data:`SEQ_WIDTH` digits), so plain ``ls``
   order is the delivery order; ``__key__`` and ``__epoch__`` in it hold its full key and its

@@ -19,6 +19,7 @@ from typing import Any
 
 from torch.utils.data import IterableDataset
 
+from ._engine.counters import Metrics
 from ._sampling.feed import Hello, connect, local, rendezvous_name
 from ._sampling.iterchecks import check_buffer, check_count, check_options, check_worker_count
 from ._sampling.iterparts import STATE_VERSION as STATE_VERSION
@@ -27,14 +28,13 @@ from ._sampling.iterparts import buffer_shuffle as buffer_shuffle
 from ._sampling.iterparts import worker_length as worker_length
 from ._sampling.order import Order
 from ._sampling.rankhost import Hosting, read_board
+from ._staging.area import StagingArea
 from ._util.dist import pytorch_worker_info, rank_info
 from ._util.platform import require_linux
 from ._util.uri import format_size
 from .config import Access, StagingOptions
 from .dataset import S5Dataset, Transform
-from .engine.metrics import Metrics
 from .exceptions import ConfigError, StateError
-from .staging.area import StagingArea
 
 log = logging.getLogger(__name__)
 

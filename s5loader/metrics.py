@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from .engine.metrics import Metrics
+from ._engine.counters import Metrics
 
 __all__ = ["Metrics", "log_metrics"]
 

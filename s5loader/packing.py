@@ -11,7 +11,7 @@ samples consecutive), uploaded under its final name when complete, and marked do
 largest object once more until its upload ends, and a sample or a shard that could not fit is
 refused before anything is written. The index is written last, and the pack's state under
 DEST is removed then. Killed at any point, the same call finishes the job without packing
-finished shards again (see :mod:`s5loader._pack.state`). Under ``torchrun`` or SLURM
+finished shards again (see :mod:`s5loader._pack.resumable`). Under ``torchrun`` or SLURM
 (``RANK``, ``WORLD_SIZE``) each rank packs every ``WORLD_SIZE``-th shard and rank 0 writes the
 index once every shard is there.
 """
@@ -25,14 +25,14 @@ import time
 from collections.abc import Callable
 
 from ._pack.plan import PackOptions
+from ._pack.resumable import DestState
 from ._pack.routes import PackResult, PackRun, already_packed, pack_archive_source, pack_objects, write_index
-from ._pack.state import DestState
+from ._s5cmd import S5cmd
 from ._util.args import ArgumentParser, positive_int, size_arg
 from ._util.dist import rank_info
 from ._util.uri import as_folder, format_size, parse_s3_uri
 from .config import Access
 from .progress import Progress
-from .s5cmd import S5cmd
 
 log = logging.getLogger(__name__)
 

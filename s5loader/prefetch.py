@@ -18,11 +18,11 @@ import weakref
 from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
+from ._daemon.flags import staging_to_args
 from ._sampling.order import check_shuffle
 from ._util.platform import die_with_parent
 from .config import Access, StagingOptions
 from .consume import ReadySample, consume
-from .daemon.flags import staging_to_args
 from .exceptions import ConfigError, DaemonError
 
 log = logging.getLogger(__name__)

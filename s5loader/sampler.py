@@ -11,6 +11,9 @@ from typing import Any
 
 from torch.utils.data import BatchSampler, Sampler
 
+from ._engine import Stats
+from ._engine.counters import Metrics
+from ._engine.stager import close_off_engine
 from ._sampling.cacherun import open_cache_run
 from ._sampling.epochs import EpochOrders
 from ._sampling.order import WINDOW_CAP, ShuffleQuality, block_window, shuffle_quality  # noqa: F401 (re-exported)
@@ -22,9 +25,6 @@ from ._util.platform import require_linux
 from ._util.uri import format_size
 from .config import StagingOptions
 from .dataset import S5Dataset
-from .engine import Stats
-from .engine.metrics import Metrics
-from .engine.stager import close_off_engine
 from .exceptions import ConfigError
 
 log = logging.getLogger(__name__)
@@ -254,7 +254,7 @@ class S5Sampler(Sampler[int]):
         lock, no system call but a clock read; safe from any thread).
 
         Between passes: the last pass's figures as it ended; before the first: zeros and the
-        budget. The fields are described in :class:`~s5loader.engine.metrics.Metrics`:
+        budget. The fields are described in :class:`~s5loader._engine.counters.Metrics`:
         bytes staged and the budget, samples ready ahead of the loader, calls and objects in
         flight, MB/s and samples/s over the last few seconds, the time the loader waited for
         staging, retries, skips, the epoch and the position in it.

@@ -2,7 +2,7 @@
 reaches the listing (s5cmd ls), the staging (s5cmd cp) and the direct GET (boto3), as a
 recording proxy in front of the server sees them.
 
-Private modules (``s5loader._index``, ``s5loader.daemon``) are imported only where they are the
+Private modules (``s5loader._index``, ``s5loader._daemon``) are imported only where they are the
 seam under test; the rest goes through the public API."""
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ def test_self_signed_tls_store(
 
 
 def test_daemon_and_fetch_take_the_access_flags(private_store: Store, tmp_path: Path) -> None:
-    from s5loader.daemon import PrefetchDaemon, build_parser, options_from_args
+    from s5loader._daemon import PrefetchDaemon, build_parser, options_from_args
     from s5loader.fetch import main as fetch_main
 
     data = _put(private_store, make_pairs(3))

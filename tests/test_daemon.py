@@ -2,7 +2,7 @@
 against the real s5cmd and a real local S3 server; consumers run in other processes (Python's
 ``consume`` and a shell loop with ``ls``, ``head`` and ``rm``).
 
-Private modules (``s5loader._sampling``, ``s5loader.daemon``) are imported only where they are
+Private modules (``s5loader._sampling``, ``s5loader._daemon``) are imported only where they are
 the seam under test; the rest goes through the public API."""
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import pytest
 from support.stores import Peak, Store, make_pairs
 from support.waits import wait_for
 
+from s5loader._daemon import STAGING_DIR, STATE_FILE, PrefetchDaemon, PrefetchOptions, sample_folder_name
 from s5loader._sampling.order import Order
 from s5loader.consume import END_MARKER, consume, ready_names
-from s5loader.daemon import STAGING_DIR, STATE_FILE, PrefetchDaemon, PrefetchOptions, sample_folder_name
 from s5loader.dataset import S5Dataset
 from s5loader.handover import sample_bytes
 

@@ -3,7 +3,7 @@ harmless: the daemon and its consumers run as subprocesses (``s5loader prefetch`
 loop of docs/daemon.md, ``consume``) against the real s5cmd and a local S3 server; the daemon is
 killed with SIGKILL and stopped with SIGTERM at the moments a user hits.
 
-A private module (``s5loader.daemon``) is imported only where it is the seam under test; the
+A private module (``s5loader._daemon``) is imported only where it is the seam under test; the
 rest goes through the public API."""
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from support.waits import wait_for
 from test_daemon import PAIR, ROOT, daemon_argv, finish, json_events, s5cmd_on, start, state
 from test_handover import doc_shell_consumer
 
+from s5loader._daemon import LOCK_FILE
+from s5loader._daemon.protocol import EPOCH_DIR
 from s5loader.consume import END_MARKER, ERROR_MARKER, consume, ready_names
-from s5loader.daemon import LOCK_FILE
-from s5loader.daemon.protocol import EPOCH_DIR
 from s5loader.exceptions import DaemonError
 from s5loader.handover import daemon_status
 

@@ -1,6 +1,6 @@
 """The prefetch daemon takes the sampler's staging options, with the same names and checks.
 
-A private module (``s5loader.daemon``) is imported only where it is the seam under test; the
+A private module (``s5loader._daemon``) is imported only where it is the seam under test; the
 rest goes through the public API."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from support.stores import Store, make_pairs
 
-from s5loader.daemon import PrefetchDaemon, build_parser, options_from_args
+from s5loader._daemon import PrefetchDaemon, build_parser, options_from_args
 
 
 def test_staging_options_reach_the_engine(moto: Store, tmp_path: Path) -> None:
@@ -73,7 +73,7 @@ def test_bad_staging_option_is_a_usage_error(tmp_path: Path, bad: list[str]) -> 
 
 def test_block_shuffle_delivers_the_samplers_order(moto: Store, tmp_path: Path, staging_root: str) -> None:
     from s5loader import S5Dataset, S5Sampler
-    from s5loader.daemon.protocol import sample_folder_name
+    from s5loader._daemon.protocol import sample_folder_name
 
     moto.put({f"{d}/{i:02d}.bin": bytes([i]) * 10 for d in ("a", "b", "c") for i in range(4)})
     args = build_parser().parse_args(

@@ -1,6 +1,6 @@
 """The prefetch daemon's state file: synced to disk, written once per delivery.
 
-A private module (``s5loader.daemon``) is imported only where it is the seam under test; the
+A private module (``s5loader._daemon``) is imported only where it is the seam under test; the
 rest goes through the public API."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from support.stores import Store, make_pairs
 
-from s5loader.daemon import STATE_FILE, PrefetchDaemon, PrefetchOptions
+from s5loader._daemon import STATE_FILE, PrefetchDaemon, PrefetchOptions
 
 
 def test_state_file_written_once_per_delivery_and_synced(

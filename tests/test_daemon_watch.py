@@ -2,7 +2,7 @@
 by stem, waits for a consumer without spending CPU however many samples wait, and never holds
 more than its budget, however often it is stopped and started again.
 
-A private module (``s5loader.daemon``) is imported only where it is the seam under test; the
+A private module (``s5loader._daemon``) is imported only where it is the seam under test; the
 rest goes through the public API."""
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from test_daemon import (
 )
 
 from s5loader import find_s5cmd
+from s5loader._daemon import LOCK_FILE, STAGING_DIR, PrefetchDaemon, PrefetchOptions
+from s5loader._daemon.cache_state import Ledger
 from s5loader.consume import ready_names
-from s5loader.daemon import LOCK_FILE, STAGING_DIR, PrefetchDaemon, PrefetchOptions
-from s5loader.daemon.state import Ledger
 
 
 # -- 1. folder-per-sample data read by stem ------------------------------------------------------

@@ -1,7 +1,7 @@
 """The epoch cache through the real path: s5cmd against SeaweedFS behind a proxy that counts
 requests, a DataLoader with workers reading and handing samples back.
 
-A private module (``s5loader.daemon``) is imported only where it is the seam under test; the
+A private module (``s5loader._daemon``) is imported only where it is the seam under test; the
 rest goes through the public API."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from support.stores import Peak, Store, make_pairs, staged_bytes
 from torch.utils.data import DataLoader
 
 from s5loader import S5Dataset, S5IterableDataset, S5Sampler, consume
-from s5loader.daemon import PrefetchDaemon, PrefetchOptions
-from s5loader.daemon.protocol import EPOCH_DIR
+from s5loader._daemon import PrefetchDaemon, PrefetchOptions
+from s5loader._daemon.protocol import EPOCH_DIR
 from s5loader.handover import sample_bytes
 
 N = 40

@@ -1,7 +1,7 @@
 """Which object failed, and why: each object gets its own error line's cause, and one request
 that never answers is found and retried alone while the rest of its call is delivered.
 
-A private module (``s5loader.s5cmd``) is imported only where it is the seam under test; the rest
+A private module (``s5loader._s5cmd``) is imported only where it is the seam under test; the rest
 goes through the public API."""
 
 from __future__ import annotations

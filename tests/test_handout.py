@@ -16,7 +16,7 @@ from support.threads import in_thread
 from torch.utils.data import DataLoader, Sampler
 
 from s5loader import BudgetError, S5Dataset, S5Sampler
-from s5loader.staging.plainindex import plain_reads
+from s5loader._staging.plainindex import plain_reads
 
 
 class Ints(Sampler[int]):

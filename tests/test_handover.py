@@ -1,7 +1,7 @@
 """The daemon's hand-over: `prefetch --fresh` on a finished cache with a consumer started at
 once, the crash-safe shell consumer of docs/daemon.md, the restart message, the help text.
 
-A private module (``s5loader.daemon``) is imported only where it is the seam under test; the
+A private module (``s5loader._daemon``) is imported only where it is the seam under test; the
 rest goes through the public API."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The compact sample index: the same samples as the straightforward model, saved and loaded,
 listed with retries, and listed once per torchrun job.
 
-Private modules (``s5loader._index``, ``s5loader.s5cmd``) are imported only where they are the
+Private modules (``s5loader._index``, ``s5loader._s5cmd``) are imported only where they are the
 seam under test; the rest goes through the public API."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 from s5loader import FetchError, IndexFileError, S5Dataset, S5Sampler, find_s5cmd
 from s5loader._index.sample import Sample
 from s5loader._index.saved import MAGIC
-from s5loader.s5cmd import ObjectInfo
+from s5loader._s5cmd import ObjectInfo
 
 MD5 = "0123456789abcdef0123456789abcdef"
 

@@ -1,6 +1,6 @@
 """Lifetimes: several samplers on one dataset, persistent workers after a ``break``.
 
-Private modules (``s5loader.engine``, ``s5loader.s5cmd``) are imported only where they are the
+Private modules (``s5loader._engine``, ``s5loader._s5cmd``) are imported only where they are the
 seam under test; the rest goes through the public API."""
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ print(sampler.staging_dir, flush=True)
 if where != "waiting":
     # The moment a signal can land between two instructions of the waiting loop: the main
     # thread holds the staging engine's lock, which the engine's thread needs to go on.
-    from s5loader.engine import stager as _stager
+    from s5loader._engine import stager as _stager
 
     def wait(self, pos):
         with self._cond:
@@ -262,7 +262,7 @@ def test_a_fork_while_s5cmd_starts_does_not_hold_the_start() -> None:
     main thread may be waiting for the starting thread meanwhile (a replaced pass closing)."""
     import signal
 
-    from s5loader.s5cmd import S5cmd
+    from s5loader._s5cmd import S5cmd
 
     s5 = S5cmd()
     done = threading.Event()

@@ -1,7 +1,7 @@
 """Messages a first run meets: no starvation warning on a short run, a budget below one batch
 fails at once with the numbers, missing credentials and a missing bucket say what to check.
 
-A private module (``s5loader.engine``) is imported only where it is the seam under test; the
+A private module (``s5loader._engine``) is imported only where it is the seam under test; the
 rest goes through the public API."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from support.stores import Store, make_pairs
 from torch.utils.data import DataLoader
 
 from s5loader import S5Dataset, S5Sampler
-from s5loader.engine import Stats
+from s5loader._engine import Stats
 from s5loader.exceptions import AccessDeniedError, BudgetError, ConfigError, NoSuchBucketError
 
 ROOT = Path(__file__).resolve().parent.parent

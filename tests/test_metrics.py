@@ -1,7 +1,7 @@
 """Live metrics: ``S5Sampler.metrics()`` and the daemon's ``--json-log`` give figures that match
 a run whose numbers are known.
 
-Private modules (``s5loader.daemon``, ``s5loader.engine``) are imported only where they are the
+Private modules (``s5loader._daemon``, ``s5loader._engine``) are imported only where they are the
 seam under test; the rest goes through the public API."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from support.stores import Store
 from support.waits import wait_for
 
 from s5loader import S5Dataset, S5Sampler
-from s5loader.engine.metrics import Metrics
+from s5loader._engine.counters import Metrics
 
 SIZE = 1000  # bytes per sample: one object each
 
@@ -98,7 +98,7 @@ def test_sampler_metrics_match_a_known_run(moto: Store, staging_root: str) -> No
 def test_daemon_json_log_carries_the_metrics(moto: Store, tmp_path) -> None:
     import json
 
-    from s5loader.daemon import main
+    from s5loader._daemon import main
 
     moto.put({f"{i:04d}.bin": b"x" * SIZE for i in range(6)})
     log = tmp_path / "progress.jsonl"

@@ -1,7 +1,7 @@
 """Staging space is checked for the node: its ranks (LOCAL_WORLD_SIZE under torchrun) share one
 file system.
 
-A private module (``s5loader.staging``) is imported only where it is the seam under test; the
+A private module (``s5loader._staging``) is imported only where it is the seam under test; the
 rest goes through the public API."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from support.stores import Store, mount_tmpfs
 
 from s5loader import BudgetError
-from s5loader.staging.area import choose_root
+from s5loader._staging.area import choose_root
 
 OBJECT = 32 * 1024  # whole tmpfs pages, so the bytes counted are the bytes used
 
@@ -99,6 +99,6 @@ def test_choose_root_counts_the_local_ranks(node_fs: str, monkeypatch: pytest.Mo
         choose_root(node_fs, 300 * 1024)
     root, room = choose_root(node_fs, 300 * 1024, shrink=True)
     assert root == node_fs and room == int(1024 * 1024 * 0.9) // 4
-    monkeypatch.setattr("s5loader.staging.area.SHM", node_fs)  # /dev/shm only if all four fit
+    monkeypatch.setattr("s5loader._staging.area.SHM", node_fs)  # /dev/shm only if all four fit
     assert choose_root(None, 200 * 1024)[0] == node_fs
     assert choose_root(None, 300 * 1024)[0] == tempfile.gettempdir()

@@ -1,6 +1,6 @@
 """Linux only: elsewhere the sampler and the daemon refuse to start, saying why.
 
-A private module (``s5loader.daemon``) is imported only where it is the seam under test; the
+A private module (``s5loader._daemon``) is imported only where it is the seam under test; the
 rest goes through the public API."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from support.stores import Store, make_pairs
 
 from s5loader import PlatformError, S5Dataset, S5LoaderError, S5Sampler
-from s5loader.daemon import PrefetchDaemon, PrefetchOptions
-from s5loader.daemon import main as daemon_main
+from s5loader._daemon import PrefetchDaemon, PrefetchOptions
+from s5loader._daemon import main as daemon_main
 
 
 @pytest.mark.parametrize("platform", ["darwin", "win32", "freebsd14"])

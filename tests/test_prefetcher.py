@@ -1,7 +1,7 @@
 """The daemon from Python (``s5loader.Prefetcher``), and the ``__key__`` file each delivered
 folder carries: the folder name keeps only a shortened, file-name-safe form of the key.
 
-A private module (``s5loader.daemon``) is imported only where it is the seam under test; the
+A private module (``s5loader._daemon``) is imported only where it is the seam under test; the
 rest goes through the public API."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from support.faults import FaultProxy, Rule
 from support.stores import Store
 
 from s5loader import DaemonError, Prefetcher, consume
-from s5loader.daemon import main
+from s5loader._daemon import main
 
 LONG = "a dir/ünï côde & more/" + "long-name-" * 9  # > 64 characters, spaces, non-ASCII
 

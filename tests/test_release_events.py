@@ -3,7 +3,7 @@ events (the pass's FIFO), with the folder check left only as a slow safety net.
 
 The end-to-end tests run the real s5cmd against a real local S3 server.
 
-Private modules (``s5loader.engine``, ``s5loader.staging``) are imported only where they are the
+Private modules (``s5loader._engine``, ``s5loader._staging``) are imported only where they are the
 seam under test; the rest goes through the public API."""
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from support.stores import Store, make_pairs
 from torch.utils.data import DataLoader
 
 from s5loader import S5Dataset, S5Sampler
+from s5loader._engine.budget import Budget
+from s5loader._staging.layout import StagingLayout
+from s5loader._staging.release_events import ReleaseEvents
 from s5loader.dataset import StagedIndex
-from s5loader.engine.budget import Budget
-from s5loader.staging.layout import ReleaseEvents, StagingLayout
 
 
 def collate(batch):

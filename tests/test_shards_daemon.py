@@ -2,7 +2,7 @@
 within the budget, a cut mid-shard continued, member names kept as bytes, gzip shards
 unpacked.
 
-Private modules (``s5loader._sampling``, ``s5loader._util``, ``s5loader.daemon``) are imported
+Private modules (``s5loader._sampling``, ``s5loader._util``, ``s5loader._daemon``) are imported
 only where they are the seam under test; the rest goes through the public API."""
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ def test_the_daemon_delivers_shard_samples_as_folders_within_budget(
 ) -> None:
     from support.stores import Peak
 
+    from s5loader._daemon import sample_folder_name
     from s5loader._sampling.order import Order
     from s5loader._sampling.units import units_of
     from s5loader._util.platform import punches_holes
     from s5loader.consume import END_MARKER, ready_names
-    from s5loader.daemon import sample_folder_name
 
     shards, expected = make_shards(4, 5, size=2000)
     source = put_indexed(seaweed, shards)
@@ -106,7 +106,7 @@ def test_the_daemon_delivers_shard_samples_as_folders_within_budget(
     assert ready_names(str(cache)) == [] and (cache / END_MARKER).exists()
     # a budget that cannot hold a shard and its unpacked samples (on a file system that cannot
     # punch them out of it) is refused before any download
-    from s5loader.daemon import PrefetchDaemon, PrefetchOptions, stream
+    from s5loader._daemon import PrefetchDaemon, PrefetchOptions, stream
 
     opts = PrefetchOptions.of(
         source, str(tmp_path / "c2"), big + 10, endpoint_url=seaweed.endpoint, shards=True
@@ -124,8 +124,8 @@ def test_the_daemon_delivers_shard_samples_as_folders_within_budget(
 def test_a_shard_daemon_cut_mid_shard_continues_without_loss_or_repeat(moto: Store, tmp_path) -> None:
     import threading
 
+    from s5loader._daemon import PrefetchDaemon, PrefetchOptions, sample_folder_name
     from s5loader.consume import consume
-    from s5loader.daemon import PrefetchDaemon, PrefetchOptions, sample_folder_name
 
     shards, expected = make_shards(3, 5, size=1000)
     source = put_indexed(moto, shards)
@@ -168,8 +168,8 @@ def test_a_shard_daemon_cut_mid_shard_continues_without_loss_or_repeat(moto: Sto
 
 def test_a_member_name_that_is_not_utf8_keeps_its_bytes_through_the_daemon(moto: Store, tmp_path) -> None:
     # an old tar's Latin-1 name: tarfile gives it as surrogates, which UTF-8 cannot encode
+    from s5loader._daemon import PrefetchDaemon, PrefetchOptions
     from s5loader.consume import consume
-    from s5loader.daemon import PrefetchDaemon, PrefetchOptions
 
     name = b"caf\xe9".decode("utf-8", "surrogateescape")
     data = tar_of([(f"{name}.cls", b"1"), (f"{name}.txt", b"t"), ("plain.cls", b"2")])

@@ -1,7 +1,7 @@
 """shuffle="block": windows of whole blocks sized by the budget, their determinism,
 completeness and resume, the quality figure, and the engine's calls of whole windows.
 
-A private module (``s5loader.engine``) is imported only where it is the seam under test; the
+A private module (``s5loader._engine``) is imported only where it is the seam under test; the
 rest goes through the public API."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from support.stores import Store, make_pairs, staged_samples
 from torch.utils.data import DataLoader
 
-import s5loader.engine.stager as stager_module
+import s5loader._engine.stager as stager_module
 from s5loader import S5Dataset, S5Sampler
 from s5loader.exceptions import StateError
 

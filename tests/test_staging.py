@@ -2,7 +2,7 @@
 
 Everything here runs the real s5cmd against real local S3 servers.
 
-A private module (``s5loader.engine``) is imported only where it is the seam under test; the
+A private module (``s5loader._engine``) is imported only where it is the seam under test; the
 rest goes through the public API."""
 
 from __future__ import annotations
@@ -327,7 +327,7 @@ def test_budget_smaller_than_a_batch_is_a_clear_error(moto: Store, staging_root:
 def test_starvation_is_reported_at_warning(moto: Store, staging_root: str, caplog) -> None:
     import logging
 
-    from s5loader.engine import Stats
+    from s5loader._engine import Stats
 
     moto.put(make_pairs(2))
     ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)

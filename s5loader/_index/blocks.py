@@ -6,7 +6,7 @@ for a wildcard, so a command file of one wildcard line per block costs s5cmd muc
 one ``cp --raw`` line per object, close to a bulk copy of the whole prefix (docs/s5cmd-head.md
 has the figures). The engine uses a block's wildcard line whenever a call holds the whole block
 and the block has enough objects that its LIST costs no more than the HEADs it saves
-(:func:`~s5loader.s5cmd.wildcard_pays`), and plain per-object lines otherwise, so every order
+(:func:`~s5loader._s5cmd.wildcard_pays`), and plain per-object lines otherwise, so every order
 still works.
 """
 

@@ -12,6 +12,8 @@ from typing import Any
 
 from .._s3api.client import s3_client
 from .._s3api.errors import boto3_error
+from .._s5cmd import ObjectInfo, S5cmd
+from .._s5cmd.process import _GlobInPrefix
 from .._util.uri import parse_s3_uri
 from ..config import Access
 from ..exceptions import (
@@ -19,8 +21,6 @@ from ..exceptions import (
     FetchError,
 )
 from ..progress import Progress
-from ..s5cmd import ObjectInfo, S5cmd
-from ..s5cmd.process import _GlobInPrefix
 from .builder import IndexBuilder
 from .compact import SampleIndex
 

@@ -9,10 +9,10 @@ from collections.abc import Iterable
 
 from .._s3api.client import s3_client
 from .._s3api.errors import boto3_error
+from .._s5cmd import S5cmd
 from .._util.uri import as_folder, parse_s3_uri
 from ..config import Access
 from ..exceptions import ConfigError, S3URIError
-from ..s5cmd import S5cmd
 from . import saved as _indexfile
 from .compact import SampleIndex
 from .labels import check_label, folder_labels, warn_grouping

@@ -12,9 +12,9 @@ import tarfile
 import zlib
 from typing import Any
 
+from .._staging.area import free_bytes
 from .._util.uri import format_size
 from ..exceptions import ConfigError, FetchError, StagingSpaceError, UnsafeArchiveError
-from ..staging.area import free_bytes
 
 log = logging.getLogger(__name__)
 

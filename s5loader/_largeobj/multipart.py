@@ -25,10 +25,10 @@ from collections.abc import Callable
 from typing import Any
 
 from .._s3api.errors import boto3_error
+from .._staging.area import register_cleanup
 from .._util.uri import format_size
 from ..config import Access
 from ..exceptions import FetchError, S5LoaderError
-from ..staging.area import register_cleanup
 from .parts import MAX_PARTS, PartPlan, stream_part_size
 from .transfer import object_uri
 

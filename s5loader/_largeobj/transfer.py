@@ -16,11 +16,11 @@ from typing import Any, TypeVar
 
 from .._s3api.client import s3_client
 from .._s3api.errors import boto3_error
+from .._s5cmd import S5cmd, error_from_exit, kill, start_copy
+from .._staging.area import SHM, free_bytes, register_cleanup
 from .._util.uri import format_size, parse_s3_uri, parse_size
 from ..config import Access
 from ..exceptions import S3URIError, StagingSpaceError
-from ..s5cmd import S5cmd, error_from_exit, kill, start_copy
-from ..staging.area import SHM, free_bytes, register_cleanup
 from .parts import PartPlan, plan_parts
 
 log = logging.getLogger(__name__)

@@ -13,9 +13,9 @@ import threading
 from collections.abc import Callable
 from typing import IO
 
+from .._s5cmd import ObjectInfo, S5cmd, kill, start_cat
+from .._staging.area import register_cleanup
 from ..exceptions import FetchError
-from ..s5cmd import ObjectInfo, S5cmd, kill, start_cat
-from ..staging.area import register_cleanup
 from . import transfer as _transfer
 from . import verify as _verify
 from .parts import plan_parts

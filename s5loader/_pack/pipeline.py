@@ -21,10 +21,7 @@ from typing import Any, NamedTuple
 from .._index.blocks import BlockPlan
 from .._largeobj import transfer as _transfer
 from .._largeobj.volumes import FetchWork
-from .._util.uri import format_size
-from ..config import Access
-from ..exceptions import BudgetError, ObjectNotFoundError
-from ..s5cmd import (
+from .._s5cmd import (
     MIN_PART_SIZE,
     S5cmd,
     classify,
@@ -36,10 +33,13 @@ from ..s5cmd import (
     wildcard_line,
     wildcard_pays,
 )
-from ..s5cmd import start_copy as _start_copy
+from .._s5cmd import start_copy as _start_copy
+from .._util.uri import format_size
+from ..config import Access
+from ..exceptions import BudgetError, ObjectNotFoundError
 from .plan import SHARD_NAME, PlannedSample
+from .resumable import DestState
 from .shard import ShardWriter
-from .state import DestState
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ class Packer:
         exactly those under its own key prefix, ``folder/sJ/``) and the key below the block's
         folder (keys :mod:`~s5loader._index.blocks` checked to be plain names). A wildcard line
         is written only where it costs no more S3 requests than a line per object
-        (:func:`~s5loader.s5cmd.wildcard_pays`)."""
+        (:func:`~s5loader._s5cmd.wildcard_pays`)."""
         plan = self.blocks
         held: dict[int, int] = {}
         if plan is not None and plan.blocks:

@@ -21,18 +21,18 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .._index.blocks import BlockPlan, plan_blocks
+from .._s5cmd import S5cmd
 from .._shards.index import DEFAULT_INDEX, PACK_RECORD
 from .._util.uri import as_folder, format_size, parse_s3_uri
 from ..config import Access
 from ..dataset import S5Dataset
 from ..exceptions import BudgetError, ConfigError, ShardIndexError
-from ..s5cmd import S5cmd
 from . import plan as _plan
-from .archive import fingerprint as archive_fingerprint
-from .archive import pack_archive, volumes_of
 from .pipeline import Gate, Job, Packer, run_shards
 from .plan import PackOptions
-from .state import DestState
+from .resumable import DestState
+from .split_archive import fingerprint as archive_fingerprint
+from .split_archive import pack_archive, volumes_of
 from .workdir import open_work
 
 log = logging.getLogger(__name__)

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 
 from .._largeobj.transfer import margin
 from .._largeobj.volumes import FetchWork
+from .._staging.area import free_bytes
 from .._util.uri import format_size
 from ..exceptions import StagingSpaceError
-from ..staging.area import free_bytes
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from ..exceptions import (
 def boto3_error(exc: Exception, uri: str, endpoint: str | None = None) -> S5LoaderError:
     """Map a botocore exception about ``uri`` to one of ours; missing credentials, a missing
     bucket, an unreachable store (at ``endpoint``, default: the environment's) and an untrusted
-    certificate end with what to check (as :func:`s5loader.s5cmd.output.explain` says it for
+    certificate end with what to check (as :func:`s5loader._s5cmd.output.explain` says it for
     s5cmd's errors)."""
     code = ""
     resp = getattr(exc, "response", None)

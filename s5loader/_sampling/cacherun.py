@@ -28,11 +28,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from .._index.sample import Sample
+from .._staging.epochcache import EpochCache, index_fingerprint
+from .._staging.layout import HANDED_BACK, StagingLayout
 from .._util.dist import rank_info
 from ..config import StagingOptions
 from ..dataset import S5Dataset
-from ..staging.epochcache import EpochCache, index_fingerprint
-from ..staging.layout import HANDED_BACK, StagingLayout
 from .cacheplan import Admission, KeepPlan, keep_set, node_ranks, rank_capacity
 from .order import Order
 from .units import units_of
@@ -332,7 +332,7 @@ def open_iterable_cache(
 ) -> EpochCache | None:
     """The epoch cache folder of an iterable dataset with ``epoch_cache`` (``size``; None
     without), opened by the process that makes the dataset: its DataLoader workers use it while
-    it lives (each a :meth:`~s5loader.staging.epochcache.EpochCache.sharer`), its ``close()``
+    it lives (each a :meth:`~s5loader._staging.epochcache.EpochCache.sharer`), its ``close()``
     leaves it. ``job`` (the order's settings) and the node's ranks name the folder."""
     if not size:
         return None

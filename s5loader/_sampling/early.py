@@ -7,14 +7,14 @@ more batch before it hands out each next one. A sampler that yields an index onl
 sample is staged makes the first batch wait for the whole first fill, and every batch, while
 staging is behind, for one a fill further on. So a pass that a DataLoader iterates hands out an
 index whose sample is not staged yet at once (at most :data:`EARLY_MOST` of them unsettled),
-and a reader of such a sample waits for it (:func:`~s5loader.staging.reader.wait_staged`).
+and a reader of such a sample waits for it (:func:`~s5loader._staging.reader.wait_staged`).
 Indices still go out in order, and a sample staged already goes out as it is; so does every
 sample of a pass iterated directly, whose consumer may expect its files in place.
 
 A thread in the sampler's process waits on the engine for those samples, in order, as the
 sampler waits for any other (so the time counts as the loader's wait, and a budget too small
 for what the readers hold is found), and leaves its word on each in the pass folder
-(:meth:`~s5loader.staging.layout.StagingLayout.mark_early`): staged (the sample is then handed
+(:meth:`~s5loader._staging.layout.StagingLayout.mark_early`): staged (the sample is then handed
 to its reader, whose release frees its budget as for any other), not staged (the pass stopped
 first, replaced by a newer one or closed: the reader raises, as the sampler's own wait does; a
 DataLoader drops what its workers read for an iterator it replaced), or the engine's error,
@@ -38,11 +38,11 @@ import contextlib
 import os
 import threading
 
+from .._engine import Stager
+from .._engine.ready import READY, WAITING
+from .._staging.layout import NOT_STAGED, StagingLayout
+from .._staging.reader import word_of_error
 from ..config import StagingOptions
-from ..engine import Stager
-from ..engine.ready import READY, WAITING
-from ..staging.layout import NOT_STAGED, StagingLayout
-from ..staging.reader import word_of_error
 
 
 class Early:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 from .._shards.holding import Freeing
-from ..staging.reader import StagedIndex
+from .._staging.reader import StagedIndex
 from .cacheplan import node_ranks
 from .mixing import few_shards
 from .order import Order, ShuffleQuality, shuffle_quality

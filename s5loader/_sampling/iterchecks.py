@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .._staging.epochcache import EpochCache
 from .._util.dist import rank_info
 from .._util.uri import format_size
 from ..config import StagingOptions
 from ..dataset import S5Dataset
 from ..exceptions import BudgetError, ConfigError
-from ..staging.epochcache import EpochCache
 from .cacherun import open_iterable_cache
 from .iterparts import rank_layout, rank_order
 from .order import Order, check_seed, check_shuffle

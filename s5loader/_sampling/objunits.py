@@ -7,14 +7,14 @@ from __future__ import annotations
 from collections.abc import Callable, Container, Sequence
 from typing import NamedTuple, Protocol
 
+from .._engine import Stager
 from .._index.blocks import BlockPlan
 from .._shards.holding import Freeing
-from .._shards.passes import Hits
+from .._shards.shardpass import Hits
+from .._staging.epochcache import index_fingerprint
+from .._staging.layout import StagingLayout
 from ..config import StagingOptions
 from ..dataset import S5Dataset, StagedIndex
-from ..engine import Stager
-from ..staging.epochcache import index_fingerprint
-from ..staging.layout import StagingLayout
 from .early import EARLY, Early, EarlyHandOut, early_hand_out
 from .order import Order, block_window
 
@@ -203,7 +203,7 @@ class ObjectUnits:
         return budget
 
     def fingerprint(self) -> str:
-        """A digest of what these units are (see :func:`~s5loader.staging.epochcache.index_fingerprint`)."""
+        """A digest of what these units are (see :func:`~s5loader._staging.epochcache.index_fingerprint`)."""
         return index_fingerprint(self.dataset.samples)
 
     def lift(self, staged: StagedIndex, scratch: str) -> Lifted:

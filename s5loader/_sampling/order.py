@@ -202,7 +202,7 @@ class Order:
 
         ``cost``: where the samples read give their bytes back (see
         :meth:`StagingLayout.release_shard_sample
-        <s5loader.staging.layout.StagingLayout.release_shard_sample>`), the budget is used as a
+        <s5loader._staging.layout.StagingLayout.release_shard_sample>`), the budget is used as a
         shuffle buffer instead (see :mod:`s5loader._sampling.mixing`): shards open as soon as
         what the open ones still hold leaves room for the next within ``cost.room`` bytes (the
         budget less a largest shard; ``None``: ``open_units`` largest shards), each next sample

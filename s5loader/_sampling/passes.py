@@ -1,8 +1,8 @@
 """A sampler's staging passes: each stages one order into a folder of its own and yields the
 indices whose files are staged, in order.
 
-A pass runs a :class:`~s5loader.engine.Stager` on the pass's units (:mod:`.units`: samples of
-raw objects, or the shard visits of a :class:`~s5loader._shards.passes.ShardPass`). When a pass ends, is
+A pass runs a :class:`~s5loader._engine.Stager` on the pass's units (:mod:`.units`: samples of
+raw objects, or the shard visits of a :class:`~s5loader._shards.shardpass.ShardPass`). When a pass ends, is
 abandoned or is replaced by a newer one, its folder is not removed at once: DataLoader workers
 may still read its queued samples, so the next pass, ``close()`` or exit removes it. With
 ``keep_staged`` every pass stages into one folder whose files outlive the pass.
@@ -15,17 +15,17 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .._engine import Stager, Stats
+from .._engine.callplan import write_plan_files
+from .._engine.counters import Metrics
+from .._engine.stager import close_off_engine
 from .._index.blocks import BlockPlan
+from .._s5cmd import S5cmd
+from .._staging.area import PassArea, StagingArea
+from .._staging.layout import StagingLayout
+from .._staging.plainindex import plain_reads
 from ..config import StagingOptions
 from ..dataset import S5Dataset, StagedIndex
-from ..engine import Stager, Stats
-from ..engine.metrics import Metrics
-from ..engine.plan import write_plan_files
-from ..engine.stager import close_off_engine
-from ..s5cmd import S5cmd
-from ..staging.area import PassArea, StagingArea
-from ..staging.layout import StagingLayout
-from ..staging.plainindex import plain_reads
 from .cacherun import CacheRun
 from .early import EARLY
 from .resume import Position

@@ -17,11 +17,11 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
+from .._engine.counters import Metrics
+from .._staging.epochcache import EpochCache
 from ..config import StagingOptions
 from ..dataset import S5Dataset
-from ..engine.metrics import Metrics
 from ..exceptions import StateError
-from ..staging.epochcache import EpochCache
 from .cacheplan import node_ranks
 from .cacherun import CacheRun, new_cache_run
 from .feed import INDEX, SKIP, FeedHost, Hello
@@ -192,7 +192,7 @@ class RankHost:
 def metrics_board(area: str, rank: int) -> str:
     """Where the host of ``rank`` writes its figures: among the control files of the dataset's
     directory ``area`` (see :attr:`StagingArea.control_dir
-    <s5loader.staging.area.StagingArea.control_dir>`)."""
+    <s5loader._staging.area.StagingArea.control_dir>`)."""
     return os.path.join(area, ".calls", f"metrics-r{rank}.json")
 
 

@@ -13,13 +13,13 @@ import weakref
 from collections.abc import Callable, Generator
 from typing import Any
 
+from .._engine import Stats
+from .._engine.counters import Metrics, PassReport
 from .._index.blocks import BlockPlan, plan_blocks
+from .._s5cmd import S5cmd
+from .._staging.area import StagingArea, register_cleanup
 from ..config import StagingOptions
 from ..dataset import S5Dataset, StagedIndex
-from ..engine import Stats
-from ..engine.metrics import Metrics, PassReport
-from ..s5cmd import S5cmd
-from ..staging.area import StagingArea, register_cleanup
 from .cacherun import CacheRun
 from .passes import StagingPasses
 from .resume import Position

@@ -14,13 +14,13 @@ from typing import Any
 import numpy as np
 from torch.utils.data import BatchSampler
 
+from .._engine.budget import check_sample_fits
+from .._staging.area import choose_root, disk_footprint
 from .._util.dist import rank_info
 from .._util.uri import format_size
 from ..config import StagingOptions
 from ..dataset import S5Dataset
-from ..engine.budget import check_sample_fits
 from ..exceptions import BudgetError, ConfigError
-from ..staging.area import choose_root, disk_footprint
 from .order import Order, check_seed, check_shuffle
 from .units import units_of
 

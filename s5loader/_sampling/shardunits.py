@@ -11,15 +11,15 @@ from collections.abc import Callable, Sequence
 from .._index.blocks import BlockPlan
 from .._index.sample import Field, Sample
 from .._shards.holding import Freeing, Holding, Shape
-from .._shards.passes import Hits, ShardPass
+from .._shards.shardpass import Hits, ShardPass
 from .._shards.tar import is_gzip
+from .._staging.epochcache import index_fingerprint
+from .._staging.layout import field_names
 from .._util.platform import HOLE_BLOCK
 from .._util.uri import format_size
 from ..config import StagingOptions
 from ..dataset import StagedIndex
 from ..exceptions import BudgetError
-from ..staging.epochcache import index_fingerprint
-from ..staging.layout import field_names
 from .objunits import Lifted, ObjectUnits, PassUnits
 from .order import Order, open_shards
 
@@ -140,14 +140,14 @@ class ShardUnits(ObjectUnits):
 
     def peak_bytes(self, order: Sequence[int], frees: bool) -> int | None:
         """The most bytes of shards ``order`` needs staged at once (see
-        :meth:`ShardPass.peak_bytes <s5loader._shards.passes.ShardPass.peak_bytes>`)."""
+        :meth:`ShardPass.peak_bytes <s5loader._shards.shardpass.ShardPass.peak_bytes>`)."""
         return ShardPass(self.dataset, order, "", False, "raise", frees).peak_bytes()[0]
 
     def lift_room(self, budget: int, punch: bool) -> int:
         """The budget the shards open may take when their samples are written out of them: the
         samples written out stand beside their shard's tar until its last, less what punching
         them out of it gives back (``punch``). A sample written out gives back the blocks its
-        bytes cover whole (see :mod:`s5loader.staging.holes`); the block it shares with each
+        bytes cover whole (see :mod:`s5loader._staging.holes`); the block it shares with each
         neighbour stays until the neighbour is done, so each sample leaves at most two blocks of
         itself behind (all of itself when smaller than that), and a shard staged and written out
         takes at most ``need = disk + count * min(sample, 2 blocks)`` (without ``punch``:
@@ -186,7 +186,7 @@ class ShardUnits(ObjectUnits):
     def lift(self, staged: StagedIndex, scratch: str) -> Lifted:
         """A tar shard's sample written out of its staged shard into the folder ``scratch``, its
         fields named by extension (read by offset: a member name never becomes a path unless it
-        is a plain relative one, see :func:`~s5loader.staging.layout.field_names`); reading it
+        is a plain relative one, see :func:`~s5loader._staging.layout.field_names`); reading it
         drops its claim on the shard (and gives the shard's bytes of it back, where they are
         punched out)."""
         shards = self.dataset.shards

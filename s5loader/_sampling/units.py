@@ -9,7 +9,7 @@ differs between the two is asked of one object, never checked by hand:
   a shard order keeps open), the block size and s5cmd's workers of its runs, whether a batch
   must fit the budget, and how an iterable's workers split a rank's part;
 * its ``open_pass`` gives the units of one pass (:class:`ObjectPass` or
-  :class:`~s5loader._shards.passes.ShardPass`), so the pass loop
+  :class:`~s5loader._shards.shardpass.ShardPass`), so the pass loop
   (:meth:`StagingPasses.run <s5loader._sampling.passes.StagingPasses.run>`) has one path: which
   order the engine stages, with which options, what it must not fetch, where calls may be cut,
   how big the first call is, and whether the sample at a position can be yielded.
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .._shards.holding import Freeing
-from .._shards.passes import Hits
+from .._shards.shardpass import Hits
 from .._util.platform import HOLE_BLOCK, punches_holes
 from ..config import StagingOptions
 from ..dataset import S5Dataset

@@ -1,6 +1,6 @@
 """What the shards an order keeps staged hold, counted in advance from the order alone, before
 any shard is fetched: the order's side of what readers give back (see
-:mod:`s5loader.staging.holes`).
+:mod:`s5loader._staging.holes`).
 
 A *visit* (a shard staged for some of its samples, see :mod:`.passes`) holds its staged bytes
 (:attr:`Shard.disk <s5loader._shards.index.Shard.disk>`) less what its done samples give back,
@@ -20,8 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .._util.platform import HOLE_BLOCK
-from .dataset import ShardSet
 from .index import Shard
+from .shardset import ShardSet
 
 TAR_END = 10240  # two zero blocks, and the padding to a record that tar writers add: at most this
 

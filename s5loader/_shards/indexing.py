@@ -13,10 +13,10 @@ from typing import Any
 
 from .._s3api.client import s3_client
 from .._s3api.errors import boto3_error
+from .._s5cmd import ObjectInfo
 from .._util.uri import parse_s3_uri
 from ..config import Access
 from ..exceptions import ConfigError
-from ..s5cmd import ObjectInfo
 from . import tar as _tar
 from .index import DEFAULT_INDEX, PACK_RECORD, Shard, format_index, read_bytes
 from .source import resolve

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from .._index.listing import keys_beside, list_prefix, stat_objects
 from .._s3api.client import s3_client
 from .._s3api.errors import boto3_error
+from .._s5cmd import ObjectInfo, S5cmd
 from .._util.uri import COMPRESSED_TAR, GZIP_TAR, SHARD_SUFFIXES, as_folder, parse_s3_uri
 from ..config import Access
 from ..exceptions import (
@@ -22,7 +23,6 @@ from ..exceptions import (
     S5LoaderError,
     ShardError,
 )
-from ..s5cmd import ObjectInfo, S5cmd
 
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"(-?\d+)\.\.(-?\d+)")

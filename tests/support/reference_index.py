@@ -8,8 +8,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from s5loader._index.sample import Field, Sample, check_group_by
+from s5loader._s5cmd import ObjectInfo
 from s5loader.exceptions import ConfigError
-from s5loader.s5cmd import ObjectInfo
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 daemon's status from its lock and markers, the bytes the budget counts, the ledger of what
 consumers took, the lock a probe holds; and sizes and flags as the command line says them.
 
-Private modules (``s5loader._util``, ``s5loader.daemon``) are imported on purpose: their own
+Private modules (``s5loader._util``, ``s5loader._daemon``) are imported on purpose: their own
 behaviour is what these tests check."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from s5loader._daemon.cache_state import Ledger
+from s5loader._daemon.lock import CacheLock
 from s5loader._util.uri import for_cli, format_size
 from s5loader.consume import consume
-from s5loader.daemon.lock import CacheLock
-from s5loader.daemon.state import Ledger
 from s5loader.exceptions import DaemonError, StallError
 from s5loader.handover import (
     CLAIMED_DIR,

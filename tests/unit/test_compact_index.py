@@ -2,7 +2,7 @@
 kept in order, fast manifest lines read as json does, and ranks of one node sharing one index
 through a file.
 
-Private modules (``s5loader._index``, ``s5loader.s5cmd``) are imported on purpose: their own
+Private modules (``s5loader._index``, ``s5loader._s5cmd``) are imported on purpose: their own
 behaviour is what these tests check."""
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from s5loader._index.compact import SampleIndex
 from s5loader._index.listing import group
 from s5loader._index.sample import GROUP_BY, Sample
 from s5loader._index.saved import dumps, loads
+from s5loader._s5cmd import ObjectInfo
 from s5loader.exceptions import ConfigError
-from s5loader.s5cmd import ObjectInfo
 
 PARTS = ["a", "b", "a.b", "a-b", "x.y.z", "_", "é", "0", "a.", ".b", "."]
 MD5 = "0123456789abcdef0123456789abcdef"

@@ -1,7 +1,7 @@
 """The options objects (fast tier: no server): StagingOptions and Access are checked once,
 with messages that say what to change; the renamed sampler keywords; the daemon's flags.
 
-Private modules (``s5loader._index``, ``s5loader._s3api``, ``s5loader.daemon``, ``s5loader.s5cmd``)
+Private modules (``s5loader._index``, ``s5loader._s3api``, ``s5loader._daemon``, ``s5loader._s5cmd``)
 are imported on purpose: their own behaviour is what these tests check."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from s5loader import Access, S5Dataset, S5Sampler, StagingOptions
+from s5loader._daemon import PrefetchOptions, build_parser, options_from_args
 from s5loader._index.sample import Field, Sample
 from s5loader._s3api.client import s3_client
-from s5loader.daemon import PrefetchOptions, build_parser, options_from_args
+from s5loader._s5cmd import S5cmd
 from s5loader.exceptions import ConfigError
-from s5loader.s5cmd import S5cmd
 
 
 def _dataset() -> S5Dataset:

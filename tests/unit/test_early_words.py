@@ -2,7 +2,7 @@
 (``StagingLayout.mark_early`` and ``wait_staged``): staged, not staged, an error, a pass folder
 that goes; woken by the bell the sampler rings, or by looking where no FIFO can be made.
 
-Private modules (``s5loader.staging``) are imported on purpose: their own behaviour is what
+Private modules (``s5loader._staging``) are imported on purpose: their own behaviour is what
 these tests check."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pytest
 from support.threads import in_thread
 
 from s5loader import ObjectNotFoundError, S5LoaderError, StallError
-from s5loader.staging.layout import NOT_STAGED, StagingLayout
-from s5loader.staging.reader import error_of_word, wait_staged, word_of_error
+from s5loader._staging.layout import NOT_STAGED, StagingLayout
+from s5loader._staging.reader import error_of_word, wait_staged, word_of_error
 
 
 @pytest.fixture
@@ -73,7 +73,7 @@ def test_a_pass_that_stopped_first_is_an_error_not_a_wait(layout: StagingLayout)
 def test_a_pass_folder_that_goes_ends_the_wait(
     layout: StagingLayout, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from s5loader.staging import reader
+    from s5loader._staging import reader
 
     monkeypatch.setattr(reader, "_RECHECK_S", 0.01)
     t, got = in_thread(lambda: wait_staged(layout, 6))
@@ -86,7 +86,7 @@ def test_a_pass_folder_that_goes_ends_the_wait(
 def test_a_pass_folder_removed_and_made_again_ends_the_wait(
     layout: StagingLayout, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from s5loader.staging import reader
+    from s5loader._staging import reader
 
     monkeypatch.setattr(reader, "_RECHECK_S", 0.01)
     t, got = in_thread(lambda: wait_staged(layout, 9))
@@ -103,7 +103,7 @@ def test_without_fifos_the_reader_looks_now_and_then(
     def no_fifo(path: str, mode: int = 0o666) -> None:
         raise PermissionError(1, "Operation not permitted", path)
 
-    from s5loader.staging import reader
+    from s5loader._staging import reader
 
     monkeypatch.setattr(os, "mkfifo", no_fifo)
     started = threading.Event()

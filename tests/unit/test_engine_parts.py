@@ -1,8 +1,8 @@
 """Unit tests of the staging engine's pure parts: which positions a call takes (windows, budget,
 kept samples, samples still held) and the count of fields each sample in flight waits for.
 
-Private modules (``s5loader._index``, ``s5loader._util``, ``s5loader.engine``,
-``s5loader.s5cmd``, ``s5loader.staging``) are imported on purpose: their own behaviour is what
+Private modules (``s5loader._index``, ``s5loader._util``, ``s5loader._engine``,
+``s5loader._s5cmd``, ``s5loader._staging``) are imported on purpose: their own behaviour is what
 these tests check."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from s5loader import BudgetError
+from s5loader._engine.budget import Budget
+from s5loader._engine.ready import Outstanding, Readiness
+from s5loader._engine.schedule import call_end, pick_call
+from s5loader._engine.stats import Stats
 from s5loader._index.sample import Field, Sample
-from s5loader.engine.budget import Budget
-from s5loader.engine.options import Stats
-from s5loader.engine.ready import Outstanding, Readiness
-from s5loader.engine.schedule import call_end, pick_call
 
 
 def _samples(*sizes: int) -> list[Sample]:
@@ -74,10 +74,10 @@ def test_kept_units_at_the_start_do_not_hold_back_the_first_call(tmp_path: Path)
     # Over shards the first unit of a pass is read while it downloads (kept from the engine)
     # and the first call takes one unit: the engine must start the call after it at once, not
     # after its next wake-up (0.2 s), which the first batch waited for.
+    from s5loader._engine import Stager
+    from s5loader._s5cmd import S5cmd
+    from s5loader._staging.area import StagingArea
     from s5loader.config import StagingOptions
-    from s5loader.engine import Stager
-    from s5loader.s5cmd import S5cmd
-    from s5loader.staging.area import StagingArea
 
     area = StagingArea(str(tmp_path))
     area.create()
@@ -120,9 +120,10 @@ def test_outstanding_counts_fields_per_sample() -> None:
 def test_a_shard_sample_read_is_punched_out_and_the_engine_counts_what_that_freed(tmp_path: Path) -> None:
     import os
 
+    from s5loader._staging.holes import SampleSpans
+    from s5loader._staging.layout import StagingLayout
+    from s5loader._staging.release_events import ReleaseEvents
     from s5loader._util.platform import punches_holes
-    from s5loader.staging.holes import SampleSpans
-    from s5loader.staging.layout import ReleaseEvents, StagingLayout
 
     if not punches_holes(str(tmp_path)):
         pytest.skip("this file system does not punch holes")
@@ -192,9 +193,9 @@ def _pairs(n: int, fields: int = 2, size: int = 10) -> list[Sample]:
 
 
 def test_line_shapes_cost_no_list_per_sample_and_count_their_requests() -> None:
+    from s5loader._engine.callplan import plan_call
     from s5loader._index.blocks import plan_blocks
-    from s5loader.engine.plan import plan_call
-    from s5loader.s5cmd import WILDCARD_MIN_OBJECTS
+    from s5loader._s5cmd import WILDCARD_MIN_OBJECTS
 
     samples = _pairs(40)  # blocks t/00*, t/01*, ... of 10 samples: 20 objects each
     listing = [f.uri[len("s3://b/") :] for s in samples for f in s.fields]
@@ -229,8 +230,8 @@ def test_line_shapes_cost_no_list_per_sample_and_count_their_requests() -> None:
 
 
 def test_request_counts_of_each_line_kind() -> None:
-    from s5loader.engine.side import download_requests
-    from s5loader.s5cmd import copy_requests, wildcard_requests
+    from s5loader._engine.side import download_requests
+    from s5loader._s5cmd import copy_requests, wildcard_requests
 
     mib = 1024**2
     assert copy_requests(100) == {"HEAD": 1, "GET": 1}

@@ -2,7 +2,7 @@
 admission, the index fingerprint and the cache folder's identity.
 
 Private modules (``s5loader._index``, ``s5loader._sampling``, ``s5loader._util``,
-``s5loader.daemon``, ``s5loader.staging``) are imported on purpose: their own behaviour is what
+``s5loader._daemon``, ``s5loader._staging``) are imported on purpose: their own behaviour is what
 these tests check."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from s5loader import StagingOptions
 from s5loader._index.sample import Field, Sample
 from s5loader._sampling.cacheplan import Admission, keep_set, node_ranks, rank_capacity
+from s5loader._staging.area import choose_root
+from s5loader._staging.epochcache import EpochCache, entry_problem, index_fingerprint
+from s5loader._staging.layout import StagingLayout
 from s5loader.exceptions import ConfigError
-from s5loader.staging.area import choose_root
-from s5loader.staging.epochcache import EpochCache, entry_problem, index_fingerprint
-from s5loader.staging.layout import StagingLayout
 
 
 def test_keep_set_is_the_start_of_the_order_while_it_fits() -> None:
@@ -164,7 +164,7 @@ def test_an_opener_and_a_sweep_wait_for_each_other(tmp_path) -> None:
     import fcntl
     import threading
 
-    from s5loader.staging.epochcache import node_lock
+    from s5loader._staging.epochcache import node_lock
 
     other = EpochCache(str(tmp_path), "other", "fp")
     with node_lock(str(tmp_path)):  # another process of the node opening or leaving a cache
@@ -256,8 +256,8 @@ def test_epoch_cache_option() -> None:
 
 
 def test_the_space_check_counts_the_cache_once_per_node(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from s5loader._staging import area
     from s5loader.exceptions import BudgetError
-    from s5loader.staging import area
 
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     monkeypatch.setattr(area, "free_bytes", lambda path: 1000)
@@ -289,7 +289,7 @@ def test_a_stale_cache_goes_when_another_opens(tmp_path) -> None:
 
 
 def test_the_daemon_option(tmp_path) -> None:
-    from s5loader.daemon import PrefetchOptions, build_parser, options_from_args
+    from s5loader._daemon import PrefetchOptions, build_parser, options_from_args
 
     args = build_parser().parse_args(
         [

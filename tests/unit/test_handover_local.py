@@ -2,7 +2,7 @@
 consumer waits, deletes and stops at the end; the ledger looks at an unchanged cache without
 listing it; the command help shows every default.
 
-Private modules (``s5loader.daemon``) are imported on purpose: their own behaviour is what these
+Private modules (``s5loader._daemon``) are imported on purpose: their own behaviour is what these
 tests check."""
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-import s5loader.daemon.state as daemon_state
-from s5loader.consume import END_MARKER, consume, ready_names
-from s5loader.daemon import (
+import s5loader._daemon.cache_state as daemon_state
+from s5loader._daemon import (
     build_parser,
     sample_folder_name,
 )
-from s5loader.daemon.state import Ledger
+from s5loader._daemon.cache_state import Ledger
+from s5loader.consume import END_MARKER, consume, ready_names
 from s5loader.exceptions import StallError
 
 

@@ -2,7 +2,7 @@
 a block comes back once every sample touching it is done (read, or not needed), counted once
 whoever frees it, never a block a sample still to be read (or not yet downloaded) touches.
 
-Private modules (``s5loader._util``, ``s5loader.staging``) are imported on purpose: their own
+Private modules (``s5loader._util``, ``s5loader._staging``) are imported on purpose: their own
 behaviour is what these tests check."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from s5loader.staging.holes import SampleSpans, freed_by, unneeded_ranges
+from s5loader._staging.holes import SampleSpans, freed_by, unneeded_ranges
 
 B = 4096
 
@@ -67,8 +67,8 @@ def test_a_shard_still_downloading_keeps_the_blocks_its_unknown_samples_touch() 
 
 
 def test_readers_of_neighbouring_samples_in_threads_count_each_block_once(tmp_path: Path) -> None:
+    from s5loader._staging.layout import StagingLayout
     from s5loader._util.platform import punches_holes
-    from s5loader.staging.layout import StagingLayout
 
     if not punches_holes(str(tmp_path)):
         pytest.skip("this file system does not punch holes")

@@ -19,7 +19,7 @@ from s5loader._sampling.iterparts import rank_layout, rank_order
 from s5loader._sampling.order import Order
 from s5loader._sampling.units import units_of
 from s5loader._shards import index as _shards
-from s5loader._shards.dataset import ShardSet
+from s5loader._shards.shardset import ShardSet
 
 SHARD = 1_000_000
 

@@ -12,6 +12,7 @@ import os
 import pytest
 
 from s5loader import ChecksumError
+from s5loader._largeobj.fetch_sources import natural_key
 from s5loader._largeobj.parts import (
     DEFAULT_CONCURRENCY,
     MAX_PARTS,
@@ -20,7 +21,6 @@ from s5loader._largeobj.parts import (
     plan_parts,
     stream_part_size,
 )
-from s5loader._largeobj.sources import natural_key
 from s5loader._largeobj.verify import Checker, parse_md5_file
 
 MiB = 1024**2

@@ -17,8 +17,8 @@ PACKAGE = ROOT / "s5loader"
 LAZY_ALLOWED = {
     ("s5loader", "s5loader.dcp"),  # torch.distributed.checkpoint only when s5loader.dcp is used
     # s5loader prefetch takes its cache's lock before it loads torch
-    ("s5loader.daemon.cli", "s5loader.daemon.options"),
-    ("s5loader.daemon.cli", "s5loader.daemon.prefetcher"),
+    ("s5loader._daemon.command", "s5loader._daemon.prefetch_options"),
+    ("s5loader._daemon.command", "s5loader._daemon.prefetcher"),
 }
 MODULE_LINES = 400
 CLASS_LINES = 300

@@ -1,14 +1,14 @@
 """Metrics without a server: throughput over the last window, down to zero when idle, and every
 field in the dictionary a JSON log writes.
 
-Private modules (``s5loader.engine``) are imported on purpose: their own behaviour is what these
+Private modules (``s5loader._engine``) are imported on purpose: their own behaviour is what these
 tests check."""
 
 from __future__ import annotations
 
 import pytest
 
-from s5loader.engine.metrics import RATE_WINDOW_S, Metrics, Throughput
+from s5loader._engine.counters import RATE_WINDOW_S, Metrics, Throughput
 
 
 def test_throughput_rates_over_the_last_window_and_down_to_zero_when_idle() -> None:

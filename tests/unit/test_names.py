@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
-import pytest
 
-
-def test_the_daemon_engine_is_prefetch_daemon_and_the_old_name_warns() -> None:
+def test_the_daemon_engine_is_private_and_not_the_public_prefetcher() -> None:
     import s5loader
-    from s5loader import daemon
+    from s5loader import _daemon
 
-    assert daemon.PrefetchDaemon.__name__ == "PrefetchDaemon"
-    with pytest.warns(DeprecationWarning, match="PrefetchDaemon"):
-        old = daemon.Prefetcher
-    assert old is daemon.PrefetchDaemon
-    assert s5loader.Prefetcher is not daemon.PrefetchDaemon  # the public one runs it in a process
+    assert _daemon.PrefetchDaemon.__name__ == "PrefetchDaemon"
+    assert not hasattr(_daemon, "Prefetcher")  # the public one is s5loader.Prefetcher
+    assert s5loader.Prefetcher is not _daemon.PrefetchDaemon  # it runs the daemon in a process
+
+
+def test_no_two_modules_share_a_file_name() -> None:
+    from pathlib import Path
+
+    names = [p.name for p in Path(s5loader_root()).rglob("*.py") if p.name != "__init__.py"]
+    assert sorted(n for n in set(names) if names.count(n) > 1) == []
+
+
+def s5loader_root() -> str:
+    import os
+
+    import s5loader
+
+    return os.path.dirname(s5loader.__file__)
 
 
 def test_the_public_api_is_all_there() -> None:

@@ -2,7 +2,7 @@
 the fingerprint, the rank split; the shard writer's bytes; the disk gate.
 
 Private modules (``s5loader._index``, ``s5loader._pack``, ``s5loader._shards``,
-``s5loader.staging``) are imported on purpose: their own behaviour is what these tests check."""
+``s5loader._staging``) are imported on purpose: their own behaviour is what these tests check."""
 
 from __future__ import annotations
 
@@ -179,7 +179,7 @@ def test_a_shard_takes_its_tar_and_its_largest_object_once_more(tmp_path) -> Non
     """What a shard takes while it is built: every staged object, and the tar growing as they
     are copied in; each is deleted only once copied, so the largest is there twice at worst."""
     from s5loader._pack.shard import ShardWriter
-    from s5loader.staging.area import tree_bytes
+    from s5loader._staging.area import tree_bytes
 
     sizes = [3000, 700, 9000, 40]
     planned = [
@@ -253,7 +253,7 @@ def test_whole_blocks_come_with_wildcard_lines_and_small_samples_with_raw_lines(
 def test_an_archive_shard_is_marked_done_only_once_its_volumes_are_checked() -> None:
     from types import SimpleNamespace
 
-    from s5loader._pack.archive import ArchivePacker
+    from s5loader._pack.split_archive import ArchivePacker
 
     marked: list[int] = []
     state = SimpleNamespace(mark_done=lambda shard, entry: marked.append(shard))

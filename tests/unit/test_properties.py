@@ -2,7 +2,7 @@
 and after an elastic resume, finding and configuring s5cmd, a file's footprint on disk.
 
 Private modules (``s5loader._index``, ``s5loader._sampling``, ``s5loader._util``,
-``s5loader.s5cmd``, ``s5loader.staging``) are imported on purpose: their own behaviour is what
+``s5loader._s5cmd``, ``s5loader._staging``) are imported on purpose: their own behaviour is what
 these tests check."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from s5loader import BudgetError, ConfigError, S3URIError, parse_size
 from s5loader._index.listing import group
+from s5loader._s5cmd import ObjectInfo, copy_line, wildcard_line
 from s5loader._sampling.order import Order
-from s5loader.s5cmd import ObjectInfo, copy_line, wildcard_line
-from s5loader.staging.layout import field_names
+from s5loader._staging.layout import field_names
 
 
 def test_parse_size() -> None:
@@ -150,7 +150,7 @@ def test_endpoint_with_credentials_is_refused(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_s5cmd_environment_tunes_go_and_keeps_the_users_settings(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from s5loader.s5cmd import S5cmd
+    from s5loader._s5cmd import S5cmd
 
     monkeypatch.delenv("GOGC", raising=False)
     monkeypatch.delenv("GOMEMLIMIT", raising=False)
@@ -161,7 +161,7 @@ def test_s5cmd_environment_tunes_go_and_keeps_the_users_settings(monkeypatch) ->
 
 
 def test_disk_footprint_counts_whole_blocks(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from s5loader.staging.area import choose_root, disk_footprint
+    from s5loader._staging.area import choose_root, disk_footprint
 
     assert disk_footprint([4096, 8192]) == 1.0
     assert disk_footprint([20000, 1]) == (20480 + 4096) / 20001

@@ -1,7 +1,7 @@
 """The staging contract without a server: one layout both sides use, and releases announced
 as events through the FIFO of the pass.
 
-Private modules (``s5loader._index``, ``s5loader.staging``) are imported on purpose: their own
+Private modules (``s5loader._index``, ``s5loader._staging``) are imported on purpose: their own
 behaviour is what these tests check."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import os
 import stat
 
 from s5loader._index.sample import Field, Sample
-from s5loader.staging.layout import ReleaseEvents, StagingLayout
+from s5loader._staging.layout import StagingLayout
+from s5loader._staging.release_events import ReleaseEvents
 
 
 def test_layout_paths_and_release_announce_the_index(tmp_path) -> None:

@@ -2,7 +2,7 @@
 s5loader writes), its aggregation. A short real run against SeaweedFS is in
 ``tests/test_s5cmd_costs_run.py``.
 
-Private modules (``s5loader.s5cmd``) are imported on purpose: their own behaviour is what these
+Private modules (``s5loader._s5cmd``) are imported on purpose: their own behaviour is what these
 tests check."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import shlex
 import pytest
 import s5cmd_costs as costs  # bench/ is on the path (pyproject.toml)
 
-from s5loader.s5cmd import copy_line, wildcard_line
+from s5loader._s5cmd import copy_line, wildcard_line
 
 
 def test_parse_gogc() -> None:

@@ -1,7 +1,7 @@
 """s5cmd's words for missing credentials and a missing bucket (as s5cmd 2.3 prints them) become
 messages that say what is wrong and what to check, with the URI; boto3's errors say the same.
 
-Private modules (``s5loader._s3api``, ``s5loader.s5cmd``) are imported on purpose: their own
+Private modules (``s5loader._s3api``, ``s5loader._s5cmd``) are imported on purpose: their own
 behaviour is what these tests check."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from s5loader import (
     NoSuchBucketError,
 )
 from s5loader._s3api.errors import boto3_error
-from s5loader.s5cmd import error_for, error_from_exit
+from s5loader._s5cmd import error_for, error_from_exit
 
 NO_CREDENTIALS = (
     "NoCredentialProviders: no valid providers in chain. Deprecated.\n\tFor verbose messaging see "
@@ -80,7 +80,7 @@ def test_boto3_says_the_same() -> None:
 
 
 def test_failure_line_is_matched_by_its_destination() -> None:
-    from s5loader.s5cmd import parse_line, partial_of, reported_destinations
+    from s5loader._s5cmd import parse_line, partial_of, reported_destinations
 
     # the shape s5cmd v2.3 prints for a failing cp --raw line and for one object of a wildcard
     line = b'{"operation":"cp","command":"cp s3://b/a b.bin /stage dir/.c1/.r/3.0","error":"AccessDenied: x"}'

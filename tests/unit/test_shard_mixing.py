@@ -18,10 +18,10 @@ import pytest
 from s5loader._sampling.iterparts import buffer_shuffle
 from s5loader._sampling.mixing import REFERENCE_BUFFER, buffer_units, mixing_budget, whole_units
 from s5loader._sampling.order import Order, shuffle_quality
-from s5loader._shards.dataset import ShardSet
 from s5loader._shards.holding import Freeing, Holding
 from s5loader._shards.index import Shard
-from s5loader._shards.passes import ShardPass
+from s5loader._shards.shardpass import ShardPass
+from s5loader._shards.shardset import ShardSet
 from s5loader.config import Access
 
 SAMPLE = 4608  # a sample of ~3 kB in a tar: two members, their headers and padding

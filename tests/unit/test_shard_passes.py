@@ -14,7 +14,7 @@ class _FakeShards:
     """What ShardPass needs of a dataset of shards: shard sizes and sample -> (shard, j)."""
 
     def __init__(self, counts: list[int], sizes: list[int]) -> None:
-        from s5loader._shards.dataset import ShardSet
+        from s5loader._shards.shardset import ShardSet
 
         shards = [_shards.Shard(f"s3://b/{i}.tar", sizes[i], "", n) for i, n in enumerate(counts)]
         self.shards = ShardSet(shards, Access(), "s3://b/")
@@ -22,7 +22,7 @@ class _FakeShards:
 
 
 def test_a_pass_stages_each_shard_once_per_run_of_its_samples_and_knows_its_peak() -> None:
-    from s5loader._shards.passes import ShardPass
+    from s5loader._shards.shardpass import ShardPass
 
     ds = _FakeShards([3, 2, 2], [100, 10, 1])
     # padding repeats samples 0 and 1 at the end: shard 0 is staged again for them
@@ -39,11 +39,11 @@ def test_a_pass_stages_each_shard_once_per_run_of_its_samples_and_knows_its_peak
 
 
 def test_the_first_call_stages_the_shards_of_the_first_samples_together(tmp_path) -> None:
-    from s5loader._shards.passes import ShardPass
+    from s5loader._engine import Stager
+    from s5loader._s5cmd import S5cmd
+    from s5loader._shards.shardpass import ShardPass
+    from s5loader._staging.area import StagingArea
     from s5loader.config import StagingOptions
-    from s5loader.engine import Stager
-    from s5loader.s5cmd import S5cmd
-    from s5loader.staging.area import StagingArea
 
     ds = _FakeShards([4] * 6, [100] * 6)
     # a shuffled order: the first samples lie in shards 0, 2, 5 and 1; shard 0 is read while

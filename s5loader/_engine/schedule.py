@@ -1,0 +1,159 @@
+"""Cutting the order into calls: which positions the next call takes (:func:`pick_call`), and
+when a call waits for releases instead of starting (:class:`Scheduler`).
+
+The first calls are small (``first_call`` units, then twice, four times as many, ...) so that
+the first samples are staged soon; later ones take ``samples_per_call``. A call never splits a
+window (see :mod:`.stager`) while anything is staged, and a call the budget cuts to a sliver
+waits for releases (:meth:`Budget.put_off <s5loader._engine.budget.Budget.put_off>`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Callable, Container, Sequence, Sized
+from dataclasses import dataclass
+
+from .._index.sample import Sample
+from .budget import Budget
+from .ready import Readiness
+from .retry import Retries
+from .stats import Stats
+
+
+@dataclass
+class Pick:
+    """The positions the next call takes, and where the order stands after it."""
+
+    first: int  # the first position not yet staged (past the kept samples skipped)
+    picked: list[int]  # the retried positions, then the new ones
+    nxt: int  # the first position after the call
+    end: int  # where the call would end with budget enough (see :func:`call_end`)
+    cut: bool  # the budget (or a sample still held) cut the call short
+    whole: bool  # the call ends at a window's start: its windows are whole
+
+
+def call_end(first: int, spc: int, windows: Sequence[int], n: int) -> int:
+    """Where a call that begins at ``first`` ends: after ``spc`` positions (of ``n``), or
+    earlier at the start of the last window that begins within them."""
+    end = min(first + spc, n)
+    k = bisect.bisect_right(windows, end) - 1
+    if k >= 0 and windows[k] > first and end < n:
+        return windows[k]
+    return end
+
+
+def pick_call(
+    order: Sequence[int],
+    samples: Sequence[Sample],
+    budget: Budget,
+    first: int,
+    spc: int,
+    retried: Sequence[int],
+    windows: Sequence[int],
+    kept: Container[int] | None,
+    mark: Callable[[int], None],
+) -> Pick:
+    """Take the positions from ``first`` that the next call stages after ``retried``: at most
+    ``spc`` in all, within the budget, ending at a window's start where the budget cuts the
+    call inside a window. Kept samples (``kept``) are marked ready with ``mark`` and skipped;
+    ``budget.blocked`` tells whether the budget stopped the call before any new sample."""
+    picked = list(retried)  # a retried sample still holds its budget
+    in_call = {order[p] for p in picked}
+    left = budget.limit - budget.reserved
+    nxt, cut = first, False
+    end = call_end(nxt, spc, windows, len(order))
+    while nxt < end and len(picked) < spc:
+        idx = order[nxt]
+        if kept is not None and idx in kept:
+            mark(nxt)
+            if len(picked) == len(retried):
+                first = nxt + 1  # only kept samples so far: the unstaged part begins after them
+            nxt += 1
+            continue
+        budget.check_fits(samples[idx])
+        size = samples[idx].size
+        # An index still on disk from earlier in the order (padding can repeat one)
+        # is staged again only once its first copy is released.
+        if idx in budget.held or idx in in_call or size > left:
+            cut = True
+            break
+        picked.append(nxt)
+        in_call.add(idx)
+        left -= size
+        nxt += 1
+    budget.blocked = cut and not picked
+    whole = False
+    if cut and windows:
+        k = bisect.bisect_right(windows, nxt) - 1
+        if k >= 0 and windows[k] > first:
+            nxt, whole = windows[k], True  # what fits, less the part of a window
+            picked = [p for p in picked if p < nxt]
+    return Pick(first, picked, nxt, end, cut, whole)
+
+
+class Scheduler:
+    """Where the engine stands in the order (``next``: the first position no call took yet),
+    and the positions of each next call: retries that are due first, then new positions, as
+    many as the budget holds.
+
+    Args:
+        kept: indices already staged (kept from an earlier pass): marked ready, not fetched.
+        windows: ascending window starts (the first 0); calls stage whole windows.
+        first_call: units of the first call; each next call takes twice as many, up to
+            ``samples_per_call``.
+    """
+
+    def __init__(
+        self,
+        order: Sequence[int],
+        samples: Sequence[Sample],
+        budget: Budget,
+        retries: Retries,
+        ready: Readiness,
+        stats: Stats,
+        *,
+        kept: Container[int] | None,
+        windows: Sequence[int] | None,
+        first_call: int,
+    ) -> None:
+        self.order, self.samples, self.budget = order, samples, budget
+        self.retries, self.ready, self.stats = retries, ready, stats
+        self.kept = kept
+        self.windows = list(windows or ())
+        self.first_call = max(1, first_call)
+        self.next = 0
+
+    def call_size(self, samples_per_call: int) -> int:
+        """The most units the next call may take: ``first_call``, doubled per call started."""
+        return min(samples_per_call, self.first_call << min(self.stats.calls, 20))
+
+    def next_call(self, spc: int, calls: Sized) -> list[int] | None:
+        """The positions of the next call (of at most ``spc`` units), their bytes reserved in
+        the budget; ``None`` when no call should start now: nothing is left to
+        take, nothing fits, or the call the budget allows is worth waiting on releases for
+        (``calls``: those in flight)."""
+        order, budget = self.order, self.budget
+        while True:
+            retried, before = self.retries.take_due(time.monotonic(), spc), self.next
+            pick = pick_call(
+                order, self.samples, budget, self.next, spc, retried, self.windows, self.kept, self.ready.mark
+            )
+            self.next, picked = pick.first, pick.picked
+            if not picked:
+                if before < self.next < len(order):
+                    continue  # a call's worth of kept units (staged already): pick after them now
+                return None
+            if pick.cut and not retried and not pick.whole:
+                if self.windows and budget.reserved:
+                    return None  # wait for releases rather than split a window that the budget holds
+                if budget.put_off(len(picked) - len(retried), pick.end - self.next, calls, self.ready):
+                    return None  # wait for releases rather than start a sliver of a call
+            if retried:
+                self.retries.started(retried)
+            with budget.cond:  # the engine's one lock
+                for pos in picked[len(retried) :]:
+                    budget.reserve(order[pos], self.samples[order[pos]].size)
+            self.next = pick.nxt
+            self.stats.peak_reserved = max(self.stats.peak_reserved, budget.reserved)
+            return picked

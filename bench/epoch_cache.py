@@ -50,7 +50,7 @@ def tree_bytes(path: str) -> int:
     for root, dirs, files in os.walk(path):
         dirs[:] = [d for d in dirs if d != ".calls"]
         for f in files:
-            if f in (".lock", ".manifest.json"):
+            if f in (".lock", ".manifest.json", ".members", ".released"):  # control files, not staged data
                 continue
             try:
                 total += os.lstat(os.path.join(root, f)).st_size
@@ -127,8 +127,11 @@ def s5loader_runs(args: argparse.Namespace, proxy: ProxyProcess, root: str) -> l
         ds = S5Dataset.from_prefix("s3://data/ec/", endpoint_url=proxy.endpoint)
     total = ds.total_bytes
     budget = total // 8
-    if args.shards:  # the shards of a batch must fit at once, whole (the cache keeps them whole)
-        budget = max(budget, 3 * -(-total // args.shards))
+    shuffle: bool | str = True
+    if args.shards:
+        # shards in a shuffled order of blocks, each read whole: the cache keeps shards whole, so
+        # the shards of a batch must fit at once, whole, which a block order keeps to two
+        shuffle, budget = "block", max(budget, total // 4)
     rows: dict[str, dict[str, Any]] = {}
     for rep in range(args.repeat):
         for name, cache in (("none", 0), ("half", total // 2), ("all", total)):
@@ -147,7 +150,9 @@ def s5loader_runs(args: argparse.Namespace, proxy: ProxyProcess, root: str) -> l
             )
             epochs = []
             with (
-                S5Sampler(ds, budget=budget, epoch_cache=cache, staging_dir=staging, seed=1) as sampler,
+                S5Sampler(
+                    ds, budget=budget, epoch_cache=cache, staging_dir=staging, seed=1, shuffle=shuffle
+                ) as sampler,
                 Peak(staging) as peak,
             ):
                 for e in range(args.epochs):

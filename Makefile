@@ -42,7 +42,7 @@ bench: venv
 	$(PY) bench/checkpoint.py --repeat 5
 	$(PY) bench/shard_mixing.py --json bench/results/shard-mixing.json
 	# 6 tar shards of 100 MB: WebDataset, the sampler and the iterable, direct and through the proxy
-	$(PY) bench/run.py --samples 6000 --shard-samples 1000 --out bench/results/shards-100mb \
+	$(PY) bench/run.py --samples 6000 --shard-samples 1000 --out bench/results/shards-100mb --only direct proxy \
 		--methods webdataset s5loader-shards s5loader-iterable
 	# the epoch cache over tar shards through the proxy: a cache of half the data set, then all of it
 	$(PY) bench/epoch_cache.py --shards 12 --out bench/results/epoch-cache-shards.json

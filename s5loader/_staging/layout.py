@@ -165,20 +165,10 @@ class StagingLayout:
         """Like :meth:`release`, but the read sample's folder is renamed to
         :meth:`handed_back` instead of deleted: the engine keeps it in its epoch cache or
         deletes it when it reads the announcement. If the rename fails the sample is deleted."""
-        src, dest = self.sample_dir(index), self.handed_back(index)
-        for _ in range(2):
-            try:
-                os.rename(src, dest)
-            except FileNotFoundError:
-                if not os.path.isdir(src):
-                    break
-                os.makedirs(os.path.dirname(dest), exist_ok=True)
-                continue
-            except OSError:
-                break
+        if self._move_back(index):
             self.notify(index)
-            return
-        self.release(index, paths)
+        else:
+            self.release(index, paths)
 
     # -- samples handed out before they were staged ------------------------------------------
     def early_mark(self, index: int) -> str:
@@ -285,25 +275,31 @@ class StagingLayout:
         """Rename a staged shard's folder (read, its claims gone) to :meth:`handed_back` and tell
         the engine, which keeps it in its epoch cache or deletes it; if the rename fails the shard
         is deleted."""
-        src, dest = self.sample_dir(shard), self.handed_back(shard)
-        for _ in range(2):
-            try:
-                os.rename(src, dest)
-            except FileNotFoundError:
-                if not os.path.isdir(src):
-                    break
-                os.makedirs(os.path.dirname(dest), exist_ok=True)
-                continue
-            except OSError:
-                break
+        if self._move_back(shard):
             self.notify(shard)
-            return
-        self.drop_shard(shard)
+        else:
+            self.drop_shard(shard)
 
     def drop_shard(self, shard: int) -> None:
         """Delete a staged shard and tell the engine its bytes are free."""
         shutil.rmtree(self.sample_dir(shard), ignore_errors=True)
         self.notify(shard)
+
+    def _move_back(self, index: int) -> bool:
+        """Rename the folder of ``index`` to its :meth:`handed_back` place (making the hand-back
+        folder once if it is missing); False when the folder is gone or the rename fails."""
+        src, dest = self.sample_dir(index), self.handed_back(index)
+        for _ in range(2):
+            try:
+                os.rename(src, dest)
+                return True
+            except FileNotFoundError:
+                if not os.path.isdir(src):
+                    return False
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+            except OSError:
+                return False
+        return False
 
     def notify(self, index: int, freed: int = 0) -> None:
         """Write ``index`` (released) or ``index freed`` (``freed`` bytes of it given back,

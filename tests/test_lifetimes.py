@@ -326,8 +326,10 @@ def test_a_notebook_that_retries_a_loader_whose_transform_raises_leaves_nothing(
         except ValueError:
             pass
         runs.append(weakref.ref(sampler))
-        # the samplers of earlier tries were collected when this one was made: one folder
-        assert os.listdir(staging_root) == [os.path.basename(sampler.staging_dir)]
+        # the samplers of earlier tries were collected when this one was made: one folder left
+        # once their closing (joining their engine threads) is done
+        mine = [os.path.basename(sampler.staging_dir)]
+        wait_for(lambda mine=mine: os.listdir(staging_root) == mine, 30, "the earlier tries' folders to go")
     del loader, sampler
     gc.collect()  # torch's re-raise holds the last try's loader in a reference cycle until then
     assert all(r() is None for r in runs)

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 import psutil
@@ -265,30 +264,45 @@ def test_torch_reads_parts_as_they_arrive_and_a_failed_read_is_its_own_error(
         checkpoint.load(uri, endpoint_url=moto.endpoint, part_size="5MiB")
 
 
-@pytest.mark.parametrize("mapped", [False, True])
-def test_ctrl_c_while_a_load_waits_for_a_part_is_a_keyboard_interrupt(moto: Store, mapped: bool) -> None:
-    import _thread
-    import threading
+LOADER = """
+import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even in the background
+from s5loader import checkpoint
+uri, endpoint, mapped = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+checkpoint.load(uri, endpoint_url=endpoint, part_size="5MiB", concurrency=2, mmap=mapped)
+print("finished")
+"""
 
+
+@pytest.mark.parametrize("mapped", [False, True])
+def test_ctrl_c_while_a_load_waits_for_a_part_is_a_keyboard_interrupt(
+    moto: Store, tmp_path, mapped: bool
+) -> None:
     uri = moto.uri("interrupted-load.pt")
     checkpoint.save(state_dict(scale=8), uri, endpoint_url=moto.endpoint, part_size="5MiB")
-    # the last part (the zip's directory) arrives, the others are held: torch.load waits
+    # the first part asked for arrives, the others are held: torch.load waits for one of them
     proxy = FaultProxy(
         moto.endpoint, [Rule("interrupted-load.pt", "pass", times=1), Rule("interrupted-load.pt", "hold")]
     )
-
-    def interrupt() -> None:
-        # a part held: the load waits for it (which part comes first depends on the pool)
-        if proxy.wait_held("interrupted-load.pt", 1, 60):
-            time.sleep(0.2)
-            _thread.interrupt_main()
-
-    threading.Thread(target=interrupt, daemon=True).start()
+    script = tmp_path / "loader.py"
+    script.write_text(LOADER)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), uri, proxy.endpoint, "1" if mapped else "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
-        with pytest.raises(KeyboardInterrupt):
-            checkpoint.load(uri, endpoint_url=proxy.endpoint, part_size="5MiB", concurrency=2, mmap=mapped)
+        assert proxy.wait_held("interrupted-load.pt", 1, timeout=60), proc.communicate()
+        proc.send_signal(signal.SIGINT)  # a real Ctrl-C, delivered to a process that waits
+        out, err = proc.communicate(timeout=60)
     finally:
+        if proc.poll() is None:
+            proc.kill()
         proxy.close()
+    assert "finished" not in out
+    assert err.strip().splitlines()[-1] == "KeyboardInterrupt" and proc.returncode == -signal.SIGINT, err
+    assert "RuntimeError" not in err and "AttributeError" not in err, err
 
 
 def test_a_corrupted_whole_object_fails_its_checksum(moto: Store) -> None:

@@ -106,7 +106,8 @@ class RangedRead:
                 )
                 got = _read_body(resp, self._buf, lo, hi)
             except Exception as exc:
-                code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+                response = getattr(exc, "response", None) or {}  # None on a read timeout
+                code = str(response.get("Error", {}).get("Code", ""))
                 if code in ("PreconditionFailed", "412"):
                     raise FetchError(
                         f"{uri}: the object changed while it was read (ETag {self._etag})"

@@ -29,8 +29,8 @@ test-fast: venv
 
 # ruff's rules (lines of at most 110 columns included), its format and mypy; CI runs it first.
 lint: venv
-	$(VENV)/bin/ruff check s5loader tests bench bin
-	$(VENV)/bin/ruff format --check s5loader tests bench bin
+	$(VENV)/bin/ruff check s5loader tests bench bin examples
+	$(VENV)/bin/ruff format --check s5loader tests bench bin examples
 	$(VENV)/bin/mypy s5loader bench/s5loader_bench bench/run.py
 
 # The bench extra (matplotlib, s3torchconnector, litdata) on top of the test one, PyTorch held at

@@ -69,17 +69,34 @@ if HAVE_LIGHTNING:
     class S5DataModule(L.LightningDataModule):
         """Training data from S3 through s5loader; ``self.sampler.metrics()`` while it runs."""
 
-        def __init__(self, source: str, *, endpoint_url: str | None = None, batch_size: int = 32,
-                     num_workers: int = 4, budget: int | str = "1GiB", staging_dir: str | None = None) -> None:
+        def __init__(
+            self,
+            source: str,
+            *,
+            endpoint_url: str | None = None,
+            batch_size: int = 32,
+            num_workers: int = 4,
+            budget: int | str = "1GiB",
+            staging_dir: str | None = None,
+        ) -> None:
             super().__init__()
             self.source, self.endpoint_url = source, endpoint_url
-            self.batch_size, self.num_workers, self.budget, self.staging_dir = batch_size, num_workers, budget, staging_dir
+            self.batch_size, self.num_workers, self.budget, self.staging_dir = (
+                batch_size,
+                num_workers,
+                budget,
+                staging_dir,
+            )
             self.sampler: S5Sampler | None = None
 
         def train_dataloader(self) -> DataLoader:
             loader, self.sampler = build_loader(
-                self.source, endpoint_url=self.endpoint_url, batch_size=self.batch_size,
-                num_workers=self.num_workers, budget=self.budget, staging_dir=self.staging_dir,
+                self.source,
+                endpoint_url=self.endpoint_url,
+                batch_size=self.batch_size,
+                num_workers=self.num_workers,
+                budget=self.budget,
+                staging_dir=self.staging_dir,
             )
             return loader
 
@@ -95,7 +112,9 @@ if HAVE_LIGHTNING:
             self.linear = torch.nn.Linear(1, 10)
 
         def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-            loss = torch.nn.functional.cross_entropy(self.linear(batch["image"].float()[:, None] / 255), batch["label"])
+            loss = torch.nn.functional.cross_entropy(
+                self.linear(batch["image"].float()[:, None] / 255), batch["label"]
+            )
             sampler = self.trainer.datamodule.sampler
             if sampler is not None:
                 m = sampler.metrics()
@@ -128,7 +147,9 @@ def main() -> None:
         generate(args.source, args.generate, args.endpoint_url)
     if HAVE_LIGHTNING:
         dm = S5DataModule(args.source, endpoint_url=args.endpoint_url, batch_size=16)
-        trainer = L.Trainer(max_epochs=args.epochs, use_distributed_sampler=False, accelerator="cpu", logger=False)
+        trainer = L.Trainer(
+            max_epochs=args.epochs, use_distributed_sampler=False, accelerator="cpu", logger=False
+        )
         trainer.fit(TinyModel(), datamodule=dm)
         return
     loader, sampler = build_loader(args.source, endpoint_url=args.endpoint_url, batch_size=16)

@@ -12,6 +12,9 @@ import os
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterator
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Barrier
+from typing import Any
 
 import pytest
 from support.faults import FaultProxy
@@ -328,7 +331,9 @@ def test_the_daemon_keeps_samples_for_the_next_epoch(data, proxy: FaultProxy, tm
     assert all(e["cache_bytes"] <= budget + size for e in progress)
 
 
-def _rank_opens_the_cache(ds: S5Dataset, root: str, env: dict[str, str], start, out) -> None:  # type: ignore[no-untyped-def]
+def _rank_opens_the_cache(
+    ds: S5Dataset, root: str, env: dict[str, str], start: Barrier, out: Queue[tuple[Any, ...]]
+) -> None:
     """One rank of a job that a launcher other than torchrun started: its variables set, the
     node's ranks opening the epoch cache at once (a forked child)."""
     try:

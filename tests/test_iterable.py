@@ -183,7 +183,9 @@ def test_a_rank_stages_once_in_one_folder_within_its_whole_budget(seaweed: Store
     assert sorted(got) == keys_of(source)
 
 
-def test_with_the_batch_size_the_loader_yields_the_rank_order_exactly(pairs, staging_root: str) -> None:  # type: ignore[no-untyped-def]
+def test_with_the_batch_size_the_loader_yields_the_rank_order_exactly(
+    pairs: tuple[Store, dict[str, bytes]], staging_root: str
+) -> None:
     store, source = pairs
     with make(store, staging_root, seed=3, batch_size=2) as it:
         got = keys(DataLoader(it, batch_size=2, num_workers=3, collate_fn=collate))

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import uuid
+from pathlib import Path
 
 import pytest
 import s5cmd_costs as costs  # bench/ is on the path (pyproject.toml)
 
 
 @pytest.mark.slow
-def test_real_run_counts_the_head_of_each_raw_line(seaweed_server: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_real_run_counts_the_head_of_each_raw_line(seaweed_server: str, tmp_path: Path) -> None:
     source = f"s3://data/costs-{uuid.uuid4().hex[:8]}/"
     out_json, out_md = str(tmp_path / "c.json"), str(tmp_path / "c.md")
     rc = costs.main(

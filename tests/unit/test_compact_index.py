@@ -49,8 +49,10 @@ def object_sets(draw: st.DrawFn) -> tuple[list[ObjectInfo], str, dict[str, dict[
         b = draw(st.sampled_from(buckets))
         objects.append(ObjectInfo(f"s3://{b}/{key}", key, draw(st.integers(0, 3)) * i, etag))
     if shape != "objects":  # a listing or a manifest names each object once
-        seen: set[str] = set()
-        objects = [o for o in objects if not (o.uri in seen or seen.add(o.uri))]  # type: ignore[func-returns-value]
+        first: dict[str, ObjectInfo] = {}
+        for o in objects:
+            first.setdefault(o.uri, o)
+        objects = list(first.values())
     extras = None
     if shape == "manifest":
         values = st.dictionaries(

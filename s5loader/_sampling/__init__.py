@@ -7,4 +7,5 @@ position, composed by the sampler and by the iterable dataset's rank host), :mod
 sampler rank's order of each epoch, its staging, its mixing and its saved state),
 :mod:`.iterparts` (the iterable dataset's rank order and how its workers share it, a
 worker's pass and state) with :mod:`.iterchecks` (its options checked), :mod:`.rankhost`
-(a rank's run in the process that hosts it) and :mod:`.feed` (the staged indices handed from the host to the workers)."""
+(a rank's run in the process that hosts it) and :mod:`.feed` (the staged indices handed from
+the host to the workers)."""

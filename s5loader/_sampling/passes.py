@@ -29,7 +29,7 @@ from ..dataset import S5Dataset, StagedIndex
 from .cacherun import CacheRun
 from .early import EARLY
 from .resume import Position
-from .units import PassUnits, open_pass
+from .units import PassUnits, units_of
 
 
 class StagingPasses:
@@ -140,7 +140,9 @@ class StagingPasses:
         where = self._new_pass()
         hits, back = cache.begin_pass(epoch, order, where.path) if cache is not None else (None, frozenset())
         keep = self.keep
-        units = open_pass(self.dataset, order, where.path, keep, options, shuffle, self.frees, hits, early)
+        units = units_of(self.dataset).open_pass(
+            order, where.path, keep, options, shuffle, self.frees, hits, early
+        )
         released, folders = self.released, StagingLayout(where.path)
         stager = Stager(
             self.dataset.samples,
@@ -236,7 +238,8 @@ def write_command_files(
     ``S5Sampler.write_command_files``), without running them; returns their paths in order."""
     os.makedirs(directory, exist_ok=True)
     stage = os.path.abspath(directory)
-    units = open_pass(dataset, order, stage, False, options, None)  # over shards: a line per shard visit
+    # over shards: a line per shard visit
+    units = units_of(dataset).open_pass(order, stage, False, options, None)
     return write_plan_files(
         dataset.samples,
         units.engine_order,

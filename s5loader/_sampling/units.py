@@ -17,12 +17,8 @@ differs between the two is asked of one object, never checked by hand:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from .._shards.holding import Freeing
-from .._shards.shardpass import Hits
 from .._util.platform import HOLE_BLOCK, punches_holes
-from ..config import StagingOptions
 from ..dataset import S5Dataset
 from .objunits import Lifted, ObjectPass, ObjectUnits, PassUnits
 from .shardunits import SHARD_WORKERS, ShardUnits
@@ -36,7 +32,6 @@ __all__ = [
     "ShardUnits",
     "can_free",
     "freeing_cost",
-    "open_pass",
     "units_of",
 ]
 
@@ -45,26 +40,6 @@ def units_of(dataset: S5Dataset) -> ObjectUnits:
     """The kind of units ``dataset`` stages: :class:`ShardUnits` over tar shards, else
     :class:`ObjectUnits`."""
     return ShardUnits(dataset) if dataset.shards is not None else ObjectUnits(dataset)
-
-
-def open_pass(
-    dataset: S5Dataset,
-    order: Sequence[int],
-    folder: str,
-    keep: bool,
-    options: StagingOptions,
-    shuffle: bool | str | None,
-    frees: bool = False,
-    hits: Hits | None = None,
-    early: bool = False,
-) -> PassUnits:
-    """The units of a pass of ``order`` staged into ``folder`` (``shuffle``: the order's, for
-    the budget check; ``None``: no check, for command files written without a run).
-
-    Raises:
-        BudgetError: over shards, the order needs more shards at once than the budget holds.
-    """
-    return units_of(dataset).open_pass(order, folder, keep, options, shuffle, frees, hits, early)
 
 
 def can_free(dataset: S5Dataset, cached: bool, root: str, keep: bool = False) -> bool:

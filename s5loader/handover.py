@@ -136,8 +136,9 @@ class DaemonStatus:
     Attributes:
         state: ``running`` (a daemon holds the cache), ``done`` (every sample was delivered and
             the daemon ended), ``failed`` (the daemon wrote :data:`ERROR_MARKER` and ended),
-            ``gone`` (it ended before the end: stopped by a signal or killed) or ``absent``
-            (no daemon has run on the cache, or it failed before it took the cache).
+            ``gone`` (it ended before the end: stopped by a signal or killed, also while it
+            started, before its first state: its pid is in the lock and nothing else) or
+            ``absent`` (no daemon has run on the cache, or it failed before it took the cache).
         cache: the cache directory.
         pid: the last daemon's pid (from the lock file), if any.
         error: with ``failed``, the daemon's message.
@@ -168,6 +169,12 @@ class DaemonStatus:
             )
         if self.state == "failed":
             return f"{who} on the cache {self.cache} failed: {self.error}"
+        if self.state == "gone" and self.total is None:
+            return (
+                f"no prefetch daemon runs on the cache {self.cache}: {who} took it and ended while it "
+                "started, before its first delivery (stopped by a signal, or killed); start it again "
+                "to begin"
+            )
         if self.state == "gone":
             return (
                 f"no prefetch daemon runs on the cache {self.cache}: {who} ended before the end "
@@ -198,6 +205,11 @@ def daemon_status(cache: str | os.PathLike[str]) -> DaemonStatus:
     if state:
         ended = bool(state.get("done")) and os.path.exists(os.path.join(cache, END_MARKER))
         return DaemonStatus("done" if ended else "gone", cache, pid, None, done, total)
+    if pid is not None:
+        # A daemon writes its pid into the lock when it takes the cache, seconds before its first
+        # state (it loads torch and lists the source first): killed or stopped in between, it
+        # leaves its pid and nothing else. No probe writes the file.
+        return DaemonStatus("gone", cache, pid)
     return DaemonStatus("absent", cache, pid)
 
 

@@ -214,8 +214,8 @@ def main(argv: list[str]) -> int:
         bar.close()
     line = (
         f"packed {result.packed} of {result.shards} shards ({format_size(result.bytes)}) in "
-        f"{result.seconds:.1f} s; peak local disk {format_size(result.peak_staged)} of a "
-        f"{format_size(result.budget)} budget"
+        f"{result.seconds:.1f} s; at most {format_size(result.peak_staged)} of local disk reserved at "
+        f"once (the shards under way: their objects and tar), of a {format_size(result.budget)} budget"
     )
     if result.index:
         line += f"; {result.samples} samples indexed in {result.index}"

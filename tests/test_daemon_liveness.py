@@ -380,3 +380,82 @@ def test_the_epoch_cache_folder_goes_after_the_end_through_kill_9_and_restarts(
     assert sorted(names) == sorted(set(names)) and len(names) == 24
     assert sorted(os.listdir(cache)) == [".claimed", ".lock", ".staging", ".state.json", END_MARKER]
     assert os.listdir(cache / ".claimed") == [] and os.listdir(cache / ".staging") == []
+
+
+@contextlib.contextmanager
+def silent_endpoint() -> Iterator[str]:
+    """An endpoint on loopback that accepts connections and never answers: a daemon that lists
+    it stays in its start-up (the lock taken, no state yet) until it is stopped. Closing it on
+    exit ends the orphaned s5cmd of a killed daemon."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.1)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                held.append(server.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        server.close()
+
+
+def started(daemon: subprocess.Popen[bytes], cache: Path) -> bool:
+    """Whether the daemon has taken the cache (its pid in the lock) and written no state yet."""
+    assert daemon.poll() is None, "the daemon ended during its start-up"
+    lock = cache / LOCK_FILE
+    taken = lock.exists() and lock.read_text().strip() == str(daemon.pid)
+    assert not taken or not state(cache), "the daemon wrote its state: the start-up window is gone"
+    return taken
+
+
+@pytest.mark.parametrize("how", ["kill -9", "SIGTERM"])
+def test_a_daemon_stopped_while_it_starts_ends_its_consumers(how: str, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    log = tmp_path / "d.log"
+    with silent_endpoint() as endpoint:
+        daemon = start(daemon_argv("s3://demo/train/", cache, 10**6, "--endpoint-url", endpoint), log)
+        got = tmp_path / "got.txt"
+        consumer = subprocess.Popen(  # the consumers first, as a pipeline starts them
+            [sys.executable, "-c", CONSUME, str(cache), str(got), "3"],
+            cwd=ROOT,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        shell = run_shell_loop(cache, tmp_path)
+        wait_for(
+            lambda: started(daemon, cache), timeout=60, what="the daemon to take the cache", interval=0.005
+        )
+        if how == "kill -9":
+            daemon.kill()
+            daemon.wait()
+        else:
+            daemon.send_signal(signal.SIGTERM)
+            assert finish(daemon, timeout=60) == 0, log.read_text()
+            assert "stopped by SIGTERM before the first delivery" in log.read_text()
+        # the status of the cache says so: the pid in the lock, gone while it started
+        found = daemon_status(cache)
+        assert found.state == "gone" and found.pid == daemon.pid, found
+        status = subprocess.run(prefetch("--status", str(cache)), capture_output=True, text=True, timeout=60)
+        assert status.returncode == 1, status.stdout
+        assert f"pid {daemon.pid}" in status.stderr and "while it started" in status.stderr, status.stderr
+        # a consumer that waited ends within its grace with the reason; so does the docs' shell loop
+        _, err = consumer.communicate(timeout=60)
+        assert consumer.returncode == 3 and "while it started" in err and str(cache) in err, err
+        _, shell_err = shell.communicate(timeout=60)
+        assert shell.returncode == 1 and "while it started" in shell_err, shell_err
+        with pytest.raises(DaemonError, match="while it started"):
+            list(consume(cache, grace=0.5))

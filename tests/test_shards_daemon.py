@@ -255,3 +255,29 @@ def test_the_daemon_unpacks_gzip_shards_within_a_budget_that_counts_their_tar(
         timeout=120,
     )
     assert r.returncode != 0 and "decompressed" in r.stderr and "raise --budget" in r.stderr, r.stderr[-2000:]
+
+
+def test_a_folder_of_shards_without_shards_flag_gets_a_hint(moto: Store, tmp_path) -> None:
+    shards, _ = make_shards(2, 3, size=500)
+    source = put_indexed(moto, shards)
+    cache = tmp_path / "cache"
+    argv = [sys.executable, "-m", "s5loader", "prefetch", source, "--cache", str(cache)]
+    r = subprocess.run(
+        [*argv, "--budget", "1MB", "--endpoint-url", moto.endpoint],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "holds tar shards" in r.stderr and "pass --shards" in r.stderr and source in r.stderr, r.stderr
+    # the delivered samples are the shards, whole (what the hint warns of)
+    delivered = [n for n in os.listdir(cache / ".claimed") + os.listdir(cache) if n[:1].isdigit()]
+    assert len(delivered) == 3 and all(os.listdir(cache / n) for n in delivered)  # and wids.json
+    # with --shards, no hint
+    r = subprocess.run(
+        [*argv, "--fresh", "--shards", "--budget", "1MB", "--endpoint-url", moto.endpoint],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0 and "holds tar shards" not in r.stderr, r.stderr

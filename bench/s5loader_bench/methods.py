@@ -447,10 +447,17 @@ class _Completions:
         self.lock = threading.Lock()
         self.pending: dict[tuple[int, int], int] = {}
         self.in_step = [0, 0, 0]  # samples, bytes, objects of the step being filled
+        self.unmatched: list[str] = []  # the first sources of copies that are no object of the index
+        self.unmatched_count = 0
 
     def line(self, epoch: int, rec_line: dict[str, Any]) -> None:
-        hit = self.fields.get(str(rec_line.get("source", "")))
+        source = str(rec_line.get("source", ""))
+        hit = self.fields.get(source)
         if hit is None:
+            with self.lock:
+                self.unmatched_count += 1
+                if len(self.unmatched) < 2:
+                    self.unmatched.append(source)
             return
         idx, nfields = hit
         with self.lock:
@@ -658,15 +665,41 @@ def run_s5cmd_bulk(ctx: Context) -> Recorder:
                 with open(cmd_file, "w") as fh:
                     fh.write("\n".join(bulk_lines(ctx, int(left), dest)) + "\n")
                 argv = _s5cmd_argv(ctx, "--numworkers", "256", "run", cmd_file)
-            _run_s5cmd(argv, functools.partial(done.line, epoch), stop, rec)
+            copies = _run_s5cmd(argv, functools.partial(done.line, epoch), stop, rec)
             shutil.rmtree(dest, ignore_errors=True)
             if rec.samples == before and not done.in_step[0]:
-                raise RuntimeError(f"{shlex.join(argv)} copied none of the indexed objects")
+                if rec.done():
+                    break  # the run's time ran out before this pass's first object arrived
+                raise RuntimeError(_copied_none(argv, copies, done, root))
             epoch += 1
         done.flush()
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return rec
+
+
+def _copied_none(argv: list[str], copies: list[str], done: _Completions, root: str) -> str:
+    """What a pass of ``s5cmd-bulk`` that exited with code 0 and completed no sample did: the
+    copies s5cmd reported, whether their sources are objects of the index, and the room left
+    where it copied to."""
+    room = shutil.disk_usage(root).free
+    first = next(iter(done.fields), "none")
+    if not copies:
+        what = (
+            "it reported no copy at all (its wildcard matched nothing: was the prefix emptied or relisted?)"
+        )
+    elif done.unmatched_count:
+        what = (
+            f"it reported {len(copies)} copies, {done.unmatched_count} of them of objects that are not in "
+            f"the index (such as {', '.join(done.unmatched)}; the index has {len(done.fields)} objects, "
+            f"such as {first}): was the prefix changed since it was listed?"
+        )
+    else:
+        what = f"it reported {len(copies)} copies, none of which completed a sample"
+    return (
+        f"{shlex.join(argv)} exited with code 0 but copied none of the indexed objects: {what}; "
+        f"{room / 1e6:.1f} MB free in {root}"
+    )
 
 
 def import_peer(name: str) -> Any:

@@ -17,7 +17,7 @@ from .._sampling.feed import ERROR, INDEX, SKIP
 from .._sampling.order import Order
 from .._sampling.units import units_of
 from .._util.platform import require_linux
-from .._util.uri import format_size
+from .._util.uri import SHARD_SUFFIXES, format_size
 from ..dataset import S5Dataset, StagedIndex
 from ..exceptions import DaemonError
 from .cache_state import (
@@ -336,7 +336,27 @@ def _dataset(opts: PrefetchOptions) -> S5Dataset:
         ds = S5Dataset.from_shards(src, index=opts.index, access=store)
     elif src.startswith("s3://") and not src.endswith((".jsonl", ".json")):
         ds = S5Dataset.from_prefix(src, access=store, group_by=opts.group_by)
+        _hint_shards(ds, src)
     else:
         ds = S5Dataset.from_manifest(src, access=store, group_by=opts.group_by)
     log.info("%s: %r, %s", src, ds, format_size(ds.total_bytes))
     return ds
+
+
+# Object keys looked at for the --shards hint: a folder of shards shows itself in its first ones.
+_HINT_KEYS = 1000
+
+
+def _hint_shards(ds: S5Dataset, source: str) -> None:
+    """Warn when ``source``, given without ``--shards``, holds tar shards only: each shard would
+    be delivered whole, as one sample with a ``tar`` field, where ``--shards`` delivers the
+    samples inside them (a shard index such as ``wids.json`` beside them does not matter)."""
+    keys = ds.samples.text[: min(_HINT_KEYS, len(ds.samples.text))]
+    shards = sum(k.endswith(SHARD_SUFFIXES) for k in keys)
+    if shards and all(k.endswith((*SHARD_SUFFIXES, ".json")) for k in keys):  # wids.json beside them
+        log.warning(
+            "%s holds tar shards (such as %s): without --shards each one is delivered whole, as one "
+            "sample; pass --shards to deliver the samples inside them",
+            source,
+            ds.samples.field(0).uri,
+        )

@@ -66,7 +66,8 @@ class Metrics:
             a GET per connection for a tar shard read while it downloads). A retried sample is
             counted again. The listing and the GETs of a sample read directly (one that was not
             staged) are not counted.
-        epoch_cache_hits: samples of the pass read from the epoch cache (not fetched) so far.
+        epoch_cache_hits: units of the pass read from the epoch cache (not fetched) so far:
+            samples over raw objects, tar shards over shards.
         epoch_cache_bytes: bytes this rank holds in the epoch cache now (kept for a later epoch,
             or taken from it into the pass and not yet read).
     """

@@ -23,6 +23,7 @@ from ..exceptions import (
 from ..progress import Progress
 from .builder import IndexBuilder
 from .compact import SampleIndex
+from .near import beside_hint
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ def index_prefix(prefix: str, s5cmd: S5cmd, group_by: str) -> SampleIndex:
         progress.set(listing.seen)
     seen = listing.seen
     if not seen:
-        raise EmptySourceError(f"no object under {prefix}{_beside_hint(uri.bucket, uri.key, s5cmd.settings)}")
+        raise EmptySourceError(f"no object under {prefix}{beside_hint(uri.bucket, uri.key, s5cmd.settings)}")
     listed = time.monotonic() - start
     index = listing.builder.build()
     log.info(
@@ -139,33 +140,6 @@ def index_prefix(prefix: str, s5cmd: S5cmd, group_by: str) -> SampleIndex:
         time.monotonic() - start - listed,
     )
     return index
-
-
-def _beside_hint(bucket: str, folder: str, access: Access | str | None) -> str:
-    """For an empty folder ``train/``: the keys beside it that share its name (``train-old/``,
-    ``train.csv``), which a prefix without its slash would have meant elsewhere; one LIST."""
-    examples = keys_beside(bucket, folder, access)
-    if not examples:
-        return ""
-    return (
-        f"; a prefix names a folder, so s3://{bucket}/{folder[:-1]} reads only s3://{bucket}/{folder}, "
-        f"not keys beside it such as {', '.join(examples)}: name the folder they are in, or list the "
-        "objects in a manifest"
-    )
-
-
-def keys_beside(bucket: str, folder: str, access: Access | str | None, most: int = 3) -> list[str]:
-    """Up to ``most`` URIs of keys beside the folder ``folder`` (ending in ``/``) that share
-    its name without the slash (``train-old/x``, ``train.csv`` beside ``train/``); one LIST,
-    for an error message's hint (none where the LIST fails)."""
-    if not folder.endswith("/"):
-        return []
-    try:
-        client = s3_client(Access.coerce(access))
-        found = client.list_objects_v2(Bucket=bucket, Prefix=folder[:-1], MaxKeys=most).get("Contents", [])
-    except Exception:  # noqa: BLE001 - only a hint for a message that is raised anyway
-        return []
-    return [f"s3://{bucket}/{o['Key']}" for o in found]
 
 
 def list_prefix(prefix: str, s5cmd: S5cmd) -> list[ObjectInfo]:

@@ -275,9 +275,12 @@ Job = tuple[int, Sequence[int], Sequence[PlannedSample], int]  # shard, sample n
 def run_shards(packer: Packer, jobs: Sequence[Job], gate: Gate, parallel: int) -> list[dict[str, Any]]:
     """Pack ``jobs`` (shard number, its samples' numbers and plans, the disk it takes) in order,
     within the gate's budget: ``parallel`` shards download and are written at once, and as
-    many upload behind them; a shard's disk is released once it is uploaded. The first error
-    stops the rest and is raised here."""
+    many upload behind them. A shard reserves its disk only when a build slot is free (a shard
+    waiting for its turn holds nothing), keeps only its tar's once it is written, and releases
+    that once it is uploaded, so the gate's peak is the disk the shards under way can take. The
+    first error stops the rest and is raised here."""
     errors: list[BaseException] = []
+    slots = threading.BoundedSemaphore(max(1, parallel))  # shards being downloaded and written
     builds: list[Future[Built]] = []
     uploads: list[Future[dict[str, Any]]] = []
     lock = threading.Lock()
@@ -292,24 +295,36 @@ def run_shards(packer: Packer, jobs: Sequence[Job], gate: Gate, parallel: int) -
             packer.work.kill()  # the other shards' transfers stop now; the first error is raised
         return exc is not None
 
-    def uploaded(need: int, f: Future[dict[str, Any]]) -> None:
-        gate.release(need)
+    def uploaded(tar: int, f: Future[dict[str, Any]]) -> None:
+        gate.release(tar)
         failed(f)
 
     def built(need: int, f: Future[Built]) -> None:
+        slots.release()
         if failed(f):
             gate.release(need)
             return
+        tar = min(need, f.result().writer.size)  # the objects are gone; the tar waits for its upload
+        gate.release(need - tar)
         up = up_pool.submit(packer.ship, f.result())
         with lock:
             uploads.append(up)
-        up.add_done_callback(functools.partial(uploaded, need))
+        up.add_done_callback(functools.partial(uploaded, tar))
+
+    def take_slot() -> bool:
+        while not slots.acquire(timeout=0.2):
+            if errors:
+                return False
+        return True
 
     down_pool = ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="s5loader-pack-down")
     up_pool = ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="s5loader-pack-up")
     try:
         for i, numbers, samples, need in jobs:
-            if errors or not gate.acquire(need, errors.__len__):
+            if errors or not take_slot():
+                break
+            if not gate.acquire(need, errors.__len__):
+                slots.release()
                 break
             f = down_pool.submit(packer.build, i, numbers, samples)
             f.add_done_callback(functools.partial(built, need))

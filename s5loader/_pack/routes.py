@@ -51,7 +51,10 @@ class PackResult:
         bytes: bytes of the shards this process wrote.
         seconds: wall time.
         index: the ``wids.json`` URI (rank 0), else None.
-        peak_staged: the most bytes of local disk reserved at once (never more than the budget).
+        peak_staged: the most bytes of local disk reserved at once by the shards under way (a
+            shard being built reserves its tar and its largest object, a shard waiting for its
+            upload its tar; a shard waiting for its turn nothing): an upper bound of the disk
+            used, never more than the budget.
         budget: the budget.
         skipped: sample keys left out (objects gone, with ``missing="skip"``): on rank 0 of
             the whole pack, else of the shards this process wrote.

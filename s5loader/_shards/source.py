@@ -9,7 +9,8 @@ import posixpath
 import re
 from collections.abc import Sequence
 
-from .._index.listing import keys_beside, list_prefix, stat_objects
+from .._index.listing import list_prefix, stat_objects
+from .._index.near import closest_beside, keys_beside
 from .._s3api.client import s3_client
 from .._s3api.errors import boto3_error
 from .._s5cmd import ObjectInfo, S5cmd
@@ -147,7 +148,10 @@ def _from_folder(source: str, access: Access | str | None) -> tuple[list[ObjectI
         where = parse_s3_uri(source)
         beside = keys_beside(where.bucket, where.key, access, NEAR)
         if not beside:
-            raise
+            near = closest_beside(where.bucket, where.key, access)
+            if not near:
+                raise
+            raise EmptySourceError(f"no object under {source}; did you mean {' or '.join(near)}?") from None
         why = (
             f"a prefix names a folder, so {given} reads only {source}, not the keys beside it"
             if given != source

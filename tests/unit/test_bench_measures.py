@@ -174,3 +174,15 @@ def test_wildcard_cover_names_exactly_the_needed_keys() -> None:
         assert len(prefixes) <= 40  # wildcards, not one line per object
     prefixes, singles = wildcard_cover(keys, {"train/odd*key", "train/000003.image"}, "train/")
     assert singles == ["train/odd*key"] and prefixes == ["train/000003.image"]
+
+
+def test_a_bulk_pass_that_completed_nothing_says_what_s5cmd_copied(tmp_path) -> None:
+    done = bench_methods._Completions.__new__(bench_methods._Completions)
+    done.fields, done.unmatched, done.unmatched_count = {"s3://b/p/000000.image": (0, 1)}, [], 0
+    argv = ["s5cmd", "cp", "s3://b/p/*", "/dev/shm/x/"]
+    none = bench_methods._copied_none(argv, [], done, str(tmp_path))
+    assert "reported no copy at all" in none and str(tmp_path) in none and "MB free" in none
+    done.unmatched, done.unmatched_count = ["s3://b/q/7.image"], 3
+    other = bench_methods._copied_none(argv, ["/dev/shm/x/7.image"] * 3, done, str(tmp_path))
+    assert "3 of them of objects that are not in the index (such as s3://b/q/7.image" in other
+    assert "such as s3://b/p/000000.image" in other and "exited with code 0" in other

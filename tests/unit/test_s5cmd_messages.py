@@ -95,3 +95,12 @@ def test_failure_line_is_matched_by_its_destination() -> None:
     assert list(partial_of("3.01083930865"))[:2] == ["3.0108393086", "3.010839308"]
     assert "3.0" in partial_of("3.01083930865") and "3.01" in partial_of("3.01083930865")
     assert list(partial_of("3.0")) == ["3."] and list(partial_of("x.bin")) == []
+
+
+def test_edit_distance_counts_a_swap_of_neighbours_as_one_edit() -> None:
+    from s5loader._index.near import edit_distance
+
+    assert edit_distance("trian", "train") == 1
+    assert edit_distance("train", "train") == 0
+    assert edit_distance("trn", "train") == 2
+    assert edit_distance("", "abc") == 3 and edit_distance("val", "train") == 4

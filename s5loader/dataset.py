@@ -77,8 +77,10 @@ class S5Dataset(Dataset[Any]):
         # the staging directories of the S5Samplers over this dataset (see staging/plainindex.py)
         self._plain = PlainIndices()
         self.source = source
-        #: Class names (sorted folder names) with ``label="folder"``, as torchvision's ImageFolder.
-        self.classes: list[str] = list(self._samples.meta.get("classes", []))
+        #: Class names (sorted folder names) with ``label="folder"``, as torchvision's ImageFolder;
+        #: over tar shards, those their index names (``s5loader pack --label folder`` writes them).
+        meta = shards.meta if shards is not None else self._samples.meta
+        self.classes: list[str] = list(meta.get("classes", []))
         #: Class name -> the int ``"label"`` of its samples.
         self.class_to_idx: dict[str, int] = {c: i for i, c in enumerate(self.classes)}
 
@@ -215,9 +217,9 @@ class S5Dataset(Dataset[Any]):
         store = Access.coerce(access, endpoint_url)
         # one process of the job reads the index (and lists a prefix); the others receive it
         what = ["shards", repr(source), index, store.endpoint()]
-        shards, where = shared_object(lambda: load_shards(source, index, store), what)
+        shards, where, meta = shared_object(lambda: load_shards(source, index, store), what)
         name = source if isinstance(source, str) else f"{len(shards)} shards"
-        shard_set = ShardSet(shards, store, name, where)
+        shard_set = ShardSet(shards, store, name, where, meta)
         return cls([], access=store, transform=transform, decode=decode, source=name, shards=shard_set)
 
     @classmethod

@@ -29,6 +29,7 @@ from ._sampling.iterparts import worker_length as worker_length
 from ._sampling.order import Order
 from ._sampling.rankhost import Hosting, read_board
 from ._staging.area import StagingArea
+from ._staging.epochcache import EpochCache
 from ._util.dist import pytorch_worker_info, rank_info
 from ._util.platform import require_linux
 from ._util.uri import format_size
@@ -144,11 +145,13 @@ class S5IterableDataset(IterableDataset[Any]):
         # DataLoader's workers make their folders inside it and never remove it).
         self._area = StagingArea(root)
         self._area.create()
-        self._finalizer: Any = weakref.finalize(self, StagingArea.remove, self._area)
+        # With or without close(): the directory, and the epoch cache with its last user, go when
+        # this dataset is collected or at the process's exit, as the sampler's do.
         # the rank's staging run, in the process that hosts it
         self._hosting = Hosting(
             dataset, replace(self._options, staging_dir=self._area.path), self.shuffle, self._cache
         )
+        self._finalizer: Any = weakref.finalize(self, _release, self._hosting, self._area, self._cache)
 
     # -- constructors -------------------------------------------------------------------
     @classmethod
@@ -242,7 +245,8 @@ class S5IterableDataset(IterableDataset[Any]):
         if p.worker == 0:
             messages = local(self._hosting.host(p).open(name, p))
         else:
-            messages = connect(name, Hello(p.worker, p.num_workers, p.epoch, p.yielded, p.plan))
+            hello = Hello(p.worker, p.num_workers, p.epoch, p.yielded, p.plan)
+            messages = connect(name, hello, root=self._area.path)
         return read_feed(self.dataset, p, messages)
 
     def _start_pass(self) -> _Pass:
@@ -311,11 +315,9 @@ class S5IterableDataset(IterableDataset[Any]):
 
     # -- lifetime -----------------------------------------------------------------------
     def close(self) -> None:
-        """Stop staging, kill s5cmd, remove the staging directory. Safe to call twice."""
-        self._hosting.close()
-        if self._cache is not None:
-            self._cache.close()
-        self._area.remove()
+        """Stop staging, kill s5cmd, remove the staging directory and leave the epoch cache (the
+        last user removes it). Safe to call twice."""
+        _release(self._hosting, self._area, self._cache)
 
     def __enter__(self) -> S5IterableDataset:
         return self
@@ -335,3 +337,12 @@ class S5IterableDataset(IterableDataset[Any]):
             f"shuffle_buffer={self.shuffle_buffer}, budget={format_size(self.budget)}, "
             f"staging_dir={self._area.path!r})"
         )
+
+
+def _release(hosting: Hosting, area: StagingArea, cache: EpochCache | None) -> None:
+    """Stop this process's staging host, leave the epoch cache (the last user removes it) and
+    remove the dataset's directory."""
+    hosting.close()
+    if cache is not None:
+        cache.close()
+    area.remove()

@@ -23,15 +23,18 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ._pack.plan import PackOptions
 from ._pack.resumable import DestState
 from ._pack.routes import PackResult, PackRun, already_packed, pack_archive_source, pack_objects, write_index
+from ._pack.transform import load_transform
 from ._s5cmd import S5cmd
 from ._util.args import ArgumentParser, positive_int, size_arg
 from ._util.dist import rank_info
 from ._util.uri import as_folder, format_size, parse_s3_uri
 from .config import Access
+from .exceptions import ConfigError
 from .progress import Progress
 
 log = logging.getLogger(__name__)
@@ -62,6 +65,8 @@ def pack(
     progress: Callable[[int, int], None] | None = None,
     rank: int | None = None,
     world_size: int | None = None,
+    transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    transform_workers: int | None = None,
 ) -> PackResult:
     """Pack ``source`` into WebDataset tar shards under ``dest``, with a ``wids.json`` index.
 
@@ -87,6 +92,13 @@ def pack(
         progress: called with (samples packed, samples in all) as shards finish.
         rank, world_size: this process's part (default: torch.distributed, else ``RANK`` and
             ``WORLD_SIZE``, else one process).
+        transform: a function run on each sample while it is packed, in ``transform_workers``
+            processes (default: one per CPU): it takes the sample as a dict (``"__key__"`` and
+            each field's bytes) and returns the fields to write (bytes, str, int or float). It
+            must be a module-level function (worker processes import it by name); its name is
+            part of the plan, so a rerun with it continues the pack and makes the same shards.
+            The budget counts the samples as they are read, not as the transform makes them.
+            Not with ``from_archive``.
 
     Returns:
         a :class:`PackResult`.
@@ -103,7 +115,21 @@ def pack(
         StagingSpaceError: the local disk filled up.
     """
     t0 = time.monotonic()
-    options = PackOptions(shard_size, group_by, label, shuffle, seed, budget, workers, missing, index_timeout)
+    options = PackOptions(
+        shard_size,
+        group_by,
+        label,
+        shuffle,
+        seed,
+        budget,
+        workers,
+        missing,
+        index_timeout,
+        transform,
+        transform_workers,
+    )
+    if transform is not None and from_archive:
+        raise ConfigError("transform= does not combine with from_archive=True: pack the archive, then repack")
     run = _start(
         source, dest, options, Access.coerce(access, endpoint_url), staging_dir, progress, rank, world_size
     )
@@ -183,6 +209,15 @@ def _parser() -> ArgumentParser:
     p.add_argument("--skip-missing", action="store_true", help="leave out samples whose objects vanished")
     p.add_argument("--staging-dir", help="where local files go (default: the temporary directory)")
     p.add_argument("--index-timeout", type=float, default=3600.0, help="seconds rank 0 waits for other ranks")
+    p.add_argument(
+        "--transform",
+        metavar="MODULE:FUNCTION",
+        help="run this function on each sample while packing (a dict of the key and its fields' bytes in, "
+        "the fields to write out); its module must be importable (PYTHONPATH)",
+    )
+    p.add_argument(
+        "--transform-workers", type=positive_int, help="processes that run --transform (default: one per CPU)"
+    )
     Access.add_arguments(p)
     return p
 
@@ -209,6 +244,8 @@ def main(argv: list[str]) -> int:
             index_timeout=args.index_timeout,
             access=Access.from_args(args),
             progress=bar,
+            transform=load_transform(args.transform) if args.transform else None,
+            transform_workers=args.transform_workers,
         )
     finally:
         bar.close()

@@ -423,3 +423,38 @@ def test_eight_ranks_without_local_variables_never_crash_and_keep_a_cache_each(
         results = _launch(ds, staging_root, lambda r: {})
         assert len({path for _, path, _, _ in results}) == 8  # no launcher says which ranks share a node
         assert os.listdir(staging_root) == []
+
+
+EXIT_WITHOUT_CLOSE = """
+import sys
+from torch.utils.data import DataLoader
+from s5loader import S5Dataset, S5IterableDataset
+
+uri, endpoint, root, workers = sys.argv[1:5]
+ds = S5Dataset.from_prefix(uri, endpoint_url=endpoint)
+it = S5IterableDataset(ds, budget=ds.total_bytes // 4, epoch_cache=ds.total_bytes, samples_per_call=8,
+                       staging_dir=root)
+n = sum(len(b) for b in DataLoader(it, batch_size=4, num_workers=int(workers), collate_fn=lambda b: b))
+assert n == len(ds), n
+print("read", n)  # and exits without close(), the dataset still referenced
+"""
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_iterables_epoch_cache_goes_with_a_process_that_exits_without_close(
+    seaweed: Store, tmp_path, workers: int
+) -> None:
+    import subprocess
+    import sys
+
+    seaweed.put(make_pairs(N, size=SIZE))
+    root = tmp_path / "staging"
+    root.mkdir()
+    r = subprocess.run(
+        [sys.executable, "-c", EXIT_WITHOUT_CLOSE, seaweed.uri(), seaweed.endpoint, str(root), str(workers)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert r.returncode == 0 and f"read {N}" in r.stdout, r.stderr[-3000:]
+    assert os.listdir(root) == []  # neither the staging folder nor the epoch cache is left

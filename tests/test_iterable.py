@@ -274,3 +274,30 @@ def test_workers_still_reading_when_the_hosting_worker_ends_read_staged_files(
         proxy.close()
     assert got == keys_of(source)  # the rank's order: key order, a batch per worker in turn
     assert len(gets) == len(source) and set(gets.values()) == {1}, gets  # staged once, never fetched directly
+
+
+@pytest.mark.parametrize("run", range(2))
+def test_nothing_is_left_after_a_run_under_server_faults(seaweed: Store, tmp_path, run: int) -> None:
+    from support.faults import FaultProxy, Rule
+
+    source = seaweed.put(make_pairs(40, size=3000))
+    proxy = FaultProxy(seaweed.endpoint)
+    proxy.rules += [  # a few of each: s5cmd retries them
+        Rule("0003.image", "503", times=2, method="*"),
+        Rule("0011.label", "500", times=1, method="*"),
+        Rule("0017.image", "drop", times=1),
+        Rule("0025.image", "truncate", times=1),
+    ]
+    root = tmp_path / "staging"
+    root.mkdir()
+    try:
+        with S5IterableDataset.from_prefix(
+            seaweed.uri(), endpoint_url=proxy.endpoint, staging_dir=str(root), samples_per_call=6, seed=run
+        ) as it:
+            got = [s for b in DataLoader(it, batch_size=4, num_workers=2, collate_fn=list) for s in b]
+            assert sorted(s["__key__"].rsplit("/", 1)[-1] for s in got) == [f"{i:04d}" for i in range(40)]
+            assert all(s["image"] == source[s["__key__"] + ".image"] for s in got)
+            assert it.metrics().samples == 40
+    finally:
+        proxy.close()
+    assert os.listdir(root) == []  # the metrics files and every control file went with close()

@@ -152,3 +152,33 @@ def test_a_state_saved_mid_epoch_resumes_the_order_that_counted_what_was_read(
     with S5Sampler(ds, **{**opts, "epoch_cache": 4 * big}) as s:  # its readers keep shards whole
         with pytest.raises(StateError, match="counts the bytes its samples give back"):
             s.load_state_dict(state)
+
+
+def test_the_shards_of_a_shuffled_pack_draw_no_mixing_warning(
+    seaweed: Store, staging_root: str, tmp_path
+) -> None:
+    import s5loader
+
+    seaweed.put({f"c{c}/{i:03d}.jpg": bytes([c]) * 2000 for c in range(8) for i in range(20)})
+    made = {}
+    for shuffled in (True, False):
+        dest = seaweed.uri().replace("/train/", f"/packed-{shuffled}/")
+        s5loader.pack(
+            seaweed.uri(),
+            dest,
+            shard_size="20KB",
+            shuffle=shuffled,
+            label="folder",
+            endpoint_url=seaweed.endpoint,
+            staging_dir=str(tmp_path),
+        )
+        made[shuffled] = S5Dataset.from_shards(dest, endpoint_url=seaweed.endpoint)
+    big = max(sh.size for sh in made[True].shards)
+    assert made[True].shards.meta.get("shuffled") and not made[False].shards.meta.get("shuffled")
+    with S5Sampler(made[True], shuffle=True, budget=3 * big, staging_dir=staging_root) as sampler:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the index says pack --shuffle mixed them: nothing to say
+            next(iter(sampler))
+    with S5Sampler(made[False], shuffle=True, budget=3 * big, staging_dir=staging_root) as sampler:
+        with pytest.warns(UserWarning, match=r"`s5loader pack --shuffle`"):
+            next(iter(sampler))

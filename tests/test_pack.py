@@ -396,6 +396,9 @@ def test_labels_and_manifests_become_members(moto: Store, tmp_path) -> None:
         "cat/2": {"jpg": b"c2", "cls": b"0"},
         "dog/3": {"jpg": b"d3", "cls": b"1"},
     }
+    # the class names travel with the shards: the index names them, from_shards gives them back
+    ds = S5Dataset.from_shards("s3://data/lab/", endpoint_url=moto.endpoint)
+    assert ds.classes == ["cat", "dog"] and ds.class_to_idx == {"cat": 0, "dog": 1}
     manifest = tmp_path / "m.jsonl"
     lines = [
         {"uri": moto.uri("cat/1.jpg"), "caption": "a cat"},

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 import queue
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from .._s3api.client import cached_client
 from .._s3api.errors import boto3_error
 from .._staging.area import register_cleanup
 from .._util.uri import format_size
@@ -37,10 +37,6 @@ log = logging.getLogger(__name__)
 MiB = 1024**2
 DEFAULT_MAX_MEMORY = 512 * MiB  # part buffers of one streamed upload, in flight or filling
 _ABORT_WAIT = 5.0  # seconds an abort waits for parts in flight before aborting once more
-
-
-_CLIENTS: dict[tuple[int, Access], Any] = {}
-_CLIENTS_LOCK = threading.Lock()
 
 
 def _unsigned_parts(params: Any, context: dict[str, Any], **kwargs: Any) -> None:
@@ -59,25 +55,14 @@ def transfer_client(access: Access | str | None) -> Any:
     each pass costing more CPU than sending the bytes. Over https TLS protects the bytes, as it
     does for s5cmd's and boto3's own unsigned uploads; over plain http (a store on the local
     network) nothing beyond TCP does."""
-    a = Access.coerce(access)
-    key = (os.getpid(), a)  # a forked child makes its own
-    with _CLIENTS_LOCK:
-        client = _CLIENTS.get(key)
-        if client is None:
-            client = a.boto3_client()
-            for op in ("UploadPart", "PutObject"):
-                client.meta.events.register(f"before-parameter-build.s3.{op}", _unsigned_parts)
-            _CLIENTS[key] = client
+    return cached_client(access, "transfer", _new_transfer_client)
+
+
+def _new_transfer_client(a: Access) -> Any:
+    client = a.boto3_client()
+    for op in ("UploadPart", "PutObject"):
+        client.meta.events.register(f"before-parameter-build.s3.{op}", _unsigned_parts)
     return client
-
-
-def _forget_after_fork() -> None:
-    global _CLIENTS_LOCK
-    _CLIENTS.clear()
-    _CLIENTS_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def _daemon(target: Callable[[], None], name: str) -> threading.Thread:

@@ -13,7 +13,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -37,9 +37,10 @@ from .._s5cmd import start_copy as _start_copy
 from .._util.uri import format_size
 from ..config import Access
 from ..exceptions import BudgetError, ObjectNotFoundError
-from .plan import SHARD_NAME, PlannedSample
+from .plan import SHARD_NAME, PlannedSample, check_member
 from .resumable import DestState
 from .shard import ShardWriter
+from .transform import SampleTransform
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,7 @@ class Packer:
     numworkers: int
     on_shard: Callable[[int, int], None]  # (samples written, bytes) of a finished shard
     blocks: BlockPlan | None = None
+    transform: SampleTransform | None = None
 
     def shard_uri(self, i: int) -> str:
         return self.state.dest + SHARD_NAME.format(i)
@@ -109,7 +111,9 @@ class Packer:
             t1 = time.monotonic()
             tar_path = folder + ".tar"
             with ShardWriter(tar_path) as w:
-                for j, s in enumerate(samples):
+                if self.transform is not None:
+                    self._write_transformed(w, i, samples, skipped, paths)
+                for j, s in enumerate(samples if self.transform is None else ()):
                     if j in skipped:
                         continue
                     for k, m in enumerate(s.members):
@@ -127,6 +131,36 @@ class Packer:
             time.monotonic() - t1,
         )
         return Built(i, tar_path, w, sorted(samples[j].key for j in skipped))
+
+    def _write_transformed(
+        self,
+        w: ShardWriter,
+        i: int,
+        samples: Sequence[PlannedSample],
+        skipped: set[int],
+        paths: dict[tuple[int, int], str],
+    ) -> None:
+        """Write shard ``i``'s samples as the transform makes them: each sample's staged files are
+        read into memory and deleted, the transform's fields written in the plan's order."""
+        assert self.transform is not None
+
+        def inputs() -> Iterator[tuple[str, dict[str, Any]]]:
+            for j, s in enumerate(samples):
+                if j in skipped:
+                    continue
+                sample: dict[str, Any] = {"__key__": s.key}
+                for k, m in enumerate(s.members):
+                    if m.data is not None:
+                        sample[m.name[len(s.key) + 1 :]] = m.data
+                        continue
+                    with open(paths[j, k], "rb") as f:
+                        sample[m.name[len(s.key) + 1 :]] = f.read()
+                    os.unlink(paths[j, k])
+                yield s.key, sample
+
+        for key, fields in self.transform.run(inputs()):
+            for field, data in fields:
+                w.add(check_member(key, field, self.shard_uri(i)), key, len(data), io.BytesIO(data))
 
     def ship(self, built: Built) -> dict[str, Any]:
         """Upload a built shard under its final name, delete it, mark it done; its index entry."""

@@ -21,6 +21,7 @@ from .._index.sample import GROUP_BY, Sample
 from .._shards.tar import split_name
 from .._util.uri import format_size, parse_s3_uri, parse_size
 from ..exceptions import BudgetError, ConfigError, UnsafeArchiveError
+from .transform import Transform, transform_name
 
 VERSION = 1
 SHARD_NAME = "shard-{:06d}.tar"
@@ -47,6 +48,9 @@ class PackOptions:
         missing: an object gone between listing and download: ``"raise"`` (default) or
             ``"skip"`` its sample (logged by URI; the index counts what was written).
         index_timeout: seconds rank 0 waits for the other ranks' shards.
+        transform: a module-level function run on each sample while it is packed (see
+            :mod:`s5loader._pack.transform`); part of the plan, by name.
+        transform_workers: the processes that run ``transform`` (default: one per CPU).
     """
 
     shard_size: int | str = "100MB"
@@ -58,8 +62,16 @@ class PackOptions:
     workers: int = 64
     missing: str = "raise"
     index_timeout: float = 3600.0
+    transform: Transform | None = None
+    transform_workers: int | None = None
 
     def __post_init__(self) -> None:
+        if self.transform is not None:
+            transform_name(self.transform)  # a function worker processes can import
+        if self.transform_workers is not None and (
+            not isinstance(self.transform_workers, int) or self.transform_workers < 1
+        ):
+            raise ConfigError(f"transform_workers must be an int >= 1, got {self.transform_workers!r}")
         object.__setattr__(self, "shard_size", parse_size(self.shard_size, "shard_size"))
         object.__setattr__(self, "budget", parse_size(self.budget, "budget"))
         if int(self.shard_size) < BLOCK:
@@ -89,6 +101,7 @@ class PackOptions:
             "label": self.label,
             "shuffle": bool(self.shuffle),
             "seed": self.seed if self.shuffle else None,
+            **({"transform": transform_name(self.transform)} if self.transform is not None else {}),
         }
 
 

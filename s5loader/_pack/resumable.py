@@ -220,9 +220,11 @@ class DestState:
         with ThreadPoolExecutor(max_workers=16) as pool:
             return list(pool.map(one, range(nshards)))
 
-    def write_index(self, entries: list[dict[str, Any]], name: str, plan: dict[str, Any]) -> str:
-        """Write ``DEST/wids.json`` (sizes, sample counts and MD5 of every shard, and the
-        ``plan`` with the keys of the samples left out); last."""
+    def write_index(
+        self, entries: list[dict[str, Any]], name: str, plan: dict[str, Any], classes: list[str] | None = None
+    ) -> str:
+        """Write ``DEST/wids.json`` (sizes, sample counts and MD5 of every shard, the ``plan``
+        with the keys of the samples left out, and the ``classes`` of int labels); last."""
         shardlist = [
             {"url": e["url"], "nsamples": e["nsamples"], "filesize": e["filesize"], "md5sum": e["md5sum"]}
             for e in entries
@@ -235,6 +237,8 @@ class DestState:
             "shardlist": shardlist,
             PACK_RECORD: record,
         }
+        if classes:
+            doc["classes"] = list(classes)  # label i is classes[i]: S5Dataset.from_shards(...).classes
         self._put(DEFAULT_INDEX, (json.dumps(doc, indent=1) + "\n").encode())
         return self.dest + DEFAULT_INDEX
 

@@ -15,6 +15,7 @@ shard's marker, checks their counts against the plan and writes ``wids.json``.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from .plan import PackOptions
 from .resumable import DestState
 from .split_archive import fingerprint as archive_fingerprint
 from .split_archive import pack_archive, volumes_of
+from .transform import SampleTransform
 from .workdir import open_work
 
 log = logging.getLogger(__name__)
@@ -117,19 +119,20 @@ class Packed(NamedTuple):
     doc: dict[str, Any]
     planned: int | None
     finished: dict[str, Any] | None = None
+    classes: list[str] = []  # the class names of the int labels (label="folder"), for the index
 
 
 def pack_objects(run: PackRun) -> Packed:
     """Pack objects or a manifest: plan every shard, claim DEST, then build this rank's shards
     that are not done, downloading and uploading under the budget's gate."""
     options, state = run.options, run.state
-    planned, blocks = _samples(run.source, run.dest, options, run.store)
+    planned, blocks, classes = _samples(run.source, run.dest, options, run.store)
     order = _plan.order(len(planned), options.shuffle, options.seed)
     cuts = _plan.cut([planned[i].tar_bytes for i in order], int(options.shard_size))
     _plan.check_budget(planned, order, cuts, int(options.budget), run.dest)
     doc = run.plan_doc(_plan.fingerprint([planned[i] for i in order], options), len(cuts))
     if (finished := state.claim(doc, run.rank, options.index_timeout)) is not None:
-        return Packed(len(cuts), doc, len(planned), finished)
+        return Packed(len(cuts), doc, len(planned), finished, classes)
     done = state.done()
     jobs: list[Job] = []
     for i in _plan.rank_shards(len(cuts), run.rank, run.world):
@@ -150,12 +153,21 @@ def pack_objects(run: PackRun) -> Packed:
     gate = Gate(int(options.budget))
     with open_work(run.root, min(int(options.budget), sum(j[3] for j in jobs))) as work:
         numworkers = max(4, options.workers // run.parallel)
-        packer = Packer(run.s5, run.store, state, work, options.missing, numworkers, run.shard_done, blocks)
-        entries = run_shards(packer, jobs, gate, run.parallel)
+        transform = None
+        if options.transform is not None:
+            transform = SampleTransform(options.transform, options.transform_workers or os.cpu_count() or 1)
+        packer = Packer(
+            run.s5, run.store, state, work, options.missing, numworkers, run.shard_done, blocks, transform
+        )
+        try:
+            entries = run_shards(packer, jobs, gate, run.parallel)
+        finally:
+            if transform is not None:
+                transform.close()
     run.result.peak_staged = gate.peak
     run.result.skipped = [k for e in entries for k in e.get("skipped", [])]
     run.result.shards = len(cuts)
-    return Packed(len(cuts), doc, len(planned))
+    return Packed(len(cuts), doc, len(planned), classes=classes)
 
 
 def pack_archive_source(run: PackRun, verify: bool) -> Packed:
@@ -214,7 +226,7 @@ def write_index(run: PackRun, packed: Packed) -> None:
             f"{run.dest}: the shards' markers count {result.samples} samples and {len(result.skipped)} "
             f"left out; the plan has {packed.planned}; no index written"
         )
-    result.index = state.write_index(entries, run.source, packed.doc)
+    result.index = state.write_index(entries, run.source, packed.doc, packed.classes)
     state.finish()
 
 
@@ -231,9 +243,10 @@ def already_packed(result: PackResult, index: dict[str, Any], dest: str, rank: i
 
 def _samples(
     source: str, dest: str, options: PackOptions, store: Access
-) -> tuple[list[_plan.PlannedSample], BlockPlan]:
+) -> tuple[list[_plan.PlannedSample], BlockPlan, list[str]]:
     """The samples of a prefix (grouped as ``from_prefix`` groups them) or a manifest, planned,
-    and their blocks (runs that one wildcard line fetches; none for a manifest)."""
+    their blocks (runs that one wildcard line fetches; none for a manifest), and the class names
+    of their labels (``label="folder"``; else none)."""
     if source.endswith((".jsonl", ".json")) or not source.startswith("s3://"):
         ds = S5Dataset.from_manifest(source, access=store, group_by=options.group_by, label=options.label)
         base = ""
@@ -246,4 +259,4 @@ def _samples(
     # blocks of at most a quarter of a shard's samples, so that most lie whole in one shard
     per_shard = int(options.shard_size) * len(planned) // max(1, sum(p.tar_bytes for p in planned))
     blocks = plan_blocks(ds.samples, max(2, min(BLOCK_SIZE, per_shard // 4)), ds.samples.listing)
-    return planned, blocks
+    return planned, blocks, ds.classes

@@ -12,6 +12,16 @@ closed without an end) raises :class:`~s5loader.exceptions.StallError`.
 
 Sending never blocks the host: each connection has a writer thread of its own, so a worker that
 stopped reading (its DataLoader holds enough of its batches) never holds up the others.
+
+Only the loader's own processes take part, and what crosses is data, never code: an abstract
+socket carries no permission, so each side checks the other's credentials as the kernel gives
+them (``SO_PEERCRED``): the same user, and a sibling in the loader (a process whose parent is
+this process's parent: DataLoader workers are the children of one process), else the
+connection is closed unread (the host) or the pass fails with a
+:class:`~s5loader.exceptions.StallError` that says who answered (a worker). Frames are JSON of
+ints, strings and bools, at most :data:`MAX_FRAME` bytes: a staged index is its int, its folder
+(which must lie in the rank's staging area) and its flags; an error is its type's name and
+message, raised again as the same s5loader or built-in type.
 """
 
 from __future__ import annotations
@@ -19,54 +29,50 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import pickle
 import queue
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 from torch.utils.data import get_worker_info
 
 from ..exceptions import S5LoaderError, StallError
+from .wire import (
+    END,
+    ERROR,
+    INDEX,
+    SKIP,
+    FrameError,
+    Hello,
+    decode,
+    encode,
+    frame,
+    hello_bytes,
+    hello_of,
+    peer_problem,
+    read,
+)
 
-log = logging.getLogger(__name__)
-
-_LEN = struct.Struct(">I")
 # How long a worker keeps trying to reach its host before it gives up: the host is the loader's
 # first worker, which starts with the others.
 CONNECT_S = 120.0
 
-# Messages, host to worker: (kind, payload)
-INDEX, SKIP, END, ERROR = "i", "s", "e", "x"
+__all__ = [
+    "CONNECT_S",
+    "END",
+    "ERROR",
+    "INDEX",
+    "SKIP",
+    "FeedHost",
+    "FrameError",
+    "Hello",
+    "connect",
+    "local",
+]
 
-
-class Hello(NamedTuple):
-    """What a worker tells its host when its pass begins."""
-
-    worker: int
-    num_workers: int
-    epoch: int
-    start: int  # samples of the worker's share handed out (or skipped) before this pass
-    plan: tuple[Any, ...]  # the order's settings (shuffle, seed, shuffle_buffer, drop_last, chunk)
-
-
-def _frame(obj: Any) -> bytes:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    return _LEN.pack(len(data)) + data
-
-
-def _read(f: Any) -> Any:
-    head = f.read(_LEN.size)
-    if len(head) < _LEN.size:
-        raise EOFError
-    size = _LEN.unpack(head)[0]
-    data = f.read(size)
-    if len(data) < size:
-        raise EOFError
-    return pickle.loads(data)
+log = logging.getLogger(__name__)
 
 
 class _Writer:
@@ -82,7 +88,7 @@ class _Writer:
         self.thread.start()
 
     def put(self, msg: tuple[str, Any]) -> None:
-        self.q.put((_frame(msg), msg[0] in (END, ERROR)))
+        self.q.put((frame(encode(msg)), msg[0] in (END, ERROR)))
 
     def _run(self) -> None:
         try:
@@ -169,10 +175,21 @@ class FeedHost:
                 conn, _ = self._sock.accept()
             except TimeoutError:
                 continue
-            conn.settimeout(None)
+            stranger = peer_problem(conn)
+            if stranger is not None:
+                log.warning("the staging feed %s refused a connection from %s", self.name, stranger)
+                conn.close()
+                continue
+            conn.settimeout(10.0)  # a worker says hello at once
             try:
-                hello = Hello(*_read(conn.makefile("rb")))
-            except (EOFError, OSError, TypeError, pickle.UnpicklingError):
+                hello = hello_of(read(conn.makefile("rb")))
+            except (EOFError, OSError, FrameError) as exc:
+                log.warning("the staging feed %s closed a connection that sent no hello: %s", self.name, exc)
+                conn.close()
+                continue
+            conn.settimeout(None)
+            if not 0 <= hello.worker < self.local.num_workers or hello.worker in hellos:
+                log.warning("the staging feed %s refused a hello from worker %d", self.name, hello.worker)
                 conn.close()
                 continue
             hellos[hello.worker] = hello
@@ -231,12 +248,16 @@ def rendezvous_name(uid: str, rank: int, iterations: int) -> str:
     return f"s5loader-{uid}-r{rank}-{base}-{iterations}"
 
 
-def connect(name: str, hello: Hello, timeout: float = CONNECT_S) -> Iterator[tuple[str, Any]]:
-    """A worker's side: connect to the host ``name``, say ``hello``, and yield its messages.
+def connect(
+    name: str, hello: Hello, timeout: float = CONNECT_S, root: str | None = None
+) -> Iterator[tuple[str, Any]]:
+    """A worker's side: connect to the host ``name``, say ``hello``, and yield its messages
+    (each staged index's folder checked to lie in ``root``, the rank's staging area).
 
     Raises:
-        StallError: the host cannot be reached within ``timeout`` seconds, or it went away
-            before the end of the pass.
+        StallError: the host cannot be reached within ``timeout`` seconds, it went away before
+            the end of the pass, it is no process of this loader, or it sent what is no message
+            of the feed.
     """
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     deadline = time.monotonic() + timeout
@@ -255,16 +276,27 @@ def connect(name: str, hello: Hello, timeout: float = CONNECT_S) -> Iterator[tup
             time.sleep(delay)
             delay = min(2 * delay, 0.1)
     try:
-        sock.sendall(_frame(tuple(hello)))
+        stranger = peer_problem(sock)
+        if stranger is not None:
+            raise StallError(
+                f"DataLoader worker {hello.worker} found another process at its staging host's socket "
+                f"@{name}: {stranger}; it sent that process nothing"
+            )
+        sock.sendall(hello_bytes(hello))
         f = sock.makefile("rb", buffering=1 << 16)
         while True:
             try:
-                msg = _read(f)
+                msg = decode(read(f), root)
             except (EOFError, OSError) as exc:
                 raise StallError(
                     f"the staging host of DataLoader worker {hello.worker} (worker 0 of its loader) went "
                     "away before the end of the pass"
                 ) from exc
+            except FrameError as exc:
+                raise StallError(
+                    f"the staging host of DataLoader worker {hello.worker} sent what is no message of the "
+                    f"feed ({exc}): the pass stops"
+                ) from None
             yield msg
             if msg[0] in (END, ERROR):
                 return

@@ -177,10 +177,11 @@ def few_shards(
     """What a loader with ``shuffle=True`` over tar shards that do not fit ``budget`` says at
     ``iter()`` when the budget is below :func:`mixing_budget`, so that a batch draws from fewer
     shards than a :data:`REFERENCE_BUFFER`-sample shuffle buffer would: the shards it holds, the
-    budget that would mix like that buffer, and ``s5loader pack --shuffle``. None otherwise."""
+    budget that would mix like that buffer, and ``s5loader pack --shuffle``. None otherwise, and
+    for shards whose index says ``s5loader pack --shuffle`` wrote them."""
     shards = dataset.shards
-    if shuffle is not True or shards is None or dataset.total_bytes <= budget:
-        return None
+    if shuffle is not True or shards is None or dataset.total_bytes <= budget or shards.meta.get("shuffled"):
+        return None  # a shuffled pack's shards mix their samples already
     samples = max(1, shards.samples)
     sample_bytes = sum(sh.tarsize or sh.size for sh in shards) / samples
     largest = max(sh.disk for sh in shards)

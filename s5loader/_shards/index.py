@@ -103,6 +103,27 @@ def parse_entries(data: bytes, where: str) -> dict[str, tuple[int, int]]:
     return out
 
 
+def index_meta(data: bytes) -> dict[str, Any]:
+    """What an index says of its shards beyond the list (empty where it says nothing, or is no
+    JSON object): ``shuffled`` (``s5loader pack --shuffle`` wrote them: their samples are mixed
+    across shards) and ``classes`` (the class names of the int labels, ``pack --label folder``)."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    out: dict[str, Any] = {}
+    record = doc.get(PACK_RECORD)
+    options = record.get("options") if isinstance(record, dict) else None
+    if isinstance(options, dict) and options.get("shuffle") is True:
+        out["shuffled"] = True
+    classes = doc.get("classes")
+    if isinstance(classes, list) and all(isinstance(c, str) for c in classes) and classes:
+        out["classes"] = list(classes)
+    return out
+
+
 def _join(base: str, url: str, where: str, what: str) -> str:
     """``url`` resolved against the s3 folder ``base`` as wids does (``./`` and ``..``
     folded). Refused: a relative URL that leaves its bucket or has no s3 folder to resolve
@@ -177,9 +198,9 @@ def read_bytes(where: str, access: Access | str | None) -> bytes | None:
 
 def load_shards(
     source: str | Sequence[str], index: str | None, access: Access | str | None
-) -> tuple[list[Shard], str]:
+) -> tuple[list[Shard], str, dict[str, Any]]:
     """The shards of ``source`` with their sample counts from ``index`` (else the default
-    index next to the shards), and the index's location.
+    index next to the shards), the index's location, and what else it says (:func:`index_meta`).
 
     Raises:
         ShardIndexError: no index, or one that lacks a shard; the message says to run
@@ -187,7 +208,8 @@ def load_shards(
     """
     objects, folder = resolve(source, access)
     where = index or folder + DEFAULT_INDEX
-    counts = read_index(where, access)
+    body = read_bytes(where, access)
+    counts = None if body is None else parse_entries(body, where)
     hint = f"build one with: s5loader index-shards {_quote_source(source)}"
     if counts is None:
         raise ShardIndexError(
@@ -204,7 +226,7 @@ def load_shards(
                 f"the size of its tar (the 'tarsize' that staging it needs): {hint}"
             )
         shards.append(Shard(o.uri, o.size, o.etag, n, tarsize))
-    return shards, where
+    return shards, where, index_meta(body or b"")
 
 
 def _quote_source(source: str | Sequence[str]) -> str:

@@ -56,12 +56,19 @@ class ShardSet(Sequence[Shard]):
     """
 
     def __init__(
-        self, shards: Sequence[Shard], access: Access, source: str = "", index_uri: str = ""
+        self,
+        shards: Sequence[Shard],
+        access: Access,
+        source: str = "",
+        index_uri: str = "",
+        meta: dict[str, Any] | None = None,
     ) -> None:
         self._shards: list[Shard] = list(shards)
         self.access = access
         self.source = source
         self.index_uri = index_uri
+        #: What the index says beyond the shard list: ``shuffled``, ``classes`` (see index_meta).
+        self.meta: dict[str, Any] = dict(meta or {})
         first = [0]
         for s in self._shards:
             first.append(first[-1] + s.nsamples)

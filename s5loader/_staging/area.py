@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from .._util.dist import local_world_size
+from .._util.procs import ProcessId
 from .._util.uri import format_size
 from ..exceptions import BudgetError, ConfigError
 
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 
 PREFIX = "s5loader-"
 SHM = "/dev/shm"
-_LOCK = ".lock"
+LOCK = ".lock"  # in a staging directory: its owner holds it, and it names them (pid, start)
 
 
 def free_bytes(path: str) -> int:
@@ -174,9 +175,9 @@ class StagingArea:
             clean_stale(self.root)
             tmp = os.path.join(self.root, f".init-{os.path.basename(self.path)}")
             os.makedirs(tmp, mode=0o700)
-            fd = os.open(os.path.join(tmp, _LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+            fd = os.open(os.path.join(tmp, LOCK), os.O_RDWR | os.O_CREAT, 0o600)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.write(fd, json.dumps({"pid": os.getpid()}).encode())
+            os.write(fd, json.dumps(ProcessId.me()._asdict()).encode())  # its owner: pid and start
             os.makedirs(os.path.join(tmp, ".calls"), mode=0o700)
             if os.path.isdir(self.path):  # recreated after someone removed it: start clean
                 shutil.rmtree(self.path, ignore_errors=True)
@@ -201,7 +202,13 @@ class StagingArea:
         """Remove the directory and everything in it. Safe to call twice, and from atexit."""
         if os.getpid() != self._owner:
             return
-        shutil.rmtree(self.path, ignore_errors=True)
+        # Again where a process still at work in it (a DataLoader worker writing its figures, a
+        # late s5cmd) put a file in a folder the first pass had emptied, so that none is left.
+        for _ in range(3):
+            shutil.rmtree(self.path, ignore_errors=True)
+            if not os.path.lexists(self.path):
+                break
+            time.sleep(0.01)
         fd, self._lock_fd = self._lock_fd, None
         if fd is not None:
             try:
@@ -241,7 +248,7 @@ _NAME = re.compile(r"^(\.init-)?s5loader-\d+-[0-9a-f]{8}$")
 def _owner_alive(path: str) -> bool:
     """Whether a staging directory's owner still holds its lock (or it is not ours at all)."""
     try:
-        fd = os.open(os.path.join(path, _LOCK), os.O_RDONLY)
+        fd = os.open(os.path.join(path, LOCK), os.O_RDONLY)
     except OSError:
         return True  # no lock file: not a directory s5loader made, or cannot tell; leave it
     try:

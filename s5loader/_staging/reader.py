@@ -5,6 +5,7 @@ directly from S3."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import select
@@ -16,9 +17,11 @@ from .. import exceptions
 from .._index.sample import Sample
 from .._s3api.client import s3_client
 from .._s3api.errors import boto3_error
+from .._util.procs import ProcessId
 from .._util.uri import parse_s3_uri
 from ..config import Access
 from ..exceptions import S5LoaderError, StagingSpaceError
+from .area import LOCK
 from .layout import NO_SPACE_MARK, NOT_STAGED, StagingLayout
 
 # where no FIFO can be made, pauses between looks for the word on a sample handed out before it
@@ -123,15 +126,13 @@ def _wait_for_word(layout: StagingLayout, index: int) -> bytes | None:
     so that a worker spends no CPU on a sample while it waits, as a sleep loop would); None
     when the pass folder or the sampler's process is gone."""
     mark, bell = layout.early_mark(index), layout.early_bell(index)
-    parent = os.getppid()  # a DataLoader worker's: the sampler's process
-    if parent == 1:  # that process is gone already: this worker was handed on to init
-        return None
+    stager = owner_of(os.path.dirname(layout.folder))  # the sampler's process, named by its lock
     try:
         os.mkfifo(bell, 0o600)
     except FileExistsError:
         pass
     except OSError:  # no FIFO here (or the pass folder is gone): look now and then
-        return _poll_for_word(layout, mark, parent)
+        return _poll_for_word(layout, mark, stager)
     fds: list[int] = []
     try:
         fds.append(os.open(bell, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
@@ -140,7 +141,7 @@ def _wait_for_word(layout: StagingLayout, index: int) -> bytes | None:
             word = _word(mark)  # after the bell is open: a word written before it rang nothing
             if word is not None:
                 return word
-            if _gone(layout, parent):
+            if _gone(layout, stager):
                 return None
             if select.select(fds[:1], [], [], _RECHECK_S)[0]:
                 with contextlib.suppress(BlockingIOError):
@@ -154,19 +155,32 @@ def _wait_for_word(layout: StagingLayout, index: int) -> bytes | None:
             os.unlink(bell)
 
 
-def _gone(layout: StagingLayout, parent: int) -> bool:
-    """The process that stages the pass ended, or its folder was removed (the release FIFO the
-    engine made when the pass began is missing even where the engine made the folder again)."""
-    return os.getppid() != parent or not os.path.exists(layout.releases)
+def owner_of(area: str) -> ProcessId | None:
+    """The process that made the staging directory ``area`` (its lock's pid and start time), or
+    None where the lock cannot be read."""
+    try:
+        with open(os.path.join(area, LOCK), encoding="utf-8") as f:
+            raw = json.load(f)
+        return ProcessId(int(raw["pid"]), int(raw["start"]) if raw.get("start") is not None else None)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
-def _poll_for_word(layout: StagingLayout, mark: str, parent: int) -> bytes | None:
+def _gone(layout: StagingLayout, stager: ProcessId | None) -> bool:
+    """The process that stages the pass ended (``stager``, named by pid and start time, not by
+    this process's parent: inside a container that is often 1 while the sampler lives), or its
+    folder was removed (the release FIFO the engine made when the pass began is missing even
+    where the engine made the folder again)."""
+    return (stager is not None and not stager.alive()) or not os.path.exists(layout.releases)
+
+
+def _poll_for_word(layout: StagingLayout, mark: str, stager: ProcessId | None) -> bytes | None:
     pause = _FIRST_PAUSE
     while True:
         word = _word(mark)
         if word is not None:
             return word
-        if _gone(layout, parent):
+        if _gone(layout, stager):
             return None
         time.sleep(pause)
         pause = min(2 * pause, _MOST_PAUSE)

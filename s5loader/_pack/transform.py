@@ -1,0 +1,163 @@
+"""``pack(transform=fn)``: a user function run on each sample while it is packed, in worker
+processes, its output written into the shard in the plan's order.
+
+``fn`` takes the sample as a dict (``{"__key__": "train/0001", "jpg": b"...", "cls": b"3"}``:
+the fields' bytes as the shard would hold them) and returns the fields to write instead (``{"jpg":
+b"...", "txt": "a caption", "cls": 3}``: bytes, ``str`` as UTF-8, ``int``/``float`` as their
+decimal text). It runs in a pool of processes started from a clean server process
+(``forkserver``), so it must be importable by name (a module-level function, as for a DataLoader
+with ``spawn``). At most twice as many samples as processes are in flight, each held in memory
+only: the staged files of a sample are deleted as soon as it is read, so the disk holds what it
+holds without a transform. The function's name (module and qualified name) is part of the
+pack's plan: a rerun with the same function continues the pack and makes the same shards, byte
+for byte, where the function is deterministic; another function is another pack.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib
+import multiprocessing
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import Any
+
+from ..exceptions import ConfigError
+
+Transform = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def transform_name(fn: Transform) -> str:
+    """``module:qualname`` of ``fn``, which names it in the plan and in worker processes.
+
+    Raises:
+        ConfigError: ``fn`` is not a function a worker process can import by name (a lambda,
+            a nested function, a bound method of an object, a callable instance).
+    """
+    module, qual = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if not callable(fn) or not module or not qual or "<" in qual:
+        raise ConfigError(
+            f"transform must be a module-level function (it runs in worker processes, which import "
+            f"it by name), got {fn!r}"
+        )
+    return f"{module}:{qual}"
+
+
+def load_transform(spec: str) -> Transform:
+    """The function ``module:function`` (the CLI's ``--transform``), imported.
+
+    Raises:
+        ConfigError: no such module or function, or not callable.
+    """
+    module, _, name = spec.partition(":")
+    if not module or not name:
+        raise ConfigError(f"--transform takes MODULE:FUNCTION (such as mypkg.prep:resize), got {spec!r}")
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in name.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"--transform {spec}: {exc} (is its module on PYTHONPATH?)") from exc
+    if not callable(obj):
+        raise ConfigError(f"--transform {spec}: {obj!r} is not callable")
+    return obj  # type: ignore[no-any-return]
+
+
+def _as_bytes(value: Any, key: str, field: str) -> bytes:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value).encode()
+    raise ConfigError(
+        f"the transform returned {type(value).__name__} for the field {field!r} of sample {key!r}: "
+        "fields are bytes, str, int or float"
+    )
+
+
+def apply(fn: Transform, sample: dict[str, Any]) -> list[tuple[str, bytes]]:
+    """``fn(sample)`` as ``(field, bytes)`` pairs in field order (in a worker process).
+
+    Raises:
+        ConfigError: ``fn`` returned no dict, a field name that is not a non-empty string, or
+            a value that is not bytes, str, int or float.
+    """
+    key = sample["__key__"]
+    out = fn(sample)
+    if not isinstance(out, dict):
+        raise ConfigError(f"the transform returned {type(out).__name__} for sample {key!r}: a dict of fields")
+    fields = []
+    for field, value in out.items():
+        if field == "__key__":
+            continue  # the key is the plan's: a sample keeps its place and name
+        if not isinstance(field, str) or not field:
+            raise ConfigError(f"the transform returned the field name {field!r} for sample {key!r}")
+        fields.append((field, _as_bytes(value, key, field)))
+    if not fields:
+        raise ConfigError(f"the transform returned no field for sample {key!r}")
+    return sorted(fields)
+
+
+def _preload() -> None:  # pragma: no cover - runs in the fork server
+    """Nothing: importing this module in the fork server loads s5loader once for every worker."""
+
+
+class SampleTransform:
+    """A pool of ``processes`` worker processes that run ``fn`` on samples, in order.
+
+    The pool starts on first use (a fork server, so no worker inherits this process's threads)
+    and :meth:`close` stops it; safe to call twice.
+    """
+
+    def __init__(self, fn: Transform, processes: int) -> None:
+        self.fn = fn
+        self.name = transform_name(fn)
+        self.processes = max(1, processes)
+        self._pool: ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._owner = os.getpid()
+
+    def _get(self) -> ProcessPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                ctx = multiprocessing.get_context("forkserver")
+                ctx.set_forkserver_preload([__name__])
+                self._pool = ProcessPoolExecutor(self.processes, mp_context=ctx)
+            return self._pool
+
+    def run(
+        self, samples: Iterable[tuple[Any, dict[str, Any]]]
+    ) -> Iterator[tuple[Any, list[tuple[str, bytes]]]]:
+        """``(tag, fn(sample))`` for each ``(tag, sample)``, in order, at most twice as many in
+        flight as there are processes. An exception of ``fn`` is raised here with a note that
+        names the sample."""
+        pool = self._get()
+        pending: collections.deque[tuple[Any, str, Future[list[tuple[str, bytes]]]]] = collections.deque()
+
+        def first() -> tuple[Any, list[tuple[str, bytes]]]:
+            tag, key, fut = pending.popleft()
+            try:
+                return tag, fut.result()
+            except BaseException as exc:
+                if hasattr(exc, "add_note"):
+                    exc.add_note(f"in the pack's transform {self.name} of sample {key!r}")
+                raise
+
+        try:
+            for tag, sample in samples:
+                pending.append((tag, sample["__key__"], pool.submit(apply, self.fn, sample)))
+                if len(pending) >= 2 * self.processes:
+                    yield first()
+            while pending:
+                yield first()
+        finally:
+            for _, _, fut in pending:
+                fut.cancel()
+
+    def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None and os.getpid() == self._owner:
+            pool.shutdown(wait=True, cancel_futures=True)

@@ -196,3 +196,65 @@ def test_load_state_dict_checks_what_it_is_given(moto: Store, staging_root: str)
             s.load_state_dict([1, 2])  # type: ignore[arg-type]
         s.load_state_dict({**good, "yielded": 2, "epoch": 3})
         assert s.epoch == 3 and len(list(s)) == 3
+
+
+NO_LAUNCHER = """
+import json, os, sys
+import torch.distributed as dist
+from s5loader import ConfigError, S5Dataset, S5IterableDataset, S5Sampler
+
+rank, world = int(sys.argv[1]), 2
+port, uri, endpoint, root = sys.argv[2:6]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+ds = S5Dataset.from_prefix(uri, endpoint_url=endpoint)
+out = {}
+for name, make in (("sampler", lambda: S5Sampler(ds, epoch_cache="1MB", staging_dir=root)),
+                   ("iterable", lambda: S5IterableDataset(ds, epoch_cache="1MB", staging_dir=root))):
+    try:
+        make().close()
+        out[name] = "made"
+    except ConfigError as exc:
+        out[name] = str(exc)
+print(json.dumps(out))
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("local_vars", [False, True])
+def test_an_epoch_cache_in_a_process_group_without_launcher_variables(
+    moto: Store, tmp_path, local_vars: bool
+) -> None:
+    moto.put(make_pairs(8))
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCAL_", "SLURM_", "OMPI_", "MPI_"))}
+    procs = []
+    for rank in range(2):
+        extra = {"LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2"} if local_vars else {}
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    NO_LAUNCHER,
+                    str(rank),
+                    str(port),
+                    moto.uri(),
+                    moto.endpoint,
+                    str(tmp_path),
+                ],
+                env={**env, **extra, "OMP_NUM_THREADS": "1"},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    outs = [p.communicate(timeout=180) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
+    for stdout, _ in outs:
+        got = json.loads(stdout.strip().splitlines()[-1])
+        for form in ("sampler", "iterable"):
+            if local_vars:  # the node's ranks are known: one cache for the two
+                assert got[form] == "made", got[form]
+            else:  # no silent cache per rank: an error that names what to set
+                assert "LOCAL_WORLD_SIZE" in got[form] and "torchrun" in got[form], got[form]

@@ -85,3 +85,41 @@ def test_one_object_per_sample_takes_the_cheaper_line(
     seaweed.put(singles(20))  # one call: its blocks are whole in it
     at_proxy, asked, _ = counted_epoch(seaweed, proxy, staging_root, shuffle="block", block_size=block_size)
     assert at_proxy == asked == {**per_sample, "other": 0.0}
+
+
+@pytest.mark.slow
+def test_the_daemons_block_order_costs_the_requests_of_the_samplers(
+    seaweed: Store, proxy: LatencyProxy, staging_root: str, tmp_path
+) -> None:
+    from s5loader import consume
+    from s5loader._daemon import PrefetchDaemon, PrefetchOptions
+
+    seaweed.put(make_pairs(60))
+    # calls of 8 samples, windows of more: each front end widens its calls to whole windows, so
+    # that each block of 10 samples (20 objects) goes as one wildcard line
+    sampler, _, n = counted_epoch(
+        seaweed, proxy, staging_root, shuffle="block", block_size=10, samples_per_call=8
+    )
+    before = dict(proxy.counts)
+    ds = S5Dataset.from_prefix(seaweed.uri(), endpoint_url=seaweed.endpoint)
+    opts = PrefetchOptions.of(
+        ds.source,
+        str(tmp_path / "cache"),
+        10**6,
+        endpoint_url=proxy.endpoint,
+        shuffle="block",
+        block_size=10,
+        samples_per_call=8,
+    )
+    with PrefetchDaemon(opts) as daemon:
+        daemon.open()
+        daemon.run()
+    got = [s.name for s in consume(str(tmp_path / "cache"), timeout=30)]
+    assert len(got) == n == 60
+    counted = {k: v - before.get(k, 0) for k, v in proxy.counts.items()}
+    counted["LIST"] -= 1  # the daemon lists its source through the proxy, once
+    assert (
+        {k: v / n for k, v in counted.items()}
+        == sampler
+        == {"GET": 2.0, "HEAD": 0.0, "LIST": 0.1, "other": 0.0}
+    )

@@ -35,6 +35,7 @@ from .._sampling.cacherun import CacheRun, new_cache_run
 from .._sampling.feed import INDEX, SKIP, FeedHost, Hello, local
 from .._sampling.order import Order
 from .._sampling.run import StagingRun
+from .._sampling.setup import whole_windows
 from .._sampling.units import units_of
 from .._staging.epochcache import EpochCache, index_fingerprint
 from .._staging.layout import StagingLayout
@@ -123,7 +124,7 @@ class DaemonStream:
             # a delivered sample: the consumer's; a staged one: gone from its pass folder
             return released(-key - 1) if key < 0 else not os.path.isdir(layout.sample_dir(key))
 
-        self.run = StagingRun(dataset, options, root, frees=punch)
+        self.run = StagingRun(dataset, whole_windows(options, order.shuffle, window), root, frees=punch)
         self.run.passes.released = is_released
 
         def hold_outstanding(stager: Stager) -> None:

@@ -30,10 +30,10 @@ import numpy as np
 from .._index.sample import Sample
 from .._staging.epochcache import EpochCache, index_fingerprint
 from .._staging.layout import HANDED_BACK, StagingLayout
-from .._util.dist import rank_info
+from .._util.dist import cache_node_ranks, rank_info
 from ..config import StagingOptions
 from ..dataset import S5Dataset
-from .cacheplan import Admission, KeepPlan, keep_set, node_ranks, rank_capacity
+from .cacheplan import Admission, KeepPlan, keep_set, rank_capacity
 from .order import Order
 from .units import units_of
 
@@ -280,7 +280,7 @@ def open_cache_run(
     which a run holding it would prevent."""
     if not options.epoch_cache:
         return None
-    ranks = node_ranks(order.rank, order.num_replicas)
+    ranks = cache_node_ranks(order.rank, order.num_replicas)
     fingerprint = index_fingerprint(dataset.samples)
     o = order
     name = cache_id(fingerprint, o.shuffle, o.seed, o.num_replicas, o.drop_last, window, ranks[0], len(ranks))
@@ -337,7 +337,7 @@ def open_iterable_cache(
     if not size:
         return None
     r, world = rank_info(num_replicas, rank)
-    ranks = node_ranks(r, world)
+    ranks = cache_node_ranks(r, world)
     fingerprint = index_fingerprint(dataset.samples)
     cache = EpochCache(
         root, cache_id(fingerprint, "iterable", *job, world, ranks[0], len(ranks)), fingerprint, keep

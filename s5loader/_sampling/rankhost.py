@@ -14,7 +14,6 @@ import os
 import time
 import warnings
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any
 
 from .._engine.counters import Metrics
@@ -29,6 +28,7 @@ from .iterparts import _Pass, owner, rank_layout, rank_order, remaining
 from .mixing import few_shards
 from .order import Order
 from .run import StagingRun
+from .setup import whole_windows
 
 log = logging.getLogger("s5loader.iterable")
 # How often a host writes its figures for the dataset's own process (S5IterableDataset.metrics).
@@ -66,9 +66,9 @@ class RankHost:
         self.window, self.cost = rank_layout(
             dataset, options.budget, options.calls_in_flight, shuffle, cache is not None, root
         )
-        if shuffle == "block":  # a call holds whole windows, so that each block is one request
-            options = replace(options, samples_per_call=max(options.samples_per_call, self.window))
-        self.run = StagingRun(dataset, options, root, frees=self.cost is not None)
+        self.run = StagingRun(
+            dataset, whole_windows(options, shuffle, self.window), root, frees=self.cost is not None
+        )
         self.feed: FeedHost | None = None
 
     def rank_order(self, order: Order, epoch: int, shuffle_buffer: int) -> tuple[list[int], list[int] | None]:

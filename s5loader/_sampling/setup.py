@@ -50,10 +50,16 @@ def configure(
     order = Order(shuffle, seed, world, r, bool(drop_last))
     # From the options, not the space found: every rank must cut the same windows.
     window = units.window(options.budget, options.calls_in_flight, shuffle)
-    if shuffle == "block":
-        options = replace(options, samples_per_call=max(options.samples_per_call, window))
-    options, root = fit_budget(dataset, options, batch_size)
+    options, root = fit_budget(dataset, whole_windows(options, shuffle, window), batch_size)
     return order, window, options, root
+
+
+def whole_windows(options: StagingOptions, shuffle: bool | str, window: int) -> StagingOptions:
+    """The staging options of an order: under ``shuffle="block"`` a call holds whole windows,
+    so that each block of it is one request (a wildcard line) in every front end."""
+    if shuffle == "block":
+        return replace(options, samples_per_call=max(options.samples_per_call, window))
+    return options
 
 
 def staging_options(

@@ -115,6 +115,29 @@ def node_ranks(rank: int, world: int) -> list[int]:
     return list(range(base, base + size))
 
 
+def cache_node_ranks(rank: int, world: int) -> list[int]:
+    """:func:`node_ranks` for an epoch cache, which the ranks of a node share: in a process
+    group of several ranks where no launcher's variables say which ranks share this node, an
+    error that names them, instead of a cache per rank that each later epoch mostly refetches.
+
+    Raises:
+        ConfigError: ``torch.distributed`` runs ``world`` > 1 ranks and no launcher variable
+            gives this process's place on its node.
+    """
+    if world > 1 and local_rank_info() is None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            raise ConfigError(
+                f"epoch_cache is shared by the ranks of a node, and nothing says which of the {world} "
+                "ranks share this one: none of LOCAL_RANK/LOCAL_WORLD_SIZE (torchrun sets them), "
+                "SLURM_LOCALID (srun), OMPI_COMM_WORLD_LOCAL_RANK (Open MPI) or MPI_LOCALRANKID (MPICH) "
+                "is set. Set LOCAL_RANK and LOCAL_WORLD_SIZE for each rank (LOCAL_WORLD_SIZE=1 where each "
+                "node runs one rank), or start the job with torchrun"
+            )
+    return node_ranks(rank, world)
+
+
 def local_world_size() -> int:
     """How many ranks of this job run on this node (1 without a launcher's variables): the
     count torchrun's or mpirun's variables give; srun's only where it fits ``rank_info()`` (a

@@ -295,7 +295,9 @@ class S5Sampler(Sampler[int]):
         else the epoch after the saved one. So resuming a loop that saves
         ``loader.state_dict()`` after each epoch and calls ``set_epoch(epoch + 1)`` yields
         exactly the epoch an uninterrupted run yields. A state from a different number of
-        ranks continues the same global order at the position all ranks had reached together.
+        ranks continues the same global order at the position all ranks had reached together;
+        where each rank reads a part of its own (tar shards, ``shuffle="block"``), each rank
+        takes its part of what the epoch had left (see :mod:`s5loader._sampling.elastic`).
 
         Raises:
             StateError: the state does not fit (another data set size, negative counts, an

@@ -7,17 +7,30 @@ order mixes, the command files it would run, and its saved state."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 from .._shards.holding import Freeing
 from .._staging.reader import StagedIndex
 from .cacheplan import node_ranks
+from .elastic import Chain, rest_of_epoch
 from .mixing import few_shards
 from .order import Order, ShuffleQuality, shuffle_quality
 from .passes import write_command_files
-from .resume import Position, check_state, check_window, make_state, resume, resume_cost, resume_window
+from .resume import (
+    Position,
+    SavedPosition,
+    check_state,
+    check_window,
+    make_state,
+    resume,
+    resume_cost,
+    resume_window,
+)
 from .run import StagingRun
+
+log = logging.getLogger(__name__)
 
 
 class EpochOrders:
@@ -41,12 +54,35 @@ class EpochOrders:
         self.run = run
         self.cost = cost
         self.can_free = can_free
+        # an epoch resumed mid-way on another number of ranks (see .elastic): the epoch, the
+        # chain of ranks it came through, how its first order was laid out, and its rest here
+        self._elastic: tuple[int, Chain, int, Freeing | None] | None = None
+        self._rest: list[int] | None = None
 
     def plan(self, epoch: int, start: int = 0) -> tuple[list[int], list[int] | None]:
         """This rank's order of ``epoch`` from ``start`` on, and (``shuffle="block"``) where its
-        windows begin."""
+        windows begin (an epoch resumed on other ranks: this rank's part of its rest)."""
         run = self.run
+        if self._elastic is not None and epoch == self._elastic[0]:
+            return self._rest_part()[start:], None
         return run.units.plan(self.order, epoch, start, run.blocks, self.window, self.cost)
+
+    def _rest_part(self) -> list[int]:
+        if self._rest is None:
+            assert self._elastic is not None
+            epoch, chain, window, cost = self._elastic
+            o, run = self.order, self.run
+
+            def part_of(ranks: int, rank: int) -> list[int]:
+                first = dataclasses.replace(o, num_replicas=ranks, rank=rank)
+                return run.units.plan(first, epoch, 0, run.blocks, window, cost)[0]
+
+            self._rest = rest_of_epoch(part_of, chain, o.num_replicas, o.rank, o.drop_last)
+        return self._rest
+
+    def resumed_elsewhere(self, epoch: int) -> bool:
+        """Whether ``epoch`` is an epoch resumed mid-way on another number of ranks."""
+        return self._elastic is not None and epoch == self._elastic[0]
 
     def stage(
         self, epoch: Callable[[], int], position: Position, batch: int | None, budget: int
@@ -60,10 +96,13 @@ class EpochOrders:
         if position.epoch_done:
             position.start, position.epoch_done = 0, False  # the same epoch again, from its start
         order, windows = self.plan(epoch(), position.start)
+        shuffle, cost = self.order.shuffle, self.cost
+        if self.resumed_elsewhere(epoch()):  # a rest: its shards held whole, no windows
+            shuffle, cost = (True if shuffle == "block" else shuffle), None
         if batch is not None:  # over tar shards: the shards of one batch must fit at once
-            run.units.check_batch(order, batch, budget, self.cost)
+            run.units.check_batch(order, batch, budget, cost)
         # without skips=True the run yields staged indices only
-        stream = run.stage(order, windows, self.order.shuffle, epoch, early=batch is not None)
+        stream = run.stage(order, windows, shuffle, epoch, early=batch is not None)
         yield from cast(Iterator[StagedIndex], stream)
 
     def few_shards(self, budget: int) -> str | None:
@@ -98,8 +137,13 @@ class EpochOrders:
 
     def state(self, epoch: int, position: Position) -> dict[str, Any]:
         """The saved state of this rank at ``position`` of ``epoch``."""
-        room = (self.cost.room or 0) if self.cost is not None else 0
         n = len(self.run.dataset)
+        if self.resumed_elsewhere(epoch):
+            assert self._elastic is not None
+            _, chain, window, cost = self._elastic
+            room = (cost.room or 0) if cost is not None else 0
+            return make_state(self.order, epoch, n, position, window, self.run.units.name, room, chain)
+        room = (self.cost.room or 0) if self.cost is not None else 0
         return make_state(self.order, epoch, n, position, self.window, self.run.units.name, room)
 
     def load(self, state: dict[str, Any], epoch: int, position: Position) -> int:
@@ -113,8 +157,43 @@ class EpochOrders:
         run, units, n = self.run, self.run.units, len(self.run.dataset)
         saved = check_state(state, n, units)
         window = check_window(state, self.window)
+        self._elastic, self._rest = None, None
+        if (
+            units.per_rank(saved.shuffle)
+            and not saved.complete
+            and saved.units == units.name
+            and (saved.num_replicas != self.order.num_replicas or saved.chain)
+        ):
+            return self._resume_elsewhere(saved, window, position)
         self.order, epoch = resume(saved, self.order, epoch, position, n, units)
         self.window, run.options = resume_window(saved, window, self.window, run.options, units)
         self.cost = resume_cost(saved, self.cost, self.can_free, units, run.dataset.source)
         run.passes.frees = run.passes.frees or self.cost is not None
         return epoch
+
+    def _resume_elsewhere(self, saved: SavedPosition, window: int, position: Position) -> int:
+        """Continue an epoch of a per-rank order saved mid-way on ``saved.num_replicas`` ranks
+        (or resumed so before) on this job's: this rank's part of its rest (see :mod:`.elastic`)."""
+        here, units = self.order.num_replicas, self.run.units
+        cost: Freeing | None = None
+        if saved.room and saved.shuffle is True:  # the first order counted what samples give back
+            cost = units.order_cost()
+            if cost is not None:
+                cost.room = saved.room
+        chain = list(saved.chain)
+        if saved.num_replicas == here and chain:  # the same ranks as the rest it was saved in
+            position.restart(saved.consumed)
+        else:
+            chain.append((saved.num_replicas, saved.consumed))
+            position.restart(0)
+            log.warning(
+                "resuming epoch %d of a per-rank order saved mid-way on %d rank(s) with %d: this rank "
+                "takes its part of what the epoch had left",
+                saved.epoch,
+                saved.num_replicas,
+                here,
+            )
+        self.order = Order(saved.shuffle, saved.seed, here, self.order.rank, saved.drop_last)
+        self._elastic = (saved.epoch, chain, window, cost)
+        self.window, self.run.options = resume_window(saved, window, self.window, self.run.options, units)
+        return saved.epoch

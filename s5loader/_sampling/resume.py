@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 from ..config import StagingOptions
 from ..exceptions import StateError
+from .elastic import check_chain
 from .order import Order, check_shuffle
 from .pieces import part_len
 
@@ -32,6 +33,7 @@ class SavedPosition(NamedTuple):
     complete: bool
     units: str = "sample"  # the kind of units the saving sampler staged (its units' name)
     room: int = 0  # a shard order that counted what its samples give back: the bytes it kept open
+    chain: tuple[tuple[int, int], ...] = ()  # a per-rank epoch resumed on other ranks: see .elastic
 
 
 def check_fields(
@@ -125,7 +127,10 @@ def check_state(state: Any, dataset_len: int, units: Any) -> SavedPosition:
     room = state.get("room", 0)
     if not isinstance(room, int) or isinstance(room, bool) or room < 0:
         raise StateError(f"state['room'] must be a non-negative int, got {room!r}")
-    return SavedPosition(shuffle, state["seed"], w, drop_last, state["epoch"], consumed, complete, kind, room)
+    chain = tuple(check_chain(state["elastic"])) if state.get("elastic") else ()
+    return SavedPosition(
+        shuffle, state["seed"], w, drop_last, state["epoch"], consumed, complete, kind, room, chain
+    )
 
 
 @dataclass
@@ -155,11 +160,20 @@ class Position:
 
 
 def make_state(
-    order: Order, epoch: int, dataset_len: int, position: Position, window: int, units: str, room: int = 0
+    order: Order,
+    epoch: int,
+    dataset_len: int,
+    position: Position,
+    window: int,
+    units: str,
+    room: int = 0,
+    chain: Sequence[tuple[int, int]] = (),
 ) -> dict[str, Any]:
     """The dict ``S5Sampler.state_dict()`` returns (read back by :func:`check_state`); ``units``
     names the kind of units staged, ``room`` the bytes a shard order that counts what its
-    samples give back keeps open (0: it counts nothing)."""
+    samples give back keeps open (0: it counts nothing), ``chain`` the ranks an epoch resumed
+    on other ranks came through (see :mod:`.elastic`; then ``start`` and ``yielded`` count in
+    its rest)."""
     return {
         "version": STATE_VERSION,
         "epoch": epoch,
@@ -174,6 +188,7 @@ def make_state(
         "window": window,  # shuffle="block" and shard orders: the order depends on it
         "units": units,
         "room": room,  # and a shard order that counts what its samples give back, on this
+        **({"elastic": [list(p) for p in chain]} if chain else {}),
     }
 
 
@@ -225,7 +240,7 @@ def resume(
             f"the state was saved mid-epoch by a sampler that staged {saved.units}s; "
             f"this one stages {units.name}s"
         )
-    if units.per_rank(saved.shuffle) and w != here and not saved.complete:
+    if units.per_rank(saved.shuffle) and w != here and not saved.complete:  # see resume_elsewhere
         raise StateError(
             f"{what} epoch resumes only with the same number of ranks: the state has {w}, this job {here}"
         )

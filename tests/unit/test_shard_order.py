@@ -167,3 +167,33 @@ def test_a_shard_order_state_resumes_in_the_rank_part_and_only_with_the_same_ran
     # a state of version 2 said so with "sharded": read the same
     old = {k: v for k, v in state.items() if k != "units"} | {"sharded": True}
     assert check_state(old, 100, shard_units) == saved
+
+
+def test_the_rest_of_an_epoch_is_cut_among_the_new_ranks_each_sample_once() -> None:
+    from collections import Counter
+
+    from s5loader._sampling.elastic import check_chain, rest_of_epoch, split
+
+    parts = {(2, 0): list(range(0, 30)), (2, 1): list(range(30, 60))}
+
+    def part_of(ranks: int, rank: int) -> list[int]:
+        return parts[ranks, rank]
+
+    done = list(range(0, 8)) + list(range(30, 38))
+    for world in (1, 3, 4):
+        rest = [i for r in range(world) for i in rest_of_epoch(part_of, [(2, 8)], world, r, drop_last=False)]
+        padded = -(-44 // world) * world
+        assert len(rest) == padded and set(done + rest) == set(range(60))
+        assert Counter(done + rest) - Counter(range(60)) == Counter(rest[: padded - 44]) - Counter()
+    # two resumptions: 2 ranks to 4 (each at 5 of its 11), then to 1
+    again = rest_of_epoch(part_of, [(2, 8), (4, 5)], 1, 0, drop_last=False)
+    second = [i for r in range(4) for i in rest_of_epoch(part_of, [(2, 8)], 4, r, False)[:5]]
+    assert Counter(done + second + again) == Counter(range(60))
+    assert split([1, 2, 3], 2, drop_last=True) == [[1], [2]] and split([1, 2, 3], 2, False) == [
+        [1, 2],
+        [3, 1],
+    ]
+    with pytest.raises(StateError):
+        check_chain([[0, 3]])
+    with pytest.raises(StateError):
+        rest_of_epoch(part_of, [(2, 31)], 1, 0, False)

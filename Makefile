@@ -46,6 +46,12 @@ bench: venv
 		--methods webdataset s5loader-shards s5loader-iterable
 	# the epoch cache over tar shards through the proxy: a cache of half the data set, then all of it
 	$(PY) bench/epoch_cache.py --shards 12 --out bench/results/epoch-cache-shards.json
+	# new TCP connections per request at each s5cmd_workers, 100 KB and 20 KB objects, through the proxy
+	$(PY) bench/connections.py --sample-size 100KB --workers 256 64 16
+	$(PY) bench/connections.py --sample-size 20KB --workers 256 64 32 16
+	# converting to shards, with and without a per-sample transform, against litdata
+	$(PY) bench/pack.py --methods s5loader,litdata,s5loader+transform,litdata+transform --repeat 3 \
+		--output bench/results/pack-transform.json
 
 clean:
 	rm -rf $(VENV) .s3-local .pytest_cache

@@ -54,6 +54,7 @@ import s5loader  # noqa: E402
 from s5loader import S5Dataset, parse_size  # noqa: E402
 from s5loader._staging.area import tree_bytes  # noqa: E402
 from s5loader.testing import SeaweedFS  # noqa: E402
+from s5loader_bench.transforms import recode  # noqa: E402
 
 BUCKET = "data"
 ENDPOINT = ""  # set in main(); read by litdata's workers through the environment
@@ -131,7 +132,9 @@ def list_samples(prefix: str) -> list[tuple[str, list[str]]]:
 Check = Callable[[], int]  # the samples in the result, counted after the clock stops
 
 
-def run_s5loader(src: str, dest: str, work: str, shard_size: int, budget: int) -> Check:
+def run_s5loader(
+    src: str, dest: str, work: str, shard_size: int, budget: int, transform: bool = False
+) -> Check:
     s5loader.pack(
         f"s3://{BUCKET}/{src}",
         f"s3://{BUCKET}/{dest}",
@@ -139,6 +142,7 @@ def run_s5loader(src: str, dest: str, work: str, shard_size: int, budget: int) -
         budget=budget,
         staging_dir=work,
         endpoint_url=ENDPOINT,
+        transform=recode if transform else None,
     )
     return lambda: len(S5Dataset.from_shards(f"s3://{BUCKET}/{dest}", endpoint_url=ENDPOINT))
 
@@ -197,14 +201,20 @@ def litdata_sample(item: tuple[str, list[str]]) -> dict[str, Any]:
     return out
 
 
-def run_litdata(src: str, dest: str, work: str, shard_size: int) -> Check:
+def litdata_recoded(item: tuple[str, list[str]]) -> dict[str, Any]:
+    """:func:`litdata_sample`, then the transform every method's transform run does."""
+    out = litdata_sample(item)
+    return {"key": out["key"], **recode(out)}
+
+
+def run_litdata(src: str, dest: str, work: str, shard_size: int, transform: bool = False) -> Check:
     from litdata import optimize
 
     os.environ["DATA_OPTIMIZER_CACHE_FOLDER"] = os.path.join(work, "chunks")
     os.environ["DATA_OPTIMIZER_DATA_CACHE_FOLDER"] = os.path.join(work, "data")
     samples = list_samples(src)
     optimize(
-        fn=litdata_sample,
+        fn=litdata_recoded if transform else litdata_sample,
         inputs=samples,
         output_dir=f"s3://{BUCKET}/{dest}",
         chunk_bytes=shard_size,
@@ -268,7 +278,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--size", default="20KB", help="bytes of each sample's .jpg (default 20KB)")
     p.add_argument("--shard-size", default="4MB")
     p.add_argument("--budget", default="16MB", help="s5loader pack's local disk budget (default 16MB)")
-    p.add_argument("--methods", default="s5loader,webdataset+boto3,webdataset+boto3 x32,litdata")
+    p.add_argument(
+        "--methods",
+        default="s5loader,webdataset+boto3,webdataset+boto3 x32,litdata,s5loader+transform,litdata+transform",
+    )
     p.add_argument("--repeat", type=int, default=2, help="runs of each method (default 2)")
     p.add_argument("--output", default=os.path.join(HERE, "results", "pack.json"))
     return p
@@ -287,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
         "webdataset+boto3": lambda s, d, w: run_webdataset(s, d, w, shard, 1),
         "webdataset+boto3 x32": lambda s, d, w: run_webdataset(s, d, w, shard, 32),
         "litdata": lambda s, d, w: run_litdata(s, d, w, shard),
+        # the same per-sample work (s5loader_bench.transforms.recode) while converting
+        "s5loader+transform": lambda s, d, w: run_s5loader(s, d, w, shard, budget, transform=True),
+        "litdata+transform": lambda s, d, w: run_litdata(s, d, w, shard, transform=True),
     }
     chosen = [m.strip() for m in args.methods.split(",") if m.strip()]
     with tempfile.TemporaryDirectory(prefix="s5bench-pack-") as root:

@@ -159,14 +159,14 @@ def test_the_shards_of_a_shuffled_pack_draw_no_mixing_warning(
 ) -> None:
     import s5loader
 
-    seaweed.put({f"c{c}/{i:03d}.jpg": bytes([c]) * 2000 for c in range(8) for i in range(20)})
+    seaweed.put({f"c{c}/{i:03d}.jpg": bytes([c]) * 2000 for c in range(6) for i in range(10)})
     made = {}
     for shuffled in (True, False):
         dest = seaweed.uri().replace("/train/", f"/packed-{shuffled}/")
         s5loader.pack(
             seaweed.uri(),
             dest,
-            shard_size="20KB",
+            shard_size="12KB",
             shuffle=shuffled,
             label="folder",
             endpoint_url=seaweed.endpoint,

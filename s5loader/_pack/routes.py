@@ -151,19 +151,19 @@ def pack_objects(run: PackRun) -> Packed:
         len(jobs),
     )
     gate = Gate(int(options.budget))
-    with open_work(run.root, min(int(options.budget), sum(j[3] for j in jobs))) as work:
-        numworkers = max(4, options.workers // run.parallel)
-        transform = None
-        if options.transform is not None:
-            transform = SampleTransform(options.transform, options.transform_workers or os.cpu_count() or 1)
-        packer = Packer(
-            run.s5, run.store, state, work, options.missing, numworkers, run.shard_done, blocks, transform
-        )
-        try:
+    transform = None
+    if options.transform is not None and jobs:  # its workers forked before any transfer thread
+        transform = SampleTransform(options.transform, options.transform_workers or os.cpu_count() or 1)
+    try:
+        with open_work(run.root, min(int(options.budget), sum(j[3] for j in jobs))) as work:
+            numworkers = max(4, options.workers // run.parallel)
+            packer = Packer(
+                run.s5, run.store, state, work, options.missing, numworkers, run.shard_done, blocks, transform
+            )
             entries = run_shards(packer, jobs, gate, run.parallel)
-        finally:
-            if transform is not None:
-                transform.close()
+    finally:
+        if transform is not None:
+            transform.close()
     run.result.peak_staged = gate.peak
     run.result.skipped = [k for e in entries for k in e.get("skipped", [])]
     run.result.shards = len(cuts)

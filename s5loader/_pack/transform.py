@@ -4,13 +4,14 @@ processes, its output written into the shard in the plan's order.
 ``fn`` takes the sample as a dict (``{"__key__": "train/0001", "jpg": b"...", "cls": b"3"}``:
 the fields' bytes as the shard would hold them) and returns the fields to write instead (``{"jpg":
 b"...", "txt": "a caption", "cls": 3}``: bytes, ``str`` as UTF-8, ``int``/``float`` as their
-decimal text). It runs in a pool of processes started from a clean server process
-(``forkserver``), so it must be importable by name (a module-level function, as for a DataLoader
-with ``spawn``). At most twice as many samples as processes are in flight, each held in memory
-only: the staged files of a sample are deleted as soon as it is read, so the disk holds what it
-holds without a transform. The function's name (module and qualified name) is part of the
-pack's plan: a rerun with the same function continues the pack and makes the same shards, byte
-for byte, where the function is deterministic; another function is another pack.
+decimal text). It runs in a pool of processes forked before the pack's transfers begin; each
+sample is sent to them with ``fn`` by name, so ``fn`` must be importable (a module-level
+function, as for a DataLoader with ``spawn``). At most twice as many samples as processes are
+in flight, each held in memory only: the staged files of a sample are deleted as soon as it is
+read, so the disk holds what it holds without a transform. The function's name (module and
+qualified name) is part of the pack's plan: a rerun with the same function continues the pack
+and makes the same shards, byte for byte, where the function is deterministic; another function
+is another pack.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import collections
 import importlib
 import multiprocessing
 import os
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
@@ -101,32 +101,32 @@ def apply(fn: Transform, sample: dict[str, Any]) -> list[tuple[str, bytes]]:
     return sorted(fields)
 
 
-def _preload() -> None:  # pragma: no cover - runs in the fork server
-    """Nothing: importing this module in the fork server loads s5loader once for every worker."""
+def _ready() -> bool:  # pragma: no cover - runs in a worker
+    return True
 
 
 class SampleTransform:
     """A pool of ``processes`` worker processes that run ``fn`` on samples, in order.
 
-    The pool starts on first use (a fork server, so no worker inherits this process's threads)
-    and :meth:`close` stops it; safe to call twice.
+    Made before the pack starts its threads: the workers are forked at once (a fork costs
+    milliseconds where a fresh interpreter would import s5loader and torch again), from a
+    process that runs no transfer yet. :meth:`close` stops them; safe to call twice.
     """
 
     def __init__(self, fn: Transform, processes: int) -> None:
         self.fn = fn
         self.name = transform_name(fn)
         self.processes = max(1, processes)
-        self._pool: ProcessPoolExecutor | None = None
-        self._lock = threading.Lock()
         self._owner = os.getpid()
+        self._pool: ProcessPoolExecutor | None = ProcessPoolExecutor(
+            self.processes, mp_context=multiprocessing.get_context("fork")
+        )
+        self._pool.submit(_ready).result()  # every worker forked now (Python forks them together)
 
     def _get(self) -> ProcessPoolExecutor:
-        with self._lock:
-            if self._pool is None:
-                ctx = multiprocessing.get_context("forkserver")
-                ctx.set_forkserver_preload([__name__])
-                self._pool = ProcessPoolExecutor(self.processes, mp_context=ctx)
-            return self._pool
+        if self._pool is None:
+            raise RuntimeError("the transform's workers were stopped")
+        return self._pool
 
     def run(
         self, samples: Iterable[tuple[Any, dict[str, Any]]]

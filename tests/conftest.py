@@ -9,6 +9,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.stores import Store, free_port
@@ -77,3 +78,14 @@ def short_tmp() -> Iterator[Path]:
 @pytest.fixture
 def staging_root(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(tmp_path_factory.mktemp("staging"))
+
+
+@pytest.fixture
+def counting_proxy(seaweed_server: str) -> Iterator[Any]:
+    """The bench's request-counting proxy (no added latency) in front of the session's SeaweedFS."""
+    from s5loader_bench.proxy import LatencyProxy
+
+    host, port = seaweed_server.rsplit("/", 1)[-1].split(":")
+    p = LatencyProxy(host, int(port), delay_s=0.0).start_thread()
+    yield p
+    p.stop()

@@ -13,7 +13,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,18 +38,10 @@ sampler.close()
 """
 
 
-@pytest.fixture
-def proxy(seaweed_server: str) -> Iterator[LatencyProxy]:
-    host, port = seaweed_server.rsplit("/", 1)[-1].split(":")
-    p = LatencyProxy(host, int(port), delay_s=0.0).start_thread()
-    yield p
-    p.stop()
-
-
 @pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="needs unshare and root")
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_training_process_whose_parent_is_pid_1(
-    workers: int, seaweed: Store, proxy: LatencyProxy, tmp_path: Path
+    workers: int, seaweed: Store, counting_proxy: LatencyProxy, tmp_path: Path
 ) -> None:
     seaweed.put(make_pairs(60, size=2000))
     root = tmp_path / "staging"
@@ -61,13 +52,13 @@ def test_a_training_process_whose_parent_is_pid_1(
         TRAIN,
         seaweed.uri(),
         seaweed.endpoint,
-        proxy.endpoint,
+        counting_proxy.endpoint,
         str(root),
         str(workers),
     ]
     # "; true": the shell (PID 1 of the namespace) stays, the training process is its child
     shell = f"{shlex.join(argv)}; true"
-    before = dict(proxy.counts)
+    before = dict(counting_proxy.counts)
     r = subprocess.run(
         ["unshare", "-pf", "--mount-proc", "sh", "-c", shell],
         capture_output=True,
@@ -79,6 +70,6 @@ def test_a_training_process_whose_parent_is_pid_1(
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["ppid"] == 1  # as in a container
     assert sorted(out["keys"]) == [f"{seaweed.prefix}{i:04d}" for i in range(60)]  # every sample once
-    gets = proxy.counts.get("GET", 0) - before.get("GET", 0)
+    gets = counting_proxy.counts.get("GET", 0) - before.get("GET", 0)
     assert gets == 2 * 60, f"{gets} GETs for 60 samples of two objects: a reader fetched directly"
     assert out["left"] == []  # nothing staged after the epoch

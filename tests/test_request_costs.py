@@ -6,8 +6,6 @@ HEAD and a GET each, s5cmd 2.3.0's HEAD included)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from support.stores import Store, make_pairs
 
@@ -16,11 +14,8 @@ from s5loader_bench.proxy import LatencyProxy
 
 
 @pytest.fixture
-def proxy(seaweed_server: str) -> Iterator[LatencyProxy]:
-    host, port = seaweed_server.rsplit("/", 1)[-1].split(":")
-    p = LatencyProxy(host, int(port), delay_s=0.0).start_thread()
-    yield p
-    p.stop()
+def proxy(counting_proxy: LatencyProxy) -> LatencyProxy:
+    return counting_proxy
 
 
 def singles(n: int, size: int = 100) -> dict[str, bytes]:

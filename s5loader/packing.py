@@ -93,10 +93,11 @@ def pack(
         rank, world_size: this process's part (default: torch.distributed, else ``RANK`` and
             ``WORLD_SIZE``, else one process).
         transform: a function run on each sample while it is packed, in ``transform_workers``
-            processes (default: one per CPU): it takes the sample as a dict (``"__key__"`` and
-            each field's bytes) and returns the fields to write (bytes, str, int or float). It
-            must be a module-level function (worker processes import it by name); its name is
-            part of the plan, so a rerun with it continues the pack and makes the same shards.
+            processes (default: one per CPU, divided among the node's ranks): it takes the
+            sample as a dict (``"__key__"`` and each field's bytes) and returns the fields to
+            write (bytes, str, int or float). It must be a module-level function (worker
+            processes import it by name); its name is part of the plan, so a rerun with it
+            continues the pack and makes the same shards.
             The budget counts the samples as they are read, not as the transform makes them.
             Not with ``from_archive``.
 

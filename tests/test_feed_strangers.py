@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from support.waits import wait_for
 
-from s5loader import StallError
+from s5loader import FetchError, S5LoaderError, StallError
 from s5loader._sampling import feed, wire
 from s5loader._staging.reader import StagedIndex
 
@@ -150,6 +150,9 @@ def test_a_worker_does_not_talk_to_a_stranger_that_took_the_hosts_name(tmp_path:
         w.start()
         _, got = out.get(timeout=60)
         w.join(30)
+        # the host itself, coming late, says that its name is taken
+        with pytest.raises(StallError, match="cannot take its socket"):
+            feed.FeedHost(name, feed.Hello(0, 2, 0, 0, ()), lambda hellos: iter(()), lambda pos: 0).start()
     finally:
         stop.touch()
     assert isinstance(got, str) and got.startswith("StallError: "), got
@@ -161,7 +164,7 @@ def test_a_worker_does_not_talk_to_a_stranger_that_took_the_hosts_name(tmp_path:
     [
         ["i", [3, "/elsewhere/p0", False, False, False, False]],  # a folder outside the staging area
         ["i", ["3"]],
-        ["x", ["ConfigError"]],
+        ["x", ["s5loader.exceptions", "ConfigError"]],
         {"i": 3},
         ["z", None],
     ],
@@ -185,5 +188,18 @@ def test_messages_cross_as_plain_data_and_errors_keep_their_type(tmp_path: Path)
     for exc in (BudgetError("the budget of 1 MB is full"), OSError("disk"), RuntimeError("r")):
         kind, err = wire.decode(wire.encode((feed.ERROR, exc)), None)
         assert kind == feed.ERROR and type(err) is type(exc) and str(err) == str(exc)
-    _, other = wire.decode(["x", ["SomethingElse", "boom"]], None)
-    assert str(other) == "SomethingElse: boom"
+    _, other = wire.decode(["x", ["mylib", "SomethingElse", "boom"]], None)
+    assert type(other) is S5LoaderError and str(other) == "mylib.SomethingElse: boom"
+    # a name that s5loader also uses, from another module, is not taken for s5loader's
+    _, theirs = wire.decode(["x", ["google.protobuf.message", "DecodeError", "bad"]], None)
+    assert type(theirs) is S5LoaderError
+
+    class Unreadable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    for exc in (Unreadable(), FetchError("x" * 100_000)):  # the frame stays small and decodes
+        frame = wire.frame(wire.encode((feed.ERROR, exc)))
+        assert len(frame) < wire.MAX_FRAME
+        _, back = wire.decode(wire.encode((feed.ERROR, exc)), None)
+        assert isinstance(back, S5LoaderError)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 from support.stores import Store, make_pairs
 from support.transforms import fails_on_0003, upper_and_digest
@@ -94,6 +95,15 @@ def test_a_pack_with_a_transform_killed_midway_continues(seaweed: Store, tmp_pat
     wait_for(two_shards_done, 120, "two shards packed", interval=0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+
+    def others() -> list[int]:  # the killed pack's transform workers (forked: the same command line)
+        return [
+            p.pid
+            for p in psutil.process_iter(["cmdline"])
+            if p.pid != os.getpid() and str(tmp_path) in " ".join(p.info["cmdline"] or ())
+        ]
+
+    wait_for(lambda: others() == [], 30, "the killed pack's transform workers to end")
     r = subprocess.run(
         [sys.executable, "-m", "s5loader", "pack", *args],
         env=env,

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 from .._index.blocks import BlockPlan, plan_blocks
 from .._s5cmd import S5cmd
 from .._shards.index import DEFAULT_INDEX, PACK_RECORD
+from .._util.dist import local_world_size
 from .._util.uri import as_folder, format_size, parse_s3_uri
 from ..config import Access
 from ..dataset import S5Dataset
@@ -56,7 +57,8 @@ class PackResult:
         peak_staged: the most bytes of local disk reserved at once by the shards under way (a
             shard being built reserves its tar and its largest object, a shard waiting for its
             upload its tar; a shard waiting for its turn nothing): an upper bound of the disk
-            used, never more than the budget.
+            used, never more than the budget; with a transform, of the samples as read (a
+            transform that enlarges them writes tars larger than reserved).
         budget: the budget.
         skipped: sample keys left out (objects gone, with ``missing="skip"``): on rank 0 of
             the whole pack, else of the shards this process wrote.
@@ -153,7 +155,9 @@ def pack_objects(run: PackRun) -> Packed:
     gate = Gate(int(options.budget))
     transform = None
     if options.transform is not None and jobs:  # its workers forked before any transfer thread
-        transform = SampleTransform(options.transform, options.transform_workers or os.cpu_count() or 1)
+        # by default the node's CPUs, shared by its ranks that pack
+        default = max(1, (os.cpu_count() or 1) // local_world_size())
+        transform = SampleTransform(options.transform, options.transform_workers or default)
     try:
         with open_work(run.root, min(int(options.budget), sum(j[3] for j in jobs))) as work:
             numworkers = max(4, options.workers // run.parallel)

@@ -6,9 +6,12 @@ the fields' bytes as the shard would hold them) and returns the fields to write 
 b"...", "txt": "a caption", "cls": 3}``: bytes, ``str`` as UTF-8, ``int``/``float`` as their
 decimal text). It runs in a pool of processes forked before the pack's transfers begin; each
 sample is sent to them with ``fn`` by name, so ``fn`` must be importable (a module-level
-function, as for a DataLoader with ``spawn``). At most twice as many samples as processes are
-in flight, each held in memory only: the staged files of a sample are deleted as soon as it is
-read, so the disk holds what it holds without a transform. The function's name (module and
+function, as for a DataLoader with ``spawn``); it is forked from the process that calls
+``pack()``, so a process whose other threads hold locks the function needs (a logging handler,
+an OpenMP pool) should call ``pack()`` before starting them. Per shard being built (two at
+once), at most twice as many samples as processes are in flight, each held in memory only: the
+staged files of a sample are deleted as soon as it is read, so the disk holds what it holds
+without a transform. The function's name (module and
 qualified name) is part of the pack's plan: a rerun with the same function continues the pack
 and makes the same shards, byte for byte, where the function is deterministic; another function
 is another pack.
@@ -20,10 +23,12 @@ import collections
 import importlib
 import multiprocessing
 import os
+import signal
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
+from .._util.platform import die_with_parent
 from ..exceptions import ConfigError
 
 Transform = Callable[[dict[str, Any]], dict[str, Any]]
@@ -105,6 +110,13 @@ def _ready() -> bool:  # pragma: no cover - runs in a worker
     return True
 
 
+def _die_with(parent: int) -> None:  # pragma: no cover - runs in a worker as it starts
+    """A worker ends with the pack that forked it, killed included (``PR_SET_PDEATHSIG``)."""
+    die_with_parent(signal.SIGKILL)
+    if os.getppid() != parent:  # the pack ended before the line above
+        os._exit(0)
+
+
 class SampleTransform:
     """A pool of ``processes`` worker processes that run ``fn`` on samples, in order.
 
@@ -119,7 +131,10 @@ class SampleTransform:
         self.processes = max(1, processes)
         self._owner = os.getpid()
         self._pool: ProcessPoolExecutor | None = ProcessPoolExecutor(
-            self.processes, mp_context=multiprocessing.get_context("fork")
+            self.processes,
+            mp_context=multiprocessing.get_context("fork"),
+            initializer=_die_with,
+            initargs=(os.getpid(),),
         )
         self._pool.submit(_ready).result()  # every worker forked now (Python forks them together)
 

@@ -69,16 +69,20 @@ class EpochOrders:
 
     def _rest_part(self) -> list[int]:
         if self._rest is None:
-            assert self._elastic is not None
-            epoch, chain, window, cost = self._elastic
-            o, run = self.order, self.run
-
-            def part_of(ranks: int, rank: int) -> list[int]:
-                first = dataclasses.replace(o, num_replicas=ranks, rank=rank)
-                return run.units.plan(first, epoch, 0, run.blocks, window, cost)[0]
-
-            self._rest = rest_of_epoch(part_of, chain, o.num_replicas, o.rank, o.drop_last)
+            self._rest = self._rest_of(self.order.rank)
         return self._rest
+
+    def _rest_of(self, rank: int) -> list[int]:
+        """Rank ``rank``'s part of the rest of the epoch resumed on other ranks."""
+        assert self._elastic is not None
+        epoch, chain, window, cost = self._elastic
+        o, run = self.order, self.run
+
+        def part_of(ranks: int, r: int) -> list[int]:
+            first = dataclasses.replace(o, num_replicas=ranks, rank=r)
+            return run.units.plan(first, epoch, 0, run.blocks, window, cost)[0]
+
+        return rest_of_epoch(part_of, chain, o.num_replicas, rank, o.drop_last)
 
     def resumed_elsewhere(self, epoch: int) -> bool:
         """Whether ``epoch`` is an epoch resumed mid-way on another number of ranks."""
@@ -112,6 +116,8 @@ class EpochOrders:
     def local_orders(self, epoch: int) -> list[list[int]]:
         """The whole order of ``epoch`` of each rank of this node (the epoch cache plans on them)."""
         o, run = self.order, self.run
+        if self.resumed_elsewhere(epoch):  # what they stage of it: their parts of its rest
+            return [self._rest_of(r) for r in node_ranks(o.rank, o.num_replicas)]
         return [
             run.units.plan(dataclasses.replace(o, rank=r), epoch, 0, run.blocks, self.window, self.cost)[0]
             for r in node_ranks(o.rank, o.num_replicas)

@@ -145,7 +145,14 @@ class FeedHost:
     def start(self) -> FeedHost:
         if self.local.num_workers > 1:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.bind("\0" + self.name)
+            try:
+                sock.bind("\0" + self.name)
+            except OSError as exc:
+                sock.close()
+                raise StallError(
+                    f"the staging host of this DataLoader cannot take its socket @{self.name}: "
+                    f"{exc.strerror} (another process took the name first?); iterate the loader again"
+                ) from exc
             sock.listen(self.local.num_workers)
             sock.settimeout(0.2)
             self._sock = sock

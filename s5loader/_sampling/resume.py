@@ -19,6 +19,9 @@ log = logging.getLogger(__name__)
 
 # 2 added "complete": the state was taken after the epoch's last sample (1 is still read)
 STATE_VERSION = 2
+# a state taken in the rest of an epoch resumed on other ranks ("elastic"): its positions count in
+# that rest, which an s5loader that reads only version 2 would take for the whole part: it refuses
+ELASTIC_VERSION = 3
 
 
 class SavedPosition(NamedTuple):
@@ -94,13 +97,13 @@ def check_state(state: Any, dataset_len: int, units: Any) -> SavedPosition:
         "start",
         "yielded",
     ]
-    if isinstance(state, dict) and state.get("version") == STATE_VERSION:
+    if isinstance(state, dict) and state.get("version") in (STATE_VERSION, ELASTIC_VERSION):
         need.append("complete")
     check_fields(
         state,
         "S5Sampler.state_dict()",
         need,
-        (1, STATE_VERSION),
+        (1, STATE_VERSION, ELASTIC_VERSION),
         ("epoch", "start", "yielded", "num_replicas", "dataset_len", "seed"),
         ("complete",),
         dataset_len,
@@ -175,7 +178,7 @@ def make_state(
     on other ranks came through (see :mod:`.elastic`; then ``start`` and ``yielded`` count in
     its rest)."""
     return {
-        "version": STATE_VERSION,
+        "version": ELASTIC_VERSION if chain else STATE_VERSION,
         "epoch": epoch,
         "seed": order.seed,
         "shuffle": order.shuffle,

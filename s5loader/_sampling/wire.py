@@ -89,21 +89,34 @@ def encode(msg: tuple[str, Any]) -> list[Any]:
             return [kind, [int(s), s.folder, s.keep, s.back, s.frees, s.early]]
         return [kind, [int(payload)]]
     if kind == ERROR:
-        return [kind, [type(payload).__name__, str(payload)]]
+        t = type(payload)
+        try:
+            message = str(payload)
+        except Exception:  # noqa: BLE001 - an exception whose message cannot be made: its type says it
+            message = f"({t.__name__} whose message could not be read)"
+        if len(message) > MAX_MESSAGE:
+            message = message[:MAX_MESSAGE] + " [...]"
+        return [kind, [t.__module__, t.__name__, message]]
     return [kind, None]
 
 
-def _error(name: str, message: str) -> BaseException:
-    """The error a host sent: the s5loader type of that name, else the built-in exception type,
-    else an :class:`~s5loader.exceptions.S5LoaderError` that names the type."""
-    kind = getattr(exceptions, name, None)
+# An error's message crosses cut to this many characters, so that its frame stays well within
+# MAX_FRAME whatever the error says (its start names what failed).
+MAX_MESSAGE = 8192
+
+
+def _error(module: str, name: str, message: str) -> BaseException:
+    """The error a host sent: the s5loader type of that name (from ``s5loader.exceptions``), else
+    the built-in exception type, else an :class:`~s5loader.exceptions.S5LoaderError` that names
+    the type."""
+    kind = getattr(exceptions, name, None) if module == exceptions.__name__ else None
     if isinstance(kind, type) and issubclass(kind, S5LoaderError):
         return kind(message)
-    kind = getattr(builtins, name, None)
+    kind = getattr(builtins, name, None) if module == "builtins" else None
     if isinstance(kind, type) and issubclass(kind, Exception):
         with contextlib.suppress(Exception):
             return kind(message)
-    return S5LoaderError(f"{name}: {message}")
+    return S5LoaderError(f"{module}.{name}: {message}")
 
 
 def _flag(v: Any) -> bool:
@@ -136,7 +149,7 @@ def decode(raw: Any, root: str | None) -> tuple[str, Any]:
             raise FrameError(f"a staged index in {folder!r}, outside the staging area {root}")
         return kind, StagedIndex(payload[0], folder, *map(_flag, payload[2:]))
     if kind == ERROR:
-        if not (isinstance(payload, list) and len(payload) == 2 and all(isinstance(x, str) for x in payload)):
+        if not (isinstance(payload, list) and len(payload) == 3 and all(isinstance(x, str) for x in payload)):
             raise FrameError(f"an error that is not one: {str(payload)[:80]!r}")
         return kind, _error(*payload)
     return kind, None

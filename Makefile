@@ -19,9 +19,10 @@ demo: venv
 	$(PY) bin/demo
 
 # Everything: the unit tier and the real-path tiers (the real s5cmd against moto and SeaweedFS),
-# in two processes (each with servers of its own), a test file to a process.
+# in three processes (each with servers of its own), a test file to a process: most tests wait on
+# servers and subprocesses, so three keep two cores busy (about 7.5 min against 9-10 with two).
 test: venv
-	$(PY) -m pytest -q -n 2 --dist loadfile tests
+	$(PY) -m pytest -q -n 3 --dist loadfile tests
 
 # The unit tier alone: no server, no subprocess; under a minute.
 test-fast: venv

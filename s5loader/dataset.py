@@ -13,7 +13,7 @@ from ._index import sources as _sources
 from ._index.compact import SampleIndex
 from ._index.sample import DISK, Sample
 from ._index.share import shared_object
-from ._shards.index import load_shards
+from ._shards.index import Shard, load_shards
 from ._shards.shardset import ShardSet
 from ._staging.plainindex import PlainIndices
 from ._staging.reader import ObjectReader
@@ -217,7 +217,12 @@ class S5Dataset(Dataset[Any]):
         store = Access.coerce(access, endpoint_url)
         # one process of the job reads the index (and lists a prefix); the others receive it
         what = ["shards", repr(source), index, store.endpoint()]
-        shards, where, meta = shared_object(lambda: load_shards(source, index, store), what)
+        shards, where, meta = shared_object(
+            lambda: load_shards(source, index, store),
+            what,
+            lambda found: [[list(sh) for sh in found[0]], found[1], found[2]],
+            lambda plain: ([Shard(*sh) for sh in plain[0]], str(plain[1]), dict(plain[2])),
+        )
         name = source if isinstance(source, str) else f"{len(shards)} shards"
         shard_set = ShardSet(shards, store, name, where, meta)
         return cls([], access=store, transform=transform, decode=decode, source=name, shards=shard_set)

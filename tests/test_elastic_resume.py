@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.shards import make_shards, put_indexed
@@ -29,13 +30,16 @@ def shards(seaweed: Store) -> S5Dataset:
     return S5Dataset.from_shards(source, endpoint_url=seaweed.endpoint)
 
 
-def run_ranks(ds: S5Dataset, root: str, world: int, state: dict | None, stop_at: int | None, **kw):  # type: ignore[no-untyped-def]
+def run_ranks(
+    ds: S5Dataset, root: str, world: int, state: dict[str, Any] | None, stop_at: int | None, **kw: Any
+) -> tuple[list[int], dict[str, Any] | None]:
     """The ranks of ``world`` in lockstep: each hands out ``stop_at`` indices (all, with None) of
     the epoch (resumed from ``state``); their indices, and rank 0's state at the stop."""
     samplers = [
         S5Sampler(ds, num_replicas=world, rank=r, seed=4, staging_dir=root, **kw) for r in range(world)
     ]
-    got, saved = [], None
+    got: list[int] = []
+    saved: dict[str, Any] | None = None
     try:
         for s in samplers:
             if state is not None:

@@ -49,7 +49,8 @@ STRANGER = textwrap.dedent(
         closed = s.recv(1) == b""
     except OSError:  # refused before it was read
         closed = True
-    open(out, "w").write("closed" if closed else "open")
+    open(out + ".tmp", "w").write("closed" if closed else "open")
+    os.replace(out + ".tmp", out)  # whole when it appears
     """
 )
 

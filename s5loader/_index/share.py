@@ -21,7 +21,6 @@ import hashlib
 import json
 import logging
 import os
-import pickle
 import tempfile
 import time
 from collections.abc import Callable
@@ -54,20 +53,33 @@ class _Form(Generic[T]):
         self.dumps, self.loads, self.save, self.load = dumps, loads, save, load
 
 
-def _pickle_save(value: object, path: str) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        pickle.dump(value, f, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(tmp, path)
+def _json_form(to_plain: Callable[[T], Any], from_plain: Callable[[Any], T]) -> _Form[T]:
+    """A value that travels as JSON of its plain form: what a process reads from the shared
+    file is data, never code (the file lives in a private folder, and is still no pickle)."""
 
+    def dumps(value: T) -> bytes:
+        return json.dumps(to_plain(value)).encode()
 
-def _pickle_load(path: str) -> Any:
-    with open(path, "rb") as f:
-        return pickle.load(f)
+    def loads(data: bytes, where: str) -> T:
+        try:
+            return from_plain(json.loads(data))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise IndexShareError(f"{where} is not a shared value of this s5loader: {exc}") from exc
+
+    def save(value: T, path: str) -> None:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(dumps(value))
+        os.replace(tmp, path)
+
+    def load(path: str) -> T:
+        with open(path, "rb") as f:
+            return loads(f.read(), path)
+
+    return _Form(dumps, loads, save, load)
 
 
 _INDEX: _Form[SampleIndex] = _Form(index_bytes, loads, save, load)
-_OBJECT: _Form[Any] = _Form(pickle.dumps, lambda data, _: pickle.loads(data), _pickle_save, _pickle_load)
 
 
 def shared_index(build: Callable[[], SampleIndex], what: list[str | None]) -> SampleIndex:
@@ -80,10 +92,16 @@ def shared_index(build: Callable[[], SampleIndex], what: list[str | None]) -> Sa
     return _share(build, what, _INDEX)
 
 
-def shared_object(build: Callable[[], T], what: list[str | None]) -> T:
-    """As :func:`shared_index`, for any value that pickles (a list of tar shards and their
-    index's URI): built by one process of the job, received by the others."""
-    return _share(build, what, _OBJECT)
+def shared_object(
+    build: Callable[[], T],
+    what: list[str | None],
+    to_plain: Callable[[T], Any],
+    from_plain: Callable[[Any], T],
+) -> T:
+    """As :func:`shared_index`, for a value that ``to_plain`` makes JSON of and ``from_plain``
+    makes again (a list of tar shards and their index's URI): built by one process of the
+    job, received by the others."""
+    return _share(build, what, _json_form(to_plain, from_plain))
 
 
 def _share(build: Callable[[], T], what: list[str | None], form: _Form[T]) -> T:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import json
 import os
 import socket
@@ -125,6 +126,14 @@ def _flag(v: Any) -> bool:
     return v
 
 
+@functools.lru_cache(maxsize=64)
+def _inside(folder: str, root: str) -> bool:
+    """Whether ``folder`` lies in ``root``, links resolved; asked once per pass folder, not per
+    sample (a pass's samples share its folder)."""
+    real = os.path.realpath(root)
+    return os.path.commonpath([os.path.realpath(folder), real]) == real
+
+
 def decode(raw: Any, root: str | None) -> tuple[str, Any]:
     """A host's message from plain data (see :func:`encode`); a staged index's folder must lie in
     ``root``, the rank's staging area, where one is given.
@@ -143,9 +152,7 @@ def decode(raw: Any, root: str | None) -> tuple[str, Any]:
         if len(payload) != 6 or not isinstance(payload[1], str):
             raise FrameError(f"a staged index that is not one: {str(payload)[:80]!r}")
         folder = payload[1]
-        if root is not None and os.path.commonpath([os.path.realpath(folder), os.path.realpath(root)]) != (
-            os.path.realpath(root)
-        ):
+        if root is not None and not _inside(folder, root):
             raise FrameError(f"a staged index in {folder!r}, outside the staging area {root}")
         return kind, StagedIndex(payload[0], folder, *map(_flag, payload[2:]))
     if kind == ERROR:

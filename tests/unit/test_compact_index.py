@@ -134,6 +134,43 @@ def test_local_ranks_share_one_index_through_a_file(tmp_path: Path, monkeypatch:
         shared_index(never, what)
 
 
+def test_local_ranks_share_a_shard_list_as_json_never_a_pickle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    from s5loader import IndexShareError
+    from s5loader._index.share import shared_object
+    from s5loader._shards.index import Shard
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    what: list[str | None] = ["shards", "s3://b/s/", None]
+    value = ([Shard("s3://b/s/0.tar", 10240, "e", 3)], "s3://b/s/wids.json", {"shuffled": True})
+
+    def plain(v):  # type: ignore[no-untyped-def]
+        return [[list(sh) for sh in v[0]], v[1], v[2]]
+
+    def back(p):  # type: ignore[no-untyped-def]
+        return [Shard(*sh) for sh in p[0]], p[1], p[2]
+
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert shared_object(lambda: value, what, plain, back) is value
+    (written,) = list((tmp_path / f"s5loader-index-{os.getuid()}").iterdir())
+    assert written.read_bytes().startswith(b"[[[")  # JSON, not a pickle
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    got = shared_object(lambda: (_ for _ in ()).throw(AssertionError("built twice")), what, plain, back)
+    assert got == value and isinstance(got[0][0], Shard)
+    # a file that is no JSON of that shape is an error, never code
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    shared_object(lambda: value, what, plain, back)
+    (written,) = list((tmp_path / f"s5loader-index-{os.getuid()}").iterdir())
+    written.write_bytes(b"\x80\x04K\x01.")  # a pickle of 1
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(IndexShareError, match="not a shared value"):
+        shared_object(lambda: value, what, plain, back)
+
+
 def test_manifest_fast_lines_read_as_json_does(tmp_path: Path) -> None:
     from s5loader._index.manifest import index_manifest
 

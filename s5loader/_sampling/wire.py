@@ -187,7 +187,7 @@ def peer_problem(sock: socket.socket) -> str | None:
         return f"a process of another user (pid {pid}, uid {uid})"
     if pid == os.getpid() or not proc_is_ours():
         return None
-    parent = parent_of(pid)
-    if parent != os.getppid():
-        return f"pid {pid}, whose parent is {parent}, not this loader's process {os.getppid()}"
+    parent, ours = parent_of(pid), os.getppid()  # an identity check (siblings), not a liveness one
+    if parent != ours:
+        return f"pid {pid}, whose parent is {parent}, not this loader's process {ours}"
     return None

@@ -225,7 +225,6 @@ class S5IterableDataset(IterableDataset[Any]):
             self.shuffle_buffer,
             epoch,
             self._options,
-            self._cache is not None,
             self._area.path,
         )
         self.epoch = epoch

@@ -14,6 +14,7 @@ from torch.utils.data import BatchSampler, Sampler
 from ._engine import Stats
 from ._engine.counters import Metrics
 from ._engine.stager import close_off_engine
+from ._sampling.cacheplan import pin_to_nodes
 from ._sampling.cacherun import open_cache_run
 from ._sampling.epochs import EpochOrders
 from ._sampling.order import WINDOW_CAP, ShuffleQuality, block_window, shuffle_quality  # noqa: F401 (re-exported)
@@ -126,13 +127,13 @@ class S5Sampler(Sampler[int]):
             drop_last=drop_last,
             batch_size=batch_size,
         )
+        # with an epoch cache on several nodes, each node's samples stay with it across epochs
+        order = pin_to_nodes(order, bool(options.epoch_cache), dataset.shards is None)
         cache = open_cache_run(dataset, order, window, options, root, self._local_orders)
         # over tar shards that do not fit: the budget used as a shuffle buffer (see Order.shard_order)
-        cost = freeing_cost(
-            dataset, order.shuffle, cache is not None, options.budget, root, options.keep_staged
-        )
+        cost = freeing_cost(dataset, order.shuffle, options.budget, root, options.keep_staged)
         self._run = StagingRun(dataset, options, root, options.keep_staged, cache, frees=cost is not None)
-        freeable = can_free(dataset, cache is not None, root, options.keep_staged)
+        freeable = can_free(dataset, root, options.keep_staged)
         self._epochs = EpochOrders(order, window, self._run, cost, freeable)
         dataset._plain.watch(self._run.area.path)  # a plain int of a staged sample is reported
         self._warned = False

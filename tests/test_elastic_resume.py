@@ -12,13 +12,13 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
+from support.ranks import run_ranks
 from support.shards import make_shards, put_indexed
 from support.stores import Store, free_port
 
-from s5loader import S5Dataset, S5Sampler
+from s5loader import S5Dataset
 
 N_SHARDS, PER_SHARD = 6, 10
 
@@ -28,39 +28,6 @@ def shards(seaweed: Store) -> S5Dataset:
     shards, _ = make_shards(N_SHARDS, PER_SHARD, size=400)
     source = put_indexed(seaweed, shards)
     return S5Dataset.from_shards(source, endpoint_url=seaweed.endpoint)
-
-
-def run_ranks(
-    ds: S5Dataset, root: str, world: int, state: dict[str, Any] | None, stop_at: int | None, **kw: Any
-) -> tuple[list[int], dict[str, Any] | None]:
-    """The ranks of ``world`` in lockstep: each hands out ``stop_at`` indices (all, with None) of
-    the epoch (resumed from ``state``); their indices, and rank 0's state at the stop."""
-    samplers = [
-        S5Sampler(ds, num_replicas=world, rank=r, seed=4, staging_dir=root, **kw) for r in range(world)
-    ]
-    got: list[int] = []
-    saved: dict[str, Any] | None = None
-    try:
-        for s in samplers:
-            if state is not None:
-                s.load_state_dict(state)
-        its = [iter(s) for s in samplers]
-        parts: list[list[int]] = [[] for _ in samplers]
-        for r, it in enumerate(its):
-            for i in it:
-                parts[r].append(int(i))
-                if stop_at is not None and len(parts[r]) == stop_at:
-                    break
-        if stop_at is not None:
-            saved = samplers[0].state_dict()
-            assert all(len(p) == stop_at for p in parts)
-        for it in its:
-            it.close()
-        got = [i for p in parts for i in p]
-    finally:
-        for s in samplers:
-            s.close()
-    return got, saved
 
 
 @pytest.mark.parametrize(("shuffle", "new_world"), [(True, 1), (True, 4), (False, 4), ("block", 1)])

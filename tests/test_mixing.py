@@ -15,6 +15,7 @@ from support.stores import Peak, Store, on_disk
 from torch.utils.data import DataLoader
 
 from s5loader import S5Dataset, S5IterableDataset, S5Sampler, StateError, parse_size
+from s5loader._sampling import units
 
 SHARDS, PER_SHARD, SIZE = 40, 250, 3000  # ~3 kB samples, one class per shard
 BUFFER, WORKERS, BATCH = 1000, 2, 32
@@ -129,7 +130,7 @@ def test_a_budget_that_holds_few_shards_warns_at_iter_naming_one_that_mixes_like
 
 
 def test_a_state_saved_mid_epoch_resumes_the_order_that_counted_what_was_read(
-    seaweed: Store, staging_root: str
+    seaweed: Store, staging_root: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     source, _, big = class_sorted_shards(seaweed, 12, 20, SIZE)
     ds = S5Dataset.from_shards(source, endpoint_url=seaweed.endpoint)
@@ -149,9 +150,14 @@ def test_a_state_saved_mid_epoch_resumes_the_order_that_counted_what_was_read(
         rest = [ds[i]["__key__"] for i in s]
         assert leftovers(s.staging_dir) == []
     assert head + rest == whole and len(set(whole)) == 240
-    with S5Sampler(ds, **{**opts, "epoch_cache": 4 * big}) as s:  # its readers keep shards whole
-        with pytest.raises(StateError, match="counts the bytes its samples give back"):
-            s.load_state_dict(state)
+    with S5Sampler(ds, **{**opts, "epoch_cache": 4 * big}) as s:  # the cache keeps the order
+        s.load_state_dict(state)
+        assert [ds[i]["__key__"] for i in s] == rest
+    with monkeypatch.context() as m:  # a staging directory that cannot punch holes keeps shards whole
+        m.setattr(units, "punches_holes", lambda folder, most: False)
+        with S5Sampler(ds, **opts) as s:
+            with pytest.raises(StateError, match="counts the bytes its samples give back"):
+                s.load_state_dict(state)
 
 
 def test_the_shards_of_a_shuffled_pack_draw_no_mixing_warning(

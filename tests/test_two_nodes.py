@@ -6,14 +6,12 @@ end-of-epoch state resumed by a job of another world size."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import urllib.parse
 
 from support.faults import FaultProxy
 from support.shards import class_sorted_shards, shard_gets
 from support.stores import Store, free_port
+from support.torchrun import torchrun
 
 SHARDS, PER_SHARD = 12, 6
 
@@ -52,23 +50,6 @@ with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
 dist.barrier()
 dist.destroy_process_group()
 """
-
-
-def torchrun(script: str, nodes: int, node_rank: int, port: int, args: list[str]) -> subprocess.Popen[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nnodes={nodes}",
-        "--nproc_per_node=2",
-        f"--node_rank={node_rank}",
-        "--master_addr=127.0.0.1",
-        f"--master_port={port}",
-        script,
-        *args,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 def index_reads(proxy: FaultProxy) -> tuple[int, int]:

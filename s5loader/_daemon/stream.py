@@ -74,7 +74,7 @@ def lift_layout(
     cached = bool(options.epoch_cache) and epochs > 1
     punch = not cached and punches_holes(root, HOLE_BLOCK)
     room = units.lift_room(options.budget, punch)
-    counts = punch and units.frees_on_read(shuffle, cached)
+    counts = punch and units.frees_on_read(shuffle)
     return room, units.window(room, options.calls_in_flight, shuffle), punch, counts
 
 

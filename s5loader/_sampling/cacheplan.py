@@ -15,12 +15,15 @@ every rank computes alike, so the shares add up to the cache's size.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from .._util.dist import cache_node_ranks
 from .._util.dist import node_ranks as node_ranks  # the node's ranks share one cache
+from .order import Order
 
 
 @dataclass(frozen=True)
@@ -71,19 +74,51 @@ def rank_capacity(plan: KeepPlan, me: int, capacity: int) -> int:
 class Admission:
     """One rank's bytes in the cache against its share (``capacity``).
 
-    A sample is admitted only while it fits; a refused admission is only a future miss.
+    A sample is admitted only while it fits; a refused admission is only a future miss. The
+    sampler's thread admits what it hands out to be kept while the engine's thread removes what
+    was read: each change is made under a lock.
     """
 
     def __init__(self, capacity: int, held: int = 0) -> None:
         self.capacity = capacity
         self.held = held
+        self._lock = threading.Lock()
 
     def admit(self, size: int) -> bool:
         """Count ``size`` more bytes if they fit; whether they did."""
-        if self.held + size > self.capacity:
-            return False
-        self.held += size
-        return True
+        with self._lock:
+            if self.held + size > self.capacity:
+                return False
+            self.held += size
+            return True
 
     def remove(self, size: int) -> None:
-        self.held = max(0, self.held - size)
+        with self._lock:
+            self.held = max(0, self.held - size)
+
+
+def pin_to_nodes(order: Order, cached: bool, per_sample: bool) -> Order:
+    """``order`` with :attr:`~.order.Order.pin` set where its samples stay on their nodes across
+    epochs: with an epoch cache (``cached``) on more than one node of equal ranks, over raw
+    objects (``per_sample``). Each node then reads the same share of the data set every epoch,
+    shuffled anew within the node, so a node's cache of its share holds what its ranks read
+    next; without the pin they read another random part each epoch, and a node's cache pays off
+    for a fraction of it (local ranks / ranks). Tar shards and ``shuffle="block"`` keep their
+    orders.
+
+    Raises:
+        ConfigError: see :func:`~s5loader._util.dist.cache_node_ranks`.
+    """
+    if not cached or not per_sample or order.num_replicas < 2:
+        return order
+    local = len(cache_node_ranks(order.rank, order.num_replicas))
+    if order.num_replicas % local or order.num_replicas == local:
+        return order
+    return Order(
+        order.shuffle,
+        order.seed,
+        order.num_replicas,
+        order.rank,
+        order.drop_last,
+        (order.num_replicas // local, order.num_replicas),
+    )

@@ -8,11 +8,17 @@ moved into the pass folder when the engine reaches it and marked staged without 
 The samples of the pass that the next epoch keeps are yielded with ``back`` set, so their readers
 rename them into the pass's hand-back folder instead of deleting them; the engine, told of each
 release (:meth:`CacheRun.on_release`, in its thread), admits them into the cache while they fit
-this rank's share, and deletes the rest. What readers hand back after a pass ended is collected
-before the next one begins (:meth:`CacheRun.collect`).
+this rank's share, and deletes the rest. In a pass whose tar shards are punched as their samples
+are read (``shuffle=True`` over shards), a shard kept so is not punched: what its read samples
+would give back is told to the engine all the same, so the order and the budget are those of a
+run without a cache, and the shard counts against this rank's share from the moment the pass
+first hands it out (:meth:`CacheRun.reserve`; one that does not fit then is punched and deleted
+as any other). What readers hand back after a pass ended is collected before the next one
+begins (:meth:`CacheRun.collect`).
 
-So all bookkeeping happens in one process (the sampler's), in one thread at a time: the engine's
-while a pass runs, the caller's between passes.
+So all bookkeeping happens in one process (the sampler's): the engine's thread and the
+sampler's, whose shared count of the cache's bytes (:class:`~.cacheplan.Admission`) takes a
+lock.
 """
 
 from __future__ import annotations
@@ -53,6 +59,10 @@ class Hits(set[int]):
     def has(self, idx: int) -> bool:
         """Whether ``idx`` may be a hit, without taking it."""
         return idx in self.candidates or idx in self.run.taken
+
+    def keeps(self, unit: int) -> bool:
+        """Whether ``unit`` of the pass goes back to the cache (see :meth:`CacheRun.reserve`)."""
+        return self.run.reserve(unit)
 
     def __contains__(self, idx: object) -> bool:
         if not isinstance(idx, int):
@@ -105,6 +115,8 @@ class CacheRun:
         self.admission = Admission(capacity)
         self.back: frozenset[int] = frozenset()
         self.taken: set[int] = set()
+        self.kept: dict[int, bool] = {}  # the units of the pass asked about: whether they go back
+        self.reserving = False  # see begin_pass
         self.layout: StagingLayout | None = None
         self.strays: dict[int, str] = {}
         self.hits = 0  # in the current pass
@@ -159,9 +171,14 @@ class CacheRun:
                 if not self.cache.admit(path, idx, missing_ok=True):
                     self.admission.remove(int(self.sizes[idx]))
 
-    def begin_pass(self, epoch: int, order: list[int], folder: str) -> tuple[Hits, frozenset[int]]:
+    def begin_pass(
+        self, epoch: int, order: list[int], folder: str, reserving: bool = False
+    ) -> tuple[Hits, frozenset[int]]:
         """Prepare the pass of ``epoch`` that stages ``order`` (this rank's, maybe resumed part
-        way) into ``folder``: the engine's hits, and the units whose readers hand them back."""
+        way) into ``folder``: the engine's hits, and the units whose readers hand them back.
+        ``reserving``: the pass's tar shards are punched as their samples are read, so a unit
+        kept for the next epoch counts against the cache from its first hand-out on
+        (:meth:`reserve`); else from its hand-back."""
         self.cache.open()
         now, nxt = self.plan(epoch), self.plan(epoch + 1)
         full = self.unit_orders(epoch)
@@ -188,6 +205,8 @@ class CacheRun:
         ok = self.cacheable
         self.back = frozenset(i for i in rest if i in nxt.keep and (ok is None or ok(i)))
         self.taken = set()
+        self.kept = {}
+        self.reserving = reserving
         self.layout = StagingLayout(folder)
         self.hits = 0
         self.admitted = 0
@@ -214,26 +233,48 @@ class CacheRun:
         self.admission.remove(int(self.sizes[idx]))  # counted at the start of the pass
         return False
 
+    def reserve(self, unit: int) -> bool:
+        """Whether ``unit``, which the pass hands out now, goes back to the cache: the next
+        epoch keeps it and, in a pass that counts its bytes from the first hand-out on (one whose
+        tar shards are punched as they are read: see :meth:`begin_pass`), they fit this rank's
+        share now (a hit is counted already). Else its bytes are counted once it is handed back
+        (:meth:`_keep_or_drop`). Decided once per unit and pass; in the sampler's thread."""
+        decided = self.kept.get(unit)
+        if decided is None:
+            decided = unit in self.back and (
+                not self.reserving or unit in self.taken or self.admission.admit(int(self.sizes[unit]))
+            )
+            self.kept[unit] = decided
+        return decided
+
     def on_release(self, released: list[int]) -> None:
-        """Readers released ``released``: a hit's bytes left the cache; what they handed back
-        is admitted or deleted."""
+        """Readers released ``released``: a hit's bytes left the cache, unless it goes back;
+        what they handed back moves into the cache."""
         layout = self.layout
         for idx in released:
-            if idx in self.taken:
-                self.taken.discard(idx)
+            hit = idx in self.taken
+            self.taken.discard(idx)
+            kept = self.kept.get(idx, False)
+            if hit and not (kept and self.reserving):
                 self.admission.remove(int(self.sizes[idx]))
-            if idx in self.back and layout is not None:
+            if kept and layout is not None:
                 self._keep_or_drop(idx, layout.handed_back(idx))
 
     def _keep_or_drop(self, idx: int, folder: str) -> None:
-        if not os.path.isdir(folder):
-            return
-        if idx in self.back and self.admission.admit(int(self.sizes[idx])):
-            if self.cache.admit(folder, idx):
-                self.admitted += 1
-                return
-            self.admission.remove(int(self.sizes[idx]))
-        shutil.rmtree(folder, ignore_errors=True)
+        """Move the handed-back ``idx`` in ``folder`` into the cache (counted since it was
+        handed out, see :meth:`reserve`, or now, while it fits), or delete it."""
+        counted = self.reserving and self.kept.get(idx, False)
+        size = int(self.sizes[idx])
+        if os.path.isdir(folder):
+            if counted or (not self.reserving and idx in self.back and self.admission.admit(size)):
+                if self.cache.admit(folder, idx):
+                    self.admitted += 1
+                    return
+                counted = True
+            shutil.rmtree(folder, ignore_errors=True)
+        if counted:
+            self.kept[idx] = False
+            self.admission.remove(size)
 
     @property
     def held(self) -> int:

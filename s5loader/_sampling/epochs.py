@@ -58,6 +58,16 @@ class EpochOrders:
         # chain of ranks it came through, how its first order was laid out, and its rest here
         self._elastic: tuple[int, Chain, int, Freeing | None] | None = None
         self._rest: list[int] | None = None
+        # an epoch resumed mid-way whose global order kept samples on the nodes of the job that
+        # saved it (see Order.pin), another layout than this job's: the epoch and that layout
+        self._pinned: tuple[int, tuple[int, int] | None] | None = None
+
+    def order_of(self, epoch: int) -> Order:
+        """The order ``epoch`` is laid out by: this job's, or for an epoch resumed mid-way, the
+        nodes of the job that saved it."""
+        if self._pinned is not None and epoch == self._pinned[0]:
+            return dataclasses.replace(self.order, pin=self._pinned[1])
+        return self.order
 
     def plan(self, epoch: int, start: int = 0) -> tuple[list[int], list[int] | None]:
         """This rank's order of ``epoch`` from ``start`` on, and (``shuffle="block"``) where its
@@ -65,7 +75,7 @@ class EpochOrders:
         run = self.run
         if self._elastic is not None and epoch == self._elastic[0]:
             return self._rest_part()[start:], None
-        return run.units.plan(self.order, epoch, start, run.blocks, self.window, self.cost)
+        return run.units.plan(self.order_of(epoch), epoch, start, run.blocks, self.window, self.cost)
 
     def _rest_part(self) -> list[int]:
         if self._rest is None:
@@ -118,8 +128,9 @@ class EpochOrders:
         o, run = self.order, self.run
         if self.resumed_elsewhere(epoch):  # what they stage of it: their parts of its rest
             return [self._rest_of(r) for r in node_ranks(o.rank, o.num_replicas)]
+        at = self.order_of(epoch)
         return [
-            run.units.plan(dataclasses.replace(o, rank=r), epoch, 0, run.blocks, self.window, self.cost)[0]
+            run.units.plan(dataclasses.replace(at, rank=r), epoch, 0, run.blocks, self.window, self.cost)[0]
             for r in node_ranks(o.rank, o.num_replicas)
         ]
 
@@ -150,7 +161,7 @@ class EpochOrders:
             room = (cost.room or 0) if cost is not None else 0
             return make_state(self.order, epoch, n, position, window, self.run.units.name, room, chain)
         room = (self.cost.room or 0) if self.cost is not None else 0
-        return make_state(self.order, epoch, n, position, self.window, self.run.units.name, room)
+        return make_state(self.order_of(epoch), epoch, n, position, self.window, self.run.units.name, room)
 
     def load(self, state: dict[str, Any], epoch: int, position: Position) -> int:
         """Continue from a saved ``state``: the order, the window, the run's options and the
@@ -163,7 +174,7 @@ class EpochOrders:
         run, units, n = self.run, self.run.units, len(self.run.dataset)
         saved = check_state(state, n, units)
         window = check_window(state, self.window)
-        self._elastic, self._rest = None, None
+        self._elastic, self._rest, self._pinned = None, None, None
         if (
             units.per_rank(saved.shuffle)
             and not saved.complete
@@ -172,6 +183,8 @@ class EpochOrders:
         ):
             return self._resume_elsewhere(saved, window, position)
         self.order, epoch = resume(saved, self.order, epoch, position, n, units)
+        if not saved.complete and saved.pin != self.order.pin:
+            self._pinned = (saved.epoch, saved.pin)
         self.window, run.options = resume_window(saved, window, self.window, run.options, units)
         self.cost = resume_cost(saved, self.cost, self.can_free, units, run.dataset.source)
         run.passes.frees = run.passes.frees or self.cost is not None
@@ -199,7 +212,7 @@ class EpochOrders:
                 saved.num_replicas,
                 here,
             )
-        self.order = Order(saved.shuffle, saved.seed, here, self.order.rank, saved.drop_last)
+        self.order = Order(saved.shuffle, saved.seed, here, self.order.rank, saved.drop_last, self.order.pin)
         self._elastic = (saved.epoch, chain, window, cost)
         self.window, self.run.options = resume_window(saved, window, self.window, self.run.options, units)
         return saved.epoch

@@ -68,7 +68,7 @@ def check_options(
     )
     try:
         order = Order("block" if shuffle == "block" else bool(shuffle), seed, world, r, drop_last)
-        check_buffer(dataset, order, shuffle_buffer, 0, options, cache is not None, root)
+        check_buffer(dataset, order, shuffle_buffer, 0, options, root)
     except BaseException:
         if cache is not None:  # nothing these checks opened outlives their error
             cache.close()
@@ -108,7 +108,6 @@ def check_buffer(
     shuffle_buffer: int,
     epoch: int,
     options: StagingOptions,
-    cached: bool,
     root: str,
     start: int = 0,
 ) -> None:
@@ -118,8 +117,8 @@ def check_buffer(
     A shard stays staged from its first sample to its last; a sample the buffer holds back
     keeps its shard staged after the order has moved on to other shards, so the buffer costs
     staging space over tar shards (over raw objects it costs none: nothing is checked). The
-    rank's order of ``epoch`` is laid out as its run will stage it (staged below ``root``,
-    ``cached``: with an epoch cache), from position ``start``, and the bytes it needs at once
+    rank's order of ``epoch`` is laid out as its run will stage it (staged below ``root``),
+    from position ``start``, and the bytes it needs at once
     are counted as its pass counts them.
 
     Raises:
@@ -135,7 +134,7 @@ def check_buffer(
     def peak(budget: int, k: int, e: int = epoch) -> int:
         """The most bytes the rank's order of epoch ``e`` needs at once with ``budget`` and a
         buffer of ``k``."""
-        window, cost = rank_layout(dataset, budget, options.calls_in_flight, order.shuffle, cached, root)
+        window, cost = rank_layout(dataset, budget, options.calls_in_flight, order.shuffle, root)
         key = (window, cost.room if cost is not None else None, k, e)  # what the order depends on
         if key not in peaks:
             mine = rank_order(units, order, e, k, None, window, cost)[0]
@@ -146,7 +145,7 @@ def check_buffer(
     need = peak(budget, shuffle_buffer)
     if need <= budget or peak(budget, 0) > budget:
         return  # it fits, or not even without a buffer: the pass's own check says why
-    window = rank_layout(dataset, budget, options.calls_in_flight, order.shuffle, cached, root)[0]
+    window = rank_layout(dataset, budget, options.calls_in_flight, order.shuffle, root)[0]
     raise _too_big(dataset, order, shuffle_buffer, epoch, budget, need, window, peak)
 
 

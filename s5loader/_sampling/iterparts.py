@@ -48,15 +48,15 @@ _STATE_KEYS = (
 
 
 def rank_layout(
-    dataset: S5Dataset, budget: int, calls_in_flight: int, shuffle: bool | str, cached: bool, root: str
+    dataset: S5Dataset, budget: int, calls_in_flight: int, shuffle: bool | str, root: str
 ) -> tuple[int, Freeing | None]:
     """The window of a rank's order staged within ``budget`` below ``root`` (a block order's
     samples; a shard order's open shards) and, where that order counts the bytes its samples
     give back as they are read (over tar shards with ``shuffle=True`` that do not fit the
-    budget, no epoch cache (``cached``), on a file system that punches holes), what it counts
+    budget, on a file system that punches holes), what it counts
     them with (see :meth:`ShardUnits.order_cost <s5loader._sampling.units.ShardUnits.order_cost>`)."""
     window = units_of(dataset).window(budget, calls_in_flight, "block" if shuffle == "block" else True)
-    return window, freeing_cost(dataset, shuffle, cached, budget, root)
+    return window, freeing_cost(dataset, shuffle, budget, root)
 
 
 # -- how the rank's workers share its positions -------------------------------------------------

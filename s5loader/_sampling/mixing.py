@@ -191,8 +191,8 @@ def few_shards(
     held = (
         ""
         if cost is not None
-        else ", each held whole until its last sample is read (an epoch cache or keep_staged keeps "
-        "shards whole, or the staging directory cannot punch holes)"
+        else ", each held whole until its last sample is read (keep_staged keeps shards whole, or "
+        "the staging directory cannot punch holes)"
     )
     return (
         f"{who}(shuffle=True) over the tar shards of {dataset.source or 'the data set'}: the budget "

@@ -177,7 +177,7 @@ class ObjectUnits:
     def s5cmd_workers(self, options: StagingOptions) -> int:
         return options.s5cmd_workers
 
-    def frees_on_read(self, shuffle: bool | str, cached: bool, budget: int | None = None) -> bool:
+    def frees_on_read(self, shuffle: bool | str, budget: int | None = None) -> bool:
         """Whether an order of these units counts the bytes each sample read gives back (see
         :meth:`ShardUnits.order_cost`): never for raw objects, whose samples go whole."""
         return False

@@ -12,7 +12,7 @@ import torch
 from .._shards.holding import Freeing
 from ..exceptions import ConfigError
 from .mixing import draw_open, split_by_shard
-from .pieces import FIRST_WINDOW, cut, end_to_end, front_first, growing
+from .pieces import FIRST_WINDOW, cut, end_to_end, front_first, growing, part_len
 
 SHUFFLES = (True, False, "block")
 
@@ -52,6 +52,9 @@ class Order:
     num_replicas: int
     rank: int
     drop_last: bool
+    # (nodes, ranks): a shuffled order of raw objects whose samples stay on their node across
+    # epochs (see pinned_order); None: DistributedSampler's
+    pin: tuple[int, int] | None = None
 
     def indices(
         self, n: int, epoch: int, start: int = 0, units: list[list[int]] | None = None, window: int = 1000
@@ -64,6 +67,10 @@ class Order:
         after padding by repetition (or dropping the tail with ``drop_last``), so every rank
         gets the same count; with ``start=0`` this is exactly ``DistributedSampler``'s split.
 
+        With ``pin`` (``shuffle=True``, an epoch cache on several nodes) the global order is
+        :func:`pinned_order`'s: dealt as above, each node's ranks read the same share of the data
+        set every epoch, shuffled anew within the node.
+
         With ``shuffle="block"`` the ``units`` (blocks of samples that share a key prefix)
         are permuted, gathered into windows of whole units of at most ``window`` samples, and
         the samples of each window are shuffled; each rank takes a contiguous slice (see
@@ -72,6 +79,8 @@ class Order:
         """
         if self.shuffle == "block":
             return self._block_indices(n, epoch, start, units or [[i] for i in range(n)], window)
+        if self.shuffle and self.pin is not None:
+            return self._deal(pinned_order(n, self.seed, epoch, *self.pin, self.drop_last)[start:])
         if self.shuffle:
             g = torch.Generator()
             g.manual_seed(self.seed + epoch)
@@ -320,6 +329,30 @@ def _per_run(order: Sequence[int], unit_of: Sequence[int], span: int) -> float:
 
 # shuffle="block": the most samples a window holds (see block_window)
 WINDOW_CAP = 8192
+
+
+def pinned_order(n: int, seed: int, epoch: int, nodes: int, ranks: int, drop_last: bool) -> list[int]:
+    """The global order of ``epoch`` of ``n`` samples that keeps each node's samples on it: one
+    permutation of the seed alone, padded by repetition (or cut, ``drop_last``) to ``ranks``
+    equal parts as ``DistributedSampler`` pads, is cut into ``nodes`` contiguous shares, node
+    ``k`` holding ranks ``k * ranks / nodes`` onward (launchers place consecutive ranks on a
+    node); each epoch shuffles every share anew (``seed + epoch``) and lays the shares out so
+    that dealing the order round-robin to the ranks gives each rank its part of its node's share
+    (``order[r::ranks]``). A node's epoch cache of its share then holds what its ranks read in
+    every epoch. With ``nodes`` of 1 it is a permutation of each epoch (another than
+    ``DistributedSampler``'s)."""
+    local = ranks // nodes
+    per = part_len(n, ranks, drop_last)
+    base = np.random.default_rng([seed & (2**64 - 1), 0x9E3779B9]).permutation(n)
+    if per * ranks > n:
+        base = np.resize(base, per * ranks)  # padded by repeating it from its start
+    shares = base[: per * ranks].reshape(nodes, local * per)
+    g = torch.Generator()
+    g.manual_seed(seed + epoch)
+    mixed = np.stack([share[torch.randperm(len(share), generator=g).numpy()] for share in shares])
+    # position j * ranks + k * local + l is sample j * local + l of node k's share
+    out: list[int] = mixed.reshape(nodes, per, local).transpose(1, 0, 2).reshape(-1).tolist()
+    return out
 
 
 def open_shards(budget: int, largest: int, total: int, count: int) -> int:

@@ -26,7 +26,7 @@ from .._staging.layout import StagingLayout
 from .._staging.plainindex import plain_reads
 from ..config import StagingOptions
 from ..dataset import S5Dataset, StagedIndex
-from .cacherun import CacheRun
+from .cacherun import CacheRun, Hits
 from .early import EARLY
 from .resume import Position
 from .units import PassUnits, units_of
@@ -83,7 +83,7 @@ class StagingPasses:
         With an epoch ``cache``, its hits are not fetched and the samples it keeps are handed
         back by their readers. With ``early``, an index not staged yet goes out at once, its
         reader to wait for it (:mod:`.early`)."""
-        where, units, stager, back = self._open(order, windows, options, shuffle, epoch(), cache, early)
+        where, units, stager, hits, back = self._open(order, windows, options, shuffle, epoch(), cache, early)
         keep, later = self.keep, units.streams_first
         self.active, self.units = stager, units
         position.yielded = 0
@@ -98,7 +98,7 @@ class StagingPasses:
                     later = False
                 position.yielded += 1  # a skipped sample still counts as consumed
                 if ok:
-                    back_unit = bool(back) and units.unit_of(idx) in back
+                    back_unit = hits is not None and bool(back) and hits.keeps(units.unit_of(idx))
                     yield StagedIndex(idx, where.path, keep, back_unit, self.frees, ok is EARLY)
                 elif skips:
                     yield None
@@ -134,11 +134,15 @@ class StagingPasses:
         epoch: int,
         cache: CacheRun | None,
         early: bool,
-    ) -> tuple[PassArea, PassUnits, Stager, frozenset[int]]:
+    ) -> tuple[PassArea, PassUnits, Stager, Hits | None, frozenset[int]]:
         """A new pass over ``order``: its folder, its units, its engine (started, unless the
         first unit streams) and the units the epoch cache keeps (handed back by their readers)."""
         where = self._new_pass()
-        hits, back = cache.begin_pass(epoch, order, where.path) if cache is not None else (None, frozenset())
+        hits, back = (
+            cache.begin_pass(epoch, order, where.path, self.frees)
+            if cache is not None
+            else (None, frozenset())
+        )
         keep = self.keep
         units = units_of(self.dataset).open_pass(
             order, where.path, keep, options, shuffle, self.frees, hits, early
@@ -165,7 +169,7 @@ class StagingPasses:
         # a pass whose first unit streams starts the engine once that unit gave its first sample
         if not units.streams_first:
             stager.start()
-        return where, units, stager, back
+        return where, units, stager, hits, back
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "active": None}  # a copy in another process runs no pass

@@ -63,9 +63,7 @@ class RankHost:
         # shuffle=True that do not fit, where the file system punches holes) what an order that
         # counts what read samples give back needs: a next shard opens as soon as there is room
         # for it (see Order.shard_order)
-        self.window, self.cost = rank_layout(
-            dataset, options.budget, options.calls_in_flight, shuffle, cache is not None, root
-        )
+        self.window, self.cost = rank_layout(dataset, options.budget, options.calls_in_flight, shuffle, root)
         self.run = StagingRun(
             dataset, whole_windows(options, shuffle, self.window), root, frees=self.cost is not None
         )

@@ -20,7 +20,8 @@ log = logging.getLogger(__name__)
 # 2 added "complete": the state was taken after the epoch's last sample (1 is still read)
 STATE_VERSION = 2
 # a state taken in the rest of an epoch resumed on other ranks ("elastic"): its positions count in
-# that rest, which an s5loader that reads only version 2 would take for the whole part: it refuses
+# that rest, which an s5loader that reads only version 2 would take for the whole part: it refuses;
+# likewise a state of an order pinned to nodes ("pin"), whose global order version 2 would not know
 ELASTIC_VERSION = 3
 
 
@@ -37,6 +38,7 @@ class SavedPosition(NamedTuple):
     units: str = "sample"  # the kind of units the saving sampler staged (its units' name)
     room: int = 0  # a shard order that counted what its samples give back: the bytes it kept open
     chain: tuple[tuple[int, int], ...] = ()  # a per-rank epoch resumed on other ranks: see .elastic
+    pin: tuple[int, int] | None = None  # the order kept samples on their nodes: see Order.pin
 
 
 def check_fields(
@@ -132,8 +134,29 @@ def check_state(state: Any, dataset_len: int, units: Any) -> SavedPosition:
         raise StateError(f"state['room'] must be a non-negative int, got {room!r}")
     chain = tuple(check_chain(state["elastic"])) if state.get("elastic") else ()
     return SavedPosition(
-        shuffle, state["seed"], w, drop_last, state["epoch"], consumed, complete, kind, room, chain
+        shuffle,
+        state["seed"],
+        w,
+        drop_last,
+        state["epoch"],
+        consumed,
+        complete,
+        kind,
+        room,
+        chain,
+        _pin(state),
     )
+
+
+def _pin(state: dict[str, Any]) -> tuple[int, int] | None:
+    """A state's ``"pin"``: ``[nodes, ranks]``, the nodes dividing the ranks (see :attr:`Order.pin`)."""
+    pin = state.get("pin")
+    if pin is None:
+        return None
+    ok = isinstance(pin, list) and len(pin) == 2 and all(type(v) is int and v >= 1 for v in pin)
+    if not ok or pin[1] % pin[0]:
+        raise StateError(f"state['pin'] must be [nodes, ranks], the nodes dividing the ranks; got {pin!r}")
+    return (pin[0], pin[1])
 
 
 @dataclass
@@ -192,6 +215,7 @@ def make_state(
         "units": units,
         "room": room,  # and a shard order that counts what its samples give back, on this
         **({"elastic": [list(p) for p in chain]} if chain else {}),
+        **({"pin": list(order.pin), "version": ELASTIC_VERSION} if order.pin is not None else {}),
     }
 
 
@@ -256,7 +280,7 @@ def resume(
             min(saved.consumed, n),
             n,
         )
-    resumed = Order(saved.shuffle, saved.seed, here, order.rank, saved.drop_last)
+    resumed = Order(saved.shuffle, saved.seed, here, order.rank, saved.drop_last, order.pin)
     if saved.complete:
         position.restart(0)
         return resumed, epoch if position.epoch_set else saved.epoch + 1
@@ -269,7 +293,7 @@ def resume_cost(saved: SavedPosition, cost: Any, possible: bool, units: Any, sou
     :meth:`ShardUnits.order_cost <s5loader._sampling.units.ShardUnits.order_cost>`): for an
     epoch saved mid-way, the saved order's (``saved.room`` bytes kept open, or nothing counted),
     whatever this job's budget gives; else ``cost``. ``possible``: this sampler's readers can
-    give bytes back (no epoch cache or ``keep_staged``, a file system that punches holes).
+    give bytes back (no ``keep_staged``, a file system that punches holes).
 
     Raises:
         StateError: the saved order counted what its samples give back and this sampler's
@@ -282,9 +306,9 @@ def resume_cost(saved: SavedPosition, cost: Any, possible: bool, units: Any, sou
     if not possible:
         raise StateError(
             f"the state of {source or 'the data set'} was saved mid-epoch by a shard order that counts "
-            "the bytes its samples give back as they are read; this sampler's readers cannot (an epoch "
-            "cache or keep_staged keeps shards whole, or the staging directory's file system cannot "
-            "punch holes): resume with the same options and staging_dir, or from a state taken at an "
+            "the bytes its samples give back as they are read; this sampler's readers cannot "
+            "(keep_staged keeps shards whole, or the staging directory's file system cannot punch "
+            "holes): resume with the same options and staging_dir, or from a state taken at an "
             "epoch's end"
         )
     resumed = units.order_cost()

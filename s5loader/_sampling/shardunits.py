@@ -67,13 +67,15 @@ class ShardUnits(ObjectUnits):
             cost.room = max(0, budget - cost.largest)
         return cost
 
-    def frees_on_read(self, shuffle: bool | str, cached: bool, budget: int | None = None) -> bool:
+    def frees_on_read(self, shuffle: bool | str, budget: int | None = None) -> bool:
         """A shard order (``shuffle=True``) counts what its samples give back as they are read,
-        unless an epoch cache may keep the shards whole (a shard punched as it is read could not
-        be kept) or (given the ``budget``) the data set fits in it, which keeps every shard open
-        anyway and spares the readers the punching."""
+        unless (given the ``budget``) the data set fits in it, which keeps every shard open
+        anyway and spares the readers the punching. With an epoch cache, a shard kept for the
+        next epoch is not punched: what its read samples would give back counts against the
+        cache from its first sample on (see :meth:`CacheRun.reserve
+        <s5loader._sampling.cacherun.CacheRun.reserve>`), so the order is the same."""
         fits = budget is not None and self.dataset.total_bytes <= budget
-        return shuffle is True and not cached and not fits
+        return shuffle is True and not fits
 
     def block_size(self, options: StagingOptions) -> int:
         return 1  # a shard is fetched with one cp --raw line: no wildcard lines

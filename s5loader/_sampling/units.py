@@ -42,21 +42,22 @@ def units_of(dataset: S5Dataset) -> ObjectUnits:
     return ShardUnits(dataset) if dataset.shards is not None else ObjectUnits(dataset)
 
 
-def can_free(dataset: S5Dataset, cached: bool, root: str, keep: bool = False) -> bool:
+def can_free(dataset: S5Dataset, root: str, keep: bool = False) -> bool:
     """Whether readers of ``dataset`` staged below ``root`` give a sample's bytes back as they read
-    it: over tar shards, without an epoch cache (``cached``) or ``keep_staged`` (``keep``), which
-    keep shards whole, on a file system that punches holes."""
-    return units_of(dataset).frees_on_read(True, cached) and not keep and punches_holes(root, HOLE_BLOCK)
+    it: over tar shards, without ``keep_staged`` (``keep``), which keeps shards whole, on a file
+    system that punches holes (a shard the epoch cache keeps counts its read samples against the
+    cache instead)."""
+    return units_of(dataset).frees_on_read(True) and not keep and punches_holes(root, HOLE_BLOCK)
 
 
 def freeing_cost(
-    dataset: S5Dataset, shuffle: bool | str, cached: bool, budget: int, root: str, keep: bool = False
+    dataset: S5Dataset, shuffle: bool | str, budget: int, root: str, keep: bool = False
 ) -> Freeing | None:
     """What an order of ``dataset`` staged within ``budget`` below ``root`` counts what its
     samples give back with (see :meth:`ShardUnits.order_cost`), or None where it counts nothing:
     a ``shuffle`` other than True, a data set that fits the budget, readers that give nothing
     back (:func:`can_free`)."""
     units = units_of(dataset)
-    if not units.frees_on_read(shuffle, cached, budget) or not can_free(dataset, cached, root, keep):
+    if not units.frees_on_read(shuffle, budget) or not can_free(dataset, root, keep):
         return None
     return units.order_cost(budget)

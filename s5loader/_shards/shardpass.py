@@ -36,11 +36,15 @@ log = logging.getLogger(__name__)
 
 class Hits(Protocol):
     """An epoch cache's hits for a pass (see :class:`~s5loader._sampling.cacherun.Hits`): ``x in
-    hits`` takes unit ``x`` out of the cache into the pass folder; :meth:`has` only asks."""
+    hits`` takes unit ``x`` out of the cache into the pass folder; :meth:`has` only asks;
+    :meth:`keeps` says whether unit ``x`` goes back to the cache after the pass (then it is not
+    punched as it is read)."""
 
     def __contains__(self, unit: object) -> bool: ...
 
     def has(self, unit: int) -> bool: ...
+
+    def keeps(self, unit: int) -> bool: ...
 
 
 class _Kept:
@@ -326,9 +330,14 @@ class ShardPass:
             self.shards.check_members(s, members)
             layout.open_shard(s, _tar.dumps(members), [] if self.keep else self.needed[v])
             if self.frees and not self.keep and len(self.needed[v]) < len(members):
-                # what this visit does not need (read earlier in the epoch, another rank's) goes now
+                # what this visit does not need (read earlier in the epoch, another rank's) goes now,
+                # or, for a shard the epoch cache keeps whole, counts against the cache from now on
+                whole = self.hits is not None and self.hits.keeps(s)
                 freed = give_back_unneeded(
-                    path, self.shards.spans(s, members, os.path.getsize(path)), set(self.needed[v])
+                    path,
+                    self.shards.spans(s, members, os.path.getsize(path)),
+                    set(self.needed[v]),
+                    punch=not whole,
                 )
                 if freed:
                     layout.notify(s, freed)

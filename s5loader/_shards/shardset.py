@@ -254,14 +254,17 @@ class ShardSet(Sequence[Shard]):
         if table is None or j >= len(table):
             return None
         sample = table[j]
-        # a shard kept whole (keep_staged) or for the epoch cache (back) is never punched
+        # a shard kept whole (keep_staged) or for the epoch cache (back) is never punched; one kept
+        # for the cache tells the engine what its samples would give back all the same (the cache
+        # counts those bytes, see CacheRun.reserve)
         fh = _open_staged(layout.path(s, unit, 0), write=frees and not keep and not back)
         if fh is None:
             return None
         with fh:
             fields = _tar.read_sample(fh, sample)
             if not keep:
-                spans = self.spans(s, table, os.fstat(fh.fileno()).st_size, layout) if fh.writable() else None
+                counts = fh.writable() or (frees and back)
+                spans = self.spans(s, table, os.fstat(fh.fileno()).st_size, layout) if counts else None
                 if layout.release_shard_sample(s, j, fh.fileno(), spans, back):
                     self._tables.pop((layout.folder, s), None)
         return {"__key__": sample.key, **fields}

@@ -134,18 +134,26 @@ def unneeded_ranges(spans: SampleSpans, needed: Collection[int], block: int) -> 
     return out
 
 
-def give_back(fd: int, spans: SampleSpans, j: int, claims: str) -> int:
+def give_back(fd: int, spans: SampleSpans, j: int, claims: str, punch: bool = True) -> int:
     """Punch out of the shard open for writing as ``fd`` what the read of sample ``j`` made whole
     (:func:`freed_by`; a sample is done once its claim in the folder ``claims`` is gone) and
-    return the bytes given back. Call it holding the shard's lock, the claim of ``j`` dropped."""
+    return the bytes given back. Call it holding the shard's lock, the claim of ``j`` dropped.
+    Without ``punch`` (a shard the epoch cache keeps whole) nothing is punched and the bytes
+    that would have been are returned: they count against the cache from then on."""
     lo, hi = freed_by(spans, j, lambda k: not os.path.lexists(f"{claims}/{k}"), HOLE_BLOCK)
-    return punch_hole(fd, lo, hi - lo, HOLE_BLOCK) if hi > lo else 0
+    if hi <= lo:
+        return 0
+    return punch_hole(fd, lo, hi - lo, HOLE_BLOCK) if punch else hi - lo
 
 
-def give_back_unneeded(path: str, spans: SampleSpans, needed: Collection[int]) -> int:
+def give_back_unneeded(path: str, spans: SampleSpans, needed: Collection[int], punch: bool = True) -> int:
     """Punch out of the shard at ``path``, just opened for a pass, the blocks no sample in
     ``needed`` touches (:func:`unneeded_ranges`: what an earlier pass of the epoch read, or
-    another rank's samples); the bytes given back, 0 where the file system cannot punch."""
+    another rank's samples); the bytes given back, 0 where the file system cannot punch.
+    Without ``punch``, the bytes that would be given back, nothing punched (see
+    :func:`give_back`)."""
+    if not punch:
+        return sum(hi - lo for lo, hi in unneeded_ranges(spans, needed, HOLE_BLOCK))
     try:
         with open(path, "r+b") as fh:
             return sum(

@@ -251,7 +251,9 @@ class StagingLayout:
         Any other reader given the shard open for writing as ``fd`` and its samples' ``spans``
         punches out what its read made whole (:func:`~s5loader._staging.holes.give_back`) and
         tells the engine the bytes (see :meth:`notify`), dropping its claim and looking at its
-        neighbours' under the shard's lock (``flock`` on ``fd``), so each block counts once."""
+        neighbours' under the shard's lock (``flock`` on ``fd``), so each block counts once. A
+        shard handed ``back`` is not punched (``fd`` may be open for reading only): the bytes
+        are told all the same, as the epoch cache counts them from then on."""
         need = f"{self.sample_dir(shard)}/{NEED}"
         with shard_lock(fd if spans is not None else -1):
             try:
@@ -261,7 +263,7 @@ class StagingLayout:
             try:
                 os.rmdir(need)
             except OSError:  # ENOTEMPTY: other samples are still to be read; ENOENT: another reader won
-                freed = give_back(fd, spans, j, need) if spans is not None and fd >= 0 else 0
+                freed = give_back(fd, spans, j, need, punch=not back) if spans is not None and fd >= 0 else 0
                 if freed:
                     self.notify(shard, freed)
                 return False

@@ -310,3 +310,49 @@ def test_the_daemon_option(tmp_path) -> None:
     assert PrefetchOptions.of("s3://b/s/", str(tmp_path), 1 << 20, shards=True, epoch_cache=1 << 20).shards
     with pytest.raises(ConfigError, match="staging_dir: not options of s5loader prefetch"):
         PrefetchOptions.of("s3://b/s/", str(tmp_path), 1 << 20, staging_dir="/tmp")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 90),
+    nodes=st.integers(2, 4),
+    local=st.integers(1, 3),
+    drop_last=st.booleans(),
+    seed=st.integers(0, 50),
+)
+def test_a_pinned_order_keeps_each_nodes_share_and_deals_every_sample(
+    n: int, nodes: int, local: int, drop_last: bool, seed: int
+) -> None:
+    from collections import Counter
+
+    from s5loader._sampling.order import Order
+    from s5loader._sampling.pieces import part_len
+
+    ranks = nodes * local
+    per = part_len(n, ranks, drop_last)
+    shares = []
+    for epoch in (0, 1, 2):
+        orders = [Order(True, seed, ranks, r, drop_last, (nodes, ranks)) for r in range(ranks)]
+        parts = [o.indices(n, epoch) for o in orders]
+        assert all(len(p) == per for p in parts)  # every rank the same count, as DistributedSampler
+        got = Counter(i for p in parts for i in p)
+        if drop_last:
+            assert len(got) == per * ranks and max(got.values(), default=1) == 1
+        else:
+            assert set(got) == set(range(n)) and sum(got.values()) == per * ranks  # padding repeats
+        nodes_parts = [parts[k * local : (k + 1) * local] for k in range(nodes)]
+        shares.append([Counter(i for p in node for i in p) for node in nodes_parts])
+    assert shares[0] == shares[1] == shares[2]  # a node reads the same share every epoch
+
+
+def test_the_pin_needs_a_cache_several_nodes_and_raw_objects(monkeypatch: pytest.MonkeyPatch) -> None:
+    from s5loader._sampling.cacheplan import pin_to_nodes
+    from s5loader._sampling.order import Order
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    o = Order(True, 0, 8, 5, False)
+    assert pin_to_nodes(o, True, True).pin == (4, 8)
+    assert pin_to_nodes(o, False, True) == o and pin_to_nodes(o, True, False) == o  # no cache; shards
+    one = Order(True, 0, 2, 1, False)
+    assert pin_to_nodes(one, True, True) == one  # one node: DistributedSampler's order

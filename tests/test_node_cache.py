@@ -1,0 +1,133 @@
+"""The epoch cache on two torchrun nodes (``--nnodes 2``, two ranks each, each node its own staging
+root, rendezvous on loopback) over raw objects behind a proxy that counts GETs: with a cache of
+each node's share, the samples stay on their node across epochs (see ``Order.pin``), so later
+epochs are read from the nodes' caches; with half of it, half of each later epoch is."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.parse
+
+import pytest
+from support.faults import FaultProxy
+from support.ranks import run_ranks
+from support.stores import Store, free_port
+from support.torchrun import torchrun
+
+from s5loader import S5Dataset
+
+N, SIZE = 240, 3000
+
+SCRIPT = """
+import json, os, sys, time
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+from s5loader import S5Dataset, S5Sampler
+
+dist.init_process_group("gloo")
+source, endpoint, out, root, budget, cache = sys.argv[1:7]
+rank, world = dist.get_rank(), dist.get_world_size()
+ds = S5Dataset.from_prefix(source, endpoint_url=endpoint)
+sampler = S5Sampler(ds, shuffle=True, seed=7, budget=int(budget), epoch_cache=int(cache), staging_dir=root)
+loader = DataLoader(ds, sampler=sampler, batch_size=4, num_workers=1, collate_fn=lambda b: b)
+epochs = []
+for epoch in range(3):
+    sampler.set_epoch(epoch)
+    epochs.append([os.path.basename(s["__key__"]) for b in loader for s in b])
+    dist.barrier()
+    if rank == 0:  # the test counts the epoch's requests, then lets the job go on
+        open(os.path.join(out, f"done{epoch}"), "w").close()
+        while not os.path.exists(os.path.join(out, f"go{epoch}")):
+            time.sleep(0.05)
+    dist.barrier()
+state = sampler.state_dict()
+sampler.close()
+with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+    json.dump({"epochs": epochs, "pin": state.get("pin")}, f)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def object_gets(requests: list, prefix: str) -> int:  # type: ignore[type-arg]
+    """GETs of one object (not listings) below ``prefix``."""
+    return sum(
+        1
+        for method, path, _ in requests
+        if method == "GET" and "list-type" not in path and urllib.parse.urlsplit(path).path.startswith(prefix)
+    )
+
+
+@pytest.mark.parametrize("share", [1.0, 0.5])
+def test_each_node_keeps_its_share_across_epochs(seaweed: Store, tmp_path, share: float) -> None:
+    names = [f"{i:04d}" for i in range(N)]
+    seaweed.put({f"{name}.bin": os.urandom(SIZE) for name in names})
+    node_share = N * SIZE // 2
+    cache = int(node_share * share) + 4 * SIZE  # the node's share (or half), a few samples spare
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / "out"
+    out.mkdir()
+    proxy = FaultProxy(seaweed.endpoint)
+    path = f"/{seaweed.bucket}/{seaweed.prefix}"
+    fetched = []
+    try:
+        port = free_port()
+        args = [seaweed.uri(), proxy.endpoint, str(out)]
+        nodes = [
+            torchrun(str(script), 2, n, port, [*args, str(tmp_path / f"node{n}"), str(20 * SIZE), str(cache)])
+            for n in range(2)
+        ]
+        mark = 0
+        for epoch in range(3):
+            deadline = time.monotonic() + 240
+            while not (out / f"done{epoch}").exists():
+                assert time.monotonic() < deadline and all(p.poll() is None for p in nodes), [
+                    p.communicate()[1][-3000:] for p in nodes if p.poll() is not None
+                ]
+                time.sleep(0.05)
+            now = len(proxy.requests)
+            fetched.append(object_gets(proxy.requests[mark:now], path) * SIZE)
+            mark = now
+            (out / f"go{epoch}").touch()
+        for p in nodes:
+            _, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err[-3000:]
+        ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
+    finally:
+        proxy.close()
+    for e in range(3):  # every sample once per epoch across the job
+        assert sorted(k for r in ranks for k in r["epochs"][e]) == names, e
+    for node in (0, 1):  # a node's ranks read the same share every epoch
+        shares = [{k for r in ranks[2 * node : 2 * node + 2] for k in r["epochs"][e]} for e in range(3)]
+        assert shares[0] == shares[1] == shares[2] and len(shares[0]) == N // 2
+    assert all(r["pin"] == [2, 4] for r in ranks)  # the state says how the order kept them
+    assert fetched[0] == N * SIZE, fetched  # the first epoch: each sample once
+    most = 0.15 if share == 1.0 else 0.60
+    print("FIG", share, fetched)
+    assert max(fetched[1:]) <= most * fetched[0], (fetched, most)
+
+
+def test_a_pinned_epoch_saved_on_two_nodes_resumes_on_one_rank(
+    moto: Store, staging_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # four ranks of two nodes (LOCAL_WORLD_SIZE=2) in one process, stopped mid-epoch; the rest
+    # of that epoch on one rank continues the order the two nodes laid out
+    n = 40
+    moto.put({f"{i:03d}.bin": bytes([i]) * 200 for i in range(n)})
+    ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    before, state = run_ranks(ds, staging_root, 4, None, 3, shuffle=True, epoch_cache=4000)
+    assert state is not None and state["pin"] == [2, 4] and not state["complete"]
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    after, _ = run_ranks(ds, staging_root, 1, state, None, shuffle=True, epoch_cache=4000)
+    assert sorted(before + after) == list(range(n))  # every sample of the epoch once
+    # the next epoch on the two nodes: each node's ranks read the share they read before
+    whole, _ = run_ranks(ds, staging_root, 4, None, None, shuffle=True, epoch_cache=4000)
+    ended = {**state, "complete": True}  # the next epoch
+    again, _ = run_ranks(ds, staging_root, 4, ended, None, shuffle=True, epoch_cache=4000)
+    assert set(whole[: n // 2]) == set(again[: n // 2]) and sorted(again) == list(range(n))
+    assert again != whole  # shuffled anew within each node

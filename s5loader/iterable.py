@@ -20,12 +20,14 @@ from typing import Any
 from torch.utils.data import IterableDataset
 
 from ._engine.counters import Metrics
+from ._sampling.cacheplan import pin_to_nodes
 from ._sampling.feed import Hello, connect, local, rendezvous_name
 from ._sampling.iterchecks import check_buffer, check_count, check_options, check_worker_count
 from ._sampling.iterparts import STATE_VERSION as STATE_VERSION
-from ._sampling.iterparts import _Pass, check_state, read_feed, resumed_epoch, start_pass
+from ._sampling.iterparts import _Pass, check_state, read_feed, start_pass
 from ._sampling.iterparts import buffer_shuffle as buffer_shuffle
 from ._sampling.iterparts import worker_length as worker_length
+from ._sampling.iterrest import RankRest, read_state
 from ._sampling.order import Order
 from ._sampling.rankhost import Hosting, read_board
 from ._staging.area import StagingArea
@@ -137,6 +139,7 @@ class S5IterableDataset(IterableDataset[Any]):
         self.epoch = 0
         self._epoch_set = False
         self._loaded: dict[str, Any] | None = None  # a loaded state, applied by the next __iter__
+        self._rest: RankRest | None = None  # or a loaded loader state's rest of its epoch
         self._pass: _Pass | None = None
         # Names the rendezvous of a rank's workers with their host (see rendezvous_name).
         self._uid = secrets.token_hex(6)
@@ -230,9 +233,12 @@ class S5IterableDataset(IterableDataset[Any]):
         self.epoch = epoch
         self._epoch_set = True
 
-    def _order(self) -> Order:
-        rank, world = rank_info(self._num_replicas, self._rank)
-        return Order(self.shuffle, self.seed, world, rank, self.drop_last)
+    def _order(self, rank: int | None = None, world: int | None = None) -> Order:
+        # pinned to the nodes with an epoch cache on several (see cacheplan.pin_to_nodes)
+        if rank is None or world is None:
+            rank, world = rank_info(self._num_replicas, self._rank)
+        order = Order(self.shuffle, self.seed, world, rank, self.drop_last)
+        return pin_to_nodes(order, bool(self._options.epoch_cache), self.dataset.shards is None)
 
     def __iter__(self) -> Iterator[Any]:
         # The pass is fixed here, not at the first next(): StatefulDataLoader takes a state
@@ -248,13 +254,15 @@ class S5IterableDataset(IterableDataset[Any]):
             messages = connect(name, hello, root=self._area.path)
         return read_feed(self.dataset, p, messages)
 
-    def _start_pass(self) -> _Pass:
+    def _start_pass(self, take: bool = True) -> _Pass:  # take: apply a loaded state, once
         rank, world, worker, nw = pytorch_worker_info(self._num_replicas, self._rank)
         check_worker_count(self._num_workers, nw, self.dataset.source)
-        loaded, self._loaded = self._loaded, None
+        loaded, rest = self._loaded, self._rest
+        if take:
+            self._loaded = self._rest = None
         return start_pass(
             loaded,
-            Order(self.shuffle, self.seed, world, rank, self.drop_last),
+            self._order(rank, world),
             self.shuffle_buffer,
             self.epoch,
             len(self.dataset),
@@ -262,6 +270,7 @@ class S5IterableDataset(IterableDataset[Any]):
             nw,
             self._chunk,
             self.dataset.source or "the data set",
+            rest,
         )
 
     def metrics(self) -> Metrics:
@@ -288,29 +297,25 @@ class S5IterableDataset(IterableDataset[Any]):
         """
         if self._loaded is not None:
             return dict(self._loaded)
-        p = self._pass
-        if p is None:
-            p = self._start_pass()
-        return p.state(len(self.dataset))
+        return (self._pass or self._start_pass(take=False)).state(len(self.dataset))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a :meth:`state_dict` at the next ``iter()``.
-
-        A state saved mid-epoch makes the next pass the rest of that epoch, exactly the
-        samples (in the same order) an uninterrupted run would still have yielded; it needs
-        the same number of ranks and DataLoader workers, and the same ``batch_size``. A state
-        saved after this worker's last sample of an epoch makes the next pass empty (the rest
-        of that epoch) and the one after it a whole epoch: the one :meth:`set_epoch` named,
-        else the next.
+        """Continue from a :meth:`state_dict` at the next ``iter()``: a state saved mid-epoch
+        makes the next pass the rest of that epoch, exactly what an uninterrupted run would
+        still have yielded, with the same ranks, DataLoader workers and ``batch_size``; one saved
+        after this worker's last sample, an empty pass, then the epoch :meth:`set_epoch` named,
+        else the next. On other ranks, workers or ``batch_size``, give it a rank's whole
+        ``StatefulDataLoader.state_dict()`` and iterate a new loader without loading that state:
+        the pass is this rank's part of what the epoch had left (:mod:`s5loader._sampling.iterrest`).
 
         Raises:
             StateError: the state does not fit this data set, or is not such a state.
         """
         try:
-            self._loaded = check_state(state, len(self.dataset))
+            check = lambda s: check_state(s, len(self.dataset))  # noqa: E731
+            self._loaded, self._rest, self.epoch = read_state(state, check, self.epoch, self._epoch_set)
         except StateError as exc:
             raise StateError(f"cannot resume {self.dataset.source or 'the data set'}: {exc}") from exc
-        self.epoch = resumed_epoch(self._loaded, self.epoch, self._epoch_set)
 
     # -- lifetime -----------------------------------------------------------------------
     def close(self) -> None:

@@ -19,6 +19,7 @@ from ._sampling.cacherun import open_cache_run
 from ._sampling.epochs import EpochOrders
 from ._sampling.order import WINDOW_CAP, ShuffleQuality, block_window, shuffle_quality  # noqa: F401 (re-exported)
 from ._sampling.pieces import part_len
+from ._sampling.resume import sampler_state
 from ._sampling.run import StagingRun
 from ._sampling.setup import check_loader_batch, configure, loader_batch_size, staging_options
 from ._sampling.units import can_free, freeing_cost
@@ -300,11 +301,16 @@ class S5Sampler(Sampler[int]):
         where each rank reads a part of its own (tar shards, ``shuffle="block"``), each rank
         takes its part of what the epoch had left (see :mod:`s5loader._sampling.elastic`).
 
+        ``state`` may also be a whole ``StatefulDataLoader.state_dict()``: its sampler's state
+        is taken from it, so a loader of another ``num_workers`` or ``batch_size`` (which
+        ``StatefulDataLoader`` itself refuses to load) resumes the epoch: load it here and
+        iterate a new loader without loading its state.
+
         Raises:
             StateError: the state does not fit (another data set size, negative counts, an
                 unknown version, a missing key).
         """
-        self.epoch = self._epochs.load(state, self.epoch, self._pos)
+        self.epoch = self._epochs.load(sampler_state(state), self.epoch, self._pos)
 
     # -- lifetime -----------------------------------------------------------------------
     def close(self) -> None:

@@ -350,7 +350,9 @@ def _rank_opens_the_cache(
             assert sampler._run.cache is not None
             out.put((env["RANK"], sampler._run.cache.cache.path, sorted(got), ""))
     except BaseException as exc:  # noqa: BLE001 - reported to the test
-        out.put((env.get("RANK"), "", [], repr(exc)))
+        import traceback
+
+        out.put((env.get("RANK"), "", [], f"{exc!r}\n{traceback.format_exc()}"))
         raise
 
 

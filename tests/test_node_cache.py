@@ -131,3 +131,44 @@ def test_a_pinned_epoch_saved_on_two_nodes_resumes_on_one_rank(
     again, _ = run_ranks(ds, staging_root, 4, ended, None, shuffle=True, epoch_cache=4000)
     assert set(whole[: n // 2]) == set(again[: n // 2]) and sorted(again) == list(range(n))
     assert again != whole  # shuffled anew within each node
+
+
+def test_an_iterable_keeps_each_nodes_share_too(
+    moto: Store, staging_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch.utils.data import DataLoader
+
+    from s5loader import S5IterableDataset
+
+    n = 48
+    moto.put({f"{i:03d}.bin": bytes([i]) * 100 for i in range(n)})
+    ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # four ranks in this process: two nodes of two
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    its = [
+        S5IterableDataset(ds, num_replicas=4, rank=r, seed=2, epoch_cache=2400, staging_dir=staging_root)
+        for r in range(4)
+    ]
+    try:
+        epochs = []
+        for epoch in (0, 1):
+            parts = []
+            for it in its:
+                it.set_epoch(epoch)
+                parts.append(
+                    [
+                        s["__key__"].rsplit("/", 1)[-1]
+                        for b in DataLoader(it, batch_size=4, collate_fn=lambda b: b)
+                        for s in b
+                    ]
+                )
+            epochs.append(parts)
+        state = its[0].state_dict()
+    finally:
+        for it in its:
+            it.close()
+    for e in (0, 1):
+        assert sorted(k for p in epochs[e] for k in p) == sorted(f"{i:03d}" for i in range(n))
+    nodes = [[set(epochs[e][0] + epochs[e][1]), set(epochs[e][2] + epochs[e][3])] for e in (0, 1)]
+    assert nodes[0] == nodes[1] and epochs[0] != epochs[1]  # the same share, shuffled anew
+    assert state["pin"] == [2, 4]

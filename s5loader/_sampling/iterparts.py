@@ -22,6 +22,7 @@ from .._shards.holding import Freeing
 from ..dataset import S5Dataset
 from ..exceptions import StateError
 from .feed import END, ERROR, INDEX, SKIP
+from .iterrest import RankRest
 from .order import Order
 from .pieces import part_len
 from .resume import check_fields
@@ -30,6 +31,9 @@ from .units import freeing_cost, units_of
 # 2: the rank's workers share one order, a chunk at a time ("chunk"); 1 (each worker an order of
 # its own) is read for states taken at an epoch's end only
 STATE_VERSION = 2
+# 3: a state of an order pinned to nodes ("pin") or of a rest resumed on another layout
+# ("elastic"), which an s5loader that reads only version 2 would resume in another order
+PINNED_VERSION = 3
 _STATE_KEYS = (
     "version",
     "epoch",
@@ -147,6 +151,7 @@ class _Pass:
     chunk: int
     length: int  # samples of this worker's share of the epoch
     yielded: int  # position in that share: samples handed out (or skipped) so far
+    rest: RankRest | None = None  # an epoch resumed on another layout: what it had left (.iterrest)
 
     @property
     def complete(self) -> bool:
@@ -156,14 +161,29 @@ class _Pass:
     def plan(self) -> tuple[Any, ...]:
         """What every worker of the rank must agree on to share one order."""
         o = self.order
-        return (o.shuffle, o.seed, self.shuffle_buffer, o.drop_last, self.chunk, self.num_replicas, self.rank)
+        rest = self.rest.key() if self.rest is not None else ""
+        return (
+            o.shuffle,
+            o.seed,
+            self.shuffle_buffer,
+            o.drop_last,
+            self.chunk,
+            self.num_replicas,
+            self.rank,
+            rest,
+        )
 
     def state(self, dataset_len: int) -> dict[str, Any]:
         """The resume state of this pass (see :meth:`S5IterableDataset.state_dict
         <s5loader.S5IterableDataset.state_dict>`)."""
         o = self.order
+        extra: dict[str, Any] = {}
+        if self.rest is not None:
+            extra["elastic"] = self.rest.to_plain()
+        if o.pin is not None:
+            extra["pin"] = list(o.pin)
         return {
-            "version": STATE_VERSION,
+            "version": PINNED_VERSION if extra else STATE_VERSION,
             "epoch": self.epoch,
             "seed": o.seed,
             "shuffle": o.shuffle,
@@ -177,6 +197,7 @@ class _Pass:
             "dataset_len": dataset_len,
             "yielded": self.yielded,
             "complete": self.complete,
+            **extra,
         }
 
 
@@ -190,14 +211,22 @@ def start_pass(
     num_workers: int,
     chunk: int,
     source: str,
+    rest: RankRest | None = None,
 ) -> _Pass:
     """Worker ``worker``'s pass: epoch ``epoch`` of ``order`` (over ``n`` samples) from its
-    start, or the rest of the epoch a ``loaded`` state was saved in.
+    start, the rest of the epoch a ``loaded`` state was saved in, or this rank's part of the
+    ``rest`` of an epoch saved on another layout (see :mod:`.iterrest`).
 
     Raises:
         StateError: a state saved mid-epoch by another rank, worker or chunk (of ``source``).
     """
     rank, world = order.rank, order.num_replicas
+    if rest is not None:
+        first = Order(rest.shuffle, rest.seed, world, rank, rest.drop_last, order.pin)
+        length = worker_length(rest.part_length(n, world, rest.drop_last), worker, num_workers, chunk)
+        return _Pass(
+            rest.epoch, first, rest.shuffle_buffer, rank, world, worker, num_workers, chunk, length, 0, rest
+        )
     buffer, start = shuffle_buffer, 0
     if loaded is not None and not loaded["complete"]:
         where = f"rank {rank} of {world}, worker {worker} of {num_workers}, chunk {chunk}"
@@ -208,24 +237,30 @@ def start_pass(
         if saved != where:
             raise StateError(
                 f"a state of {source} saved mid-epoch by {saved} cannot resume {where}: resume with "
-                "the same number of ranks and DataLoader workers, and the same batch_size"
+                "the same number of ranks and DataLoader workers, and the same batch_size, or give "
+                "the dataset the whole StatefulDataLoader state of a rank (its load_state_dict) and "
+                "iterate a new loader without loading it"
             )
-        order = Order(loaded["shuffle"], loaded["seed"], world, rank, loaded["drop_last"])
+        pin = loaded.get("pin")
+        order = Order(
+            loaded["shuffle"], loaded["seed"], world, rank, loaded["drop_last"], pin and (pin[0], pin[1])
+        )
         buffer, epoch, start = loaded["shuffle_buffer"], loaded["epoch"], loaded["yielded"]
-    length = worker_length(part_len(n, world, order.drop_last), worker, num_workers, chunk)
+        if loaded.get("elastic") is not None:  # taken in a rest: it goes on with the same layout
+            rest = RankRest.from_plain(loaded["elastic"])
+    part = (
+        rest.part_length(n, world, order.drop_last)
+        if rest is not None
+        else part_len(n, world, order.drop_last)
+    )
+    length = worker_length(part, worker, num_workers, chunk)
     if loaded is not None and loaded["complete"]:
         # The saved epoch is over for this worker: this pass yields nothing (its remainder)
         # and the next one is the epoch after it (or the one set_epoch named).
         epoch, start = loaded["epoch"], length
-    return _Pass(epoch, order, buffer, rank, world, worker, num_workers, chunk, length, min(start, length))
-
-
-def resumed_epoch(loaded: dict[str, Any], epoch: int, epoch_set: bool) -> int:
-    """The epoch after loading the state ``loaded``: a state saved mid-epoch resumes its epoch;
-    one saved after its epoch ended, the epoch ``set_epoch`` named (``epoch_set``), else the next."""
-    if not loaded["complete"]:
-        return int(loaded["epoch"])
-    return epoch if epoch_set else int(loaded["epoch"]) + 1
+    return _Pass(
+        epoch, order, buffer, rank, world, worker, num_workers, chunk, length, min(start, length), rest
+    )
 
 
 def check_state(state: Any, dataset_len: int) -> dict[str, Any]:
@@ -239,7 +274,7 @@ def check_state(state: Any, dataset_len: int) -> dict[str, Any]:
         state,
         "S5IterableDataset.state_dict()",
         _STATE_KEYS,
-        (1, STATE_VERSION),
+        (1, STATE_VERSION, PINNED_VERSION),
         (
             "epoch",
             "yielded",
@@ -270,6 +305,15 @@ def check_state(state: Any, dataset_len: int) -> dict[str, Any]:
     out["shuffle"] = "block" if state["shuffle"] == "block" else bool(state["shuffle"])
     out["chunk"] = chunk
     out["version"] = STATE_VERSION
+    if state.get("elastic") is not None:
+        out["elastic"] = RankRest.from_plain(state["elastic"]).to_plain()
+    pin = state.get("pin")
+    if pin is not None:
+        if not (isinstance(pin, list) and len(pin) == 2 and all(type(v) is int and v >= 1 for v in pin)):
+            raise StateError(f"state['pin'] must be [nodes, ranks], got {pin!r}")
+        out["pin"] = list(pin)
+    if "elastic" in out or "pin" in out:
+        out["version"] = PINNED_VERSION
     return out
 
 

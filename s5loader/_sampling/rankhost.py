@@ -74,6 +74,23 @@ class RankHost:
         run = self.run
         return rank_order(run.units, order, epoch, shuffle_buffer, run.blocks, self.window, self.cost)
 
+    def pass_order(self, p: _Pass, order: Order) -> tuple[list[int], list[int] | None]:
+        """The whole order of ``order``'s rank in pass ``p``'s epoch: the rank's order, or (an
+        epoch resumed on another layout) its part of what the epoch had left, without windows."""
+        if p.rest is None:
+            return self.rank_order(order, p.epoch, p.shuffle_buffer)
+        rest = p.rest
+        return (
+            rest.part(
+                len(self.dataset),
+                lambda first: self.rank_order(first, rest.epoch, rest.shuffle_buffer)[0],
+                order.num_replicas,
+                order.rank,
+                order.drop_last,
+            ),
+            None,
+        )
+
     def open(self, name: str, p: _Pass) -> FeedHost:
         """Begin a pass for ``p`` (this process's own worker) and its sibling workers, which
         connect to ``name``; the pass before it, if any, stops. The rank's first pass says when
@@ -97,7 +114,7 @@ class RankHost:
                     f"{p.worker} begins epoch {p.epoch} with {p.plan}: resume every worker from states "
                     "of one StatefulDataLoader"
                 )
-        order, windows = self.rank_order(p.order, p.epoch, p.shuffle_buffer)
+        order, windows = self.pass_order(p, p.order)
         rest = remaining(len(order), [hellos[w].start for w in range(p.num_workers)], p.chunk)
         if self.cache is not None and self.run.cache is None:
             self.run.cache = self._cache_run(p)
@@ -154,6 +171,8 @@ class RankHost:
         ds = self.dataset
 
         def orders(epoch: int) -> list[list[int]]:
+            if epoch == p.epoch:  # this pass's epoch: maybe a rest resumed on another layout
+                return [self.pass_order(p, dataclasses.replace(p.order, rank=r))[0] for r in ranks]
             return [
                 self.rank_order(dataclasses.replace(p.order, rank=r), epoch, p.shuffle_buffer)[0]
                 for r in ranks

@@ -320,3 +320,22 @@ def resume_cost(saved: SavedPosition, cost: Any, possible: bool, units: Any, sou
             cost.room if cost is not None else "none",
         )
     return resumed
+
+
+def sampler_state(state: Any) -> Any:
+    """A sampler's own state in ``state``: ``state`` itself, or the sampler's part of a
+    ``StatefulDataLoader.state_dict()`` (``sampler=`` or ``batch_sampler=``, with or without
+    workers).
+
+    Raises:
+        StateError: a loader state that holds no sampler state.
+    """
+    if not isinstance(state, dict) or not ("_snapshot" in state or "_sampler_iter_state" in state):
+        return state
+    main = state.get("_snapshot", {}).get("_main_snapshot", state) if "_snapshot" in state else state
+    if isinstance(main.get("_index_sampler_state"), dict):
+        return main["_index_sampler_state"]  # batch_sampler=sampler.batches(n)
+    it = main.get("_sampler_iter_state")
+    if isinstance(it, dict) and isinstance(it.get("sampler_state"), dict):
+        return it["sampler_state"]
+    raise StateError("the StatefulDataLoader state holds no sampler state: was its sampler an S5Sampler?")

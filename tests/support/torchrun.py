@@ -7,13 +7,16 @@ import subprocess
 import sys
 
 
-def torchrun(script: str, nodes: int, node_rank: int, port: int, args: list[str]) -> subprocess.Popen[str]:
+def torchrun(
+    script: str, nodes: int, node_rank: int, port: int, args: list[str], nproc: int = 2
+) -> subprocess.Popen[str]:
+    """Node ``node_rank`` of ``nodes``, ``nproc`` ranks, running ``script`` with ``args``."""
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         f"--nnodes={nodes}",
-        "--nproc_per_node=2",
+        f"--nproc_per_node={nproc}",
         f"--node_rank={node_rank}",
         "--master_addr=127.0.0.1",
         f"--master_port={port}",

@@ -238,7 +238,7 @@ class S5IterableDataset(IterableDataset[Any]):
         if rank is None or world is None:
             rank, world = rank_info(self._num_replicas, self._rank)
         order = Order(self.shuffle, self.seed, world, rank, self.drop_last)
-        return pin_to_nodes(order, bool(self._options.epoch_cache), self.dataset.shards is None)
+        return pin_to_nodes(order, bool(self._options.epoch_cache))
 
     def __iter__(self) -> Iterator[Any]:
         # The pass is fixed here, not at the first next(): StatefulDataLoader takes a state

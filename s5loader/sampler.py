@@ -129,7 +129,7 @@ class S5Sampler(Sampler[int]):
             batch_size=batch_size,
         )
         # with an epoch cache on several nodes, each node's samples stay with it across epochs
-        order = pin_to_nodes(order, bool(options.epoch_cache), dataset.shards is None)
+        order = pin_to_nodes(order, bool(options.epoch_cache))
         cache = open_cache_run(dataset, order, window, options, root, self._local_orders)
         # over tar shards that do not fit: the budget used as a shuffle buffer (see Order.shard_order)
         cost = freeing_cost(dataset, order.shuffle, options.budget, root, options.keep_staged)

@@ -13,6 +13,7 @@ import urllib.parse
 import pytest
 from support.faults import FaultProxy
 from support.ranks import run_ranks
+from support.shards import make_shards, put_indexed, shard_gets
 from support.stores import Store, free_port
 from support.torchrun import torchrun
 
@@ -27,9 +28,9 @@ from torch.utils.data import DataLoader
 from s5loader import S5Dataset, S5Sampler
 
 dist.init_process_group("gloo")
-source, endpoint, out, root, budget, cache = sys.argv[1:7]
+source, endpoint, out, root, budget, cache, form = sys.argv[1:8]
 rank, world = dist.get_rank(), dist.get_world_size()
-ds = S5Dataset.from_prefix(source, endpoint_url=endpoint)
+ds = (S5Dataset.from_shards if form == "shards" else S5Dataset.from_prefix)(source, endpoint_url=endpoint)
 sampler = S5Sampler(ds, shuffle=True, seed=7, budget=int(budget), epoch_cache=int(cache), staging_dir=root)
 loader = DataLoader(ds, sampler=sampler, batch_size=4, num_workers=1, collate_fn=lambda b: b)
 epochs = []
@@ -60,12 +61,18 @@ def object_gets(requests: list, prefix: str) -> int:  # type: ignore[type-arg]
     )
 
 
-@pytest.mark.parametrize("share", [1.0, 0.5])
-def test_each_node_keeps_its_share_across_epochs(seaweed: Store, tmp_path, share: float) -> None:
-    names = [f"{i:04d}" for i in range(N)]
-    seaweed.put({f"{name}.bin": os.urandom(SIZE) for name in names})
-    node_share = N * SIZE // 2
-    cache = int(node_share * share) + 4 * SIZE  # the node's share (or half), a few samples spare
+@pytest.mark.parametrize(("form", "share"), [("objects", 1.0), ("objects", 0.5), ("shards", 1.0)])
+def test_each_node_keeps_its_share_across_epochs(seaweed: Store, tmp_path, form: str, share: float) -> None:
+    if form == "shards":  # 12 shards of 20 samples: three whole shards a rank
+        tars, _ = make_shards(12, N // 12, size=SIZE)
+        source = put_indexed(seaweed, tars)
+        names = [f"s{k:05d}" for k in range(N)]
+        total = sum(map(len, tars.values()))
+    else:
+        names = [f"{i:04d}" for i in range(N)]
+        seaweed.put({f"{name}.bin": os.urandom(SIZE) for name in names})
+        source, total = seaweed.uri(), N * SIZE
+    cache = int(total // 2 * share) + 4 * SIZE  # the node's share (or half), a few samples spare
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     out = tmp_path / "out"
@@ -75,9 +82,10 @@ def test_each_node_keeps_its_share_across_epochs(seaweed: Store, tmp_path, share
     fetched = []
     try:
         port = free_port()
-        args = [seaweed.uri(), proxy.endpoint, str(out)]
+        args = [source, proxy.endpoint, str(out)]
+        budget = str(max(20 * SIZE, 3 * total // 12))
         nodes = [
-            torchrun(str(script), 2, n, port, [*args, str(tmp_path / f"node{n}"), str(20 * SIZE), str(cache)])
+            torchrun(str(script), 2, n, port, [*args, str(tmp_path / f"node{n}"), budget, str(cache), form])
             for n in range(2)
         ]
         mark = 0
@@ -89,7 +97,10 @@ def test_each_node_keeps_its_share_across_epochs(seaweed: Store, tmp_path, share
                 ]
                 time.sleep(0.05)
             now = len(proxy.requests)
-            fetched.append(object_gets(proxy.requests[mark:now], path) * SIZE)
+            if form == "shards":
+                fetched.append(sum(len(tars[k]) * c for k, c in shard_gets(proxy.requests[mark:now]).items()))
+            else:
+                fetched.append(object_gets(proxy.requests[mark:now], path) * SIZE)
             mark = now
             (out / f"go{epoch}").touch()
         for p in nodes:
@@ -104,9 +115,8 @@ def test_each_node_keeps_its_share_across_epochs(seaweed: Store, tmp_path, share
         shares = [{k for r in ranks[2 * node : 2 * node + 2] for k in r["epochs"][e]} for e in range(3)]
         assert shares[0] == shares[1] == shares[2] and len(shares[0]) == N // 2
     assert all(r["pin"] == [2, 4] for r in ranks)  # the state says how the order kept them
-    assert fetched[0] == N * SIZE, fetched  # the first epoch: each sample once
+    assert fetched[0] == total, fetched  # the first epoch: each sample (shard) once
     most = 0.15 if share == 1.0 else 0.60
-    print("FIG", share, fetched)
     assert max(fetched[1:]) <= most * fetched[0], (fetched, most)
 
 

@@ -97,19 +97,18 @@ class Admission:
             self.held = max(0, self.held - size)
 
 
-def pin_to_nodes(order: Order, cached: bool, per_sample: bool) -> Order:
-    """``order`` with :attr:`~.order.Order.pin` set where its samples stay on their nodes across
-    epochs: with an epoch cache (``cached``) on more than one node of equal ranks, over raw
-    objects (``per_sample``). Each node then reads the same share of the data set every epoch,
+def pin_to_nodes(order: Order, cached: bool) -> Order:
+    """``order`` with :attr:`~.order.Order.pin` set where its samples (or tar shards) stay on
+    their nodes across epochs: ``shuffle=True`` with an epoch cache (``cached``) on more than one
+    node of equal ranks. Each node then reads the same share of the data set every epoch,
     shuffled anew within the node, so a node's cache of its share holds what its ranks read
     next; without the pin they read another random part each epoch, and a node's cache pays off
-    for a fraction of it (local ranks / ranks). Tar shards and ``shuffle="block"`` keep their
-    orders.
+    for a fraction of it (local ranks / ranks). ``shuffle="block"`` keeps its order.
 
     Raises:
         ConfigError: see :func:`~s5loader._util.dist.cache_node_ranks`.
     """
-    if not cached or not per_sample or order.num_replicas < 2:
+    if not cached or order.shuffle is not True or order.num_replicas < 2:
         return order
     local = len(cache_node_ranks(order.rank, order.num_replicas))
     if order.num_replicas % local or order.num_replicas == local:

@@ -56,7 +56,7 @@ class EpochOrders:
         self.can_free = can_free
         # an epoch resumed mid-way on another number of ranks (see .elastic): the epoch, the
         # chain of ranks it came through, how its first order was laid out, and its rest here
-        self._elastic: tuple[int, Chain, int, Freeing | None] | None = None
+        self._elastic: tuple[int, Chain, int, Freeing | None, tuple[int, int] | None] | None = None
         self._rest: list[int] | None = None
         # an epoch resumed mid-way whose global order kept samples on the nodes of the job that
         # saved it (see Order.pin), another layout than this job's: the epoch and that layout
@@ -85,11 +85,11 @@ class EpochOrders:
     def _rest_of(self, rank: int) -> list[int]:
         """Rank ``rank``'s part of the rest of the epoch resumed on other ranks."""
         assert self._elastic is not None
-        epoch, chain, window, cost = self._elastic
+        epoch, chain, window, cost, pin = self._elastic
         o, run = self.order, self.run
 
         def part_of(ranks: int, r: int) -> list[int]:
-            first = dataclasses.replace(o, num_replicas=ranks, rank=r)
+            first = dataclasses.replace(o, num_replicas=ranks, rank=r, pin=pin)
             return run.units.plan(first, epoch, 0, run.blocks, window, cost)[0]
 
         return rest_of_epoch(part_of, chain, o.num_replicas, rank, o.drop_last)
@@ -157,9 +157,10 @@ class EpochOrders:
         n = len(self.run.dataset)
         if self.resumed_elsewhere(epoch):
             assert self._elastic is not None
-            _, chain, window, cost = self._elastic
+            _, chain, window, cost, pin = self._elastic
             room = (cost.room or 0) if cost is not None else 0
-            return make_state(self.order, epoch, n, position, window, self.run.units.name, room, chain)
+            first = dataclasses.replace(self.order, pin=pin)
+            return make_state(first, epoch, n, position, window, self.run.units.name, room, chain)
         room = (self.cost.room or 0) if self.cost is not None else 0
         return make_state(self.order_of(epoch), epoch, n, position, self.window, self.run.units.name, room)
 
@@ -213,6 +214,6 @@ class EpochOrders:
                 here,
             )
         self.order = Order(saved.shuffle, saved.seed, here, self.order.rank, saved.drop_last, self.order.pin)
-        self._elastic = (saved.epoch, chain, window, cost)
+        self._elastic = (saved.epoch, chain, window, cost, saved.pin)
         self.window, self.run.options = resume_window(saved, window, self.window, self.run.options, units)
         return saved.epoch

@@ -234,17 +234,43 @@ class Order:
 
     def _rank_pieces(self, n: int, units: list[list[int]], g: torch.Generator | None) -> list[list[int]]:
         """The units (permuted with ``g``) laid end to end, padded or cut to equal parts: this
-        rank's part, cut where units meet."""
+        rank's part, cut where units meet. With :attr:`pin`, see :meth:`_pinned_pieces`."""
+        if g is not None and self.pin is not None and self.pin[1] == self.num_replicas:
+            return self._pinned_pieces(n, units, g)
         picks = torch.randperm(len(units), generator=g).tolist() if g is not None else range(len(units))
         seq, edges, per = end_to_end(units, picks, n, self.num_replicas, self.drop_last)
         lo, hi = self.rank * per, (self.rank + 1) * per
         bounds = [lo, *(e for e in edges if lo < e < hi), hi] if hi > lo else []
         return [seq[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
+    def _pinned_pieces(self, n: int, units: list[list[int]], g: torch.Generator) -> list[list[int]]:
+        """This rank's part of a shard order whose shards stay on their nodes (see
+        :func:`pinned_order`): the units permuted by the seed alone, laid end to end and padded
+        as :meth:`_rank_pieces` lays them, cut into a contiguous share per node; each epoch
+        permutes the pieces of the node's share anew (with ``g``) and cuts them into the node's
+        ranks' parts. A unit cut by a node's or a rank's edge is read by both sides, as one cut
+        by a rank's edge is without the pin."""
+        nodes, ranks = self.pin or (1, self.num_replicas)
+        local = ranks // nodes
+        base = np.random.default_rng([self.seed & (2**64 - 1), 0x9E3779B9]).permutation(len(units)).tolist()
+        seq, edges, per = end_to_end(units, base, n, ranks, self.drop_last)
+        node, me = divmod(self.rank, local)
+        share = _cut_at(seq, edges, node * local * per, (node + 1) * local * per)
+        mixed = [share[k] for k in torch.randperm(len(share), generator=g).tolist()]
+        seq2 = [i for piece in mixed for i in piece]
+        edges2 = list(np.cumsum([0, *map(len, mixed)])[:-1])
+        return _cut_at(seq2, edges2, me * per, (me + 1) * per)
+
     @staticmethod
     def _shuffle(seq: list[int], a: int, g: torch.Generator) -> None:
         chunk = seq[a:]
         seq[a:] = [chunk[k] for k in torch.randperm(len(chunk), generator=g).tolist()]
+
+
+def _cut_at(seq: list[int], edges: list[int], lo: int, hi: int) -> list[list[int]]:
+    """``seq[lo:hi]`` cut where units begin (``edges``)."""
+    bounds = [lo, *(int(e) for e in edges if lo < e < hi), hi] if hi > lo else []
+    return [seq[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def _draw_from_open(

@@ -345,14 +345,49 @@ def test_a_pinned_order_keeps_each_nodes_share_and_deals_every_sample(
     assert shares[0] == shares[1] == shares[2]  # a node reads the same share every epoch
 
 
-def test_the_pin_needs_a_cache_several_nodes_and_raw_objects(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_pin_needs_a_cache_several_nodes_and_shuffle_true(monkeypatch: pytest.MonkeyPatch) -> None:
     from s5loader._sampling.cacheplan import pin_to_nodes
     from s5loader._sampling.order import Order
 
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     o = Order(True, 0, 8, 5, False)
-    assert pin_to_nodes(o, True, True).pin == (4, 8)
-    assert pin_to_nodes(o, False, True) == o and pin_to_nodes(o, True, False) == o  # no cache; shards
+    assert pin_to_nodes(o, True).pin == (4, 8)
+    assert pin_to_nodes(o, False) == o  # no cache
+    block = Order("block", 0, 8, 5, False)
+    assert pin_to_nodes(block, True) == block
     one = Order(True, 0, 2, 1, False)
-    assert pin_to_nodes(one, True, True) == one  # one node: DistributedSampler's order
+    assert pin_to_nodes(one, True) == one  # one node: DistributedSampler's order
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 9), min_size=1, max_size=14),
+    nodes=st.integers(2, 3),
+    local=st.integers(1, 2),
+    seed=st.integers(0, 20),
+)
+def test_a_pinned_shard_order_keeps_each_nodes_shards(
+    sizes: list[int], nodes: int, local: int, seed: int
+) -> None:
+    from collections import Counter
+
+    from s5loader._sampling.order import Order
+    from s5loader._sampling.pieces import part_len
+
+    units, at = [], 0
+    for k in sizes:
+        units.append(list(range(at, at + k)))
+        at += k
+    ranks, n = nodes * local, at
+    per = part_len(n, ranks, False)
+    seen = []
+    for epoch in (0, 1):
+        parts = [
+            Order(True, seed, ranks, r, False, (nodes, ranks)).shard_order(n, epoch, 0, units, 2)
+            for r in range(ranks)
+        ]
+        assert all(len(p) == per for p in parts)
+        assert set(i for p in parts for i in p) == set(range(n)) and sum(map(len, parts)) == per * ranks
+        seen.append([Counter(i for p in parts[k * local : (k + 1) * local] for i in p) for k in range(nodes)])
+    assert seen[0] == seen[1]  # each node reads the same samples every epoch

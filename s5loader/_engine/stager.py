@@ -19,6 +19,7 @@ split.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -33,7 +34,7 @@ from .._staging.area import StagingArea
 from .._staging.layout import StagingLayout
 from .._staging.release_events import ReleaseEvents
 from ..config import Access, StagingOptions
-from ..exceptions import S5LoaderError
+from ..exceptions import S5LoaderError, StagingSpaceError
 from .budget import Budget
 from .callplan import plan_call
 from .calls import Calls
@@ -231,7 +232,13 @@ class Stager:
                 self.watchdog.check()
                 self._check_deadlock()
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer
-            if not isinstance(exc, S5LoaderError):
+            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                # a control file (a call's command file, a word to a reader) had no room
+                exc = StagingSpaceError(
+                    f"the staging directory {self.area.path} ran out of space while staging ({exc}): "
+                    "lower the budget or free space"
+                )
+            elif not isinstance(exc, S5LoaderError):
                 log.exception("the staging engine failed")
             self.ready.fail(exc)
         finally:

@@ -232,13 +232,8 @@ class Stager:
                 self.watchdog.check()
                 self._check_deadlock()
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer
-            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-                # a control file (a call's command file, a word to a reader) had no room
-                exc = StagingSpaceError(
-                    f"the staging directory {self.area.path} ran out of space while staging ({exc}): "
-                    "lower the budget or free space"
-                )
-            elif not isinstance(exc, S5LoaderError):
+            exc = _no_space(exc, self.area.path)
+            if not isinstance(exc, S5LoaderError):
                 log.exception("the staging engine failed")
             self.ready.fail(exc)
         finally:
@@ -369,3 +364,14 @@ class Stager:
     @property
     def reserved(self) -> int:
         return self.budget.reserved
+
+
+def _no_space(exc: BaseException, path: str) -> BaseException:
+    """``exc``, or a :class:`StagingSpaceError` where it is ENOSPC: a control file (a call's
+    command file, a word to a reader) had no room in the staging directory ``path``."""
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return StagingSpaceError(
+            f"the staging directory {path} ran out of space while staging ({exc}): "
+            "lower the budget or free space"
+        )
+    return exc

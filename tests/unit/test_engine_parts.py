@@ -240,3 +240,15 @@ def test_request_counts_of_each_line_kind() -> None:
     assert wildcard_requests([0, 10]) == {"LIST": 1, "GET": 2, "HEAD": 1}  # s5cmd asks again for an empty one
     assert download_requests(10) == {"HEAD": 1, "GET": 1}
     assert download_requests(20 * mib) == {"HEAD": 1, "GET": 3}  # boto3's 8 MiB parts
+
+
+def test_an_engine_error_of_a_full_file_system_is_a_staging_space_error() -> None:
+    import errno
+
+    from s5loader._engine.stager import _no_space
+    from s5loader.exceptions import StagingSpaceError
+
+    got = _no_space(OSError(errno.ENOSPC, "No space left on device"), "/stage")
+    assert isinstance(got, StagingSpaceError) and "/stage ran out of space" in str(got)
+    other = OSError(errno.EIO, "I/O error")
+    assert _no_space(other, "/stage") is other

@@ -9,7 +9,8 @@ sample is sent to them with ``fn`` by name, so ``fn`` must be importable (a modu
 function, as for a DataLoader with ``spawn``); it is forked from the process that calls
 ``pack()``, so a process whose other threads hold locks the function needs (a logging handler,
 an OpenMP pool) should call ``pack()`` before starting them. Per shard being built (two at
-once), at most twice as many samples as processes are in flight, each held in memory only: the
+once), at most twice as many groups of samples as processes are in flight (a group: up to 16
+samples or 4 MiB), each held in memory only: the
 staged files of a sample are deleted as soon as it is read, so the disk holds what it holds
 without a transform. The function's name (module and
 qualified name) is part of the pack's plan: a rerun with the same function continues the pack
@@ -32,6 +33,9 @@ from .._util.platform import die_with_parent
 from ..exceptions import ConfigError
 
 Transform = Callable[[dict[str, Any]], dict[str, Any]]
+
+GROUP = 16  # samples sent to a worker in one task, at most ...
+GROUP_BYTES = 4 << 20  # ... or about this many of their bytes
 
 
 def transform_name(fn: Transform) -> str:
@@ -106,6 +110,18 @@ def apply(fn: Transform, sample: dict[str, Any]) -> list[tuple[str, bytes]]:
     return sorted(fields)
 
 
+def apply_all(fn: Transform, samples: list[dict[str, Any]]) -> list[list[tuple[str, bytes]] | BaseException]:
+    """:func:`apply` on each of ``samples`` (in a worker process): its fields, or the exception
+    it raised, so that the others of the group still come back."""
+    out: list[list[tuple[str, bytes]] | BaseException] = []
+    for sample in samples:
+        try:
+            out.append(apply(fn, sample))
+        except Exception as exc:  # noqa: BLE001 - raised again in the pack, naming the sample
+            out.append(exc)
+    return out
+
+
 def _ready() -> bool:  # pragma: no cover - runs in a worker
     return True
 
@@ -146,30 +162,45 @@ class SampleTransform:
     def run(
         self, samples: Iterable[tuple[Any, dict[str, Any]]]
     ) -> Iterator[tuple[Any, list[tuple[str, bytes]]]]:
-        """``(tag, fn(sample))`` for each ``(tag, sample)``, in order, at most twice as many in
-        flight as there are processes. An exception of ``fn`` is raised here with a note that
+        """``(tag, fn(sample))`` for each ``(tag, sample)``, in order. Samples go to the workers
+        in groups of up to :data:`GROUP` samples or :data:`GROUP_BYTES` (one task each: a task's
+        round trip costs about as much as a small sample's work), at most twice as many groups
+        in flight as there are processes. An exception of ``fn`` is raised here with a note that
         names the sample."""
         pool = self._get()
-        pending: collections.deque[tuple[Any, str, Future[list[tuple[str, bytes]]]]] = collections.deque()
+        pending: collections.deque[tuple[list[tuple[Any, str]], Future[list[Any]]]] = collections.deque()
+        group: list[tuple[Any, dict[str, Any]]] = []
+        size = 0
 
-        def first() -> tuple[Any, list[tuple[str, bytes]]]:
-            tag, key, fut = pending.popleft()
-            try:
-                return tag, fut.result()
-            except BaseException as exc:
-                if hasattr(exc, "add_note"):
-                    exc.add_note(f"in the pack's transform {self.name} of sample {key!r}")
-                raise
+        def send() -> None:
+            nonlocal group, size
+            tags = [(tag, sample["__key__"]) for tag, sample in group]
+            pending.append((tags, pool.submit(apply_all, self.fn, [sample for _, sample in group])))
+            group, size = [], 0
+
+        def first() -> Iterator[tuple[Any, list[tuple[str, bytes]]]]:
+            tags, fut = pending.popleft()
+            for (tag, key), got in zip(tags, fut.result(), strict=True):
+                if isinstance(got, BaseException):
+                    if hasattr(got, "add_note"):
+                        got.add_note(f"in the pack's transform {self.name} of sample {key!r}")
+                    raise got
+                yield tag, got
 
         try:
             for tag, sample in samples:
-                pending.append((tag, sample["__key__"], pool.submit(apply, self.fn, sample)))
-                if len(pending) >= 2 * self.processes:
-                    yield first()
+                group.append((tag, sample))
+                size += sum(len(v) for v in sample.values() if isinstance(v, (bytes, bytearray)))
+                if len(group) >= GROUP or size >= GROUP_BYTES:
+                    send()
+                    if len(pending) >= 2 * self.processes:
+                        yield from first()
+            if group:
+                send()
             while pending:
-                yield first()
+                yield from first()
         finally:
-            for _, _, fut in pending:
+            for _, fut in pending:
                 fut.cancel()
 
     def close(self) -> None:

@@ -54,8 +54,13 @@ def every_key() -> list[str]:
 
 @pytest.mark.parametrize("form", ["sampler", "iterable"])
 def test_a_cache_that_holds_every_shard_fetches_nothing_after_the_first_epoch(
-    form: str, shards, proxy: FaultProxy, staging_root: str
+    form: str, shards, proxy: FaultProxy, staging_root: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from s5loader._shards import tar
+
+    scanned: list[str] = []
+    scan = tar.scan_file
+    monkeypatch.setattr(tar, "scan_file", lambda path, uri: scanned.append(uri) or scan(path, uri))
     ds, tars, big = shards
     total = sum(map(len, tars.values()))
     opts = {
@@ -68,9 +73,11 @@ def test_a_cache_that_holds_every_shard_fetches_nothing_after_the_first_epoch(
     if form == "sampler":
         with S5Sampler(ds, **opts) as sampler:
             first = sampler_epoch(ds, sampler, 0)
-            mark = len(proxy.requests)
+            mark, scans = len(proxy.requests), len(scanned)
             later = [sampler_epoch(ds, sampler, e) for e in (1, 2)]
             assert sampler.metrics().epoch_cache_hits == SHARDS
+            # each shard scanned once in the first epoch (the first streams: read as it downloads)
+            assert scans == SHARDS - 1 and len(scanned) == scans  # a hit keeps its member table
     else:
         with S5IterableDataset(ds, **opts) as it:
             first = iterable_epoch(it, 0)

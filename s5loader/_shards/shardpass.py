@@ -313,6 +313,18 @@ class ShardPass:
             self.state[v] = _OPEN if ok else _SKIPPED
         return self.state[v] == _OPEN
 
+    def _kept_table(self, s: int) -> _tar.Table | None:
+        """The member table an epoch cache's hit ``s`` kept from the pass that scanned it (the
+        entry is checked against its listing when it is taken), or None to scan the shard."""
+        if self.hits is None or not self.hits.has(s):
+            return None
+        try:
+            with open(self.layout.shard_table(s), "rb") as fh:
+                table = _tar.loads(fh.read())
+        except (OSError, ValueError):
+            return None
+        return table if len(table) == self.shards[s].nsamples else None
+
     def _open(self, v: int, s: int, stager: Stager) -> bool:
         layout = self.layout
         if self.keep:
@@ -326,9 +338,16 @@ class ShardPass:
             path = layout.path(s, self.dataset.samples[s], 0)
             if _tar.is_gzip(uri):
                 _tar.gunzip_file(path, uri)  # read by offset: the tar replaces it, within its DISK
-            members = _tar.scan_file(path, uri)
-            self.shards.check_members(s, members)
-            layout.open_shard(s, _tar.dumps(members), [] if self.keep else self.needed[v])
+            kept = self._kept_table(s)
+            members: _tar.Table | list[_tar.TarSample]
+            if kept is None:
+                scanned = _tar.scan_file(path, uri)
+                self.shards.check_members(s, scanned)
+                layout.open_shard(s, _tar.dumps(scanned), [] if self.keep else self.needed[v])
+                members = scanned
+            else:  # an epoch cache's hit: its member table came with it
+                layout.claim_shard(s, [] if self.keep else self.needed[v])
+                members = kept
             if self.frees and not self.keep and len(self.needed[v]) < len(members):
                 # what this visit does not need (read earlier in the epoch, another rank's) goes now,
                 # or, for a shard the epoch cache keeps whole, counts against the cache from now on

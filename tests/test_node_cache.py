@@ -120,19 +120,29 @@ def test_each_node_keeps_its_share_across_epochs(seaweed: Store, tmp_path, form:
     assert max(fetched[1:]) <= most * fetched[0], (fetched, most)
 
 
-def test_a_pinned_epoch_saved_on_two_nodes_resumes_on_one_rank(
-    moto: Store, staging_root: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # four ranks of two nodes (LOCAL_WORLD_SIZE=2) in one process, stopped mid-epoch; the rest
-    # of that epoch on one rank continues the order the two nodes laid out
-    n = 40
-    moto.put({f"{i:03d}.bin": bytes([i]) * 200 for i in range(n)})
-    ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
+def raw_objects(store: Store, n: int) -> S5Dataset:
+    store.put({f"{i:03d}.bin": bytes([i]) * 100 for i in range(n)})
+    return S5Dataset.from_prefix(store.uri(), endpoint_url=store.endpoint)
+
+
+@pytest.fixture
+def two_nodes_here(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """Ranks of this process placed two to a node (``LOCAL_WORLD_SIZE=2``, no local rank)."""
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.delenv("LOCAL_RANK", raising=False)
+    return monkeypatch
+
+
+def test_a_pinned_epoch_saved_on_two_nodes_resumes_on_one_rank(
+    moto: Store, staging_root: str, two_nodes_here: pytest.MonkeyPatch
+) -> None:
+    # four ranks of two nodes in one process, stopped mid-epoch; the rest of that epoch on one
+    # rank continues the order the two nodes laid out
+    n = 40
+    ds = raw_objects(moto, n)
     before, state = run_ranks(ds, staging_root, 4, None, 3, shuffle=True, epoch_cache=4000)
     assert state is not None and state["pin"] == [2, 4] and not state["complete"]
-    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    two_nodes_here.delenv("LOCAL_WORLD_SIZE")
     after, _ = run_ranks(ds, staging_root, 1, state, None, shuffle=True, epoch_cache=4000)
     assert sorted(before + after) == list(range(n))  # every sample of the epoch once
     # the next epoch on the two nodes: each node's ranks read the share they read before
@@ -143,18 +153,13 @@ def test_a_pinned_epoch_saved_on_two_nodes_resumes_on_one_rank(
     assert again != whole  # shuffled anew within each node
 
 
-def test_an_iterable_keeps_each_nodes_share_too(
-    moto: Store, staging_root: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_an_iterable_keeps_each_nodes_share_too(moto: Store, staging_root: str, two_nodes_here) -> None:  # type: ignore[no-untyped-def]
     from torch.utils.data import DataLoader
 
     from s5loader import S5IterableDataset
 
     n = 48
-    moto.put({f"{i:03d}.bin": bytes([i]) * 100 for i in range(n)})
-    ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # four ranks in this process: two nodes of two
-    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    ds = raw_objects(moto, n)
     its = [
         S5IterableDataset(ds, num_replicas=4, rank=r, seed=2, epoch_cache=2400, staging_dir=staging_root)
         for r in range(4)

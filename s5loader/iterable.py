@@ -143,6 +143,7 @@ class S5IterableDataset(IterableDataset[Any]):
         self._pass: _Pass | None = None
         # Names the rendezvous of a rank's workers with their host (see rendezvous_name).
         self._uid = secrets.token_hex(6)
+        self._key = secrets.token_hex(16)  # proves a hello comes from this loader (see .wire)
         self._iterations = 0
         # One directory for the whole dataset, made now by the process that owns it (the
         # DataLoader's workers make their folders inside it and never remove it).
@@ -248,9 +249,9 @@ class S5IterableDataset(IterableDataset[Any]):
         self._iterations += 1
         name = rendezvous_name(self._uid, p.rank, self._iterations)
         if p.worker == 0:
-            messages = local(self._hosting.host(p).open(name, p))
+            messages = local(self._hosting.host(p).open(name, p, self._key))
         else:
-            hello = Hello(p.worker, p.num_workers, p.epoch, p.yielded, p.plan)
+            hello = Hello(p.worker, p.num_workers, p.epoch, p.yielded, p.plan, self._key)
             messages = connect(name, hello, root=self._area.path)
         return read_feed(self.dataset, p, messages)
 

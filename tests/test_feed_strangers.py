@@ -76,26 +76,26 @@ def orphan(script: str, log: Path, *args: str) -> None:
     subprocess.run(["sh", "-c", f"{argv} >{shlex.quote(str(log))} 2>&1 &"], check=True, timeout=30)
 
 
-def host(name: str, root: str, out: Any) -> None:
+def host(name: str, root: str, out: Any, key: str = "") -> None:
     """Worker 0 of 2: the rank's host; stages positions 0-5 (folders in ``root``)."""
 
     def serve(hellos: dict[int, feed.Hello]) -> Any:
         for pos in range(6):
             yield pos, (feed.INDEX, StagedIndex(pos, os.path.join(root, "p0"), frees=True))
 
-    h = feed.FeedHost(name, feed.Hello(0, 2, 0, 0, ()), serve, lambda pos: pos % 2).start()
+    h = feed.FeedHost(name, feed.Hello(0, 2, 0, 0, (), key), serve, lambda pos: pos % 2).start()
     got = [(kind, int(x) if x is not None else None) for kind, x in feed.local(h)]
     h.wait_readers(30)
     h.close()
     out.put(("host", got))
 
 
-def worker(name: str, root: str, out: Any) -> None:
+def worker(name: str, root: str, out: Any, key: str = "") -> None:
     """Worker 1 of 2: connects to the host and reads its share."""
     try:
         got = [
             (kind, (int(x), x.folder, x.frees) if kind == feed.INDEX else None)
-            for kind, x in feed.connect(name, feed.Hello(1, 2, 0, 0, ()), timeout=30, root=root)
+            for kind, x in feed.connect(name, feed.Hello(1, 2, 0, 0, (), key), timeout=30, root=root)
         ]
         out.put(("worker", got))
     except StallError as exc:
@@ -204,3 +204,42 @@ def test_messages_cross_as_plain_data_and_errors_keep_their_type(tmp_path: Path)
         assert len(frame) < wire.MAX_FRAME
         _, back = wire.decode(wire.encode((feed.ERROR, exc)), None)
         assert isinstance(back, S5LoaderError)
+
+
+def sibling_without_the_key(name: str, out: Any) -> None:
+    """A process with the workers' parent (as an orphan that PID 1 adopted is, where the training
+    process is PID 1) that says a well-formed hello of worker 1 without the loader's key."""
+    import socket
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect("\0" + name)
+    s.settimeout(20)
+    s.sendall(wire.hello_bytes(feed.Hello(1, 2, 0, 0, (), "not-the-key")))
+    try:
+        closed = s.recv(1) == b""
+    except OSError:
+        closed = True
+    out.put(("sibling", closed))
+
+
+def test_a_sibling_without_the_loaders_key_is_refused(tmp_path: Path) -> None:
+    name, root, key = f"s5loader-test-{secrets.token_hex(4)}", str(tmp_path / "area"), secrets.token_hex(16)
+    out = FORK.Queue()
+    h = FORK.Process(target=host, args=(name, root, out, key))
+    h.start()
+    try:
+        wait_for(lambda: f"@{name}" in Path("/proc/net/unix").read_text(), what="the host's socket")
+        s = FORK.Process(target=sibling_without_the_key, args=(name, out))
+        s.start()
+        assert out.get(timeout=60) == ("sibling", True)  # closed on it: it gets nothing
+        s.join(30)
+        w = FORK.Process(target=worker, args=(name, root, out, key))
+        w.start()
+        results = dict(out.get(timeout=60) for _ in range(2))
+        w.join(30)
+    finally:
+        h.join(30)
+        if h.is_alive():
+            h.kill()
+    folder = os.path.join(root, "p0")
+    assert results["worker"] == [(feed.INDEX, (p, folder, True)) for p in (1, 3, 5)] + [(feed.END, None)]

@@ -27,6 +27,7 @@ message, raised again as the same s5loader or built-in type.
 from __future__ import annotations
 
 import contextlib
+import hmac
 import logging
 import os
 import queue
@@ -195,6 +196,10 @@ class FeedHost:
                 conn.close()
                 continue
             conn.settimeout(None)
+            if not hmac.compare_digest(hello.key, self.local.key):
+                log.warning("the staging feed %s refused a hello without the loader's key", self.name)
+                conn.close()
+                continue
             if not 0 <= hello.worker < self.local.num_workers or hello.worker in hellos:
                 log.warning("the staging feed %s refused a hello from worker %d", self.name, hello.worker)
                 conn.close()

@@ -91,13 +91,13 @@ class RankHost:
             None,
         )
 
-    def open(self, name: str, p: _Pass) -> FeedHost:
+    def open(self, name: str, p: _Pass, key: str = "") -> FeedHost:
         """Begin a pass for ``p`` (this process's own worker) and its sibling workers, which
         connect to ``name``; the pass before it, if any, stops. The rank's first pass says when
         its budget holds few shards (see :func:`.mixing.few_shards`)."""
         self.close_pass()
         self._warn_few_shards(p)
-        hello = Hello(p.worker, p.num_workers, p.epoch, p.yielded, p.plan)
+        hello = Hello(p.worker, p.num_workers, p.epoch, p.yielded, p.plan, key)
         nw, chunk = p.num_workers, p.chunk
         self.feed = FeedHost(
             name, hello, lambda hellos: self._serve(p, hellos), lambda q: owner(q, nw, chunk)

@@ -3,14 +3,17 @@ who may take part: plain data in length-prefixed JSON frames, never a pickle, an
 processes of one loader, by the credentials the kernel gives for a Unix socket's other end.
 
 * A frame is a 4-byte big-endian length and that many bytes of JSON, at most :data:`MAX_FRAME`.
-* A worker's hello is ``[worker, num_workers, epoch, start, plan]`` (ints, and the plan's
-  ints, bools, strings and nulls).
+* A worker's hello is ``[worker, num_workers, epoch, start, plan, key]`` (ints, the plan's
+  ints, bools, strings and nulls, and the loader's key: a secret the dataset drew when it was
+  made, which its workers got with their copy of it and which no other process can read).
 * A host's message is ``[kind, payload]``: a staged index as ``[int, folder, keep, back, frees,
   early]`` (the folder must lie in the rank's staging area), a skip, the end, or an error as
   ``[type name, message]``, raised again as the same s5loader or built-in type.
 * The other end of a connection is one of the loader's processes when it is of the same user
   and is this process or a sibling (the same parent: DataLoader workers are the children of
-  one process).
+  one process); the host also refuses a hello without the loader's key, so a process that only
+  shares the parent (an orphan that PID 1 adopted, where the training process is PID 1 in a
+  container) is refused too.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class Hello(NamedTuple):
     epoch: int
     start: int  # samples of the worker's share handed out (or skipped) before this pass
     plan: tuple[Any, ...]  # the order's settings (shuffle, seed, shuffle_buffer, drop_last, chunk)
+    key: str = ""  # the loader's secret (see the module docstring)
 
 
 #: The largest frame either side accepts (a staged index with its folder takes a few hundred).
@@ -164,7 +168,7 @@ def decode(raw: Any, root: str | None) -> tuple[str, Any]:
 
 def hello_bytes(hello: Hello) -> bytes:
     """A worker's hello, framed."""
-    return frame([*hello[:4], list(hello.plan)])
+    return frame([*hello[:4], list(hello.plan), hello.key])
 
 
 def hello_of(raw: Any) -> Hello:
@@ -173,10 +177,10 @@ def hello_of(raw: Any) -> Hello:
     Raises:
         FrameError: not a hello.
     """
-    ok = isinstance(raw, list) and len(raw) == 5 and all(type(x) is int and x >= 0 for x in raw[:4])
-    if not ok or not isinstance(raw[4], list):
+    ok = isinstance(raw, list) and len(raw) == 6 and all(type(x) is int and x >= 0 for x in raw[:4])
+    if not ok or not isinstance(raw[4], list) or not isinstance(raw[5], str):
         raise FrameError(f"not a hello: {str(raw)[:80]!r}")
-    return Hello(raw[0], raw[1], raw[2], raw[3], tuple(raw[4]))
+    return Hello(raw[0], raw[1], raw[2], raw[3], tuple(raw[4]), raw[5])
 
 
 def peer_problem(sock: socket.socket) -> str | None:

@@ -313,18 +313,6 @@ class ShardPass:
             self.state[v] = _OPEN if ok else _SKIPPED
         return self.state[v] == _OPEN
 
-    def _kept_table(self, s: int) -> _tar.Table | None:
-        """The member table an epoch cache's hit ``s`` kept from the pass that scanned it (the
-        entry is checked against its listing when it is taken), or None to scan the shard."""
-        if self.hits is None or not self.hits.has(s):
-            return None
-        try:
-            with open(self.layout.shard_table(s), "rb") as fh:
-                table = _tar.loads(fh.read())
-        except (OSError, ValueError):
-            return None
-        return table if len(table) == self.shards[s].nsamples else None
-
     def _open(self, v: int, s: int, stager: Stager) -> bool:
         layout = self.layout
         if self.keep:
@@ -338,7 +326,11 @@ class ShardPass:
             path = layout.path(s, self.dataset.samples[s], 0)
             if _tar.is_gzip(uri):
                 _tar.gunzip_file(path, uri)  # read by offset: the tar replaces it, within its DISK
-            kept = self._kept_table(s)
+            kept = (
+                _kept_table(layout, s, self.shards[s].nsamples)
+                if self.hits is not None and self.hits.has(s)
+                else None
+            )
             members: _tar.Table | list[_tar.TarSample]
             if kept is None:
                 scanned = _tar.scan_file(path, uri)
@@ -370,3 +362,14 @@ class ShardPass:
             layout.drop_shard(s)
             return False
         return True
+
+
+def _kept_table(layout: StagingLayout, s: int, count: int) -> _tar.Table | None:
+    """The member table of ``count`` samples an epoch cache's hit ``s`` kept from the pass that
+    scanned it (the entry is checked against its listing when it is taken), or None: scan it."""
+    try:
+        with open(layout.shard_table(s), "rb") as fh:
+            table = _tar.loads(fh.read())
+    except (OSError, ValueError):
+        return None
+    return table if len(table) == count else None

@@ -103,12 +103,14 @@ def torchrun(
     return [json.loads((out / f"rank{i}.json").read_text()) for i in range(nproc)]
 
 
-def test_torchrun_2_ranks_then_1_over_shards(seaweed: Store, tmp_path: Path) -> None:
+@pytest.mark.parametrize("after", [1, 4])
+def test_torchrun_2_ranks_then_another_number_over_shards(seaweed: Store, tmp_path: Path, after: int) -> None:
     shards, _ = make_shards(N_SHARDS, PER_SHARD, size=400)
     source = put_indexed(seaweed, shards)
     first = torchrun(tmp_path, 2, source, seaweed.endpoint, "-", 8, "first")
     state_file = tmp_path / "state.json"
     state_file.write_text(json.dumps(first[0]["state"]))
-    second = torchrun(tmp_path, 1, source, seaweed.endpoint, str(state_file), 0, "second")
-    got = first[0]["got"] + first[1]["got"] + second[0]["got"]
+    second = torchrun(tmp_path, after, source, seaweed.endpoint, str(state_file), 0, "second")
+    # 60 samples: 16 before, the 44 left after (11 each on 4 ranks: no padding)
+    got = first[0]["got"] + first[1]["got"] + [i for r in second for i in r["got"]]
     assert Counter(got) == Counter(range(N_SHARDS * PER_SHARD))

@@ -159,7 +159,8 @@ source, endpoint, root, out, state = sys.argv[1:6]
 ds = S5Dataset.from_shards(source, endpoint_url=endpoint)
 it = S5IterableDataset(ds, seed=3, budget=6 * 41000, staging_dir=root, num_workers=2, batch_size=8)
 if state != "-":
-    it.load_state_dict(torch.load(state, weights_only=False))  # a loader state of another layout
+    # a loader state of another layout: new rank r takes old rank r % 2's
+    it.load_state_dict(torch.load(state.format(rank % 2), weights_only=False))
 loader = StatefulDataLoader(it, batch_size=8, num_workers=2, collate_fn=lambda b: b)
 got = []
 for b in loader:
@@ -174,7 +175,8 @@ dist.destroy_process_group()
 """
 
 
-def test_torchrun_2_ranks_then_1(seaweed: Store, tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("after", [1, 4])
+def test_torchrun_2_ranks_then_another_number(seaweed: Store, tmp_path, after: int) -> None:  # type: ignore[no-untyped-def]
     import json
 
     tars, _ = make_shards(N_SHARDS, PER_SHARD, size=300)
@@ -182,7 +184,7 @@ def test_torchrun_2_ranks_then_1(seaweed: Store, tmp_path) -> None:  # type: ign
     script = tmp_path / "ddp.py"
     script.write_text(DDP)
     runs = []
-    for world, state in ((2, "-"), (1, str(tmp_path / "state0.pt"))):
+    for world, state in ((2, "-"), (after, str(tmp_path / "state{}.pt"))):
         p = torchrun(
             str(script),
             1,

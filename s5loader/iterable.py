@@ -223,14 +223,9 @@ class S5IterableDataset(IterableDataset[Any]):
         if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise ConfigError(f"epoch must be an int >= 0, got {epoch!r}")
         # each epoch draws its buffer anew: over tar shards, check what it keeps staged
-        check_buffer(
-            self.dataset,
-            self._order(),
-            self.shuffle_buffer,
-            epoch,
-            self._options,
-            self._area.path,
-        )
+        check_buffer(self.dataset, self._order(), self.shuffle_buffer, epoch, self._options, self._area.path)
+        if self._rest is not None and self._rest.epoch != epoch:
+            self._rest = None  # a loaded rest of an earlier epoch is over (see load_state_dict)
         self.epoch = epoch
         self._epoch_set = True
 
@@ -298,7 +293,8 @@ class S5IterableDataset(IterableDataset[Any]):
         """
         if self._loaded is not None:
             return dict(self._loaded)
-        return (self._pass or self._start_pass(take=False)).state(len(self.dataset))
+        p = self._pass if self._rest is None else None  # a pending rest is what a state says
+        return (p or self._start_pass(take=False)).state(len(self.dataset))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict` at the next ``iter()``: a state saved mid-epoch

@@ -146,6 +146,7 @@ def test_a_pinned_epoch_saved_on_two_nodes_resumes_on_one_rank(
     after, _ = run_ranks(ds, staging_root, 1, state, None, shuffle=True, epoch_cache=4000)
     assert sorted(before + after) == list(range(n))  # every sample of the epoch once
     # the next epoch on the two nodes: each node's ranks read the share they read before
+    two_nodes_here.setenv("LOCAL_WORLD_SIZE", "2")
     whole, _ = run_ranks(ds, staging_root, 4, None, None, shuffle=True, epoch_cache=4000)
     ended = {**state, "complete": True}  # the next epoch
     again, _ = run_ranks(ds, staging_root, 4, ended, None, shuffle=True, epoch_cache=4000)

@@ -197,3 +197,21 @@ def test_torchrun_2_ranks_then_another_number(seaweed: Store, tmp_path, after: i
         assert p.returncode == 0, err[-3000:]
         runs.append([k for r in range(world) for k in json.loads((tmp_path / f"got{r}.json").read_text())])
     assert len(runs[0]) == 32 and Counter(runs[0] + runs[1]) == Counter(EVERY)
+
+
+def test_the_epoch_after_a_resumed_rest_is_whole(shards: S5Dataset, staging_root: str) -> None:
+    head, states = run(shards, staging_root, 1, 2, 8, None, 1)
+    it = S5IterableDataset(
+        shards, seed=3, budget=6 * 41000, staging_dir=staging_root, num_workers=1, batch_size=4
+    )
+    try:
+        it.load_state_dict(states[0])  # 2 workers -> 1, batch 8 -> 4
+        epochs = []
+        for epoch in (0, 1):
+            it.set_epoch(epoch)
+            loader = StatefulDataLoader(it, batch_size=4, num_workers=1, collate_fn=lambda b: b)
+            epochs.append([k for b in loader for k in keys(b)])
+    finally:
+        it.close()
+    assert Counter(head + epochs[0]) == Counter(EVERY)  # the rest of epoch 0
+    assert Counter(epochs[1]) == Counter(EVERY)  # then epoch 1, whole

@@ -370,8 +370,10 @@ def _no_space(exc: BaseException, path: str) -> BaseException:
     """``exc``, or a :class:`StagingSpaceError` where it is ENOSPC: a control file (a call's
     command file, a word to a reader) had no room in the staging directory ``path``."""
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        return StagingSpaceError(
+        error = StagingSpaceError(
             f"the staging directory {path} ran out of space while staging ({exc}): "
             "lower the budget or free space"
         )
+        error.__cause__ = exc
+        return error
     return exc

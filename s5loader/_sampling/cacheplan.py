@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._util.dist import cache_node_ranks
+from .._util.dist import cache_node_ranks, nodes_alike
 from .._util.dist import node_ranks as node_ranks  # the node's ranks share one cache
 from .order import Order
 
@@ -103,7 +103,10 @@ def pin_to_nodes(order: Order, cached: bool) -> Order:
     node of equal ranks. Each node then reads the same share of the data set every epoch,
     shuffled anew within the node, so a node's cache of its share holds what its ranks read
     next; without the pin they read another random part each epoch, and a node's cache pays off
-    for a fraction of it (local ranks / ranks). ``shuffle="block"`` keeps its order.
+    for a fraction of it (local ranks / ranks). ``shuffle="block"`` keeps its order, and so do
+    nodes of different numbers of ranks (SLURM's tasks per node say so), whose ranks could not
+    agree on the shares; mpirun's variables give this node's count only: its nodes must run as
+    many ranks each.
 
     Raises:
         ConfigError: see :func:`~s5loader._util.dist.cache_node_ranks`.
@@ -111,8 +114,8 @@ def pin_to_nodes(order: Order, cached: bool) -> Order:
     if not cached or order.shuffle is not True or order.num_replicas < 2:
         return order
     local = len(cache_node_ranks(order.rank, order.num_replicas))
-    if order.num_replicas % local or order.num_replicas == local:
-        return order
+    if order.num_replicas % local or order.num_replicas == local or not nodes_alike():
+        return order  # uneven nodes would cut the shares differently: DistributedSampler's order
     return Order(
         order.shuffle,
         order.seed,

@@ -151,7 +151,10 @@ class CacheRun:
         if layout is not None and layout.folder == folder:
             for idx in list(self.taken):
                 self.taken.discard(idx)
-                if not self.cache.admit(layout.sample_dir(idx), idx, missing_ok=True):
+                if not self._whole(idx):  # opened and punched: it is no longer the object it was
+                    shutil.rmtree(layout.sample_dir(idx), ignore_errors=True)
+                    self.admission.remove(int(self.sizes[idx]))
+                elif not self.cache.admit(layout.sample_dir(idx), idx, missing_ok=True):
                     self.admission.remove(int(self.sizes[idx]))  # read meanwhile: its bytes left
         where = os.path.join(folder, HANDED_BACK)
         try:
@@ -167,7 +170,7 @@ class CacheRun:
         layout = StagingLayout(folder)
         for idx in ready:
             path = layout.sample_dir(idx)
-            if os.path.isdir(path) and self.admission.admit(int(self.sizes[idx])):
+            if os.path.isdir(path) and self._whole(idx) and self.admission.admit(int(self.sizes[idx])):
                 if not self.cache.admit(path, idx, missing_ok=True):
                     self.admission.remove(int(self.sizes[idx]))
 
@@ -232,6 +235,11 @@ class CacheRun:
             return True
         self.admission.remove(int(self.sizes[idx]))  # counted at the start of the pass
         return False
+
+    def _whole(self, unit: int) -> bool:
+        """Whether ``unit`` of the current pass is as it was staged: in a pass that punches tar
+        shards as they are read, one that was handed out and not kept may have holes."""
+        return not self.reserving or self.kept.get(unit, True)
 
     def reserve(self, unit: int) -> bool:
         """Whether ``unit``, which the pass hands out now, goes back to the cache: the next

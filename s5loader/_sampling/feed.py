@@ -196,7 +196,7 @@ class FeedHost:
                 conn.close()
                 continue
             conn.settimeout(None)
-            if not hmac.compare_digest(hello.key, self.local.key):
+            if not hmac.compare_digest(hello.key.encode(), self.local.key.encode()):
                 log.warning("the staging feed %s refused a hello without the loader's key", self.name)
                 conn.close()
                 continue

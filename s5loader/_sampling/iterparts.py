@@ -309,7 +309,8 @@ def check_state(state: Any, dataset_len: int) -> dict[str, Any]:
         out["elastic"] = RankRest.from_plain(state["elastic"]).to_plain()
     pin = state.get("pin")
     if pin is not None:
-        if not (isinstance(pin, list) and len(pin) == 2 and all(type(v) is int and v >= 1 for v in pin)):
+        ok = isinstance(pin, list) and len(pin) == 2 and all(type(v) is int and v >= 1 for v in pin)
+        if not ok or pin[1] % pin[0]:
             raise StateError(f"state['pin'] must be [nodes, ranks], got {pin!r}")
         out["pin"] = list(pin)
     if "elastic" in out or "pin" in out:

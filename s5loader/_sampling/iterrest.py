@@ -111,6 +111,8 @@ class RankRest:
             )
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise StateError(f"state['elastic'] is not the rest of an epoch: {raw!r} ({exc})") from exc
+        if rest.pin is not None and rest.pin[1] % rest.pin[0]:
+            raise StateError(f"state['elastic'] has a pin whose nodes do not divide its ranks: {rest.pin}")
         if len(rest.yielded) != rest.workers:
             raise StateError(
                 f"state['elastic'] says {rest.workers} workers and has {len(rest.yielded)} counts"
@@ -133,6 +135,12 @@ def worker_states(state: Any) -> list[dict[str, Any]] | None:
     (in worker order; with ``num_workers=0``, the one), or None when ``state`` is not one."""
     if not isinstance(state, dict):
         return None
+    if state.get("_steps_since_snapshot"):
+        raise StateError(
+            f"the loader state was taken {state['_steps_since_snapshot']} batches after its last "
+            "snapshot (snapshot_every_n_steps > 1), so it does not say where each worker was: take "
+            "the state with snapshot_every_n_steps=1 to resume it on another layout"
+        )
     snapshot = state.get("_snapshot")
     if isinstance(snapshot, dict) and isinstance(snapshot.get("_worker_snapshots"), dict):
         workers = snapshot["_worker_snapshots"]
@@ -168,6 +176,8 @@ def read_state(
     rest = rest_of(checked) if workers is not None else None
     if rest is not None:
         return None, rest, rest.epoch
+    if workers is not None:  # the epoch was over: the next pass is a whole epoch, nothing to apply
+        return None, None, resumed_epoch(checked[0], epoch, epoch_set)
     return checked[0], None, resumed_epoch(checked[0], epoch, epoch_set)
 
 

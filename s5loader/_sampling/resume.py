@@ -332,6 +332,11 @@ def sampler_state(state: Any) -> Any:
     """
     if not isinstance(state, dict) or not ("_snapshot" in state or "_sampler_iter_state" in state):
         return state
+    if state.get("_steps_since_snapshot"):
+        raise StateError(
+            "the loader state was taken batches after its last snapshot (snapshot_every_n_steps > 1): "
+            "load it with StatefulDataLoader.load_state_dict, or take it with snapshot_every_n_steps=1"
+        )
     main = state.get("_snapshot", {}).get("_main_snapshot", state) if "_snapshot" in state else state
     if isinstance(main.get("_index_sampler_state"), dict):
         return main["_index_sampler_state"]  # batch_sampler=sampler.batches(n)

@@ -98,6 +98,16 @@ def _slurm_tasks(per_node: str, node: str) -> str | None:
         return None
 
 
+def nodes_alike() -> bool:
+    """Whether nothing says the job's nodes run different numbers of ranks: SLURM's tasks per
+    node (``"4,2"`` says so). torchrun runs ``--nproc_per_node`` on every node; for mpirun, whose
+    variables give this node's count only, the caller trusts that every node runs as many."""
+    per_node = os.environ.get("SLURM_STEP_TASKS_PER_NODE") or os.environ.get("SLURM_TASKS_PER_NODE")
+    if not per_node or "SLURM_LOCALID" not in os.environ:
+        return True
+    return len({part.partition("(x")[0] for part in per_node.split(",")}) == 1
+
+
 def node_ranks(rank: int, world: int) -> list[int]:
     """The ranks of this job on this node, which share one staging root: ``local_world_size``
     consecutive ranks from ``rank - local_rank`` (see :func:`local_rank_info`; launchers place

@@ -358,6 +358,14 @@ def test_the_pin_needs_a_cache_several_nodes_and_shuffle_true(monkeypatch: pytes
     assert pin_to_nodes(block, True) == block
     one = Order(True, 0, 2, 1, False)
     assert pin_to_nodes(one, True) == one  # one node: DistributedSampler's order
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    monkeypatch.setenv("SLURM_NODEID", "1")
+    six = Order(True, 0, 6, 5, False)
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "2(x3)")
+    assert pin_to_nodes(six, True).pin == (3, 6)
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "4,2")  # this node's 2 divide 6, the other's 4 do not
+    assert pin_to_nodes(six, True) == six
 
 
 @settings(max_examples=40, deadline=None)

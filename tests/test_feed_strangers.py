@@ -102,6 +102,27 @@ def worker(name: str, root: str, out: Any, key: str = "") -> None:
         out.put(("worker", f"StallError: {exc}"))
 
 
+def run_worker(name: str, root: str, out: Any, key: str = "") -> dict[str, Any]:
+    """Worker 1 in a process forked from this one; what it and the host put in ``out``."""
+    w = FORK.Process(target=worker, args=(name, root, out, key))
+    w.start()
+    results = dict(out.get(timeout=60) for _ in range(2))
+    w.join(30)
+    return results
+
+
+def end(h: Any) -> None:
+    h.join(30)
+    if h.is_alive():
+        h.kill()
+
+
+def worker_share(root: str) -> list[Any]:
+    """What worker 1 of 2 gets of the host's six positions."""
+    folder = os.path.join(root, "p0")
+    return [(feed.INDEX, (p, folder, True)) for p in (1, 3, 5)] + [(feed.END, None)]
+
+
 def test_a_stranger_and_a_pickle_reach_nothing_and_the_pass_goes_on(tmp_path: Path) -> None:
     name, root = f"s5loader-test-{secrets.token_hex(4)}", str(tmp_path / "area")
     mark = tmp_path / "pwned"
@@ -126,18 +147,12 @@ def test_a_stranger_and_a_pickle_reach_nothing_and_the_pass_goes_on(tmp_path: Pa
         )
         sibling.start()  # its child does the sending: a grandchild again, so run the script here
         sibling.join(30)
-        w = FORK.Process(target=worker, args=(name, root, out))
-        w.start()
-        results = dict(out.get(timeout=60) for _ in range(2))
-        w.join(30)
+        results = run_worker(name, root, out)
     finally:
-        h.join(30)
-        if h.is_alive():
-            h.kill()
+        end(h)
     assert not mark.exists(), "a pickle sent to the feed ran"
     assert results["host"] == [(feed.INDEX, p) for p in (0, 2, 4)] + [(feed.END, None)]
-    folder = os.path.join(root, "p0")
-    assert results["worker"] == [(feed.INDEX, (p, folder, True)) for p in (1, 3, 5)] + [(feed.END, None)]
+    assert results["worker"] == worker_share(root)
 
 
 def test_a_worker_does_not_talk_to_a_stranger_that_took_the_hosts_name(tmp_path: Path) -> None:
@@ -233,13 +248,7 @@ def test_a_sibling_without_the_loaders_key_is_refused(tmp_path: Path) -> None:
         s.start()
         assert out.get(timeout=60) == ("sibling", True)  # closed on it: it gets nothing
         s.join(30)
-        w = FORK.Process(target=worker, args=(name, root, out, key))
-        w.start()
-        results = dict(out.get(timeout=60) for _ in range(2))
-        w.join(30)
+        results = run_worker(name, root, out, key)
     finally:
-        h.join(30)
-        if h.is_alive():
-            h.kill()
-    folder = os.path.join(root, "p0")
-    assert results["worker"] == [(feed.INDEX, (p, folder, True)) for p in (1, 3, 5)] + [(feed.END, None)]
+        end(h)
+    assert results["worker"] == worker_share(root)

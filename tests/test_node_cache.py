@@ -154,7 +154,9 @@ def test_a_pinned_epoch_saved_on_two_nodes_resumes_on_one_rank(
     assert again != whole  # shuffled anew within each node
 
 
-def test_an_iterable_keeps_each_nodes_share_too(moto: Store, staging_root: str, two_nodes_here) -> None:  # type: ignore[no-untyped-def]
+def test_an_iterable_keeps_each_nodes_share_too(
+    moto: Store, staging_root: str, two_nodes_here: pytest.MonkeyPatch
+) -> None:
     from torch.utils.data import DataLoader
 
     from s5loader import S5IterableDataset

@@ -7,6 +7,7 @@ one process, their loaders stepped in lockstep (as under DDP)."""
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -176,7 +177,7 @@ dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("after", [1, 4])
-def test_torchrun_2_ranks_then_another_number(seaweed: Store, tmp_path, after: int) -> None:  # type: ignore[no-untyped-def]
+def test_torchrun_2_ranks_then_another_number(seaweed: Store, tmp_path: Path, after: int) -> None:
     import json
 
     tars, _ = make_shards(N_SHARDS, PER_SHARD, size=300)

@@ -148,8 +148,7 @@ class Order:
         # that shuffles a part is the same on every rank.
         for r in range(w):
             lo, hi = r * per, (r + 1) * per
-            bounds = [lo, *(e for e in edges if lo < e < hi), hi] if hi > lo else []
-            pieces = [seq[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+            pieces = _cut_at(seq, edges, lo, hi)
             for j in range(run[1]):
                 mine = cut(pieces, j, run[1]) if run[1] > 1 else pieces
                 if front_first and mine:
@@ -240,8 +239,7 @@ class Order:
         picks = torch.randperm(len(units), generator=g).tolist() if g is not None else range(len(units))
         seq, edges, per = end_to_end(units, picks, n, self.num_replicas, self.drop_last)
         lo, hi = self.rank * per, (self.rank + 1) * per
-        bounds = [lo, *(e for e in edges if lo < e < hi), hi] if hi > lo else []
-        return [seq[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        return _cut_at(seq, edges, lo, hi)
 
     def _pinned_pieces(self, n: int, units: list[list[int]], g: torch.Generator) -> list[list[int]]:
         """This rank's part of a shard order whose shards stay on their nodes (see

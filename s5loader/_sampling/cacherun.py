@@ -286,7 +286,8 @@ class CacheRun:
 
     @property
     def held(self) -> int:
-        """Bytes this rank holds in the cache (or took out of it into a pass, not yet read)."""
+        """Bytes this rank holds in the cache (or took out of it into a pass, not yet read, or
+        reserved for a shard kept for the next epoch while it is read)."""
         return self.admission.held
 
     def close(self) -> None:

@@ -52,8 +52,8 @@ class Order:
     num_replicas: int
     rank: int
     drop_last: bool
-    # (nodes, ranks): a shuffled order of raw objects whose samples stay on their node across
-    # epochs (see pinned_order); None: DistributedSampler's
+    # (nodes, ranks): a shuffle=True order whose samples (or tar shards) stay on their node across
+    # epochs (see pinned_order and _pinned_pieces); None: not pinned
     pin: tuple[int, int] | None = None
 
     def indices(

@@ -156,6 +156,7 @@ class Ledger:
         self.cache = cache
         self.claimed = os.path.join(cache, CLAIMED_DIR)
         self._present: dict[int, tuple[str, int]] = {}
+        self._bytes = 0  # the sizes of _present, summed
         self._lock = threading.Lock()
         self._last = 0.0  # when the cache was last looked at (monotonic)
         self._listed = 0.0  # when it was last listed (monotonic)
@@ -167,7 +168,9 @@ class Ledger:
 
     def add(self, seq: int, name: str, size: int) -> None:
         with self._lock:
+            old = self._present.get(seq)
             self._present[seq] = (name, size)
+            self._bytes += size - (old[1] if old is not None else 0)
 
     @staticmethod
     def _stamp(path: str) -> tuple[int, int, int] | None:
@@ -206,7 +209,7 @@ class Ledger:
             self.listings += 1
             for seq in [s for s, (n, _) in self._present.items() if n not in names]:
                 if not self._there(self._present[seq][0]):
-                    del self._present[seq]
+                    self._bytes -= self._present.pop(seq)[1]
 
     def is_released(self, seq: int) -> bool:
         # Asked for every delivered sample on each look of the engine: a dict lookup, and a
@@ -218,6 +221,11 @@ class Ledger:
     @property
     def count(self) -> int:
         return len(self._present)
+
+    @property
+    def held(self) -> int:
+        """The bytes of the delivered samples not yet consumed."""
+        return self._bytes
 
     def items(self) -> list[tuple[int, int]]:
         """``(delivery number, bytes)`` of every delivered sample not yet consumed."""

@@ -109,8 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the source names tar shards in the WebDataset format (a prefix of *.tar, a brace pattern "
         "'s3://b/shard-{000..099}.tar' or one shard): each sample is delivered as a folder of its fields; "
-        "--shuffle permutes the shards (block or not); --budget must hold the largest shard and what "
-        "is written out of it (twice the shard for samples of a few KiB)",
+        "--shuffle permutes the shards (block or not); --budget must hold the largest shard beside the "
+        "samples written out that the consumer holds (a sixteenth of the budget)",
     )
     p.add_argument(
         "--index", help="with --shards: the wids shard index (default: wids.json beside the shards)"

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .._sampling.units import units_of
 from .._staging.layout import StagingLayout
+from .._util.uri import format_size
 from ..dataset import S5Dataset, StagedIndex
 from .cache_state import DaemonState, Ledger, write_end
 from .protocol import END_MARKER, EPOCH_FILE, KEY_FILE, sample_folder_name
@@ -19,6 +21,8 @@ from .reporting import ProgressReporter
 from .stream import DaemonStream
 
 UNPACK_DIR = ".u"  # a tar shard's samples written out of it, below the staging root
+# How long a consumer may hold a full delivery window (over tar shards) before it is warned.
+HELD_WARN_S = 30.0
 
 
 def keep_linked(folder: str, dest: str) -> None:
@@ -79,8 +83,9 @@ class Deliveries:
         self.hit_count: dict[int, int] = {}  # epoch -> hits delivered
         self.fetched: dict[int, int] = {}  # epoch -> bytes delivered that came from S3
 
-    def deliver(self, seq: int, staged: StagedIndex) -> None:
-        """Rename sample ``seq`` (staged as ``staged``) into the cache as ``SEQUENCE-KEY/``."""
+    def deliver(self, seq: int, staged: StagedIndex) -> int:
+        """Rename sample ``seq`` (staged as ``staged``) into the cache as ``SEQUENCE-KEY/``;
+        returns its bytes."""
         st = self.state
         epoch = seq // max(1, st.samples)
         cache = self.stream.run.cache
@@ -101,9 +106,7 @@ class Deliveries:
             self.stream.hand_on(staged, seq, lifted.size)
         os.rename(lifted.folder, dst)  # the sample appears complete, or not at all
         self.ledger.add(seq, name, lifted.size)
-        if lifted.fresh:
-            self.stream.hold(seq, lifted.size)
-        else:
+        if not lifted.fresh:  # (a copy written out of a shard counts in the delivery window)
             StagingLayout(staged.folder).notify(staged)  # the staged folder is gone
         if hit:
             self.hits[seq] = lifted.size
@@ -111,6 +114,37 @@ class Deliveries:
         else:
             self.fetched[epoch] = self.fetched.get(epoch, 0) + lifted.size
         self.summary.delivered += 1
+        return lifted.size
+
+    def await_window(
+        self, window: int, estimate: int, stop: threading.Event, tick: Callable[[], None]
+    ) -> bool | None:
+        """Over tar shards: wait until the samples written out that the consumer holds leave
+        room for one more (of about ``estimate`` bytes) within the delivery ``window`` (True),
+        or the engine's budget has room for it beside the shards open (False: it counts there);
+        None if the daemon stops meanwhile. A consumer that holds more than the window while the
+        open shards fill the budget is told so once it has waited :data:`HELD_WARN_S`."""
+        ledger, stream = self.ledger, self.stream
+        wait, since = 0.002, time.monotonic()
+        while ledger.count and ledger.held - stream.beyond_held(ledger.is_released) + estimate > window:
+            if stream.room_for(estimate):
+                return False
+            if stop.wait(wait):
+                return None
+            ledger.refresh(force=True)
+            tick()
+            wait = min(2 * wait, 0.05)
+            if since and time.monotonic() - since > HELD_WARN_S:
+                since = 0.0
+                log.warning(
+                    "the consumer of %s holds %d delivered samples (%s) and deletes none: the daemon "
+                    "waits, as over tar shards what it holds beside the shards open must fit in the "
+                    "budget; delete each sample once it is used, or raise --budget",
+                    self.cache,
+                    ledger.count,
+                    format_size(ledger.held),
+                )
+        return True
 
     def epoch_figures(self, epoch: int) -> dict[str, int]:
         """The epoch cache's figures of ``epoch``, for the JSON log: samples delivered from the

@@ -70,6 +70,8 @@ class PrefetchDaemon:
         self._delivery: Deliveries | None = None
         self._inbox: queue.SimpleQueue[tuple[str, Any]] | None = None
         self._total = 0
+        self._delivery_window = 0  # bytes of written-out samples a consumer may hold (over tar shards)
+        self._sample_estimate = 0
         self.summary = Summary()
         self._watch = StarvationWatch(self._ledger, self.summary, options.staging.samples_per_call)
 
@@ -94,8 +96,9 @@ class PrefetchDaemon:
         os.makedirs(staging_root, exist_ok=True)
         # as the sampler's window (a block order's, or the shards a shard order keeps open); a
         # restart keeps the saved one, whatever its budget
-        room, window, punch, counts = lift_layout(ds, staging, opts.shuffle, opts.epochs, staging_root)
-        state = _run_state(opts, ds, window, old, self.cache)
+        lift = lift_layout(ds, staging, opts.shuffle, opts.epochs, staging_root)
+        self._delivery_window, self._sample_estimate = lift.delivery, units_of(ds).sample_estimate()
+        state = _run_state(opts, ds, lift.window, old, self.cache)
         self._state = state
         self._total = len(ds) * opts.epochs
         recover_pending(state, self._state_path)
@@ -116,16 +119,17 @@ class PrefetchDaemon:
         state.save(self._state_path)
         self._stream = DaemonStream(
             ds,
-            replace(staging, budget=room),
+            replace(staging, budget=lift.room),
             Order(opts.shuffle, opts.seed, 1, 0, False),
-            state.window or window,
-            punch,
-            counts,
+            state.window or lift.window,
+            lift.punch,
+            lift.counts,
             opts.epochs,
             staging_root,
             os.path.join(self.cache, EPOCH_DIR),
             self._ledger.is_released,
             self._ledger.items,
+            windowed=bool(lift.delivery),
         )
         self._reporter, self._json_file = open_reporter(
             staging.budget, self._total, opts.json_log, opts.progress
@@ -171,6 +175,13 @@ class PrefetchDaemon:
         seq = st.delivered
         while seq < self._total:
             msg = self._next(seq)
+            within: bool | None = True
+            if msg is not None and msg[0] == INDEX and self._delivery_window:
+                within = delivery.await_window(
+                    self._delivery_window, self._sample_estimate, self.stop, self._tick
+                )
+                if within is None:
+                    msg = None  # stopped while the consumer held the whole delivery window
             if msg is None:
                 self.summary.stopped = True
                 if st.pending is not None:  # the last delivery's rename is done
@@ -181,7 +192,9 @@ class PrefetchDaemon:
             if kind == ERROR:
                 raise payload
             if kind == INDEX:
-                self._deliver(seq, payload)
+                size = self._deliver(seq, payload)
+                if not within:
+                    stream.hold_beyond(seq, size)
             elif kind == SKIP:
                 delivery.skip(seq, payload)
             seq += kind in (INDEX, SKIP)
@@ -227,10 +240,11 @@ class PrefetchDaemon:
             wait = min(2 * wait, _WAIT_MAX) if now == seen else _WAIT
             seen = now
 
-    def _deliver(self, seq: int, staged: StagedIndex) -> None:
+    def _deliver(self, seq: int, staged: StagedIndex) -> int:
         assert self._delivery is not None
-        self._delivery.deliver(seq, staged)
+        size = self._delivery.deliver(seq, staged)
         self._watch.fed()
+        return size
 
     def _reserved(self) -> int:
         stager = self._stream.run.passes.active if self._stream is not None else None

@@ -10,9 +10,12 @@ epoch ``seq // n`` (``n`` samples per epoch). A thread walks the passes and puts
 outcome in a queue (see :class:`~s5loader._sampling.feed.FeedHost`); the delivery loop takes
 them with a timeout, so it watches its consumer and a stop request meanwhile.
 
-What the consumer holds stays in the budget: a delivered sample is held under ``-(seq + 1)``
-until the ledger says the consumer deleted it, and the engine finds the staged folders it moved
-out by looking (the daemon's engine polls, with a back-off, instead of reading release events).
+What the consumer holds stays in the budget. A delivered raw-object sample (its staged folder,
+moved) is held under ``-(seq + 1)`` until the ledger says the consumer deleted it, and the engine
+finds the staged folders it moved out by looking (the daemon's engine polls, with a back-off,
+instead of reading release events). Samples written out of tar shards are copies: the delivery
+loop bounds what the consumer holds of them by the delivery window (see :func:`lift_layout`),
+beside the engine's budget.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import os
 import secrets
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._engine import Stager
 from .._engine.counters import Metrics
@@ -56,26 +59,38 @@ _CUMULATIVE = (
 )
 
 
+class LiftLayout(NamedTuple):
+    """The daemon's staging within its budget (see :func:`lift_layout`)."""
+
+    room: int  # the budget its engine stages within
+    window: int  # the window of its order (a block order's, or the shards a shard order keeps open)
+    punch: bool  # a sample written out of a shard punches its bytes out of it
+    counts: bool  # the order counts what each sample written out gives back
+    delivery: int  # the bytes of written-out samples the consumer may hold; 0: no such bound
+
+
 def lift_layout(
     dataset: S5Dataset, options: StagingOptions, shuffle: bool | str, epochs: int, root: str
-) -> tuple[int, int, bool, bool]:
-    """The daemon's staging within its budget: the budget its engine stages within (all of it
-    for raw objects, whose staged folders move into the cache; over tar shards, what leaves room
-    for the samples written out of the shards open, see :meth:`ShardUnits.lift_room
-    <s5loader._sampling.units.ShardUnits.lift_room>`), the window of its order, whether a
-    sample written out of a shard punches its bytes out of it (where the file system below
-    ``root`` can, and no epoch cache keeps shards whole), and whether the order counts that
-    (``shuffle=True``).
+) -> LiftLayout:
+    """The daemon's staging within its budget: for raw objects, whose staged folders move into
+    the cache, the engine's budget is all of it and counts what the consumer holds; over tar
+    shards, whose samples are written out of them (a second copy of bytes the shard holds until
+    they are punched out or the shard is done), the budget less a delivery window that bounds what
+    the consumer holds of them (see :meth:`ShardUnits.delivery_window
+    <s5loader._sampling.units.ShardUnits.delivery_window>`); a sample written out of a shard
+    punches its bytes out of it where the file system below ``root`` can and no epoch cache keeps
+    shards whole, and the order then counts that (``shuffle=True``).
 
     Raises:
-        BudgetError: the budget cannot hold the largest unit beside what is written out of it.
+        BudgetError: the budget cannot hold the largest shard beside the delivery window.
     """
     units = units_of(dataset)
     cached = bool(options.epoch_cache) and epochs > 1
     punch = not cached and punches_holes(root, HOLE_BLOCK)
-    room = units.lift_room(options.budget, punch)
+    delivery = units.delivery_window(options.budget)
+    room = options.budget - delivery
     counts = punch and units.frees_on_read(shuffle)
-    return room, units.window(room, options.calls_in_flight, shuffle), punch, counts
+    return LiftLayout(room, units.window(room, options.calls_in_flight, shuffle), punch, counts, delivery)
 
 
 class DaemonStream:
@@ -95,6 +110,8 @@ class DaemonStream:
         released: whether the consumer deleted delivery ``seq`` (the ledger's answer).
         outstanding: the deliveries the consumer still holds, ``(seq, bytes)``: each pass's
             engine counts them from its start.
+        windowed: a delivery window bounds the samples written out (see :func:`lift_layout`);
+            the engine counts only those delivered beyond it (:meth:`hold_beyond`).
     """
 
     def __init__(
@@ -110,6 +127,7 @@ class DaemonStream:
         cache_root: str,
         released: Callable[[int], bool],
         outstanding: Callable[[], Iterable[tuple[int, int]]],
+        windowed: bool = False,
     ) -> None:
         self.dataset = dataset
         self.order = order
@@ -127,9 +145,13 @@ class DaemonStream:
         self.run = StagingRun(dataset, whole_windows(options, order.shuffle, window), root, frees=punch)
         self.run.passes.released = is_released
 
+        # deliveries beyond the delivery window that the engine's budget counts: seq -> bytes
+        self.overflow: dict[int, int] = {}
+
         def hold_outstanding(stager: Stager) -> None:
             for seq, size in outstanding():
-                stager.hold(-seq - 1, size)
+                if not windowed or seq in self.overflow:
+                    stager.hold(-seq - 1, size)
 
         self.run.passes.on_stager = hold_outstanding
         if cached:
@@ -207,12 +229,28 @@ class DaemonStream:
             while self._upto < upto and not (self.feed is not None and self.feed.stop.is_set()):
                 self._progress.wait(0.2)
 
-    def hold(self, seq: int, size: int) -> None:
-        """Count delivery ``seq``'s ``size`` bytes (written anew, now the consumer's) against the
-        budget until the consumer deletes it."""
+    def room_for(self, size: int) -> bool:
+        """Whether the engine's budget has ``size`` bytes free now; True once its pass has
+        staged everything (what is left on disk only shrinks as its samples are delivered)."""
+        stager = self.run.passes.active
+        if stager is None:
+            return True
+        budget = stager.budget
+        with budget.cond:
+            return budget.reserved + size <= budget.limit
+
+    def hold_beyond(self, seq: int, size: int) -> None:
+        """Count delivery ``seq``'s ``size`` bytes, written out beyond the delivery window,
+        against the engine's budget until the consumer deletes it."""
+        self.overflow[seq] = size
         stager = self.run.passes.active
         if stager is not None:
             stager.hold(-seq - 1, size)
+
+    def beyond_held(self, released: Callable[[int], bool]) -> int:
+        """The bytes of the deliveries beyond the window that the consumer still holds."""
+        self.overflow = {seq: n for seq, n in self.overflow.items() if not released(seq)}
+        return sum(self.overflow.values())
 
     def hand_on(self, index: int, seq: int, size: int) -> None:
         """Staged sample ``index`` becomes delivery ``seq``: once the engine sees its staged

@@ -197,10 +197,15 @@ class ObjectUnits:
         raw objects, whose samples go as they are read."""
         return None
 
-    def lift_room(self, budget: int, punch: bool) -> int:
-        """The budget an order may plan on when its samples are lifted out (:meth:`lift`): all
-        of it for raw objects, whose folders move."""
-        return budget
+    def delivery_window(self, budget: int) -> int:
+        """The bytes of lifted samples (:meth:`lift`) the daemon bounds apart from its engine's
+        budget: none for raw objects, whose folders move, and which the engine's budget counts
+        until the consumer deletes them."""
+        return 0
+
+    def sample_estimate(self) -> int:
+        """A sample in bytes, for the delivery window (unused where there is none)."""
+        return 0
 
     def fingerprint(self) -> str:
         """A digest of what these units are (see :func:`~s5loader._staging.epochcache.index_fingerprint`)."""

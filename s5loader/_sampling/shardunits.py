@@ -15,7 +15,6 @@ from .._shards.shardpass import Hits, ShardPass
 from .._shards.tar import is_gzip
 from .._staging.epochcache import index_fingerprint
 from .._staging.layout import field_names
-from .._util.platform import HOLE_BLOCK
 from .._util.uri import format_size
 from ..config import StagingOptions
 from ..dataset import StagedIndex
@@ -145,38 +144,37 @@ class ShardUnits(ObjectUnits):
         :meth:`ShardPass.peak_bytes <s5loader._shards.shardpass.ShardPass.peak_bytes>`)."""
         return ShardPass(self.dataset, order, "", False, "raise", frees).peak_bytes()[0]
 
-    def lift_room(self, budget: int, punch: bool) -> int:
-        """The budget the shards open may take when their samples are written out of them: the
-        samples written out stand beside their shard's tar until its last, less what punching
-        them out of it gives back (``punch``). A sample written out gives back the blocks its
-        bytes cover whole (see :mod:`s5loader._staging.holes`); the block it shares with each
-        neighbour stays until the neighbour is done, so each sample leaves at most two blocks of
-        itself behind (all of itself when smaller than that), and a shard staged and written out
-        takes at most ``need = disk + count * min(sample, 2 blocks)`` (without ``punch``:
-        ``disk + tar``). ``budget / f`` of shards fit the budget with ``f`` the largest
-        ``need / disk`` (at least the largest shard, which then goes alone).
+    def delivery_window(self, budget: int) -> int:
+        """The bytes of samples written out of their shards (:meth:`lift`) that the daemon lets
+        its consumer hold at once; the shards open take the rest of the budget. A written-out
+        sample is a second copy of bytes its shard still holds (a shard gives back only the whole
+        blocks of what was read, and nothing while an epoch cache keeps it), so the daemon hands
+        a sample on only while what the consumer holds is within this window: a sixteenth of the
+        budget, at least two of the largest shard's samples (on average).
 
         Raises:
-            BudgetError: a shard's ``need`` is more than the budget.
+            BudgetError: the budget cannot hold the largest shard beside the window.
         """
         shards = self.dataset.shards
         assert shards is not None
-        most_f, largest = 1.0, 0
-        for sh in shards:
-            tar = sh.tarsize or sh.size
-            shape = Shape.of(sh)
-            left = min(float(tar), shape.count * min(shape.per_sample, 2.0 * HOLE_BLOCK)) if punch else tar
-            need = sh.disk + left
-            if need > budget:
-                unpacked = f", {format_size(sh.tarsize)} decompressed beside it" if sh.tarsize else ""
-                raise BudgetError(
-                    f"--budget {format_size(budget)} is too small for the shard {sh.uri} "
-                    f"({format_size(sh.size)}{unpacked}): its samples written out stand beside its tar "
-                    f"in the cache until its last, so the budget must hold {format_size(int(need) + 1)}"
-                    f"{' (twice the largest shard)' if left >= tar else ''}; raise --budget"
-                )
-            most_f, largest = max(most_f, need / max(1, sh.disk)), max(largest, sh.disk)
-        return max(int(budget / most_f), largest)
+        largest = max(shards, key=lambda sh: sh.disk)
+        window = max(budget // 16, 2 * self.sample_estimate())
+        if largest.disk + window > budget:
+            unpacked = f", {format_size(largest.tarsize)} decompressed beside it" if largest.tarsize else ""
+            raise BudgetError(
+                f"--budget {format_size(budget)} is too small for the shard {largest.uri} "
+                f"({format_size(largest.size)}{unpacked}): the budget holds the shards open and the "
+                f"samples written out of them that the consumer holds, so it must hold at least "
+                f"{format_size(largest.disk + window)}; raise --budget"
+            )
+        return window
+
+    def sample_estimate(self) -> int:
+        """A shard's sample in bytes, on average, for the largest of them (the index counts
+        samples per shard, not their sizes)."""
+        shards = self.dataset.shards
+        assert shards is not None
+        return int(max(Shape.of(sh).per_sample for sh in shards)) + 1
 
     def fingerprint(self) -> str:
         """A digest of the shards and their sample counts."""

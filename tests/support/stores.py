@@ -43,16 +43,27 @@ def free_port() -> int:
 
 def on_disk(path: str) -> int:
     """Bytes the staged files below ``path`` take now (not the control files): a tar shard whose
-    read samples were punched out counts the blocks it still takes, at most its size."""
-    total = 0
+    read samples were punched out counts the blocks it still takes, at most its size.
+
+    The files found are looked at again once the walk is done, and only those still there count:
+    a walk is not a snapshot, and under load a file deleted behind it and one made ahead of it (a
+    shard released, then the next one staged in its room) would otherwise both count, as if they
+    had been on disk together."""
+    found = []
     for root, dirs, files in os.walk(path):
         dirs[:] = [d for d in dirs if d != ".calls"]
-        for f in files:
-            if not f.startswith("."):
-                with contextlib.suppress(FileNotFoundError):
-                    st = os.lstat(os.path.join(root, f))
-                    total += min(st.st_size, st.st_blocks * 512)
-    return total
+        found += [os.path.join(root, f) for f in files if not f.startswith(".")]
+    return live_bytes(found)
+
+
+def live_bytes(paths: list[str]) -> int:
+    """The bytes of the ``paths`` that are still there (see :func:`on_disk`), each file once."""
+    seen: dict[int, int] = {}
+    for p in paths:
+        with contextlib.suppress(FileNotFoundError):
+            st = os.lstat(p)
+            seen[st.st_ino] = min(st.st_size, st.st_blocks * 512)
+    return sum(seen.values())
 
 
 def staged_bytes(path: str) -> int:

@@ -117,3 +117,51 @@ def test_help_shows_every_default() -> None:
     ):
         section = text.split(f"\n  {option}", 1)[1].split("\n  --", 1)[0]
         assert f"(default: {default})" in " ".join(section.split()), (option, section)
+
+
+def test_the_delivery_window_waits_for_the_consumer_then_the_budget_and_warns_a_holder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Deliveries.await_window over real folders in a cache: within the window it delivers at
+    once; with the window full it waits for a deletion, delivers into the engine's budget where
+    that has room, stops on a stop, and warns a consumer that holds the window too long."""
+    from s5loader._daemon import delivery
+
+    cache = tmp_path / "c"
+    cache.mkdir()
+    ledger = Ledger(str(cache))
+
+    class Stream:  # the engine's side: its budget's room, and what it holds beyond the window
+        room = False
+
+        def beyond_held(self, released: object) -> int:
+            return 0
+
+        def room_for(self, size: int) -> bool:
+            return self.room
+
+    def hold(seq: int) -> None:
+        name = sample_folder_name(seq, f"k{seq}")
+        (cache / name).mkdir()
+        ledger.add(seq, name, 100)
+
+    d = delivery.Deliveries.__new__(delivery.Deliveries)
+    d.ledger, d.stream, d.cache = ledger, Stream(), str(cache)  # type: ignore[assignment]
+    stop = threading.Event()
+    assert d.await_window(250, 100, stop, lambda: None) is True  # holds nothing
+    hold(0)
+    assert d.await_window(250, 100, stop, lambda: None) is True  # 100 + 100 within 250
+    hold(1)
+    threading.Timer(0.2, lambda: shutil.rmtree(cache / sample_folder_name(0, "k0"))).start()
+    t = time.monotonic()
+    assert d.await_window(250, 100, stop, lambda: None) is True  # after the consumer deleted one
+    assert time.monotonic() - t >= 0.15
+    hold(2)
+    d.stream.room = True  # type: ignore[attr-defined]
+    assert d.await_window(250, 100, stop, lambda: None) is False  # into the engine's budget
+    d.stream.room = False  # type: ignore[attr-defined]
+    monkeypatch.setattr(delivery, "HELD_WARN_S", 0.1)
+    threading.Timer(0.4, stop.set).start()
+    with caplog.at_level("WARNING", logger="s5loader._daemon.delivery"):
+        assert d.await_window(250, 100, stop, lambda: None) is None  # stopped while held
+    assert "holds 2 delivered samples" in caplog.text and str(cache) in caplog.text

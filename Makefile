@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test test-fast lint bench clean
+.PHONY: venv peers-venv demo test test-fast lint bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -34,11 +34,31 @@ lint: venv
 	$(VENV)/bin/ruff format --check s5loader tests bench bin examples
 	$(VENV)/bin/mypy s5loader bench/s5loader_bench bench/run.py
 
+# litdata and MosaicML streaming side by side with s5loader (bench/peers.py) run in a virtual
+# environment of their own: they need a botocore and a numpy other than s5loader's, and MosaicML
+# imports torchvision, whose PyPI wheel matches PyPI's torch build (a few GB), not a CPU wheel
+# that a machine's pip settings may supply; so pip runs with its own defaults (--isolated; set
+# PEERS_PIP_FLAGS= to use the machine's settings).
+PEERS_VENV ?= .venv-peers
+PEERS_PIP_FLAGS ?= --isolated
+PEERS_STAMP := $(PEERS_VENV)/.installed
+
+$(PEERS_STAMP):
+	python3 -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install $(PEERS_PIP_FLAGS) -q torch==2.13.0 torchvision==0.28.0 \
+		litdata==0.2.76 s3fs mosaicml-streaming==0.13.0 boto3 psutil
+	touch $(PEERS_STAMP)
+
+peers-venv: $(PEERS_STAMP)
+
 # The bench extra (matplotlib, s3torchconnector, litdata) on top of the test one, PyTorch held at
 # the CPU build (litdata would otherwise pull a CUDA build); a peer that cannot be installed here
 # is skipped in the tables, with the reason.
 bench: venv
 	$(PIP) install -q -e '.[bench]' torch==2.13.0 || true
+	$(MAKE) peers-venv || true
+	# s5loader, litdata and MosaicML streaming on the same 3,000 objects of 100 KB and their shards
+	$(PY) bench/peers.py --peers-python $(PEERS_VENV)/bin/python --out bench/results/peers.json
 	$(PY) bench/run.py
 	$(PY) bench/checkpoint.py --repeat 5
 	$(PY) bench/shard_mixing.py --json bench/results/shard-mixing.json
@@ -55,4 +75,4 @@ bench: venv
 		--output bench/results/pack-transform.json
 
 clean:
-	rm -rf $(VENV) .s3-local .pytest_cache
+	rm -rf $(VENV) $(PEERS_VENV) .s3-local .pytest_cache

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.stores import Peak, Store, make_pairs
@@ -404,3 +405,45 @@ def test_starvation_and_progress_are_reported(seaweed: Store, cache: Path, tmp_p
     assert events[-1]["event"] == "done" and events[-1]["delivered"] == 5
     text = (tmp_path / "daemon.log").read_text()
     assert "MB/s" in text and "starved" in text
+
+
+def test_the_daemon_under_block_shuffle_sends_the_samplers_requests_per_sample(
+    seaweed: Store, counting_proxy: Any, tmp_path: Path
+) -> None:
+    """``shuffle="block"`` with calls of 50 samples and a window of all 256: both front ends
+    widen a call to whole windows, so a block whole in a window is one wildcard line (a LIST, no
+    HEADs), and the daemon sends what the sampler sends, request for request."""
+    from torch.utils.data import DataLoader
+
+    from s5loader import S5Sampler
+
+    seaweed.put(make_pairs(256, size=1000))
+    opts = {"budget": 1_000_000, "samples_per_call": 50, "seed": 1}
+
+    def requests() -> dict[str, int]:
+        return dict(counting_proxy.counts)
+
+    def spent(before: dict[str, int]) -> dict[str, int]:
+        now = requests()
+        return {k: now.get(k, 0) - before.get(k, 0) for k in ("GET", "HEAD", "LIST")}
+
+    before = requests()
+    ds = S5Dataset.from_prefix(seaweed.uri(), endpoint_url=counting_proxy.endpoint)  # a LIST, as the daemon's
+    with S5Sampler(ds, shuffle="block", staging_dir=str(tmp_path), **opts) as sampler:  # type: ignore[arg-type]
+        keys = [x["__key__"] for x in DataLoader(ds, sampler=sampler, batch_size=None)]
+    assert sorted(keys) == sorted(f"{seaweed.prefix}{i:04d}" for i in range(256))
+    by_sampler = spent(before)
+    cache = tmp_path / "cache"
+    argv = [sys.executable, "-m", "s5loader", "prefetch", seaweed.uri(), "--cache", str(cache)]
+    argv += ["--shuffle", "block", "--endpoint-url", counting_proxy.endpoint, "--no-progress"]
+    argv += ["--budget", str(opts["budget"]), "--samples-per-call", "50", "--seed", "1"]
+    before = requests()
+    daemon = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    delivered = [s.key for s in consume(str(cache), timeout=60)]
+    assert daemon.wait(60) == 0, daemon.stderr.read() if daemon.stderr else ""
+    assert sorted(delivered) == sorted(keys)
+    by_daemon = spent(before)
+    # wildcard lines for the blocks whole in a window (the first windows, which grow from 32
+    # samples for a quick first batch, cut some: those go one object a line, with its HEAD)
+    assert by_sampler["LIST"] > 0 and by_sampler["HEAD"] < 256, by_sampler
+    assert by_daemon == by_sampler, (by_daemon, by_sampler)

@@ -15,7 +15,8 @@ around the epoch (the workers end with it and are reaped).
         --cache DIR [--epochs 2] [--batch 32] [--workers 2] [--seed 0]
 
 KIND: s5loader-raw, s5loader-raw-block, s5loader-shards, s5loader-iterable, litdata-raw,
-litdata-shards, mosaic-shards; or convert-litdata, convert-mds (``raw/`` into each one's shards).
+litdata-shards, mosaic-shards; or convert-s5loader, convert-litdata, convert-mds (``raw/`` into
+each one's shards).
 """
 
 from __future__ import annotations
@@ -228,9 +229,21 @@ def _litdata_item(item: tuple[str, str]) -> dict[str, Any]:
 
 
 def convert(a: argparse.Namespace) -> None:
-    """Convert ``raw/`` into ``litdata/`` (``optimize``) or ``mds/`` (``MDSWriter``, 16 threads
-    fetching), chunks of ``--shard-bytes``."""
+    """Convert ``raw/`` into ``s5shards/`` (``s5loader.pack``), ``litdata/`` (``optimize``) or
+    ``mds/`` (``MDSWriter``, 16 threads fetching), chunks of ``--shard-bytes``; timed by the
+    caller as a whole process, each alike (its interpreter's start and imports included)."""
     keys = [f"raw/{i:06d}.bin" for i in range(a.samples)]
+    if a.kind == "convert-s5loader":
+        import s5loader
+
+        s5loader.pack(
+            f"s3://{a.bucket}/raw/",
+            f"s3://{a.bucket}/s5shards/",
+            shard_size=a.shard_bytes,
+            staging_dir=a.cache,
+            endpoint_url=a.endpoint,
+        )
+        return
     if a.kind == "convert-litdata":
         import litdata
 
@@ -306,7 +319,7 @@ def run(a: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("kind", choices=(*KINDS, "convert-litdata", "convert-mds"))
+    p.add_argument("kind", choices=(*KINDS, "convert-s5loader", "convert-litdata", "convert-mds"))
     p.add_argument("--endpoint", required=True)
     p.add_argument("--bucket", default="data")
     p.add_argument("--samples", type=int, required=True)

@@ -36,7 +36,6 @@ from typing import Any
 
 import boto3
 
-import s5loader
 from s5loader.testing import SeaweedFS
 from s5loader_bench.proxy import ProxyProcess
 
@@ -120,22 +119,18 @@ def timed(argv: list[str], env: dict[str, str], timeout: float) -> tuple[float, 
 
 
 def convert(a: argparse.Namespace, endpoint: str, root: str, peers: str | None) -> dict[str, Any]:
+    """Each converter as a process of its own, timed alike (its start and imports included)."""
     out: dict[str, Any] = {}
-    t = time.perf_counter()
-    s5loader.pack(
-        f"s3://{BUCKET}/raw/",
-        f"s3://{BUCKET}/s5shards/",
-        shard_size=a.shard_bytes,
-        staging_dir=tempfile.mkdtemp(dir=root),
-        endpoint_url=endpoint,
-    )
-    out["s5loader pack"] = round(time.perf_counter() - t, 2)
-    for name, kind in (("litdata optimize", "convert-litdata"), ("MosaicML MDSWriter", "convert-mds")):
-        if peers is None:
+    for name, kind, python in (
+        ("s5loader pack", "convert-s5loader", sys.executable),
+        ("litdata optimize", "convert-litdata", peers),
+        ("MosaicML MDSWriter", "convert-mds", peers),
+    ):
+        if python is None:
             out[name] = "not run: no --peers-python"
             continue
         try:
-            argv = loop_argv(peers, kind, a, endpoint, tempfile.mkdtemp(dir=root))
+            argv = loop_argv(python, kind, a, endpoint, tempfile.mkdtemp(dir=root))
             out[name] = round(timed(argv, env_for(endpoint), 1800)[0], 2)
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
             out[name] = f"failed: {exc}"
@@ -188,12 +183,15 @@ def table(result: dict[str, Any]) -> str:
     CPU seconds per 1,000 samples of each epoch on the direct link (the loader's process +
     its children: DataLoader workers, s5cmd), the first batch; then the conversions."""
     links = list(result["links"])
+    if not links:  # converted only
+        return "Conversion of the objects into shards, s: " + json.dumps(result.get("conversion_s", {}))
 
     def cell(kind: str, pick: Any) -> str:
         out = []
         for link in links:
             got = result["links"][link].get(kind)
-            out.append(pick(got) if isinstance(got, list) else "failed" if got else "-")
+            ran = isinstance(got, list) and bool(got)
+            out.append(pick(got) if ran else str(got).split(":")[0] if isinstance(got, str) else "-")
         return " \\| ".join(out)
 
     def cpu(e: dict[str, Any]) -> str:
@@ -209,7 +207,8 @@ def table(result: dict[str, Any]) -> str:
     ]
     for kind in [k for k in NAMES if any(k in result["links"][link] for link in links)]:
         first = result["links"][links[0]].get(kind)
-        cpus = [cpu(e) for e in first[:2]] if isinstance(first, list) else ["-", "-"]
+        cpus = ([cpu(e) for e in first[:2]] if isinstance(first, list) else []) + ["-", "-"]
+        cpus = cpus[:2]
         cells = [
             NAMES[kind],
             cell(kind, lambda g: f"{g[0]['samples_per_s']:.0f}"),
@@ -236,7 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--delay-ms", type=float, default=20.0)
-    p.add_argument("--links", nargs="+", default=["direct", "proxy"], choices=["direct", "proxy"])
+    p.add_argument(
+        "--links", nargs="*", default=["direct", "proxy"], choices=["direct", "proxy"], help="none: convert"
+    )
     p.add_argument(
         "--peers-python", help="the interpreter of the peers' environment (.venv-peers/bin/python)"
     )
@@ -247,7 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     for var, value in env_for("").items():
         if var.startswith("AWS_") and var != "AWS_ENDPOINT_URL":
             os.environ.setdefault(var, value)
-    root = tempfile.mkdtemp(prefix="s5l-peers-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    # tmpfs where it holds the store and every cache (Docker's default /dev/shm is 64 MB)
+    shm = os.path.isdir("/dev/shm") and shutil.disk_usage("/dev/shm").free > 6 * a.samples * a.size
+    root = tempfile.mkdtemp(prefix="s5l-peers-", dir="/dev/shm" if shm else None)
     result: dict[str, Any] = {
         "args": {k: v for k, v in vars(a).items()},
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
@@ -267,10 +270,10 @@ def main(argv: list[str] | None = None) -> int:
                         result["links"][link] = load(a, proxy.endpoint, root, peers)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print(table(result))
     if a.out:
         with open(a.out, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)
+    print(table(result))
     return 0
 
 

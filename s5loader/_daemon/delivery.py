@@ -117,17 +117,18 @@ class Deliveries:
         return lifted.size
 
     def await_window(
-        self, window: int, estimate: int, stop: threading.Event, tick: Callable[[], None]
+        self, window: int, estimate: int, budget: int, stop: threading.Event, tick: Callable[[], None]
     ) -> bool | None:
         """Over tar shards: wait until the samples written out that the consumer holds leave
         room for one more (of about ``estimate`` bytes) within the delivery ``window`` (True),
-        or the engine's budget has room for it beside the shards open (False: it counts there);
+        or ``budget`` has room for it beside the shards open (False: it counts there, see
+        :meth:`DaemonStream.room_for <s5loader._daemon.stream.DaemonStream.room_for>`);
         None if the daemon stops meanwhile. A consumer that holds more than the window while the
         open shards fill the budget is told so once it has waited :data:`HELD_WARN_S`."""
         ledger, stream = self.ledger, self.stream
         wait, since = 0.002, time.monotonic()
         while ledger.count and ledger.held - stream.beyond_held(ledger.is_released) + estimate > window:
-            if stream.room_for(estimate):
+            if stream.room_for(estimate, ledger.held, budget):
                 return False
             if stop.wait(wait):
                 return None

@@ -131,6 +131,12 @@ class PrefetchDaemon:
             self._ledger.items,
             windowed=bool(lift.delivery),
         )
+        if lift.delivery:  # a restart: what the last run delivered beyond the window counts in the budget
+            kept = 0
+            for seq, size in sorted(self._ledger.items()):
+                kept += size
+                if kept > lift.delivery:
+                    self._stream.overflow[seq] = size
         self._reporter, self._json_file = open_reporter(
             staging.budget, self._total, opts.json_log, opts.progress
         )
@@ -178,7 +184,7 @@ class PrefetchDaemon:
             within: bool | None = True
             if msg is not None and msg[0] == INDEX and self._delivery_window:
                 within = delivery.await_window(
-                    self._delivery_window, self._sample_estimate, self.stop, self._tick
+                    self._delivery_window, self._sample_estimate, staging.budget, self.stop, self._tick
                 )
                 if within is None:
                     msg = None  # stopped while the consumer held the whole delivery window
@@ -250,6 +256,14 @@ class PrefetchDaemon:
         stager = self._stream.run.passes.active if self._stream is not None else None
         return stager.reserved if stager is not None else 0
 
+    def _in_window(self) -> int:
+        """The bytes of written-out samples the consumer holds within the delivery window (the
+        engine's budget counts the rest)."""
+        stream = self._stream
+        if not self._delivery_window or stream is None:
+            return 0
+        return self._ledger.held - stream.beyond_held(self._ledger.is_released)
+
     def _consumed(self) -> int:
         assert self._delivery is not None
         return self._delivery.consumed()
@@ -270,7 +284,7 @@ class PrefetchDaemon:
             "delivered": st.delivered,
             "consumed": self._consumed(),
             "in_cache": self._ledger.count,
-            "cache_bytes": self._reserved(),
+            "cache_bytes": self._reserved() + self._in_window(),
             "budget": self.opts.staging.budget,
             "skipped": st.skipped,
         }

@@ -40,6 +40,7 @@ from .._sampling.order import Order
 from .._sampling.run import StagingRun
 from .._sampling.setup import whole_windows
 from .._sampling.units import units_of
+from .._staging.area import tree_bytes
 from .._staging.epochcache import EpochCache, index_fingerprint
 from .._staging.layout import StagingLayout
 from .._util.platform import HOLE_BLOCK, punches_holes
@@ -229,15 +230,17 @@ class DaemonStream:
             while self._upto < upto and not (self.feed is not None and self.feed.stop.is_set()):
                 self._progress.wait(0.2)
 
-    def room_for(self, size: int) -> bool:
-        """Whether the engine's budget has ``size`` bytes free now; True once its pass has
-        staged everything (what is left on disk only shrinks as its samples are delivered)."""
+    def room_for(self, size: int, held: int, budget: int) -> bool:
+        """Whether ``size`` more bytes fit: in the engine's budget while its pass stages; once
+        the pass has staged everything (no engine to ask), in ``budget`` beside what is on disk
+        below the staging root (its shards by size, punched or not) and the ``held`` bytes
+        the consumer holds."""
         stager = self.run.passes.active
         if stager is None:
-            return True
-        budget = stager.budget
-        with budget.cond:
-            return budget.reserved + size <= budget.limit
+            return tree_bytes(self.run.area.root) + held + size <= budget
+        budget_now = stager.budget
+        with budget_now.cond:
+            return budget_now.reserved + size <= budget_now.limit
 
     def hold_beyond(self, seq: int, size: int) -> None:
         """Count delivery ``seq``'s ``size`` bytes, written out beyond the delivery window,

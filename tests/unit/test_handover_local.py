@@ -137,7 +137,7 @@ def test_the_delivery_window_waits_for_the_consumer_then_the_budget_and_warns_a_
         def beyond_held(self, released: object) -> int:
             return 0
 
-        def room_for(self, size: int) -> bool:
+        def room_for(self, size: int, held: int, budget: int) -> bool:
             return self.room
 
     def hold(seq: int) -> None:
@@ -148,20 +148,20 @@ def test_the_delivery_window_waits_for_the_consumer_then_the_budget_and_warns_a_
     d = delivery.Deliveries.__new__(delivery.Deliveries)
     d.ledger, d.stream, d.cache = ledger, Stream(), str(cache)  # type: ignore[assignment]
     stop = threading.Event()
-    assert d.await_window(250, 100, stop, lambda: None) is True  # holds nothing
+    assert d.await_window(250, 100, 10_000, stop, lambda: None) is True  # holds nothing
     hold(0)
-    assert d.await_window(250, 100, stop, lambda: None) is True  # 100 + 100 within 250
+    assert d.await_window(250, 100, 10_000, stop, lambda: None) is True  # 100 + 100 within 250
     hold(1)
     threading.Timer(0.2, lambda: shutil.rmtree(cache / sample_folder_name(0, "k0"))).start()
     t = time.monotonic()
-    assert d.await_window(250, 100, stop, lambda: None) is True  # after the consumer deleted one
+    assert d.await_window(250, 100, 10_000, stop, lambda: None) is True  # after the consumer deleted one
     assert time.monotonic() - t >= 0.15
     hold(2)
     d.stream.room = True  # type: ignore[attr-defined]
-    assert d.await_window(250, 100, stop, lambda: None) is False  # into the engine's budget
+    assert d.await_window(250, 100, 10_000, stop, lambda: None) is False  # into the engine's budget
     d.stream.room = False  # type: ignore[attr-defined]
     monkeypatch.setattr(delivery, "HELD_WARN_S", 0.1)
     threading.Timer(0.4, stop.set).start()
     with caplog.at_level("WARNING", logger="s5loader._daemon.delivery"):
-        assert d.await_window(250, 100, stop, lambda: None) is None  # stopped while held
+        assert d.await_window(250, 100, 10_000, stop, lambda: None) is None  # stopped while held
     assert "holds 2 delivered samples" in caplog.text and str(cache) in caplog.text

@@ -91,7 +91,9 @@ def test_a_consumer_gives_a_missing_daemon_its_grace(tmp_path: Path) -> None:
     def restart() -> None:  # a daemon takes the cache within the grace, delivers, ends
         fd = os.open(tmp_path / LOCK_FILE, os.O_RDWR)
         fcntl.flock(fd, fcntl.LOCK_EX)
-        deliver(tmp_path, "000000000000-a")
+        # made aside and renamed into place, as a daemon delivers: a consumer may claim a folder
+        # the moment it appears
+        os.rename(deliver(tmp_path / ".making", "000000000000-a"), tmp_path / "000000000000-a")
         (tmp_path / END_MARKER).write_text("{}\n")
         os.close(fd)
 

@@ -142,10 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     # once per client); the terminal shows only what they warn about.
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
-    previous = {}
-    if argv[0] in STOP_CLEANLY and threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, _stop_early) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous: dict[signal.Signals, Any] = {}
     try:
+        # inside the try: a signal that comes while the second handler is being set is a stop too
+        if argv[0] in STOP_CLEANLY and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, _stop_early)
         handler = _load(argv[0])
         if handler is None:
             return EXIT_ERROR

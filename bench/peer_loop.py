@@ -65,8 +65,8 @@ def collate_items(batch: list[dict[str, Any]]) -> list[tuple[str, bytes]]:
 class Checker:
     """Counts an epoch's samples and checks each (its bytes, once an epoch)."""
 
-    def __init__(self, n: int, size: int) -> None:
-        self.n, self.size = n, size
+    def __init__(self, size: int) -> None:
+        self.size = size
         self.seen: set[int] = set()
         self.bytes = 0
 
@@ -286,7 +286,7 @@ def run(a: argparse.Namespace) -> None:
     setup_s = time.perf_counter() - t0
     try:
         for e in range(a.epochs):
-            check = Checker(a.samples, a.size)
+            check = Checker(a.size)
             main0, kids0 = cpu()
             t = time.perf_counter()
             first = None

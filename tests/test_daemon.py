@@ -418,7 +418,7 @@ def test_the_daemon_under_block_shuffle_sends_the_samplers_requests_per_sample(
     from s5loader import S5Sampler
 
     seaweed.put(make_pairs(256, size=1000))
-    opts = {"budget": 1_000_000, "samples_per_call": 50, "seed": 1}
+    budget = 1_000_000
 
     def requests() -> dict[str, int]:
         return dict(counting_proxy.counts)
@@ -429,14 +429,17 @@ def test_the_daemon_under_block_shuffle_sends_the_samplers_requests_per_sample(
 
     before = requests()
     ds = S5Dataset.from_prefix(seaweed.uri(), endpoint_url=counting_proxy.endpoint)  # a LIST, as the daemon's
-    with S5Sampler(ds, shuffle="block", staging_dir=str(tmp_path), **opts) as sampler:  # type: ignore[arg-type]
+    sampler = S5Sampler(
+        ds, shuffle="block", seed=1, budget=budget, samples_per_call=50, staging_dir=str(tmp_path)
+    )
+    with sampler:
         keys = [x["__key__"] for x in DataLoader(ds, sampler=sampler, batch_size=None)]
     assert sorted(keys) == sorted(f"{seaweed.prefix}{i:04d}" for i in range(256))
     by_sampler = spent(before)
     cache = tmp_path / "cache"
     argv = [sys.executable, "-m", "s5loader", "prefetch", seaweed.uri(), "--cache", str(cache)]
     argv += ["--shuffle", "block", "--endpoint-url", counting_proxy.endpoint, "--no-progress"]
-    argv += ["--budget", str(opts["budget"]), "--samples-per-call", "50", "--seed", "1"]
+    argv += ["--budget", str(budget), "--samples-per-call", "50", "--seed", "1"]
     before = requests()
     daemon = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
     delivered = [s.key for s in consume(str(cache), timeout=60)]

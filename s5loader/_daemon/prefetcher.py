@@ -97,7 +97,7 @@ class PrefetchDaemon:
         # as the sampler's window (a block order's, or the shards a shard order keeps open); a
         # restart keeps the saved one, whatever its budget
         lift = lift_layout(ds, staging, opts.shuffle, opts.epochs, staging_root)
-        self._delivery_window, self._sample_estimate = lift.delivery, units_of(ds).sample_estimate()
+        self._delivery_window, self._sample_estimate = lift.delivery, lift.sample
         state = _run_state(opts, ds, lift.window, old, self.cache)
         self._state = state
         self._total = len(ds) * opts.epochs

@@ -68,6 +68,7 @@ class LiftLayout(NamedTuple):
     punch: bool  # a sample written out of a shard punches its bytes out of it
     counts: bool  # the order counts what each sample written out gives back
     delivery: int  # the bytes of written-out samples the consumer may hold; 0: no such bound
+    sample: int  # a sample's bytes, about (what one more delivery adds to the window)
 
 
 def lift_layout(
@@ -91,7 +92,8 @@ def lift_layout(
     delivery = units.delivery_window(options.budget)
     room = options.budget - delivery
     counts = punch and units.frees_on_read(shuffle)
-    return LiftLayout(room, units.window(room, options.calls_in_flight, shuffle), punch, counts, delivery)
+    window = units.window(room, options.calls_in_flight, shuffle)
+    return LiftLayout(room, window, punch, counts, delivery, units.sample_estimate())
 
 
 class DaemonStream:

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from .packing import PackResult, pack
     from .prefetch import Prefetcher
     from .progress import Progress
+    from ._sampling.staging import Staging
     from .sampler import S5Sampler
 
 # The names that need torch (or s5cmd's plumbing) come from their modules when first asked for:
@@ -68,6 +69,7 @@ _LAZY = {
     "Progress": ("progress", "Progress"),
     "find_s5cmd": ("_s5cmd", "find_s5cmd"),
     "S5Sampler": ("sampler", "S5Sampler"),
+    "Staging": ("_sampling.staging", "Staging"),
 }
 
 __version__ = "0.1.0"
@@ -76,6 +78,7 @@ __all__ = [
     "S5Dataset",
     "S5IterableDataset",
     "S5Sampler",
+    "Staging",
     "Access",
     "StagingOptions",
     "checkpoint",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import sys
 import warnings
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,16 +12,11 @@ from torch.utils.data import BatchSampler, Sampler
 
 from ._engine import Stats
 from ._engine.counters import Metrics
-from ._engine.stager import close_off_engine
-from ._sampling.cacheplan import pin_to_nodes
-from ._sampling.cacherun import open_cache_run
-from ._sampling.epochs import EpochOrders
 from ._sampling.order import WINDOW_CAP, ShuffleQuality, block_window, shuffle_quality  # noqa: F401 (re-exported)
 from ._sampling.pieces import part_len
 from ._sampling.resume import sampler_state
-from ._sampling.run import StagingRun
-from ._sampling.setup import check_loader_batch, configure, loader_batch_size, staging_options
-from ._sampling.units import can_free, freeing_cost
+from ._sampling.setup import check_loader_batch, loader_batch_size, staging_options
+from ._sampling.staging import Staging
 from ._util.platform import require_linux
 from ._util.uri import format_size
 from .config import StagingOptions
@@ -118,7 +112,7 @@ class S5Sampler(Sampler[int]):
             numworkers=("s5cmd_workers", numworkers),
         )
         self.dataset = dataset
-        order, window, options, root = configure(
+        self._staging = Staging(
             dataset,
             options,
             shuffle=shuffle,
@@ -128,24 +122,12 @@ class S5Sampler(Sampler[int]):
             drop_last=drop_last,
             batch_size=batch_size,
         )
-        # with an epoch cache on several nodes, each node's samples stay with it across epochs
-        order = pin_to_nodes(order, bool(options.epoch_cache))
-        cache = open_cache_run(dataset, order, window, options, root, self._local_orders)
-        # over tar shards that do not fit: the budget used as a shuffle buffer (see Order.shard_order)
-        cost = freeing_cost(dataset, order.shuffle, options.budget, root, options.keep_staged)
-        self._run = StagingRun(dataset, options, root, options.keep_staged, cache, frees=cost is not None)
-        freeable = can_free(dataset, root, options.keep_staged)
-        self._epochs = EpochOrders(order, window, self._run, cost, freeable)
-        dataset._plain.watch(self._run.area.path)  # a plain int of a staged sample is reported
+        self._run = self._staging.run
+        self._epochs = self._staging.epochs
         self._warned = False
-        self.keep_staged = options.keep_staged
+        self.keep_staged = self._run.options.keep_staged
         self.epoch = 0
         self._pos = self._run.position  # where this rank is in self.epoch (see state_dict)
-        self._finalizer = weakref.finalize(self, close_off_engine, self._run.close)  # a pass stops first
-
-    def _local_orders(self, epoch: int) -> list[list[int]]:
-        # the epoch cache plans on the orders of the node's ranks (held weakly: a method)
-        return self._epochs.local_orders(epoch)
 
     # -- the Sampler protocol -----------------------------------------------------------
     @property
@@ -315,16 +297,13 @@ class S5Sampler(Sampler[int]):
     # -- lifetime -----------------------------------------------------------------------
     def close(self) -> None:
         """Stop staging, kill s5cmd, remove the staging directory. Safe to call twice."""
-        self._run.close()
+        self._staging.close()
 
     def __enter__(self) -> S5Sampler:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_finalizer": None}  # the running pass stays (see StagingPasses)
 
     def __repr__(self) -> str:
         o = self._epochs.order

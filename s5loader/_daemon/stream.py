@@ -33,12 +33,9 @@ from typing import Any, NamedTuple
 
 from .._engine import Stager
 from .._engine.counters import Metrics
-from .._sampling.cacheplan import node_ranks
-from .._sampling.cacherun import CacheRun, new_cache_run
 from .._sampling.feed import INDEX, SKIP, FeedHost, Hello, local
 from .._sampling.order import Order
-from .._sampling.run import StagingRun
-from .._sampling.setup import whole_windows
+from .._sampling.staging import HandOff, Staging, layout
 from .._sampling.units import units_of
 from .._staging.area import tree_bytes
 from .._staging.epochcache import EpochCache, index_fingerprint
@@ -66,7 +63,6 @@ class LiftLayout(NamedTuple):
     room: int  # the budget its engine stages within
     window: int  # the window of its order (a block order's, or the shards a shard order keeps open)
     punch: bool  # a sample written out of a shard punches its bytes out of it
-    counts: bool  # the order counts what each sample written out gives back
     delivery: int  # the bytes of written-out samples the consumer may hold; 0: no such bound
     sample: int  # a sample's bytes, about (what one more delivery adds to the window)
 
@@ -81,7 +77,7 @@ def lift_layout(
     the consumer holds of them (see :meth:`ShardUnits.delivery_window
     <s5loader._sampling.units.ShardUnits.delivery_window>`); a sample written out of a shard
     punches its bytes out of it where the file system below ``root`` can and no epoch cache keeps
-    shards whole, and the order then counts that (``shuffle=True``).
+    shards whole, and a ``shuffle=True`` order counts that (see :func:`~s5loader._sampling.staging.layout`).
 
     Raises:
         BudgetError: the budget cannot hold the largest shard beside the delivery window.
@@ -91,9 +87,8 @@ def lift_layout(
     punch = not cached and punches_holes(root, HOLE_BLOCK)
     delivery = units.delivery_window(options.budget)
     room = options.budget - delivery
-    counts = punch and units.frees_on_read(shuffle)
-    window = units.window(room, options.calls_in_flight, shuffle)
-    return LiftLayout(room, window, punch, counts, delivery, units.sample_estimate())
+    window = layout(dataset, room, options.calls_in_flight, shuffle, root, cached)[0]
+    return LiftLayout(room, window, punch, delivery, units.sample_estimate())
 
 
 class DaemonStream:
@@ -106,7 +101,6 @@ class DaemonStream:
         window: the ``shuffle="block"`` window, or a shard order's open shards.
         punch: a sample lifted out of a tar shard punches its bytes out of the shard (see
             :func:`lift_layout`).
-        counts: the order counts what each sample lifted out gives back.
         epochs: how many epochs are delivered.
         root: the staging root (inside the daemon's cache).
         cache_root: where the epoch cache's folder lives (it survives restarts).
@@ -124,7 +118,6 @@ class DaemonStream:
         order: Order,
         window: int,
         punch: bool,
-        counts: bool,
         epochs: int,
         root: str,
         cache_root: str,
@@ -133,20 +126,13 @@ class DaemonStream:
         windowed: bool = False,
     ) -> None:
         self.dataset = dataset
-        self.order = order
-        self.window = window
         self.epochs = epochs
         self.n = len(dataset)
-        units = self.units = units_of(dataset)
         cached = bool(options.epoch_cache) and epochs > 1
-        self.cost = units.order_cost(options.budget) if counts else None
 
         def is_released(key: int, layout: StagingLayout) -> bool:
             # a delivered sample: the consumer's; a staged one: gone from its pass folder
             return released(-key - 1) if key < 0 else not os.path.isdir(layout.sample_dir(key))
-
-        self.run = StagingRun(dataset, whole_windows(options, order.shuffle, window), root, frees=punch)
-        self.run.passes.released = is_released
 
         # deliveries beyond the delivery window that the engine's budget counts: seq -> bytes
         self.overflow: dict[int, int] = {}
@@ -156,31 +142,28 @@ class DaemonStream:
                 if not windowed or seq in self.overflow:
                     stager.hold(-seq - 1, size)
 
-        self.run.passes.on_stager = hold_outstanding
-        if cached:
-            self.run.cache = self._cache_run(options, cache_root)
+        self.staging = Staging.within(
+            dataset,
+            options,
+            order,
+            root,
+            hand_off=HandOff(is_released, hold_outstanding),
+            window=window,
+            frees=punch,
+            whole=cached,
+        )
+        self.run = self.staging.run
+        if cached:  # kept across restarts, until END
+            fingerprint = index_fingerprint(dataset.samples)
+            self.staging.use_cache(EpochCache(cache_root, "daemon", fingerprint, keep=True))
         self.feed: FeedHost | None = None
         self._progress = threading.Condition()
         self._upto = 0
         self._before: collections.Counter[str] = collections.Counter()
 
-    def _cache_run(self, options: StagingOptions, root: str) -> CacheRun:
-        fingerprint = index_fingerprint(self.dataset.samples)
-        cache = EpochCache(root, "daemon", fingerprint, keep=True)  # kept across restarts, until END
-        ranks = node_ranks(0, 1)
-        return new_cache_run(
-            self.dataset,
-            cache,
-            options.epoch_cache,
-            lambda e: [self.plan(e, 0)[0]],
-            ranks.index(0),
-            options.verify,
-        )
-
     def plan(self, epoch: int, start: int) -> tuple[list[int], list[int] | None]:
         """Epoch ``epoch``'s order from position ``start`` on, and where its windows begin."""
-        run = self.run
-        return self.units.plan(self.order, epoch, start, run.blocks, self.window, self.cost)
+        return self.staging.plan(epoch, start)
 
     def start(self, delivered: int) -> Iterator[tuple[str, Any]]:
         """Stage every delivery from ``delivered`` on; returns the messages of the delivery loop:
@@ -200,9 +183,7 @@ class DaemonStream:
             # a pass begins once the last one's samples are delivered: it removes that one's folder
             self._wait_delivered(seq)
             order, windows = self.plan(epoch, start)
-            stream = self.run.stage(
-                order, windows, self.order.shuffle, functools.partial(int, epoch), skips=True
-            )
+            stream = self.staging.stage_order(order, windows, functools.partial(int, epoch), skips=True)
             for idx, staged in zip(order, stream, strict=True):
                 yield seq, ((INDEX, staged) if staged is not None else (SKIP, idx))
                 seq += 1

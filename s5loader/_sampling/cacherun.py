@@ -37,10 +37,8 @@ from .._index.sample import Sample
 from .._staging.epochcache import EpochCache, index_fingerprint
 from .._staging.layout import HANDED_BACK, StagingLayout
 from .._util.dist import cache_node_ranks, rank_info
-from ..config import StagingOptions
 from ..dataset import S5Dataset
 from .cacheplan import Admission, KeepPlan, keep_set, rank_capacity
-from .order import Order
 from .units import units_of
 
 log = logging.getLogger("s5loader.sampler")
@@ -316,30 +314,6 @@ def cache_id(fingerprint: str, *job: object) -> str:
     return hashlib.sha256(":".join(map(str, (fingerprint, *job))).encode()).hexdigest()[:16]
 
 
-def open_cache_run(
-    dataset: S5Dataset,
-    order: Order,
-    window: int,
-    options: StagingOptions,
-    root: str,
-    orders: Callable[[int], list[list[int]]],
-) -> CacheRun | None:
-    """The epoch cache of a sampler (``order``, ``window``) and of the other local ranks of its
-    node, below ``root``; None without ``options.epoch_cache``. ``orders``, a method of the
-    sampler, is held weakly: the sampler closes its run, and so this cache, when it is collected,
-    which a run holding it would prevent."""
-    if not options.epoch_cache:
-        return None
-    ranks = cache_node_ranks(order.rank, order.num_replicas)
-    fingerprint = index_fingerprint(dataset.samples)
-    o = order
-    name = cache_id(fingerprint, o.shuffle, o.seed, o.num_replicas, o.drop_last, window, ranks[0], len(ranks))
-    cache = EpochCache(root, name, fingerprint, options.keep_epoch_cache)
-    return new_cache_run(
-        dataset, cache, options.epoch_cache, _weakly(orders), ranks.index(o.rank), options.verify
-    )
-
-
 def new_cache_run(
     dataset: S5Dataset,
     cache: EpochCache,
@@ -356,7 +330,7 @@ def new_cache_run(
     )
 
 
-def _weakly(method: Callable[[int], list[list[int]]]) -> Callable[[int], list[list[int]]]:
+def weakly(method: Callable[[int], list[list[int]]]) -> Callable[[int], list[list[int]]]:
     """``method``, not keeping the object it is bound to alive (a plain function as it is)."""
     if not hasattr(method, "__self__"):
         return method

@@ -14,9 +14,10 @@ from ..config import StagingOptions
 from ..dataset import S5Dataset
 from ..exceptions import BudgetError, ConfigError
 from .cacherun import open_iterable_cache
-from .iterparts import rank_layout, rank_order
+from .iterparts import rank_order
 from .order import Order, check_seed, check_shuffle
 from .setup import fit_budget
+from .staging import layout
 from .units import units_of
 
 SUGGEST_EPOCHS = 8  # epochs whose orders a suggested shuffle_buffer or budget is checked against
@@ -134,7 +135,7 @@ def check_buffer(
     def peak(budget: int, k: int, e: int = epoch) -> int:
         """The most bytes the rank's order of epoch ``e`` needs at once with ``budget`` and a
         buffer of ``k``."""
-        window, cost = rank_layout(dataset, budget, options.calls_in_flight, order.shuffle, root)
+        window, cost = layout(dataset, budget, options.calls_in_flight, order.shuffle, root)
         key = (window, cost.room if cost is not None else None, k, e)  # what the order depends on
         if key not in peaks:
             mine = rank_order(units, order, e, k, None, window, cost)[0]
@@ -145,7 +146,7 @@ def check_buffer(
     need = peak(budget, shuffle_buffer)
     if need <= budget or peak(budget, 0) > budget:
         return  # it fits, or not even without a buffer: the pass's own check says why
-    window = rank_layout(dataset, budget, options.calls_in_flight, order.shuffle, root)[0]
+    window = layout(dataset, budget, options.calls_in_flight, order.shuffle, root)[0]
     raise _too_big(dataset, order, shuffle_buffer, epoch, budget, need, window, peak)
 
 

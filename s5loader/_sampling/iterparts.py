@@ -26,7 +26,6 @@ from .iterrest import RankRest
 from .order import Order
 from .pieces import part_len
 from .resume import check_fields
-from .units import freeing_cost, units_of
 
 # 2: the rank's workers share one order, a chunk at a time ("chunk"); 1 (each worker an order of
 # its own) is read for states taken at an epoch's end only
@@ -49,18 +48,6 @@ _STATE_KEYS = (
     "yielded",
     "complete",
 )
-
-
-def rank_layout(
-    dataset: S5Dataset, budget: int, calls_in_flight: int, shuffle: bool | str, root: str
-) -> tuple[int, Freeing | None]:
-    """The window of a rank's order staged within ``budget`` below ``root`` (a block order's
-    samples; a shard order's open shards) and, where that order counts the bytes its samples
-    give back as they are read (over tar shards with ``shuffle=True`` that do not fit the
-    budget, on a file system that punches holes), what it counts
-    them with (see :meth:`ShardUnits.order_cost <s5loader._sampling.units.ShardUnits.order_cost>`)."""
-    window = units_of(dataset).window(budget, calls_in_flight, "block" if shuffle == "block" else True)
-    return window, freeing_cost(dataset, shuffle, budget, root)
 
 
 # -- how the rank's workers share its positions -------------------------------------------------

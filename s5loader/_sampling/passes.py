@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._engine import Stager, Stats
 from .._engine.callplan import write_plan_files
@@ -32,6 +32,22 @@ from .resume import Position
 from .units import PassUnits, units_of
 
 
+class HandOff(NamedTuple):
+    """How the samples of a staging run leave it, a parameter of the run: by default
+    (:data:`READERS`) each reader of a staged sample reads and deletes it and writes its index to
+    the pass's release FIFO, which the engine reads as an event. A front end whose consumer
+    releases samples its own way (the prefetch daemon's, which moves each staged folder into its
+    cache) gives ``released``: whether key ``k`` of a pass (a folder of its :class:`StagingLayout`)
+    is released, which the engine then looks up instead of reading events; and ``on_stager``:
+    what each pass's engine is told when it is made (the bytes the consumer still holds)."""
+
+    released: Callable[[int, StagingLayout], bool] | None = None
+    on_stager: Callable[[Stager], None] | None = None
+
+
+READERS = HandOff()
+
+
 class StagingPasses:
     """The passes of one sampler below its :class:`StagingArea`: the one running, the folders
     of earlier ones awaiting removal, the indices kept staged, and the last pass's figures."""
@@ -44,8 +60,10 @@ class StagingPasses:
         layout: BlockPlan,
         keep: bool,
         frees: bool = False,
+        hand_off: HandOff = READERS,
     ) -> None:
         self.dataset = dataset
+        self.hand_off = hand_off
         self.frees = frees  # orders count what samples free as they are read (see ShardUnits.order_cost)
         self.area = area
         self.s5cmd = s5cmd
@@ -58,11 +76,6 @@ class StagingPasses:
         self.units: PassUnits | None = None  # the running pass's units (a download of its own to stop)
         self.last_stats: Stats | None = None
         self.last_metrics: Metrics | None = None
-        # A front end whose consumer releases samples its own way (the prefetch daemon's):
-        # whether key ``k`` of a pass is released (the engine then looks instead of reading
-        # release events), and what to tell each pass's engine when it is made.
-        self.released: Callable[[int, StagingLayout], bool] | None = None
-        self.on_stager: Callable[[Stager], None] | None = None
 
     def run(
         self,
@@ -147,7 +160,7 @@ class StagingPasses:
         units = units_of(self.dataset).open_pass(
             order, where.path, keep, options, shuffle, self.frees, hits, early
         )
-        released, folders = self.released, StagingLayout(where.path)
+        released, folders = self.hand_off.released, StagingLayout(where.path)
         stager = Stager(
             self.dataset.samples,
             units.engine_order,
@@ -161,8 +174,8 @@ class StagingPasses:
             first_call=units.first_call,
             is_released=(lambda k: released(k, folders)) if released is not None else None,
         )
-        if self.on_stager is not None:
-            self.on_stager(stager)
+        if self.hand_off.on_stager is not None:
+            self.hand_off.on_stager(stager)
         units.start(stager, options)
         if cache is not None:
             stager.budget.on_release = cache.on_release

@@ -13,22 +13,21 @@ import multiprocessing.util
 import os
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._engine.counters import Metrics
+from .._shards.holding import Freeing
 from .._staging.epochcache import EpochCache
 from ..config import StagingOptions
 from ..dataset import S5Dataset
 from ..exceptions import StateError
 from .cacheplan import node_ranks
-from .cacherun import CacheRun, new_cache_run
 from .feed import INDEX, SKIP, FeedHost, Hello
-from .iterparts import _Pass, owner, rank_layout, rank_order, remaining
+from .iterparts import _Pass, owner, rank_order, remaining
 from .mixing import few_shards
 from .order import Order
-from .run import StagingRun
-from .setup import whole_windows
+from .staging import Staging
 
 log = logging.getLogger("s5loader.iterable")
 # How often a host writes its figures for the dataset's own process (S5IterableDataset.metrics).
@@ -45,7 +44,7 @@ class RankHost:
         dataset: the data set.
         options: the staging options (the rank's whole budget).
         root: the folder this host stages below (inside the iterable dataset's directory).
-        shuffle: the order's ``shuffle``.
+        order: the rank's order.
         cache: the epoch cache's folder (owned by the iterable dataset), with ``epoch_cache``.
     """
 
@@ -54,20 +53,23 @@ class RankHost:
         dataset: S5Dataset,
         options: StagingOptions,
         root: str,
-        shuffle: bool | str,
+        order: Order,
         cache: EpochCache | None = None,
     ) -> None:
         self.dataset = dataset
         self.cache = cache
-        # a block order's window; a shard order's shards open at once, and (over tar shards with
-        # shuffle=True that do not fit, where the file system punches holes) what an order that
-        # counts what read samples give back needs: a next shard opens as soon as there is room
-        # for it (see Order.shard_order)
-        self.window, self.cost = rank_layout(dataset, options.budget, options.calls_in_flight, shuffle, root)
-        self.run = StagingRun(
-            dataset, whole_windows(options, shuffle, self.window), root, frees=self.cost is not None
-        )
+        # the window, the cost of a shard order, the call size: the staging's (see Staging)
+        self.staging = Staging.within(dataset, options, order, root)
+        self.run = self.staging.run
         self.feed: FeedHost | None = None
+
+    @property
+    def window(self) -> int:
+        return self.staging.window
+
+    @property
+    def cost(self) -> Freeing | None:
+        return self.staging.cost
 
     def rank_order(self, order: Order, epoch: int, shuffle_buffer: int) -> tuple[list[int], list[int] | None]:
         """``order``'s rank's whole order of ``epoch`` (see :func:`.iterparts.rank_order`)."""
@@ -117,11 +119,11 @@ class RankHost:
         order, windows = self.pass_order(p, p.order)
         rest = remaining(len(order), [hellos[w].start for w in range(p.num_workers)], p.chunk)
         if self.cache is not None and self.run.cache is None:
-            self.run.cache = self._cache_run(p)
+            self.staging.use_cache(self.cache.sharer(), self._cache_orders(p))
         wins = _windows_of(windows, rest)
         staged = [order[q] for q in rest]
         log.debug("rank %d epoch %d: staging %d of %d positions", p.rank, p.epoch, len(rest), len(order))
-        stream = self.run.stage(staged, wins, p.order.shuffle, lambda: p.epoch, skips=True)
+        stream = self.staging.stage_order(staged, wins, lambda: p.epoch, skips=True)
         board = metrics_board(self.run.area.root, p.rank)
         published = 0.0
         try:
@@ -164,11 +166,9 @@ class RankHost:
         except OSError:
             pass  # the dataset's directory is gone: nobody reads the figures
 
-    def _cache_run(self, p: _Pass) -> CacheRun:
-        """The rank's use of the epoch cache it shares with the node's other local ranks: the
-        keep-set is planned over all their orders."""
+    def _cache_orders(self, p: _Pass) -> Callable[[int], list[list[int]]]:
+        """The orders of the node's local ranks that the epoch cache they share plans on."""
         ranks = node_ranks(p.rank, p.num_replicas)
-        ds = self.dataset
 
         def orders(epoch: int) -> list[list[int]]:
             if epoch == p.epoch:  # this pass's epoch: maybe a rest resumed on another layout
@@ -178,11 +178,7 @@ class RankHost:
                 for r in ranks
             ]
 
-        assert self.cache is not None
-        opts = self.run.options
-        return new_cache_run(
-            ds, self.cache.sharer(), opts.epoch_cache, orders, ranks.index(p.rank), opts.verify
-        )
+        return orders
 
     def metrics(self, epoch: int, samples: int) -> Metrics:
         return self.run.metrics(epoch, samples)
@@ -229,16 +225,13 @@ class Hosting:
     on first use, kept across epochs by persistent workers), never carried to another process.
 
     Args:
-        dataset, options, shuffle, cache: as for :class:`RankHost`; ``options.staging_dir`` is
-            the iterable dataset's own directory, which the host stages below.
+        dataset, options, cache: as for :class:`RankHost`; ``options.staging_dir`` is the
+            iterable dataset's own directory, which the host stages below.
     """
 
-    def __init__(
-        self, dataset: S5Dataset, options: StagingOptions, shuffle: bool | str, cache: EpochCache | None
-    ) -> None:
+    def __init__(self, dataset: S5Dataset, options: StagingOptions, cache: EpochCache | None) -> None:
         self.dataset = dataset
         self.options = options
-        self.shuffle = shuffle
         self.cache = cache
         self.owner = os.getpid()  # the process that made the dataset (and removes its directory)
         self._host: RankHost | None = None
@@ -251,7 +244,7 @@ class Hosting:
             return self._host
         self.close()
         assert self.options.staging_dir is not None
-        host = RankHost(self.dataset, self.options, self.options.staging_dir, self.shuffle, self.cache)
+        host = RankHost(self.dataset, self.options, self.options.staging_dir, p.order, self.cache)
         self._host, self._key = host, key
         if key[0] != self.owner:
             # A DataLoader worker runs no atexit handlers; multiprocessing's finalizers do run.

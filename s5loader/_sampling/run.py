@@ -21,7 +21,7 @@ from .._staging.area import StagingArea, register_cleanup
 from ..config import StagingOptions
 from ..dataset import S5Dataset, StagedIndex
 from .cacherun import CacheRun
-from .passes import StagingPasses
+from .passes import READERS, HandOff, StagingPasses
 from .resume import Position
 from .units import units_of
 
@@ -39,6 +39,7 @@ class StagingRun:
         cache: the epoch cache, if any (``epoch_cache``).
         frees: the orders staged count what their samples free as they are read (over tar
             shards, see :meth:`~s5loader._sampling.units.ShardUnits.order_cost`).
+        hand_off: how its staged samples leave it (see :class:`~.passes.HandOff`).
     """
 
     def __init__(
@@ -49,6 +50,7 @@ class StagingRun:
         keep: bool = False,
         cache: CacheRun | None = None,
         frees: bool = False,
+        hand_off: HandOff = READERS,
     ) -> None:
         self.dataset = dataset
         self.cache = cache
@@ -58,7 +60,7 @@ class StagingRun:
         self.s5cmd = S5cmd(access=dataset.access, numworkers=units.s5cmd_workers(options))
         self.area = StagingArea(root)
         self.position = Position()
-        self.passes = StagingPasses(dataset, self.area, self.s5cmd, self.blocks, keep, frees)
+        self.passes = StagingPasses(dataset, self.area, self.s5cmd, self.blocks, keep, frees, hand_off)
         self._reporter = PassReport(log)
         collect_abandoned()
 

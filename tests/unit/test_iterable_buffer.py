@@ -15,8 +15,9 @@ import pytest
 
 from s5loader import Access, BudgetError, S5Dataset, S5IterableDataset, parse_size
 from s5loader._index.sample import Field, Sample
-from s5loader._sampling.iterparts import rank_layout, rank_order
+from s5loader._sampling.iterparts import rank_order
 from s5loader._sampling.order import Order
+from s5loader._sampling.staging import layout
 from s5loader._sampling.units import units_of
 from s5loader._shards import index as _shards
 from s5loader._shards.shardset import ShardSet
@@ -65,7 +66,7 @@ def test_a_buffer_the_budget_cannot_hold_is_refused_when_the_dataset_is_made(
 def test_set_epoch_checks_the_epochs_own_draw(tmp_path) -> None:
     ds, budget = shard_set(), 5 * SHARD
     units, order = units_of(ds), Order(True, 0, 1, 0, False)
-    window, cost = rank_layout(ds, budget, 2, True, str(tmp_path))  # as the rank will stage
+    window, cost = layout(ds, budget, 2, True, str(tmp_path))  # as the rank will stage
 
     def too_big(buffer: int, epoch: int) -> bool:
         mine = rank_order(units, order, epoch, buffer, None, window, cost)[0]

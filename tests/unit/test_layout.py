@@ -170,6 +170,71 @@ def test_the_architecture_doc_names_every_module() -> None:
     assert missing == []
 
 
+# The rows of docs/architecture.md's "front ends, counted": what sits between Staging and each
+# front end's hand-off; the adapters (the last three but the feed) must stay within ADAPTER_LINES.
+FRONT_ENDS = {
+    "the shared object": [
+        "_sampling/staging",
+        "_sampling/run",
+        "_sampling/epochs",
+        "_sampling/setup",
+        "_sampling/passes",
+    ],
+    "`S5Sampler`": ["sampler", "_sampling/early"],
+    "`S5IterableDataset`": ["iterable", "_sampling/rankhost"],
+    "`s5loader prefetch`": ["_daemon/stream", "_daemon/delivery"],
+    "the feed": ["_sampling/feed", "_sampling/wire"],
+}
+ADAPTERS = ("`S5Sampler`", "`S5IterableDataset`", "`s5loader prefetch`")
+ADAPTER_LINES = 400
+
+
+def code_lines(path: Path) -> int:
+    """Lines that hold code: no docstring, comment or blank line."""
+    import io
+    import tokenize
+
+    text = path.read_text()
+    docs: set[int] = set()
+    for node in ast.walk(_parse(text)):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body:
+            first = body[0]
+            if isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant):
+                docs.update(range(first.lineno, (first.end_lineno or first.lineno) + 1))
+    skip = (
+        tokenize.COMMENT,
+        tokenize.NL,
+        tokenize.NEWLINE,
+        tokenize.INDENT,
+        tokenize.DEDENT,
+        tokenize.ENDMARKER,
+    )
+    lines: set[int] = set()
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type not in skip:
+            lines.update(n for n in range(tok.start[0], tok.end[0] + 1) if n not in docs)
+    return len(lines)
+
+
+def test_the_front_ends_are_adapters_of_at_most_400_lines_as_the_architecture_doc_counts_them() -> None:
+    import re
+
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    table = doc.split("<!-- front-end-lines -->")[1].split("<!-- /front-end-lines -->")[0]
+    said = {
+        row.split("|")[1].strip(): int(row.split("|")[3].replace(",", "")) for row in table.splitlines()[3:]
+    }
+    counts = {
+        name: sum(code_lines(PACKAGE / f"{m}.py") for m in modules) for name, modules in FRONT_ENDS.items()
+    }
+    for name in ADAPTERS:
+        assert counts[name] <= ADAPTER_LINES, f"{name}'s adapter has {counts[name]} lines of code"
+    wrong = {n: (said.get(n), c) for n, c in counts.items() if said.get(n) != round(c, -1)}
+    assert wrong == {}, f"docs/architecture.md says (lines, counted now): {wrong}"
+    assert re.search(r"\| a plain generator \|", table)
+
+
 def test_the_unit_tier_refuses_subprocesses_and_sockets() -> None:
     import socket
     import subprocess

@@ -43,13 +43,13 @@ from .exceptions import (
 if TYPE_CHECKING:
     from . import checkpoint, dcp, fetch
     from ._s5cmd import find_s5cmd
+    from ._sampling.staging import Staging
     from .dataset import S5Dataset
     from .iterable import S5IterableDataset
     from .metrics import Metrics, log_metrics
     from .packing import PackResult, pack
     from .prefetch import Prefetcher
     from .progress import Progress
-    from ._sampling.staging import Staging
     from .sampler import S5Sampler
 
 # The names that need torch (or s5cmd's plumbing) come from their modules when first asked for:

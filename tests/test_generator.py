@@ -56,7 +56,9 @@ def test_a_generator_over_staging_yields_each_sample_once_in_the_samplers_order_
             assert [ds[i]["__key__"] for i in sampler] == orders[epoch]
 
 
-def test_a_generator_stopped_part_way_goes_on_from_the_samples_it_took(moto: Store, staging_root: str) -> None:
+def test_a_generator_stopped_part_way_goes_on_after_the_samples_it_took(
+    moto: Store, staging_root: str
+) -> None:
     moto.put(make_pairs(30, size=200))
     ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
     with Staging(ds, shuffle="block", seed=1, staging_dir=staging_root, budget="64KiB") as staging:

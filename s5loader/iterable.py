@@ -24,7 +24,7 @@ from ._sampling.cacheplan import pin_to_nodes
 from ._sampling.feed import Hello, connect, local, rendezvous_name
 from ._sampling.iterchecks import check_buffer, check_count, check_options, check_worker_count
 from ._sampling.iterparts import STATE_VERSION as STATE_VERSION
-from ._sampling.iterparts import _Pass, check_state, read_feed, start_pass
+from ._sampling.iterparts import _Pass, check_state, freeze_inherited, read_feed, start_pass
 from ._sampling.iterparts import buffer_shuffle as buffer_shuffle
 from ._sampling.iterparts import worker_length as worker_length
 from ._sampling.iterrest import RankRest, read_state
@@ -237,6 +237,7 @@ class S5IterableDataset(IterableDataset[Any]):
     def __iter__(self) -> Iterator[Any]:
         # The pass is fixed here, not at the first next(): StatefulDataLoader takes a state
         # right after iter(), and one iterator may be dropped unused (a finished one restored).
+        freeze_inherited()
         p = self._start_pass()
         self._pass = p
         self._iterations += 1

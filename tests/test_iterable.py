@@ -300,3 +300,24 @@ def test_nothing_is_left_after_a_run_under_server_faults(seaweed: Store, tmp_pat
     finally:
         proxy.close()
     assert os.listdir(root) == []  # the metrics files and every control file went with close()
+
+
+def frozen_count(sample: dict) -> dict:  # type: ignore[type-arg]
+    import gc
+
+    return {**sample, "frozen": gc.get_freeze_count()}
+
+
+def test_the_workers_freeze_what_they_inherited_and_the_loaders_process_does_not(
+    moto: Store, staging_root: str
+) -> None:
+    import gc
+
+    moto.put(make_pairs(12, size=50))
+    ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint, transform=frozen_count)
+    before = gc.get_freeze_count()
+    with S5IterableDataset(ds, staging_dir=staging_root) as data:
+        got = [s for b in DataLoader(data, batch_size=3, num_workers=2, collate_fn=collate) for s in b]
+        assert len(got) == 12 and all(s["frozen"] > before for s in got)  # each worker froze its inheritance
+        assert [s["frozen"] for s in data] == [before] * 12  # without workers: nothing frozen
+    assert gc.get_freeze_count() == before

@@ -12,11 +12,14 @@ order exactly.
 
 from __future__ import annotations
 
+import gc
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from torch.utils.data import get_worker_info
 
 from .._shards.holding import Freeing
 from ..dataset import S5Dataset
@@ -48,6 +51,23 @@ _STATE_KEYS = (
     "yielded",
     "complete",
 )
+
+
+def freeze_inherited() -> None:
+    """In a DataLoader worker, once per process: take the objects it inherited from the loader's
+    process (torch's among them, a few hundred thousand) out of the cycle collector's walks
+    (``gc.freeze``). A worker's shard tables and a host's staging allocate enough to set off full
+    collections, each of which walked them all: measured here, 0.15 s of a hosting worker's 0.73 s
+    CPU over 6,000 samples of 100 MB shards. Objects made in the worker are collected as before;
+    the loader's own process is left alone."""
+    global _frozen_in
+    if get_worker_info() is None or _frozen_in == os.getpid():
+        return
+    _frozen_in = os.getpid()
+    gc.freeze()
+
+
+_frozen_in = 0  # the process that froze what it inherited (see freeze_inherited)
 
 
 # -- how the rank's workers share its positions -------------------------------------------------

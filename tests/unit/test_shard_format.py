@@ -164,3 +164,22 @@ def test_decode_by_extension_never_unpickles() -> None:
     assert out["npy"].tolist() == [0, 1, 2] and out["pth"]["w"].tolist() == [1.0, 1.0]
     assert out["seg.png"].size == (3, 2)
     assert out["pickle"] == evil and out["pyd"] == evil and out["bin"] == b"\x00" and out["__key__"] == "k"
+
+
+def test_a_member_table_is_parsed_with_the_cycle_collector_paused_and_left_as_it_was() -> None:
+    import gc
+
+    table = _tar.dumps(_tar.scan_bytes(tar_of([("a.bin", b"x" * 10), ("b.bin", b"y")]), "s3://b/t.tar"))
+    seen: list[bool] = []
+    real = json.loads
+    try:
+        json.loads = lambda data: (seen.append(gc.isenabled()), real(data))[1]  # type: ignore[assignment]
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            parsed = _tar.loads(table)
+            assert [parsed[j].key for j in range(2)] == ["a", "b"]
+            assert gc.isenabled() is enabled
+    finally:
+        json.loads = real
+        gc.enable()
+    assert seen == [False, False]

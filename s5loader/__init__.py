@@ -2,7 +2,8 @@
 
 ``S5Sampler`` stages samples ahead with the s5cmd binary into a bounded staging directory;
 ``S5Dataset`` reads what was staged and deletes it. ``S5IterableDataset`` streams an
-``S5Dataset`` without a sampler, the same number of samples on every rank.
+``S5Dataset`` without a sampler, the same number of samples on every rank. ``Staging`` is the
+object both (and ``s5loader prefetch``) adapt; a plain generator over it is a loader too.
 """
 
 from __future__ import annotations

@@ -68,7 +68,8 @@ def test_a_generator_stopped_part_way_goes_on_after_the_samples_it_took(
             first.append(s["__key__"])
             if len(first) == 11:
                 break  # the generator is dropped part-way; its pass stops with the next one
-        rest = [s["__key__"] for s in samples(ds, staging, 0, start=len(first))]
+        assert staging.position == len(first) == 11
+        rest = [s["__key__"] for s in samples(ds, staging, 0, start=staging.position)]
         assert first + rest == whole
         with pytest.raises(ConfigError, match="start=31 is past the 30 samples"):
             staging.stage(0, 31)
@@ -102,3 +103,15 @@ def test_a_staging_dropped_without_close_removes_its_directory(moto: Store, stag
     del it, staging
     gc.collect()
     assert not os.path.exists(where)
+
+
+def test_a_loop_over_an_unnamed_staging_keeps_it_until_the_loop_ends(moto: Store, staging_root: str) -> None:
+    source = moto.put(make_pairs(25, size=100))
+    ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
+    got = []
+    for index in Staging(ds, seed=4, staging_dir=staging_root, budget="4KiB", samples_per_call=3).stage(0):
+        gc.collect()  # nothing but the loop holds the staging: it must not be closed under it
+        got.append(ds[index]["__key__"])
+    assert sorted(got) == sorted({k.rsplit(".", 1)[0] for k in source})
+    gc.collect()
+    assert os.listdir(staging_root) == []  # collected after the loop: its directory is gone

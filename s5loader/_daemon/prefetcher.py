@@ -123,6 +123,7 @@ class PrefetchDaemon:
             Order(opts.shuffle, opts.seed, 1, 0, False),
             state.window or lift.window,
             lift.punch,
+            lift.counts,
             opts.epochs,
             staging_root,
             os.path.join(self.cache, EPOCH_DIR),

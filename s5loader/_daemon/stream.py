@@ -63,6 +63,7 @@ class LiftLayout(NamedTuple):
     room: int  # the budget its engine stages within
     window: int  # the window of its order (a block order's, or the shards a shard order keeps open)
     punch: bool  # a sample written out of a shard punches its bytes out of it
+    counts: bool  # the order counts what each sample written out gives back
     delivery: int  # the bytes of written-out samples the consumer may hold; 0: no such bound
     sample: int  # a sample's bytes, about (what one more delivery adds to the window)
 
@@ -77,7 +78,8 @@ def lift_layout(
     the consumer holds of them (see :meth:`ShardUnits.delivery_window
     <s5loader._sampling.units.ShardUnits.delivery_window>`); a sample written out of a shard
     punches its bytes out of it where the file system below ``root`` can and no epoch cache keeps
-    shards whole, and a ``shuffle=True`` order counts that (see :func:`~s5loader._sampling.staging.layout`).
+    shards whole, and a ``shuffle=True`` order then counts that, whether or not the data set fits
+    (the rule of the daemon's saved runs, which a restart continues).
 
     Raises:
         BudgetError: the budget cannot hold the largest shard beside the delivery window.
@@ -87,8 +89,9 @@ def lift_layout(
     punch = not cached and punches_holes(root, HOLE_BLOCK)
     delivery = units.delivery_window(options.budget)
     room = options.budget - delivery
+    counts = punch and units.frees_on_read(shuffle)
     window = layout(dataset, room, options.calls_in_flight, shuffle, root, cached)[0]
-    return LiftLayout(room, window, punch, delivery, units.sample_estimate())
+    return LiftLayout(room, window, punch, counts, delivery, units.sample_estimate())
 
 
 class DaemonStream:
@@ -101,6 +104,7 @@ class DaemonStream:
         window: the ``shuffle="block"`` window, or a shard order's open shards.
         punch: a sample lifted out of a tar shard punches its bytes out of the shard (see
             :func:`lift_layout`).
+        counts: the order counts what each sample lifted out gives back.
         epochs: how many epochs are delivered.
         root: the staging root (inside the daemon's cache).
         cache_root: where the epoch cache's folder lives (it survives restarts).
@@ -118,6 +122,7 @@ class DaemonStream:
         order: Order,
         window: int,
         punch: bool,
+        counts: bool,
         epochs: int,
         root: str,
         cache_root: str,
@@ -151,6 +156,7 @@ class DaemonStream:
             window=window,
             frees=punch,
             whole=cached,
+            counts=counts,
         )
         self.run = self.staging.run
         if cached:  # kept across restarts, until END

@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._engine.counters import Metrics
-from .._shards.holding import Freeing
 from .._staging.epochcache import EpochCache
 from ..config import StagingOptions
 from ..dataset import S5Dataset
@@ -63,18 +62,11 @@ class RankHost:
         self.run = self.staging.run
         self.feed: FeedHost | None = None
 
-    @property
-    def window(self) -> int:
-        return self.staging.window
-
-    @property
-    def cost(self) -> Freeing | None:
-        return self.staging.cost
-
     def rank_order(self, order: Order, epoch: int, shuffle_buffer: int) -> tuple[list[int], list[int] | None]:
         """``order``'s rank's whole order of ``epoch`` (see :func:`.iterparts.rank_order`)."""
         run = self.run
-        return rank_order(run.units, order, epoch, shuffle_buffer, run.blocks, self.window, self.cost)
+        st = self.staging
+        return rank_order(run.units, order, epoch, shuffle_buffer, run.blocks, st.window, st.cost)
 
     def pass_order(self, p: _Pass, order: Order) -> tuple[list[int], list[int] | None]:
         """The whole order of ``order``'s rank in pass ``p``'s epoch: the rank's order, or (an
@@ -123,7 +115,7 @@ class RankHost:
         wins = _windows_of(windows, rest)
         staged = [order[q] for q in rest]
         log.debug("rank %d epoch %d: staging %d of %d positions", p.rank, p.epoch, len(rest), len(order))
-        stream = self.staging.stage_order(staged, wins, lambda: p.epoch, skips=True)
+        stream = self.staging.stage_order(staged, wins, lambda: p.epoch, True, p.order.shuffle)
         board = metrics_board(self.run.area.root, p.rank)
         published = 0.0
         try:
@@ -141,7 +133,7 @@ class RankHost:
         """Warn once per data set and rank, whichever worker process hosts the rank (a mark among
         the data set's control files says it was said)."""
         few = few_shards(
-            self.dataset, self.run.options.budget, self.cost, p.order.shuffle, "S5IterableDataset"
+            self.dataset, self.run.options.budget, self.staging.cost, p.order.shuffle, "S5IterableDataset"
         )
         if not few:
             return
@@ -227,12 +219,17 @@ class Hosting:
     Args:
         dataset, options, cache: as for :class:`RankHost`; ``options.staging_dir`` is the
             iterable dataset's own directory, which the host stages below.
+        shuffle: the data set's ``shuffle``, which lays out the host's staging (a pass resumed
+            from a state of another ``shuffle`` is staged with the state's).
     """
 
-    def __init__(self, dataset: S5Dataset, options: StagingOptions, cache: EpochCache | None) -> None:
+    def __init__(
+        self, dataset: S5Dataset, options: StagingOptions, cache: EpochCache | None, shuffle: bool | str
+    ) -> None:
         self.dataset = dataset
         self.options = options
         self.cache = cache
+        self.shuffle = shuffle
         self.owner = os.getpid()  # the process that made the dataset (and removes its directory)
         self._host: RankHost | None = None
         self._key: tuple[int, ...] | None = None
@@ -244,7 +241,8 @@ class Hosting:
             return self._host
         self.close()
         assert self.options.staging_dir is not None
-        host = RankHost(self.dataset, self.options, self.options.staging_dir, p.order, self.cache)
+        order = dataclasses.replace(p.order, shuffle=self.shuffle)
+        host = RankHost(self.dataset, self.options, self.options.staging_dir, order, self.cache)
         self._host, self._key = host, key
         if key[0] != self.owner:
             # A DataLoader worker runs no atexit handlers; multiprocessing's finalizers do run.

@@ -131,14 +131,17 @@ class Staging:
         window: int | None = None,
         frees: bool | None = None,
         whole: bool = False,
+        counts: bool | None = None,
     ) -> Staging:
         """A front end's staging, with ``options`` checked already (their budget fits below
         ``root``): ``hand_off`` says how staged samples leave it, ``window`` keeps a saved
         window, ``frees`` says whether read samples of tar shards give their bytes back (default:
-        where the order counts them), ``whole`` keeps shards whole (an epoch cache keeps them).
-        The front end closes it."""
+        where the order counts them), ``whole`` keeps shards whole (an epoch cache keeps them),
+        ``counts`` whether the order counts what read samples give back (default: the rule of
+        :func:`layout`; the daemon's saved runs follow a rule of their own). The front end
+        closes it."""
         self = cls.__new__(cls)
-        self._setup(dataset, options, order, root, False, hand_off, window, frees, whole)
+        self._setup(dataset, options, order, root, False, hand_off, window, frees, whole, counts)
         self._finalizer = None
         return self
 
@@ -153,11 +156,14 @@ class Staging:
         window: int | None,
         frees: bool | None,
         whole: bool,
+        counts: bool | None = None,
     ) -> None:
         self.dataset = dataset
         self.units = units_of(dataset)
         budget, shuffle = options.budget, order.shuffle
         found, cost = layout(dataset, budget, options.calls_in_flight, shuffle, root, keep or whole)
+        if counts is not None:
+            cost = self.units.order_cost(budget) if counts else None
         window = found if window is None else window
         self.run = StagingRun(
             dataset,
@@ -230,10 +236,11 @@ class Staging:
 
     # -- staging ------------------------------------------------------------------------
     def stage(self, epoch: int = 0, start: int = 0) -> Iterator[StagedIndex]:
-        """Stage this rank's order of ``epoch`` from position ``start`` on (0: the whole epoch;
-        the count of samples a stopped loop took goes on after them) in a new pass, stopping the
-        one before it, and yield each index once its sample is staged; ``dataset[index]`` reads
-        and deletes it.
+        """Stage this rank's order of ``epoch`` from position ``start`` on in a new pass and yield
+        each index once its sample is staged; ``dataset[index]`` reads and deletes it. The pass
+        before it stops now, when this is called. ``start`` counts positions of the order, a
+        sample skipped under ``on_error="skip"`` included: :attr:`position` says where a stopped
+        loop got to (without skips, the samples it took).
 
         Raises:
             ConfigError: ``epoch`` or ``start`` is not an int >= 0, or ``start`` is past the order.
@@ -243,9 +250,20 @@ class Staging:
                 raise ConfigError(f"{name} must be an int >= 0, got {value!r}")
         if start > len(self):
             raise ConfigError(f"start={start} is past the {len(self)} samples of this rank's order")
+        self.run.passes.close_active()
         position = self.run.position
         position.restart(start)
-        return self.epochs.stage(lambda: epoch, position, None, self.options.budget)
+        return self._staged(self.epochs.stage(lambda: epoch, position, None, self.options.budget))
+
+    def _staged(self, staged: Iterator[StagedIndex]) -> Iterator[StagedIndex]:
+        yield from staged  # a generator of this object: a loop over it keeps the staging alive
+
+    @property
+    def position(self) -> int:
+        """The position in its epoch's order that the last pass reached: the samples it handed
+        out and skipped, from the start it was given."""
+        p = self.run.position
+        return p.start + p.yielded
 
     def stage_order(
         self,
@@ -253,11 +271,13 @@ class Staging:
         windows: list[int] | None,
         epoch: Callable[[], int],
         skips: bool = False,
-        early: bool = False,
+        shuffle: bool | str | None = None,
     ) -> Generator[StagedIndex | None, None, None]:
-        """Stage a front end's own ``order`` (of :meth:`plan`, or of what a resumed epoch left) in
-        a new pass; see :meth:`StagingRun.stage <s5loader._sampling.run.StagingRun.stage>`."""
-        return self.run.stage(order, windows, self.order.shuffle, epoch, skips, early)
+        """Stage a front end's own ``order`` (of :meth:`plan`, or of what a resumed epoch left,
+        laid out with its ``shuffle``, default the staging's) in a new pass; see
+        :meth:`StagingRun.stage <s5loader._sampling.run.StagingRun.stage>`."""
+        laid_out = self.order.shuffle if shuffle is None else shuffle
+        return self.run.stage(order, windows, laid_out, epoch, skips)
 
     def metrics(self, epoch: int, samples: int) -> Metrics:
         """The running pass's figures (see :class:`~s5loader._engine.counters.Metrics`), with

@@ -119,9 +119,9 @@ class EpochOrders:
         stream = run.stage(order, windows, shuffle, epoch, early=batch is not None)
         yield from cast(Iterator[StagedIndex], stream)
 
-    def few_shards(self, budget: int) -> str | None:
+    def few_shards(self, budget: int, who: str = "S5Sampler") -> str | None:
         """The warning for a budget that holds too few tar shards to mix them, if it does."""
-        return few_shards(self.run.dataset, budget, self.cost, self.order.shuffle, "S5Sampler")
+        return few_shards(self.run.dataset, budget, self.cost, self.order.shuffle, who)
 
     def local_orders(self, epoch: int) -> list[list[int]]:
         """The whole order of ``epoch`` of each rank of this node (the epoch cache plans on them)."""

@@ -17,6 +17,7 @@ workers (:mod:`.rankhost`); the prefetch daemon moves each staged sample into it
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
@@ -117,6 +118,7 @@ class Staging:
         if checked.epoch_cache:
             self.use_cache(self._named_cache(root))
         dataset._plain.watch(self.run.area.path)  # a plain int of a staged sample is reported
+        self._warned = False  # a budget that holds few shards to mix is said at the first stage()
         self._finalizer: Any = weakref.finalize(self, close_off_engine, self.run.close)  # a pass stops first
 
     @classmethod
@@ -142,6 +144,7 @@ class Staging:
         closes it."""
         self = cls.__new__(cls)
         self._setup(dataset, options, order, root, False, hand_off, window, frees, whole, counts)
+        self._warned = True  # a front end says it its own way
         self._finalizer = None
         return self
 
@@ -250,6 +253,10 @@ class Staging:
                 raise ConfigError(f"{name} must be an int >= 0, got {value!r}")
         if start > len(self):
             raise ConfigError(f"start={start} is past the {len(self)} samples of this rank's order")
+        few = None if self._warned else self.epochs.few_shards(self.options.budget, "Staging")
+        self._warned = True
+        if few:  # a budget that holds few shards to mix: said once, as the sampler says it
+            warnings.warn(few, UserWarning, stacklevel=2)
         self.run.passes.close_active()
         position = self.run.position
         position.restart(start)

@@ -152,8 +152,9 @@ class S5IterableDataset(IterableDataset[Any]):
         # With or without close(): the directory, and the epoch cache with its last user, go when
         # this dataset is collected or at the process's exit, as the sampler's do.
         # the rank's staging run, in the process that hosts it
-        where = replace(self._options, staging_dir=self._area.path)
-        self._hosting = Hosting(dataset, where, self._cache, self.shuffle)
+        self._hosting = Hosting(
+            dataset, replace(self._options, staging_dir=self._area.path), self.shuffle, self._cache
+        )
         self._finalizer: Any = weakref.finalize(self, _release, self._hosting, self._area, self._cache)
 
     # -- constructors -------------------------------------------------------------------

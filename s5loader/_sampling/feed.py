@@ -93,26 +93,12 @@ class _Writer:
 
     def _run(self) -> None:
         try:
-            closing = False
-            while not closing:
+            while True:
                 item = self.q.get()
                 if item is None:
                     break
-                # what queued up meanwhile goes in the same write (a shard staged makes many
-                # samples ready at once): one system call, one wake-up of the worker
-                frames, last = [item[0]], item[1]
-                while not last:
-                    try:
-                        more = self.q.get_nowait()
-                    except queue.Empty:
-                        break
-                    if more is None:
-                        closing = True
-                        break
-                    frames.append(more[0])
-                    last = more[1]
-                self.conn.sendall(b"".join(frames))
-                if last:
+                self.conn.sendall(item[0])
+                if item[1]:
                     while self.conn.recv(4096):  # the worker sends nothing more: wait for its close
                         pass
                     break

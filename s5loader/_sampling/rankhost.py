@@ -224,12 +224,12 @@ class Hosting:
     """
 
     def __init__(
-        self, dataset: S5Dataset, options: StagingOptions, cache: EpochCache | None, shuffle: bool | str
+        self, dataset: S5Dataset, options: StagingOptions, shuffle: bool | str, cache: EpochCache | None
     ) -> None:
         self.dataset = dataset
         self.options = options
-        self.cache = cache
         self.shuffle = shuffle
+        self.cache = cache
         self.owner = os.getpid()  # the process that made the dataset (and removes its directory)
         self._host: RankHost | None = None
         self._key: tuple[int, ...] | None = None

@@ -36,7 +36,6 @@ class StagingRun:
         options: the checked staging options (budget, calls, retries, error policy, ...).
         root: the staging root; the run's own directory is made below it on the first pass.
         keep: keep staged files across passes (``keep_staged``).
-        cache: the epoch cache, if any (``epoch_cache``).
         frees: the orders staged count what their samples free as they are read (over tar
             shards, see :meth:`~s5loader._sampling.units.ShardUnits.order_cost`).
         hand_off: how its staged samples leave it (see :class:`~.passes.HandOff`).
@@ -48,12 +47,11 @@ class StagingRun:
         options: StagingOptions,
         root: str,
         keep: bool = False,
-        cache: CacheRun | None = None,
         frees: bool = False,
         hand_off: HandOff = READERS,
     ) -> None:
         self.dataset = dataset
-        self.cache = cache
+        self.cache: CacheRun | None = None  # the epoch cache, if any (see Staging.use_cache)
         self.options = options
         self.units = units = units_of(dataset)
         self.blocks: BlockPlan = plan_blocks(dataset.samples, units.block_size(options), dataset._listing)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import secrets
-import shlex
 import subprocess
 import sys
 import textwrap
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.strangers import orphan
 from support.waits import wait_for
 
 from s5loader import FetchError, S5LoaderError, StallError
@@ -67,13 +67,6 @@ IMPOSTOR = textwrap.dedent(
         time.sleep(0.02)
     """
 )
-
-
-def orphan(script: str, log: Path, *args: str) -> None:
-    """Run ``script`` in a process whose parent is not this one's nor a sibling's (started by a
-    shell that exits at once, it is handed on to init); its output goes to ``log``."""
-    argv = shlex.join([sys.executable, "-c", script, *args])
-    subprocess.run(["sh", "-c", f"{argv} >{shlex.quote(str(log))} 2>&1 &"], check=True, timeout=30)
 
 
 def host(name: str, root: str, out: Any, key: str = "") -> None:

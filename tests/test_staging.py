@@ -7,7 +7,6 @@ rest goes through the public API."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -208,13 +207,18 @@ def test_sigkilled_loader_leftovers_removed_by_next(seaweed: Store, staging_root
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     wait_for(lambda: s5cmd_children_of(staging) == [], 15, "no orphaned downloader", interval=0.2)
-    # A DataLoader worker that waits for the word on a sample handed out early polls that
-    # sample's FIFO, which it holds open for writing too: it does not notice that its parent is
-    # gone. End such workers here, so that the run leaves no process behind.
-    for p in psutil.process_iter(["cmdline"]):
-        if p.info["cmdline"] and str(script) in " ".join(p.info["cmdline"]):
-            with contextlib.suppress(psutil.NoSuchProcess):
-                p.kill()
+
+    # The loader's DataLoader workers end by themselves: one waiting for the sampler's word on a
+    # sample handed out early sees the sampler's socket close, and torch's watchdog sees its
+    # parent gone.
+    def workers() -> list[int]:
+        return [
+            p.pid
+            for p in psutil.process_iter(["cmdline"])
+            if p.info["cmdline"] and str(script) in " ".join(p.info["cmdline"])
+        ]
+
+    wait_for(lambda: workers() == [], 60, "the killed loader's workers to end", interval=0.2)
     assert os.path.isdir(staging)  # SIGKILL leaves it behind ...
     ds = S5Dataset.from_prefix(seaweed.uri(), endpoint_url=seaweed.endpoint)
     alive = S5Sampler(ds, staging_dir=staging_root)  # a live loader's directory is never touched

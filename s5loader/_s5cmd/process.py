@@ -100,6 +100,11 @@ class S5cmd:
         """Start s5cmd with ``args`` in a process group of its own, killed if we die."""
         argv = self._argv(*args)
         env = self.env()
+        # SIGINT blocked in this thread while it forks, so in the child until it runs s5cmd:
+        # Ctrl-C sent to the process group between the fork and the exec would otherwise raise
+        # KeyboardInterrupt in the child's at-fork hooks (a traceback on stderr). s5cmd, in a
+        # session of its own, keeps it blocked: it is stopped by its parent, never by Ctrl-C.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             with _spawn_lock:
                 _register_fork_hooks()
@@ -114,6 +119,8 @@ class S5cmd:
                 )
         except FileNotFoundError as exc:
             raise S5cmdNotFoundError(f"cannot run {argv[0]!r}; {INSTALL_HINT}") from exc
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def run_file(self, command_file: str) -> subprocess.Popen[bytes]:
         """Start ``s5cmd run COMMAND_FILE`` in the background."""

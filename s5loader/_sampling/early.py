@@ -13,18 +13,20 @@ sample of a pass iterated directly, whose consumer may expect its files in place
 
 A thread in the sampler's process waits on the engine for those samples, in order, as the
 sampler waits for any other (so the time counts as the loader's wait, and a budget too small
-for what the readers hold is found), and leaves its word on each in the pass folder
-(:meth:`~s5loader._staging.layout.StagingLayout.mark_early`): staged (the sample is then handed
-to its reader, whose release frees its budget as for any other), not staged (the pass stopped
-first, replaced by a newer one or closed: the reader raises, as the sampler's own wait does; a
-DataLoader drops what its workers read for an iterator it replaced), or the engine's error,
-which the reader raises as the sampler does. So no reader waits for a sample that will not come: an object
-that cannot be fetched, a stall past ``stall_timeout`` and a budget that cannot hold the
-DataLoader's batches end as they do for the sampler.
+for what the readers hold is found), and gives its word on each to the pass's
+:class:`~s5loader._staging.words.WordServer`, which answers the sample's reader in the
+loader's one channel: staged (the sample is then handed to its reader, whose release frees its
+budget as for any other), not staged (the pass stopped first, replaced by a newer one or
+closed: the reader raises, as the sampler's own wait does; a DataLoader drops what its workers
+read for an iterator it replaced), or the engine's error, which the reader raises as the
+sampler does. So no reader waits for a sample that will not come: an object that cannot be
+fetched, a stall past ``stall_timeout`` and a budget that cannot hold the DataLoader's batches
+end as they do for the sampler, and a reader whose sampler's process ended sees its connection
+close.
 
-A pass folder that someone else removes takes the words with it: a waiting reader sees the
-pass's release FIFO gone (the engine makes it once, when the pass begins), reads what is staged
-of its sample or fetches it directly, and from then on the pass hands out samples once staged.
+A pass folder that someone else removes takes the socket with it: a waiting reader is told so,
+reads what is staged of its sample or fetches it directly, and from then on the pass hands out
+samples once staged.
 
 Only with ``on_error="raise"``: a sample skipped under ``"skip"`` must be left out of the
 epoch, which an index already handed out cannot be. Not with ``keep_staged`` either (every pass
@@ -34,15 +36,15 @@ stages into one folder, whose words would outlive their pass).
 from __future__ import annotations
 
 import collections
-import contextlib
-import os
+import logging
 import threading
 
 from .._engine import Stager
 from .._engine.ready import READY, WAITING
-from .._staging.layout import NOT_STAGED, StagingLayout
-from .._staging.reader import word_of_error
+from .._staging.words import WordServer
 from ..config import StagingOptions
+
+log = logging.getLogger(__name__)
 
 
 class Early:
@@ -70,9 +72,7 @@ class EarlyHandOut:
 
     def __init__(self, stager: Stager) -> None:
         self.stager = stager
-        self.layout = StagingLayout(stager.area.path)
-        self.words = os.path.dirname(self.layout.early_mark(0))
-        os.makedirs(self.words, exist_ok=True)
+        self.server: WordServer | None = None  # made when the first sample goes out early
         self.cond = threading.Condition()
         self.pending: collections.deque[tuple[int, int]] = collections.deque()  # (position, index)
         self.ending = False  # no more samples come: the thread ends once they are settled
@@ -84,10 +84,8 @@ class EarlyHandOut:
         engine failed, nor when the sample is staged already: then it goes the usual way, at
         once). The thread settles it from here."""
         ready = self.stager.ready
-        if ready.error is not None or ready.state[pos] != WAITING or self.stager.budget.events is None:
-            return False  # (no release FIFO: a reader could not tell a removed pass folder)
-        if not os.path.isdir(self.words):
-            return False  # someone removed the pass folder: its samples go out once staged, as before
+        if ready.error is not None or ready.state[pos] != WAITING or not self._serving():
+            return False
         with self.cond:
             # the thread ended (the engine failed meanwhile): nobody would settle it
             if self.ending or len(self.pending) >= EARLY_MOST:
@@ -98,6 +96,17 @@ class EarlyHandOut:
             self._thread = threading.Thread(target=self._run, name="s5loader-early", daemon=True)
             self._thread.start()
         return True
+
+    def _serving(self) -> bool:
+        """Whether the pass's words are served (False where no socket can be made in the pass
+        folder, or someone removed the folder: its samples go out once staged, as before)."""
+        if self.server is None:
+            try:
+                self.server = WordServer(self.stager.area.path)
+            except OSError as exc:
+                log.debug("no socket for early samples in %s (%s)", self.stager.area.path, exc)
+                return False
+        return not self.server.gone
 
     def finish(self) -> None:
         """The pass handed out its last sample: wait until every early one is settled.
@@ -145,8 +154,7 @@ class EarlyHandOut:
                     return
                 if staged:
                     self.stager.yielded(idx)
-                with contextlib.suppress(OSError):  # the pass folder removed: its readers see that
-                    self.layout.mark_early(idx, b"" if staged else NOT_STAGED)
+                self._settle(idx, True if staged else None)
                 with self.cond:
                     self.pending.popleft()
         finally:
@@ -158,12 +166,12 @@ class EarlyHandOut:
             self.ending = True  # a sample taken from now on would have nobody to settle it
         ready = self.stager.ready
         error = ready.error
-        word = word_of_error(error) if error is not None else NOT_STAGED
-        for pos, idx in rest:
-            try:  # a sample staged already stays readable (its pass folder goes after the drain)
-                self.layout.mark_early(idx, b"" if ready.state[pos] == READY else word)
-            except OSError:
-                return  # the pass folder is gone: its readers fetch directly
+        for pos, idx in rest:  # a sample staged already stays readable (its folder goes after the drain)
+            self._settle(idx, True if ready.state[pos] == READY else error)
+
+    def _settle(self, idx: int, word: object) -> None:
+        assert self.server is not None  # made before the first sample went out early
+        self.server.settle(idx, word)
 
 
 def early_hand_out(stager: Stager, options: StagingOptions, keep: bool) -> EarlyHandOut | None:

@@ -1,14 +1,13 @@
-"""What crosses between a rank's staging host and its DataLoader workers (see :mod:`.feed`), and
-who may take part: plain data in length-prefixed JSON frames, never a pickle, and only the
-processes of one loader, by the credentials the kernel gives for a Unix socket's other end.
+"""What crosses between a rank's staging host and its DataLoader workers (see :mod:`.feed`), in
+the loader's one channel (:mod:`s5loader._util.frames`: JSON frames over a Unix socket, never a
+pickle, with only the loader's processes).
 
-* A frame is a 4-byte big-endian length and that many bytes of JSON, at most :data:`MAX_FRAME`.
 * A worker's hello is ``[worker, num_workers, epoch, start, plan, key]`` (ints, the plan's
   ints, bools, strings and nulls, and the loader's key: a secret the dataset drew when it was
   made, which its workers got with their copy of it and which no other process can read).
 * A host's message is ``[kind, payload]``: a staged index as ``[int, folder, keep, back, frees,
-  early]`` (the folder must lie in the rank's staging area), a skip, the end, or an error as
-  ``[type name, message]``, raised again as the same s5loader or built-in type.
+  early]`` (the folder must lie in the rank's staging area), a skip, the end, or an error,
+  raised again as the same s5loader or built-in type.
 * The other end of a connection is one of the loader's processes when it is of the same user
   and is this process or a sibling (the same parent: DataLoader workers are the children of
   one process); the host also refuses a hello without the loader's key, so a process that only
@@ -18,24 +17,41 @@ processes of one loader, by the credentials the kernel gives for a Unix socket's
 
 from __future__ import annotations
 
-import builtins
-import contextlib
 import functools
-import json
 import os
-import socket
-import struct
 from typing import Any, NamedTuple
 
-from .. import exceptions
 from .._staging.reader import StagedIndex
-from .._util.procs import parent_of, proc_is_ours
-from ..exceptions import S5LoaderError
+from .._util.frames import (
+    END,
+    ERROR,
+    INDEX,
+    MAX_FRAME,
+    SKIP,
+    FrameError,
+    error_data,
+    error_of,
+    frame,
+    peer_problem,
+    read,
+)
 
-_LEN = struct.Struct(">I")  # a frame's length
-
-# Messages, host to worker: (kind, payload)
-INDEX, SKIP, END, ERROR = "i", "s", "e", "x"
+__all__ = [
+    "END",
+    "ERROR",
+    "INDEX",
+    "MAX_FRAME",
+    "SKIP",
+    "FrameError",
+    "Hello",
+    "decode",
+    "encode",
+    "frame",
+    "hello_bytes",
+    "hello_of",
+    "peer_problem",
+    "read",
+]
 
 
 class Hello(NamedTuple):
@@ -49,41 +65,6 @@ class Hello(NamedTuple):
     key: str = ""  # the loader's secret (see the module docstring)
 
 
-#: The largest frame either side accepts (a staged index with its folder takes a few hundred).
-MAX_FRAME = 1 << 16
-
-
-class FrameError(ValueError):
-    """A frame that is not one of the feed's: too long, not JSON, or not the expected shape."""
-
-
-def frame(obj: Any) -> bytes:
-    data = json.dumps(obj, separators=(",", ":")).encode()
-    return _LEN.pack(len(data)) + data
-
-
-def read(f: Any) -> Any:
-    """The next frame's JSON value.
-
-    Raises:
-        EOFError: the other side closed.
-        FrameError: a frame longer than :data:`MAX_FRAME`, or not JSON.
-    """
-    head = f.read(_LEN.size)
-    if len(head) < _LEN.size:
-        raise EOFError
-    size = _LEN.unpack(head)[0]
-    if size > MAX_FRAME:
-        raise FrameError(f"a frame of {size} bytes, more than {MAX_FRAME}")
-    data = f.read(size)
-    if len(data) < size:
-        raise EOFError
-    try:
-        return json.loads(data)
-    except ValueError as exc:
-        raise FrameError(f"a frame that is not JSON: {exc}") from None
-
-
 def encode(msg: tuple[str, Any]) -> list[Any]:
     """A host's message as plain data: a staged index as its int, folder and flags; an error as
     its type's name and message."""
@@ -94,34 +75,8 @@ def encode(msg: tuple[str, Any]) -> list[Any]:
             return [kind, [int(s), s.folder, s.keep, s.back, s.frees, s.early]]
         return [kind, [int(payload)]]
     if kind == ERROR:
-        t = type(payload)
-        try:
-            message = str(payload)
-        except Exception:  # noqa: BLE001 - an exception whose message cannot be made: its type says it
-            message = f"({t.__name__} whose message could not be read)"
-        if len(message) > MAX_MESSAGE:
-            message = message[:MAX_MESSAGE] + " [...]"
-        return [kind, [t.__module__, t.__name__, message]]
+        return [kind, error_data(payload)]
     return [kind, None]
-
-
-# An error's message crosses cut to this many characters, so that its frame stays well within
-# MAX_FRAME whatever the error says (its start names what failed).
-MAX_MESSAGE = 8192
-
-
-def _error(module: str, name: str, message: str) -> BaseException:
-    """The error a host sent: the s5loader type of that name (from ``s5loader.exceptions``), else
-    the built-in exception type, else an :class:`~s5loader.exceptions.S5LoaderError` that names
-    the type."""
-    kind = getattr(exceptions, name, None) if module == exceptions.__name__ else None
-    if isinstance(kind, type) and issubclass(kind, S5LoaderError):
-        return kind(message)
-    kind = getattr(builtins, name, None) if module == "builtins" else None
-    if isinstance(kind, type) and issubclass(kind, Exception):
-        with contextlib.suppress(Exception):
-            return kind(message)
-    return S5LoaderError(f"{module}.{name}: {message}")
 
 
 def _flag(v: Any) -> bool:
@@ -160,9 +115,7 @@ def decode(raw: Any, root: str | None) -> tuple[str, Any]:
             raise FrameError(f"a staged index in {folder!r}, outside the staging area {root}")
         return kind, StagedIndex(payload[0], folder, *map(_flag, payload[2:]))
     if kind == ERROR:
-        if not (isinstance(payload, list) and len(payload) == 3 and all(isinstance(x, str) for x in payload)):
-            raise FrameError(f"an error that is not one: {str(payload)[:80]!r}")
-        return kind, _error(*payload)
+        return kind, error_of(payload)
     return kind, None
 
 
@@ -181,17 +134,3 @@ def hello_of(raw: Any) -> Hello:
     if not ok or not isinstance(raw[4], list) or not isinstance(raw[5], str):
         raise FrameError(f"not a hello: {str(raw)[:80]!r}")
     return Hello(raw[0], raw[1], raw[2], raw[3], tuple(raw[4]), raw[5])
-
-
-def peer_problem(sock: socket.socket) -> str | None:
-    """Why the process at the other end of ``sock`` is not one of this loader's processes, or
-    None when it is: the same user, and this process or a sibling of it (the same parent)."""
-    pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-    if uid != os.getuid():
-        return f"a process of another user (pid {pid}, uid {uid})"
-    if pid == os.getpid() or not proc_is_ours():
-        return None
-    parent, ours = parent_of(pid), os.getppid()  # an identity check (siblings), not a liveness one
-    if parent != ours:
-        return f"pid {pid}, whose parent is {parent}, not this loader's process {ours}"
-    return None

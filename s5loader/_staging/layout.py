@@ -9,8 +9,8 @@ sample back once read. A pass folder looks like this::
     PASS/.calls/, PASS/.c*/  the engine's command files and scratch folders
     PASS/.h/<index>/         a read sample handed back for the epoch cache
                              (see :meth:`StagingLayout.hand_back`)
-    PASS/.e/<index>          the sampler's word on a sample handed out before it was staged
-                             (see :meth:`StagingLayout.mark_early`)
+    PASS/.w                  a Unix socket: the sampler's words on the samples it handed out
+                             before they were staged (see :mod:`.words`)
 
 A pass over tar shards stages each shard as the engine's unit: ``PASS/<shard>/tar`` is the
 shard, ``PASS/<shard>/.members`` its member table (written once the shard is checked; for
@@ -34,8 +34,6 @@ full. Consumers that only delete folders (the prefetch daemon's) keep working th
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import hashlib
 import os
 import shutil
@@ -49,11 +47,6 @@ if TYPE_CHECKING:
 
 RELEASED = ".released"
 HANDED_BACK = ".h"
-EARLY = ".e"
-#: :meth:`StagingLayout.mark_early`'s word for a sample that will not be staged in its pass
-NOT_STAGED = b"-"
-# beside an early word that could not be written for lack of space: the pass failed so
-NO_SPACE_MARK = ".nospace"
 MEMBERS = ".members"
 NEED = ".need"
 
@@ -169,48 +162,6 @@ class StagingLayout:
             self.notify(index)
         else:
             self.release(index, paths)
-
-    # -- samples handed out before they were staged ------------------------------------------
-    def early_mark(self, index: int) -> str:
-        """Where :meth:`mark_early` leaves its word on sample ``index``."""
-        return f"{self.folder}/{EARLY}/{int(index)}"
-
-    def mark_early(self, index: int, word: bytes = b"") -> None:
-        """Tell the reader of sample ``index``, which was handed out before it was staged, what
-        became of it: staged (``b""``, an empty file), :data:`NOT_STAGED` (the pass stopped
-        first), or an error's text. A word that is not empty appears whole (a rename); the
-        reader removes the word once read. A reader that waits for the word has a FIFO beside
-        it (:meth:`early_bell`), which is rung once the word is there."""
-        path = self.early_mark(index)
-        if not word:
-            os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600))
-        else:
-            try:
-                with open(path + ".tmp", "wb") as fh:
-                    fh.write(word)
-                os.replace(path + ".tmp", path)
-            except OSError as exc:
-                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                    raise
-                # no room for the word (the staging file system is full): an empty file, which
-                # takes no block, says so instead (see :data:`NO_SPACE_MARK`)
-                with contextlib.suppress(OSError):
-                    os.unlink(path + ".tmp")
-                os.close(os.open(path + NO_SPACE_MARK, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600))
-        try:  # after the word: a reader that opened its bell later finds the word first
-            fd = os.open(self.early_bell(index), os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            return  # ENOENT: nobody waits; ENXIO: the bell is not open yet (its reader looks first)
-        try:
-            os.write(fd, b"\n")
-        except OSError:
-            pass  # EAGAIN: rung already
-        finally:
-            os.close(fd)
-
-    def early_bell(self, index: int) -> str:
-        """The FIFO a reader waiting for :meth:`mark_early`'s word on ``index`` listens on."""
-        return self.early_mark(index) + ".w"
 
     # -- tar shards -------------------------------------------------------------------------
     def shard_table(self, shard: int) -> str:

@@ -5,29 +5,18 @@ directly from S3."""
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
-import select
-import time
 from collections.abc import Sequence
 from typing import Any
 
-from .. import exceptions
 from .._index.sample import Sample
 from .._s3api.client import s3_client
 from .._s3api.errors import boto3_error
-from .._util.procs import ProcessId
 from .._util.uri import parse_s3_uri
 from ..config import Access
-from ..exceptions import S5LoaderError, StagingSpaceError
-from .area import LOCK
-from .layout import NO_SPACE_MARK, NOT_STAGED, StagingLayout
-
-# where no FIFO can be made, pauses between looks for the word on a sample handed out before it
-# was staged: short at first (the first batch waits for it), then up to this long
-_FIRST_PAUSE, _MOST_PAUSE = 0.0005, 0.005
-_RECHECK_S = 0.5  # how often a reader waiting on its bell looks whether the pass is still there
+from .layout import StagingLayout
+from .words import ask
 
 log = logging.getLogger("s5loader.dataset")
 
@@ -52,7 +41,7 @@ class StagedIndex(int):
     keep: bool
     back: bool
     frees: bool  # a tar shard's sample: free its bytes once read (see ShardSet.read)
-    early: bool  # handed out before it was staged: the reader waits for it (see wait_staged)
+    early: bool  # handed out before it was staged: the reader waits for it (see words.ask)
 
     def __new__(
         cls,
@@ -73,132 +62,6 @@ class StagedIndex(int):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (StagedIndex, (int(self), self.folder, self.keep, self.back, self.frees, self.early))
-
-
-def wait_staged(layout: StagingLayout, index: int) -> bool:
-    """Wait for the sampler's word on sample ``index``, which it handed out before the sample
-    was staged (see :mod:`s5loader._sampling.early`): True once it is staged, False when the
-    pass is gone (its folder, or the process that stages it): read it directly, as any sample
-    not staged. A pass folder that someone else removed is gone even if the engine made it again
-    (its release FIFO, made once when the pass starts, is not).
-
-    Raises:
-        the staging engine's error (FetchError, StallError, BudgetError, ...), as the sampler
-        raises it; S5LoaderError: the pass stopped before the sample was staged (a newer
-        iterator replaced it, or ``close()``), as the sampler's own wait says.
-    """
-    mark = layout.early_mark(index)
-    word = _word(mark)
-    if word is None:
-        word = _wait_for_word(layout, index)
-        if word is None:
-            return False
-    with contextlib.suppress(OSError):
-        os.unlink(mark)  # read: a long pass leaves no word behind per sample
-    if not word:
-        return True
-    if word == NOT_STAGED:
-        raise S5LoaderError(
-            f"sample {int(index)} of the staging pass {layout.folder} was not staged: the pass was "
-            "closed first (a newer iterator over the same S5Sampler replaced it, or close() was called)"
-        )
-    raise error_of_word(word)
-
-
-def _word(mark: str) -> bytes | None:
-    try:
-        with open(mark, "rb") as fh:
-            return fh.read()
-    except FileNotFoundError:
-        pass
-    if os.path.exists(mark + NO_SPACE_MARK):  # the engine had no room to write its error
-        return word_of_error(
-            StagingSpaceError(
-                f"the staging directory {os.path.dirname(os.path.dirname(mark))} ran out of space "
-                "while the sample was staged: free space there or lower the budget"
-            )
-        )
-    return None
-
-
-def _wait_for_word(layout: StagingLayout, index: int) -> bytes | None:
-    """Wait on a FIFO the sampler rings once the word on ``index`` is there (a blocking wait,
-    so that a worker spends no CPU on a sample while it waits, as a sleep loop would); None
-    when the pass folder or the sampler's process is gone."""
-    mark, bell = layout.early_mark(index), layout.early_bell(index)
-    stager = owner_of(os.path.dirname(layout.folder))  # the sampler's process, named by its lock
-    try:
-        os.mkfifo(bell, 0o600)
-    except FileExistsError:
-        pass
-    except OSError:  # no FIFO here (or the pass folder is gone): look now and then
-        return _poll_for_word(layout, mark, stager)
-    fds: list[int] = []
-    try:
-        fds.append(os.open(bell, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
-        fds.append(os.open(bell, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC))  # its own: no end-of-file
-        while True:
-            word = _word(mark)  # after the bell is open: a word written before it rang nothing
-            if word is not None:
-                return word
-            if _gone(layout, stager):
-                return None
-            if select.select(fds[:1], [], [], _RECHECK_S)[0]:
-                with contextlib.suppress(BlockingIOError):
-                    os.read(fds[0], 4096)
-    except FileNotFoundError:
-        return None  # the pass folder went meanwhile
-    finally:
-        for fd in fds:
-            os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(bell)
-
-
-def owner_of(area: str) -> ProcessId | None:
-    """The process that made the staging directory ``area`` (its lock's pid and start time), or
-    None where the lock cannot be read."""
-    try:
-        with open(os.path.join(area, LOCK), encoding="utf-8") as f:
-            raw = json.load(f)
-        return ProcessId(int(raw["pid"]), int(raw["start"]) if raw.get("start") is not None else None)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _gone(layout: StagingLayout, stager: ProcessId | None) -> bool:
-    """The process that stages the pass ended (``stager``, named by pid and start time, not by
-    this process's parent: inside a container that is often 1 while the sampler lives), or its
-    folder was removed (the release FIFO the engine made when the pass began is missing even
-    where the engine made the folder again)."""
-    return (stager is not None and not stager.alive()) or not os.path.exists(layout.releases)
-
-
-def _poll_for_word(layout: StagingLayout, mark: str, stager: ProcessId | None) -> bytes | None:
-    pause = _FIRST_PAUSE
-    while True:
-        word = _word(mark)
-        if word is not None:
-            return word
-        if _gone(layout, stager):
-            return None
-        time.sleep(pause)
-        pause = min(2 * pause, _MOST_PAUSE)
-
-
-def word_of_error(exc: BaseException) -> bytes:
-    """An engine error as the word :func:`wait_staged` raises again: its type's name and message."""
-    return f"{type(exc).__name__}\n{exc}".encode("utf-8", "replace")
-
-
-def error_of_word(word: bytes) -> S5LoaderError:
-    """The error :func:`word_of_error` wrote: the same s5loader type (else :class:`S5LoaderError`)
-    with the same message."""
-    name, _, message = word.decode("utf-8", "replace").partition("\n")
-    kind = getattr(exceptions, name, None)
-    if isinstance(kind, type) and issubclass(kind, S5LoaderError):
-        return kind(message)
-    return S5LoaderError(message)
 
 
 def read_staged(
@@ -262,7 +125,7 @@ class ObjectReader:
             # error, or a pass closed first, is raised). Where the pass is gone (its folder
             # removed by someone else), what is staged of it is read (and so released), and a
             # sample not all there is fetched directly.
-            if not index.early or wait_staged(layout, int(index)):
+            if not index.early or ask(folder, int(index)):
                 data = read_staged(layout, int(index), sample, keep=index.keep, back=index.back)
             else:
                 with contextlib.suppress(FileNotFoundError):

@@ -183,7 +183,7 @@ FRONT_ENDS = {
     "`S5Sampler`": ["sampler", "_sampling/early"],
     "`S5IterableDataset`": ["iterable", "_sampling/rankhost"],
     "`s5loader prefetch`": ["_daemon/stream", "_daemon/delivery"],
-    "the feed": ["_sampling/feed", "_sampling/wire"],
+    "the one channel": ["_util/frames", "_sampling/feed", "_sampling/wire", "_staging/words"],
 }
 ADAPTERS = ("`S5Sampler`", "`S5IterableDataset`", "`s5loader prefetch`")
 # what else is each front end's own (the table's last column, "(N lines: ...")

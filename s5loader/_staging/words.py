@@ -1,0 +1,247 @@
+"""The sampler's word on a sample it handed to a DataLoader before the sample was staged (see
+:mod:`s5loader._sampling.early`), in the loader's one channel (:mod:`s5loader._util.frames`).
+
+The sampler's process serves a pass's words on a Unix socket in the pass folder
+(``PASS/.w``, in the 0700 staging directory; :class:`WordServer`), to its own process and its
+descendants only (the DataLoader's workers). A reader asks for sample ``i`` with ``[i]`` and
+gets, once the sampler knows: staged (``[INDEX, [i]]``), not staged (``[END, null]``: the pass
+stopped first), the engine's error (``[ERROR, ...]``, raised again as the same type), or gone
+(``[SKIP, null]``: someone removed the pass folder; the reader reads what is there or fetches
+the sample directly). A reader's process keeps one connection per pass folder; the server
+answers each word once, and drops it then.
+
+Liveness needs no guess: a reader whose sampler's process ended sees the connection close (or
+finds no socket) and fetches the sample directly; a server whose pass folder was removed (the
+next pass, ``close()``, the exit's cleanup, or someone else) notices within
+:data:`_WATCH_S`, answers every wait with gone and ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+from typing import Any
+
+from .._util.frames import (
+    END,
+    ERROR,
+    INDEX,
+    SKIP,
+    FrameError,
+    close_fd,
+    error_data,
+    error_of,
+    frame,
+    peer_problem,
+    read,
+    unix_address,
+)
+from ..exceptions import S5LoaderError
+
+#: The socket's name in a pass folder.
+WORDS = ".w"
+
+# How often the server looks whether its pass folder is still there.
+_WATCH_S = 0.5
+
+log = logging.getLogger(__name__)
+
+
+class WordServer:
+    """A pass's words, served to its readers (see the module docstring). :meth:`settle` gives
+    sample ``index``'s word: ``True`` (staged), ``None`` (not staged) or an exception.
+
+    Raises:
+        OSError: no socket can be made in ``folder`` (the pass then hands out no sample early).
+    """
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.path = os.path.join(folder, WORDS)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        address, fd = unix_address(folder, WORDS)
+        try:
+            self.sock.bind(address)
+            self.sock.listen(64)
+            self.inode = os.stat(self.path).st_ino
+        except OSError:
+            self.sock.close()
+            raise
+        finally:
+            close_fd(fd)
+        self.sock.settimeout(_WATCH_S)
+        self.cond = threading.Condition()
+        self.words: dict[int, Any] = {}
+        self.gone = False
+        self._conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, name="s5loader-words", daemon=True).start()
+
+    def settle(self, index: int, word: Any) -> None:
+        with self.cond:
+            self.words[index] = word
+            self.cond.notify_all()
+
+    def _there(self) -> bool:
+        try:
+            return os.stat(self.path).st_ino == self.inode
+        except OSError:
+            return False
+
+    def _accept(self) -> None:
+        try:
+            while self._there():
+                try:
+                    conn, _ = self.sock.accept()
+                except TimeoutError:
+                    continue
+                stranger = peer_problem(conn, "descendant")
+                if stranger is not None:
+                    log.warning(
+                        "the sampler's words in %s refused a connection from %s", self.folder, stranger
+                    )
+                    conn.close()
+                    continue
+                conn.settimeout(None)
+                with self.cond:
+                    self._conns.append(conn)
+                threading.Thread(target=self._serve, args=(conn,), name="s5loader-word", daemon=True).start()
+        except OSError:
+            pass  # closed
+        finally:
+            self.close()
+
+    def _serve(self, conn: socket.socket) -> None:
+        f = conn.makefile("rb")
+        try:
+            while True:
+                raw = read(f)
+                if not (isinstance(raw, list) and len(raw) == 1 and type(raw[0]) is int):
+                    raise FrameError(f"not a request for a word: {str(raw)[:80]!r}")
+                conn.sendall(frame(self._answer(raw[0])))
+        except FrameError as exc:
+            log.warning("the sampler's words in %s closed a connection that sent %s", self.folder, exc)
+        except (EOFError, OSError):
+            pass  # the reader's process ended, or the server closed
+        finally:
+            f.close()
+            with contextlib.suppress(OSError):
+                conn.close()
+
+    def _answer(self, index: int) -> list[Any]:
+        with self.cond:
+            while index not in self.words and not self.gone:
+                self.cond.wait()
+            if index not in self.words:
+                return [SKIP, None]
+            word = self.words.pop(index)
+        if word is True:
+            return [INDEX, [index]]
+        if word is None:
+            return [END, None]
+        return [ERROR, error_data(word)]
+
+    def close(self) -> None:
+        """Answer every wait with gone and close; the socket file goes with the folder (or
+        now, where it is still there). Safe to call twice."""
+        with self.cond:
+            if self.gone:
+                return
+            self.gone = True
+            conns, self._conns = self._conns, []
+            self.cond.notify_all()
+        if self._there():
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        for c in conns:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RD)  # a serving thread reading a request ends
+
+
+class _Reader:
+    """A reader process's connections to the word servers of the passes it reads, one per pass
+    folder (a process forked from a reader makes its own)."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.conns: dict[str, tuple[socket.socket, Any, threading.Lock]] = {}
+
+    def conn(self, folder: str) -> tuple[socket.socket, Any, threading.Lock] | None:
+        with self.lock:
+            if self.pid != os.getpid():  # forked: the parent's connections are the parent's
+                self.pid, self.conns = os.getpid(), {}
+            got = self.conns.get(folder)
+            if got is not None:
+                return got
+            for old in [k for k in self.conns if not os.path.isdir(k)]:  # passes removed since
+                self.drop(old)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            fd = None
+            try:
+                address, fd = unix_address(folder, WORDS)
+                sock.connect(address)
+            except OSError:
+                sock.close()
+                return None  # no server: the pass (or its process) is gone
+            finally:
+                close_fd(fd)
+            stranger = peer_problem(sock, "ancestor")
+            if stranger is not None:
+                sock.close()
+                raise S5LoaderError(
+                    f"the socket {os.path.join(folder, WORDS)} is not this DataLoader's sampler but "
+                    f"{stranger}; it was sent nothing"
+                )
+            got = self.conns[folder] = (sock, sock.makefile("rb"), threading.Lock())
+            return got
+
+    def drop(self, folder: str) -> None:
+        got = self.conns.pop(folder, None)
+        if got is not None:
+            got[1].close()
+            got[0].close()
+
+
+_READER = _Reader()
+
+
+def ask(folder: str, index: int) -> bool:
+    """Wait for the sampler's word on sample ``index`` of the pass in ``folder``: True once it
+    is staged, False when the pass is gone (its folder, or the process that stages it): read
+    it directly, as any sample not staged.
+
+    Raises:
+        the staging engine's error (FetchError, StallError, BudgetError, ...), as the sampler
+        raises it; S5LoaderError: the pass stopped before the sample was staged (a newer
+        iterator replaced it, or ``close()``), as the sampler's own wait says, or the socket is
+        not the sampler's.
+    """
+    got = _READER.conn(folder)
+    if got is None:
+        return False
+    sock, f, lock = got
+    try:
+        with lock:
+            sock.sendall(frame([int(index)]))
+            raw = read(f)
+        kind, payload = raw if isinstance(raw, list) and len(raw) == 2 else (None, None)
+        error = error_of(payload) if kind == ERROR else None
+    except (EOFError, OSError, FrameError):
+        kind = error = None
+    if kind == INDEX:
+        return True
+    if kind == END:
+        raise S5LoaderError(
+            f"sample {int(index)} of the staging pass {folder} was not staged: the pass was "
+            "closed first (a newer iterator over the same S5Sampler replaced it, or close() was called)"
+        )
+    if error is not None:
+        raise error
+    with _READER.lock:
+        _READER.drop(folder)  # gone: the server ended, or answered what no server says
+    return False

@@ -122,7 +122,8 @@ def test_a_pass_folder_that_goes_ends_the_wait(server: WordServer, folder: str) 
     t.join(0.2)
     shutil.rmtree(folder)  # a replaced pass's folder: the reader fetches directly
     t.join(30)
-    assert got == [False] and server.gone
+    assert got == [False]
+    wait_for(lambda: server.gone, what="the server to see its folder gone")
 
 
 def test_a_pass_folder_removed_and_made_again_ends_the_wait(server: WordServer, folder: str) -> None:
@@ -211,3 +212,74 @@ def test_a_reader_does_not_talk_to_a_server_that_is_not_its_sampler(folder: str,
             ask(folder, 1)
     finally:
         stop.touch()
+
+
+def test_a_wait_broken_off_leaves_no_answer_for_the_next_question(server: WordServer, folder: str) -> None:
+    import signal
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(Interrupted):
+            ask(folder, 1)  # as Ctrl-C in a notebook, or a dataset's own timeout
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    server.settle(1, True)  # the word on the question broken off comes now ...
+    server.settle(2, None)
+    server.settle(3, RuntimeError("three"))
+    with pytest.raises(S5LoaderError, match="sample 2 of the staging pass"):
+        ask(folder, 2)  # ... and is not taken for the next question's
+    with pytest.raises(RuntimeError, match="^three$"):
+        ask(folder, 3)
+
+
+def sampler_that_dies(folder: str, out: object) -> None:
+    """A sampler's process: serves the words, forks a reader that waits for sample 1, then
+    another child that keeps the server's socket open, and is killed."""
+    import signal
+    import time
+
+    WordServer(folder)
+    reader = FORK.Process(target=forked_reader, args=(folder, 1, out))
+    reader.start()
+    time.sleep(0.5)  # the reader connects and waits (if not yet, it finds no sampler: the same)
+    holder = FORK.Process(target=time.sleep, args=(60,))  # as a validation loader's workers
+    holder.start()
+    out.put(("holder", holder.pid))  # type: ignore[attr-defined]
+    out.close()  # type: ignore[attr-defined]
+    out.join_thread()  # type: ignore[attr-defined]
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_reader_whose_sampler_was_killed_reads_directly_while_the_samplers_children_live(
+    folder: str,
+) -> None:
+    import signal
+
+    out = FORK.Queue()
+    s = FORK.Process(target=sampler_that_dies, args=(folder, out))
+    s.start()
+    got = dict(
+        x if isinstance(x, tuple) else ("reader", x) for x in (out.get(timeout=30), out.get(timeout=30))
+    )
+    os.kill(got["holder"], signal.SIGKILL)  # it still held the socket when the reader gave up
+    s.join(30)
+    assert got["reader"] is False
+
+
+def test_threads_of_one_reader_wait_for_their_own_samples(server: WordServer, folder: str) -> None:
+    first, got_first = in_thread(lambda: ask(folder, 1))
+    second, got_second = in_thread(lambda: ask(folder, 2))
+    server.settle(2, True)  # the later sample first: its thread does not wait behind the other
+    second.join(30)
+    assert got_second == [True] and first.is_alive()
+    server.settle(1, True)
+    first.join(30)
+    assert got_first == [True]

@@ -104,8 +104,9 @@ class S5cmd:
         # Ctrl-C sent to the process group between the fork and the exec would otherwise raise
         # KeyboardInterrupt in the child's at-fork hooks (a traceback on stderr). s5cmd, in a
         # session of its own, keeps it blocked: it is stopped by its parent, never by Ctrl-C.
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())  # (as it is: restored below)
         try:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             with _spawn_lock:
                 _register_fork_hooks()
                 return subprocess.Popen(

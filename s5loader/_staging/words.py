@@ -4,16 +4,20 @@
 The sampler's process serves a pass's words on a Unix socket in the pass folder
 (``PASS/.w``, in the 0700 staging directory; :class:`WordServer`), to its own process and its
 descendants only (the DataLoader's workers). A reader asks for sample ``i`` with ``[i]`` and
-gets, once the sampler knows: staged (``[INDEX, [i]]``), not staged (``[END, null]``: the pass
-stopped first), the engine's error (``[ERROR, ...]``, raised again as the same type), or gone
-(``[SKIP, null]``: someone removed the pass folder; the reader reads what is there or fetches
-the sample directly). A reader's process keeps one connection per pass folder; the server
-answers each word once, and drops it then.
+gets ``[kind, i, payload]`` once the sampler knows: staged (:data:`INDEX`), not staged
+(:data:`END`: the pass stopped first), the engine's error (:data:`ERROR`, raised again as the
+same type), or gone (:data:`SKIP`: someone removed the pass folder; the reader reads what is
+there or fetches the sample directly). Each thread of a reader keeps one connection per pass
+folder (so threads wait for their own samples); a wait broken off (an exception in the
+reader) drops its connection, whose late answer could be taken for the next question's. The
+server answers each word once, and drops it then.
 
-Liveness needs no guess: a reader whose sampler's process ended sees the connection close (or
-finds no socket) and fetches the sample directly; a server whose pass folder was removed (the
-next pass, ``close()``, the exit's cleanup, or someone else) notices within
-:data:`_WATCH_S`, answers every wait with gone and ends.
+Liveness needs no guess from a parent's pid: a reader knows its server's process by the
+credentials the kernel gives for the connection (pid and start time), and a reader whose
+sampler's process ended (even while a child it forked holds the socket open) or whose pass
+folder went stops waiting within :data:`_WATCH_S` and fetches the sample directly; a server
+whose pass folder was removed (the next pass, ``close()``, the exit's cleanup, or someone else)
+notices as soon, answers every wait with gone and ends.
 """
 
 from __future__ import annotations
@@ -21,8 +25,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import socket
+import struct
 import threading
+import time
 from typing import Any
 
 from .._util.frames import (
@@ -39,6 +46,7 @@ from .._util.frames import (
     read,
     unix_address,
 )
+from .._util.procs import ProcessId
 from ..exceptions import S5LoaderError
 
 #: The socket's name in a pass folder.
@@ -97,6 +105,12 @@ class WordServer:
                     conn, _ = self.sock.accept()
                 except TimeoutError:
                     continue
+                except OSError as exc:  # out of descriptors, say: the pass goes on, readers retry
+                    if self.gone:
+                        return
+                    log.warning("the sampler's words in %s could not take a connection: %s", self.folder, exc)
+                    time.sleep(_WATCH_S)
+                    continue
                 stranger = peer_problem(conn, "descendant")
                 if stranger is not None:
                     log.warning(
@@ -108,8 +122,6 @@ class WordServer:
                 with self.cond:
                     self._conns.append(conn)
                 threading.Thread(target=self._serve, args=(conn,), name="s5loader-word", daemon=True).start()
-        except OSError:
-            pass  # closed
         finally:
             self.close()
 
@@ -135,13 +147,13 @@ class WordServer:
             while index not in self.words and not self.gone:
                 self.cond.wait()
             if index not in self.words:
-                return [SKIP, None]
+                return [SKIP, index, None]
             word = self.words.pop(index)
         if word is True:
-            return [INDEX, [index]]
+            return [INDEX, index, None]
         if word is None:
-            return [END, None]
-        return [ERROR, error_data(word)]
+            return [END, index, None]
+        return [ERROR, index, error_data(word)]
 
     def close(self) -> None:
         """Answer every wait with gone and close; the socket file goes with the folder (or
@@ -162,43 +174,46 @@ class WordServer:
                 c.shutdown(socket.SHUT_RD)  # a serving thread reading a request ends
 
 
-class _Reader:
-    """A reader process's connections to the word servers of the passes it reads, one per pass
-    folder (a process forked from a reader makes its own)."""
+class _Reader(threading.local):
+    """A reader thread's connections to the word servers of the passes it reads, one per pass
+    folder, each with the process at its other end (a thread's own: several threads of one
+    process wait for their own samples; a process forked from a reader makes its own)."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.lock = threading.Lock()
-        self.conns: dict[str, tuple[socket.socket, Any, threading.Lock]] = {}
+        self.conns: dict[str, tuple[socket.socket, Any, ProcessId]] = {}
 
-    def conn(self, folder: str) -> tuple[socket.socket, Any, threading.Lock] | None:
-        with self.lock:
-            if self.pid != os.getpid():  # forked: the parent's connections are the parent's
-                self.pid, self.conns = os.getpid(), {}
-            got = self.conns.get(folder)
-            if got is not None:
-                return got
-            for old in [k for k in self.conns if not os.path.isdir(k)]:  # passes removed since
-                self.drop(old)
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            fd = None
-            try:
-                address, fd = unix_address(folder, WORDS)
-                sock.connect(address)
-            except OSError:
-                sock.close()
-                return None  # no server: the pass (or its process) is gone
-            finally:
-                close_fd(fd)
-            stranger = peer_problem(sock, "ancestor")
-            if stranger is not None:
-                sock.close()
-                raise S5LoaderError(
-                    f"the socket {os.path.join(folder, WORDS)} is not this DataLoader's sampler but "
-                    f"{stranger}; it was sent nothing"
-                )
-            got = self.conns[folder] = (sock, sock.makefile("rb"), threading.Lock())
+    def conn(self, folder: str) -> tuple[socket.socket, Any, ProcessId] | None:
+        if self.pid != os.getpid():  # forked: the parent's connections are the parent's
+            self.pid, self.conns = os.getpid(), {}
+        got = self.conns.get(folder)
+        if got is not None:
             return got
+        for old in [k for k in self.conns if not os.path.isdir(k)]:  # passes removed since
+            self.drop(old)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        fd = None
+        try:
+            address, fd = unix_address(folder, WORDS)
+            sock.connect(address)
+            server = ProcessId.of(struct.unpack("3i", sock.getsockopt(*_PEERCRED))[0])
+        except OSError:
+            sock.close()
+            return None  # no server: the pass (or its process) is gone
+        finally:
+            close_fd(fd)
+        if not server.alive():  # a socket left open in a child of a sampler that ended
+            sock.close()
+            return None
+        stranger = peer_problem(sock, "ancestor")
+        if stranger is not None:
+            sock.close()
+            raise S5LoaderError(
+                f"the socket {os.path.join(folder, WORDS)} is not this DataLoader's sampler but "
+                f"{stranger}; it was sent nothing"
+            )
+        got = self.conns[folder] = (sock, sock.makefile("rb"), server)
+        return got
 
     def drop(self, folder: str) -> None:
         got = self.conns.pop(folder, None)
@@ -208,6 +223,16 @@ class _Reader:
 
 
 _READER = _Reader()
+_PEERCRED = (socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+
+
+def _reply(sock: socket.socket, f: Any, server: ProcessId, folder: str) -> Any:
+    """The server's next frame; None when it is gone: its process ended (a child that it forked
+    may still hold the socket open) or its folder was removed."""
+    while not select.select([sock], [], [], _WATCH_S)[0]:
+        if not server.alive() or not os.path.exists(os.path.join(folder, WORDS)):
+            return None
+    return read(f)
 
 
 def ask(folder: str, index: int) -> bool:
@@ -224,24 +249,29 @@ def ask(folder: str, index: int) -> bool:
     got = _READER.conn(folder)
     if got is None:
         return False
-    sock, f, lock = got
+    sock, f, server = got
+    raw = error = None
+    ok = False
     try:
-        with lock:
-            sock.sendall(frame([int(index)]))
-            raw = read(f)
-        kind, payload = raw if isinstance(raw, list) and len(raw) == 2 else (None, None)
-        error = error_of(payload) if kind == ERROR else None
+        sock.sendall(frame([int(index)]))
+        raw = _reply(sock, f, server, folder)
+        ok = isinstance(raw, list) and len(raw) == 3 and raw[1] == int(index)
+        if ok and raw[0] == ERROR:
+            error = error_of(raw[2])
     except (EOFError, OSError, FrameError):
-        kind = error = None
-    if kind == INDEX:
+        ok = False
+    finally:
+        if raw is None or not ok:  # gone, or interrupted: the next reply would be this one's
+            _READER.drop(folder)
+    if not ok or raw is None:
+        return False
+    if raw[0] == INDEX:
         return True
-    if kind == END:
+    if raw[0] == END:
         raise S5LoaderError(
             f"sample {int(index)} of the staging pass {folder} was not staged: the pass was "
             "closed first (a newer iterator over the same S5Sampler replaced it, or close() was called)"
         )
     if error is not None:
         raise error
-    with _READER.lock:
-        _READER.drop(folder)  # gone: the server ended, or answered what no server says
-    return False
+    return False  # gone: someone removed the pass folder

@@ -27,7 +27,6 @@ import logging
 import os
 import select
 import socket
-import struct
 import threading
 import time
 from typing import Any
@@ -42,6 +41,7 @@ from .._util.frames import (
     error_data,
     error_of,
     frame,
+    peer_of,
     peer_problem,
     read,
     unix_address,
@@ -196,7 +196,7 @@ class _Reader(threading.local):
         try:
             address, fd = unix_address(folder, WORDS)
             sock.connect(address)
-            server = ProcessId.of(struct.unpack("3i", sock.getsockopt(*_PEERCRED))[0])
+            server = ProcessId.of(peer_of(sock)[0])
         except OSError:
             sock.close()
             return None  # no server: the pass (or its process) is gone
@@ -223,7 +223,6 @@ class _Reader(threading.local):
 
 
 _READER = _Reader()
-_PEERCRED = (socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
 
 
 def _reply(sock: socket.socket, f: Any, server: ProcessId, folder: str) -> Any:

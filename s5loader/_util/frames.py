@@ -123,12 +123,19 @@ def _kin(pid: int, of: int) -> bool:
     return False
 
 
+def peer_of(sock: socket.socket) -> tuple[int, int]:
+    """The pid and uid of the process at the other end of the Unix socket ``sock``, as the
+    kernel gives them (of the process that connected, or that listened)."""
+    pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    return pid, uid
+
+
 def peer_problem(sock: socket.socket, kin: str = "sibling") -> str | None:
     """Why the process at the other end of ``sock`` is not one of this loader's processes, or
     None when it is: the same user, and this process or, as ``kin`` says, a ``"sibling"`` (the
     same parent), a ``"descendant"`` or an ``"ancestor"`` of it. Where ``/proc`` is not this
     pid namespace's, only the user is checked (the loader's sockets are its own then)."""
-    pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    pid, uid = peer_of(sock)
     if uid != os.getuid():
         return f"a process of another user (pid {pid}, uid {uid})"
     me = os.getpid()

@@ -138,6 +138,8 @@ class WordServer:
         except (EOFError, OSError):
             pass  # the reader's process ended, or the server closed
         finally:
+            with self.cond, contextlib.suppress(ValueError):
+                self._conns.remove(conn)  # (close() took the list already)
             f.close()
             with contextlib.suppress(OSError):
                 conn.close()

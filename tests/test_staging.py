@@ -167,9 +167,16 @@ def test_staging_directory_removed_on_every_exit(
 def test_abandoned_iterator_then_new_epoch(seaweed: Store, staging_root: str) -> None:
     source = seaweed.put(make_pairs(40, size=500))
     ds = S5Dataset.from_prefix(seaweed.uri(), endpoint_url=seaweed.endpoint)
-    with S5Sampler(ds, staging_dir=staging_root, samples_per_call=10) as sampler:
+    with S5Sampler(ds, staging_dir=staging_root, samples_per_call=10, shuffle=False) as sampler:
         for i, _ in enumerate(DataLoader(ds, sampler=sampler, batch_size=2, num_workers=2)):
             if i == 2:
+                # Its workers were handed batches 0-6 at most (two each ahead of the three read),
+                # so samples 14 and on stay staged, unread, once the second call has landed.
+                wait_for(
+                    lambda: any(int(s.split("/")[1]) >= 14 for s in staged_samples(sampler.staging_dir)),
+                    30,
+                    "the second call to stage a sample no worker was handed",
+                )
                 break
         import gc
 

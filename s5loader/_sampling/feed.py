@@ -93,12 +93,26 @@ class _Writer:
 
     def _run(self) -> None:
         try:
-            while True:
+            closed = False
+            while not closed:
                 item = self.q.get()
                 if item is None:
                     break
-                self.conn.sendall(item[0])
-                if item[1]:
+                # what the host queued meanwhile goes in the same write (a shard that lands
+                # readies many samples at once): one system call, not one per sample
+                data, last = [item[0]], item[1]
+                while not last:
+                    try:
+                        item = self.q.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is None:  # closed: what came before it is still written
+                        closed = True
+                        break
+                    data.append(item[0])
+                    last = item[1]
+                self.conn.sendall(b"".join(data))
+                if last:
                     while self.conn.recv(4096):  # the worker sends nothing more: wait for its close
                         pass
                     break

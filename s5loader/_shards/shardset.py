@@ -200,11 +200,10 @@ class ShardSet(Sequence[Shard]):
         the data set's units (:attr:`units`, as its index holds them); ``access`` (default: the
         shards') reaches the store for a direct read."""
         s, j = self.locate(index)
-        unit = units[s]
         out = None
         if isinstance(index, StagedIndex):
             out = self._read_staged_member(
-                StagingLayout(index.folder), s, j, index.keep, unit, index.frees, index.back
+                StagingLayout(index.folder), s, j, index.keep, units, index.frees, index.back
             )
             if out is None and not self._warned_unstaged and os.path.isdir(index.folder):
                 self._warned_unstaged = True
@@ -243,7 +242,7 @@ class ShardSet(Sequence[Shard]):
         s: int,
         j: int,
         keep: bool,
-        unit: Sample,
+        units: Sequence[Sample],
         frees: bool = False,
         back: bool = False,
     ) -> dict[str, Any] | None:
@@ -254,10 +253,12 @@ class ShardSet(Sequence[Shard]):
         if table is None or j >= len(table):
             return None
         sample = table[j]
+        if table.path is None:  # the staged file, named once per table a reader loads
+            table.path = layout.path(s, units[s], 0)
         # a shard kept whole (keep_staged) or for the epoch cache (back) is never punched; one kept
         # for the cache tells the engine what its samples would give back all the same (the cache
         # counts those bytes, see CacheRun.reserve)
-        fh = _open_staged(layout.path(s, unit, 0), write=frees and not keep and not back)
+        fh = _open_staged(table.path, write=frees and not keep and not back)
         if fh is None:
             return None
         with fh:
@@ -303,8 +304,8 @@ def _open_staged(path: str, write: bool) -> IO[bytes] | None:
     """A staged shard, open for writing too with ``write`` (to free samples once read, see
     :meth:`StagingLayout.release_shard_sample`) where this process may; None when it is gone."""
     try:
-        return open(path, "r+b" if write else "rb")
+        return open(path, "r+b" if write else "rb", buffering=0)
     except PermissionError:
-        return open(path, "rb") if write else None
+        return open(path, "rb", buffering=0) if write else None
     except FileNotFoundError:
         return None

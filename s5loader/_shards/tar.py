@@ -271,11 +271,25 @@ def scan_bytes(data: bytes, uri: str) -> list[TarSample]:
 
 
 def read_sample(fileobj: IO[bytes], sample: TarSample) -> dict[str, bytes]:
-    """The fields of ``sample`` as bytes, read by offset."""
+    """The fields of ``sample`` as bytes, read by offset (``pread`` on a file's descriptor: no
+    seek, no buffer between; a member cut short by the file's end comes back short)."""
+    try:
+        fd = fileobj.fileno()
+    except (OSError, AttributeError):  # io.UnsupportedOperation: a shard in memory
+        fd = -1
     out: dict[str, bytes] = {}
     for m in sample.members:
-        fileobj.seek(m.offset)
-        out[m.field] = fileobj.read(m.size)
+        if fd < 0:
+            fileobj.seek(m.offset)
+            out[m.field] = fileobj.read(m.size)
+            continue
+        data = os.pread(fd, m.size, m.offset)
+        while 0 < len(data) < m.size:
+            more = os.pread(fd, m.size - len(data), m.offset + len(data))
+            if not more:
+                break
+            data += more
+        out[m.field] = data
     return out
 
 
@@ -300,11 +314,12 @@ class Table:
     share), and the readers of a shard read while it downloads load its growing table again
     and again."""
 
-    __slots__ = ("_rows", "spans")
+    __slots__ = ("_rows", "spans", "path")
 
     def __init__(self, rows: list[Any]) -> None:
         self._rows = rows
         self.spans: Any = None  # what its readers give back, made once (see ShardSet.spans)
+        self.path: str | None = None  # the staged shard's file, named once (see ShardSet.read)
 
     def __len__(self) -> int:
         return len(self._rows)

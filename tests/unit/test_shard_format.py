@@ -61,6 +61,21 @@ def test_members_group_into_samples_by_the_first_dot_of_the_file_name() -> None:
     assert _tar.read_sample(io.BytesIO(data), samples[0]) == {"jpg": b"J", "seg.png": b"P"}
 
 
+def test_a_staged_shard_is_read_by_offset_and_a_member_cut_short_comes_back_short(tmp_path) -> None:
+    data = tar_of([("0001.bin", bytes(range(256)) * 40), ("0001.txt", b"t"), ("0002.bin", b"z" * 700)])
+    samples = _tar.scan_bytes(data, "s3://b/s.tar")
+    path = tmp_path / "tar"
+    path.write_bytes(data)
+    with open(path, "rb", buffering=0) as fh:
+        assert [_tar.read_sample(fh, s) for s in samples] == [
+            _tar.read_sample(io.BytesIO(data), s) for s in samples
+        ]
+    last = samples[1].members[0]
+    path.write_bytes(data[: last.offset + 100])  # the file ends inside the last member
+    with open(path, "rb", buffering=0) as fh:
+        assert _tar.read_sample(fh, samples[1]) == {"bin": b"z" * 100}
+
+
 @pytest.mark.parametrize(
     ("data", "error", "words"),
     [

@@ -150,8 +150,11 @@ class Deliveries:
     def epoch_figures(self, epoch: int) -> dict[str, int]:
         """The epoch cache's figures of ``epoch``, for the JSON log: samples delivered from the
         cache, bytes it holds, bytes delivered from S3, and the delivered hits the consumer
-        still holds (counted in ``cache_bytes`` beside the budget)."""
-        self.hits = {seq: n for seq, n in self.hits.items() if not self.ledger.is_released(seq)}
+        still holds (counted in ``cache_bytes`` beside the budget): those the engine still
+        counts, which it stops counting a moment after the consumer deleted them."""
+        stager = self.stream.run.passes.active
+        held, released = (stager.budget.held if stager is not None else {}), self.ledger.is_released
+        self.hits = {seq: n for seq, n in self.hits.items() if not released(seq) or -seq - 1 in held}
         cache = self.stream.run.cache
         return {
             "epoch_cache_hits": self.hit_count.get(epoch, 0),

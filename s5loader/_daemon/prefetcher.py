@@ -277,6 +277,10 @@ class PrefetchDaemon:
         # on across epochs), then the daemon's own.
         epoch = min(st.delivered // per_epoch, self.opts.epochs - 1)
         metrics = stream.metrics(epoch, self._total)
+        # the hits before the bytes: a hit the engine stops counting in between is then in
+        # neither, never in the bytes alone (see Delivery.epoch_figures)
+        delivery = self._delivery
+        hits = delivery.epoch_figures(epoch) if stream.run.cache is not None and delivery is not None else {}
         figures = {
             **metrics.as_dict(),
             "position": st.delivered,
@@ -288,8 +292,7 @@ class PrefetchDaemon:
             "budget": self.opts.staging.budget,
             "skipped": st.skipped,
         }
-        if stream.run.cache is not None and self._delivery is not None:
-            figures.update(self._delivery.epoch_figures(epoch))
+        figures.update(hits)
         return figures
 
     def _tick(self) -> None:

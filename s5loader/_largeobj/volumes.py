@@ -23,6 +23,7 @@ from .parts import plan_parts
 log = logging.getLogger(__name__)
 
 WORK_PREFIX = ".s5loader-fetch-"
+_WAKE_S = 0.5  # the longest the reading thread sleeps between looks (see Volumes._next)
 
 
 class FetchWork:
@@ -154,7 +155,9 @@ class Volumes:
             return False
         with self.cond:
             while self.index not in self.ready and self.error is None:
-                self.cond.wait()
+                # with a timeout: a Ctrl-C or SIGTERM whose C handler ran just before this thread
+                # (the main one) blocked runs its Python handler at the next wake-up, not never
+                self.cond.wait(_WAKE_S)
             if self.index not in self.ready:
                 assert self.error is not None
                 raise self.error

@@ -153,8 +153,12 @@ class Deliveries:
         still holds (counted in ``cache_bytes`` beside the budget): those the engine still
         counts, which it stops counting a moment after the consumer deleted them."""
         stager = self.stream.run.passes.active
-        held, released = (stager.budget.held if stager is not None else {}), self.ledger.is_released
-        self.hits = {seq: n for seq, n in self.hits.items() if not released(seq) or -seq - 1 in held}
+        counted: set[int] = set()
+        if stager is not None:  # held under the delivery's key, or still under the staged index
+            with stager.budget.cond:
+                counted = {*stager.budget.held, *(key for key, _ in stager.budget.onward.values())}
+        released = self.ledger.is_released
+        self.hits = {seq: n for seq, n in self.hits.items() if not released(seq) or -seq - 1 in counted}
         cache = self.stream.run.cache
         return {
             "epoch_cache_hits": self.hit_count.get(epoch, 0),

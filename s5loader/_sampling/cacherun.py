@@ -84,8 +84,8 @@ class CacheRun:
         orders: the full orders of an epoch of the node's local ranks, one list of samples per rank.
         me: this rank's place among them.
         verify: check a hit's MD5 ETag as well as its sizes.
-        unit_of: the unit of a sample (a tar shard's sample: its shard); ``None``: each sample
-            is its own. The cache keeps, hits and hands back units.
+        units_of: the unit of each sample of an order (a tar shard's sample: its shard);
+            ``None``: each sample is its own. The cache keeps, hits and hands back units.
         cacheable: whether a unit can be kept at all (``None``: every one).
     """
 
@@ -98,10 +98,10 @@ class CacheRun:
         orders: Callable[[int], list[list[int]]],
         me: int,
         verify: bool,
-        unit_of: Callable[[int], int] | None = None,
+        units_of: Callable[[Sequence[int]], list[int]] | None = None,
         cacheable: Callable[[int], bool] | None = None,
     ) -> None:
-        self.unit_of = unit_of
+        self.units_of = units_of
         self.cacheable = cacheable
         self.samples = samples
         self.sizes = sizes
@@ -120,17 +120,22 @@ class CacheRun:
         self.hits = 0  # in the current pass
         self.admitted = 0
         self._plans: dict[int, KeepPlan] = {}
+        self._unit_orders: dict[int, list[list[int]]] = {}
 
     # -- between passes (the caller's thread) ------------------------------------------------
     def units(self, order: Sequence[int]) -> list[int]:
         """The units of ``order`` in the order they are first met."""
-        unit_of = self.unit_of
-        if unit_of is None:
+        if self.units_of is None:
             return list(order)
-        return list(dict.fromkeys(unit_of(i) for i in order))
+        return list(dict.fromkeys(self.units_of(order)))
 
     def unit_orders(self, epoch: int) -> list[list[int]]:
-        return [self.units(o) for o in self.orders(epoch)]
+        """The units of each local rank's order of ``epoch``, drawn once per pass (which asks for
+        its own epoch's twice, and for the next epoch's)."""
+        found = self._unit_orders.get(epoch)
+        if found is None:
+            found = self._unit_orders[epoch] = [self.units(o) for o in self.orders(epoch)]
+        return found
 
     def plan(self, epoch: int) -> KeepPlan:
         """The keep-set for ``epoch`` (the start of its order, across the local ranks)."""
@@ -181,6 +186,7 @@ class CacheRun:
         kept for the next epoch counts against the cache from its first hand-out on
         (:meth:`reserve`); else from its hand-back."""
         self.cache.open()
+        self._unit_orders = {}  # drawn anew for each pass: a resumed pass may lay its epoch out anew
         now, nxt = self.plan(epoch), self.plan(epoch + 1)
         full = self.unit_orders(epoch)
         rest = set(self.units(order))
@@ -324,9 +330,9 @@ def new_cache_run(
 ) -> CacheRun:
     """A :class:`CacheRun` over ``dataset``'s units (samples, or tar shards: see
     :meth:`ObjectUnits.cache_units <s5loader._sampling.units.ObjectUnits.cache_units>`)."""
-    unit_of, cacheable = units_of(dataset).cache_units()
+    of_order, cacheable = units_of(dataset).cache_units()
     return CacheRun(
-        dataset.samples, dataset.samples.sizes(), cache, capacity, orders, me, verify, unit_of, cacheable
+        dataset.samples, dataset.samples.sizes(), cache, capacity, orders, me, verify, of_order, cacheable
     )
 
 

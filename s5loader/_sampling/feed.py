@@ -47,9 +47,10 @@ from .wire import (
     SKIP,
     FrameError,
     Hello,
-    decode,
+    decode_frame,
+    dumps,
     encode,
-    frame,
+    frames_of,
     hello_bytes,
     hello_of,
     peer_problem,
@@ -89,7 +90,7 @@ class _Writer:
         self.thread.start()
 
     def put(self, msg: tuple[str, Any]) -> None:
-        self.q.put((frame(encode(msg)), msg[0] in (END, ERROR)))
+        self.q.put((dumps(encode(msg)), msg[0] in (END, ERROR)))
 
     def _run(self) -> None:
         try:
@@ -98,8 +99,9 @@ class _Writer:
                 item = self.q.get()
                 if item is None:
                     break
-                # what the host queued meanwhile goes in the same write (a shard that lands
-                # readies many samples at once): one system call, not one per sample
+                # what the host queued meanwhile goes in the same write and the same frames (a
+                # shard that lands readies many samples at once): one system call, and one frame
+                # to read and parse, for many samples
                 data, last = [item[0]], item[1]
                 while not last:
                     try:
@@ -111,7 +113,7 @@ class _Writer:
                         break
                     data.append(item[0])
                     last = item[1]
-                self.conn.sendall(b"".join(data))
+                self.conn.sendall(frames_of(data))
                 if last:
                     while self.conn.recv(4096):  # the worker sends nothing more: wait for its close
                         pass
@@ -312,7 +314,7 @@ def connect(
         f = sock.makefile("rb", buffering=1 << 16)
         while True:
             try:
-                msg = decode(read(f), root)
+                msgs = decode_frame(read(f), root)
             except (EOFError, OSError) as exc:
                 raise StallError(
                     f"the staging host of DataLoader worker {hello.worker} (worker 0 of its loader) went "
@@ -323,9 +325,10 @@ def connect(
                     f"the staging host of DataLoader worker {hello.worker} sent what is no message of the "
                     f"feed ({exc}): the pass stops"
                 ) from None
-            yield msg
-            if msg[0] in (END, ERROR):
-                return
+            for msg in msgs:
+                yield msg
+                if msg[0] in (END, ERROR):
+                    return
     finally:
         sock.close()
 

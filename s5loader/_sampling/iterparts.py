@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import gc
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,6 +117,24 @@ def rank_order(
         rng = np.random.default_rng([order.seed & (2**64 - 1), epoch, order.rank])
         return buffer_shuffle(mine, shuffle_buffer, rng), None
     return mine, windows
+
+
+class Drawn:
+    """Rank orders drawn once, by what draws them (the last few): a copy of each, each time."""
+
+    def __init__(self, most: int = 8) -> None:
+        self.most = most
+        self._found: dict[Any, tuple[list[int], list[int] | None]] = {}
+
+    def get(
+        self, key: Any, draw: Callable[[], tuple[list[int], list[int] | None]]
+    ) -> tuple[list[int], list[int] | None]:
+        found = self._found.get(key)
+        if found is None:
+            if len(self._found) >= self.most:
+                self._found.clear()
+            found = self._found[key] = draw()
+        return list(found[0]), None if found[1] is None else list(found[1])
 
 
 def buffer_shuffle(seq: list[int], k: int, rng: np.random.Generator) -> list[int]:

@@ -182,9 +182,11 @@ class ObjectUnits:
         :meth:`ShardUnits.order_cost`): never for raw objects, whose samples go whole."""
         return False
 
-    def cache_units(self) -> tuple[Callable[[int], int] | None, Callable[[int], bool] | None]:
-        """How the epoch cache sees these units: the unit of a sample (``None``: each sample is
-        its own) and which units it may keep (``None``: all)."""
+    def cache_units(
+        self,
+    ) -> tuple[Callable[[Sequence[int]], list[int]] | None, Callable[[int], bool] | None]:
+        """How the epoch cache sees these units: the unit of each sample of an order (``None``:
+        each sample is its own) and which units it may keep (``None``: all)."""
         return None, None
 
     def unit_of(self, index: int) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import json
 import logging
 import multiprocessing.util
@@ -23,7 +24,7 @@ from ..dataset import S5Dataset
 from ..exceptions import StateError
 from .cacheplan import node_ranks
 from .feed import INDEX, SKIP, FeedHost, Hello
-from .iterparts import _Pass, owner, rank_order, remaining
+from .iterparts import Drawn, _Pass, owner, rank_order, remaining
 from .mixing import few_shards
 from .order import Order
 from .staging import Staging
@@ -61,12 +62,14 @@ class RankHost:
         self.staging = Staging.within(dataset, options, order, root)
         self.run = self.staging.run
         self.feed: FeedHost | None = None
+        self._drawn = Drawn()
 
     def rank_order(self, order: Order, epoch: int, shuffle_buffer: int) -> tuple[list[int], list[int] | None]:
-        """``order``'s rank's whole order of ``epoch`` (see :func:`.iterparts.rank_order`)."""
-        run = self.run
-        st = self.staging
-        return rank_order(run.units, order, epoch, shuffle_buffer, run.blocks, st.window, st.cost)
+        """``order``'s rank's whole order of ``epoch`` (see :func:`.iterparts.rank_order`), drawn
+        once (a pass and the epoch cache's plan ask for the same ones)."""
+        run, st = self.run, self.staging
+        args = (run.units, order, epoch, shuffle_buffer, run.blocks, st.window, st.cost)
+        return self._drawn.get(args[1:4], functools.partial(rank_order, *args))
 
     def pass_order(self, p: _Pass, order: Order) -> tuple[list[int], list[int] | None]:
         """The whole order of ``order``'s rank in pass ``p``'s epoch: the rank's order, or (an

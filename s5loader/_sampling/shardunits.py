@@ -127,12 +127,14 @@ class ShardUnits(ObjectUnits):
         shards."""
         return True
 
-    def cache_units(self) -> tuple[Callable[[int], int] | None, Callable[[int], bool] | None]:
+    def cache_units(
+        self,
+    ) -> tuple[Callable[[Sequence[int]], list[int]] | None, Callable[[int], bool] | None]:
         """The epoch cache keeps whole shards; not gzip-compressed ones, which are staged
         decompressed in place and would no longer match their listing."""
         shards = self.dataset.shards
         assert shards is not None
-        return self.unit_of, lambda s: not is_gzip(shards[s].uri)
+        return shards.units_of, lambda s: not is_gzip(shards[s].uri)
 
     def unit_of(self, index: int) -> int:
         """The shard that holds sample ``index``."""

@@ -7,7 +7,8 @@ pickle, with only the loader's processes).
   made, which its workers got with their copy of it and which no other process can read).
 * A host's message is ``[kind, payload]``: a staged index as ``[int, folder, keep, back, frees,
   early]`` (the folder must lie in the rank's staging area), a skip, the end, or an error,
-  raised again as the same s5loader or built-in type.
+  raised again as the same s5loader or built-in type. A host's frame is a list of messages:
+  those its writer found queued, as many as fit (:func:`~s5loader._util.frames.frames_of`).
 * The other end of a connection is one of the loader's processes when it is of the same user
   and is this process or a sibling (the same parent: DataLoader workers are the children of
   one process); the host also refuses a hello without the loader's key, so a process that only
@@ -29,9 +30,11 @@ from .._util.frames import (
     MAX_FRAME,
     SKIP,
     FrameError,
+    dumps,
     error_data,
     error_of,
     frame,
+    frames_of,
     peer_problem,
     read,
 )
@@ -45,8 +48,11 @@ __all__ = [
     "FrameError",
     "Hello",
     "decode",
+    "decode_frame",
+    "dumps",
     "encode",
     "frame",
+    "frames_of",
     "hello_bytes",
     "hello_of",
     "peer_problem",
@@ -117,6 +123,17 @@ def decode(raw: Any, root: str | None) -> tuple[str, Any]:
     if kind == ERROR:
         return kind, error_of(payload)
     return kind, None
+
+
+def decode_frame(raw: Any, root: str | None) -> list[tuple[str, Any]]:
+    """A host's frame: its messages, each as :func:`decode` makes it.
+
+    Raises:
+        FrameError: not a non-empty list of the feed's messages.
+    """
+    if not (isinstance(raw, list) and raw):
+        raise FrameError(f"not a frame of the feed: {str(raw)[:80]!r}")
+    return [decode(m, root) for m in raw]
 
 
 def hello_bytes(hello: Hello) -> bytes:

@@ -132,6 +132,12 @@ class ShardSet(Sequence[Shard]):
         """The staging unit of sample ``index``: its shard."""
         return self.locate(index)[0]
 
+    def units_of(self, order: Sequence[int]) -> list[int]:
+        """The shard of each sample of ``order`` (in range: see :meth:`locate`), at once."""
+        if not len(order):
+            return []
+        return (np.searchsorted(self._first, np.asarray(order, dtype=np.int64), side="right") - 1).tolist()
+
     def describe(self) -> str:
         return f"{self.samples} samples in {len(self._shards)} shards"
 

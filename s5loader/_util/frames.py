@@ -6,7 +6,8 @@ Two front ends use it: the iterable's feed (:mod:`s5loader._sampling.feed`, a ra
 its DataLoader workers) and the sampler's words on samples handed out before they were staged
 (:mod:`s5loader._staging.words`, the sampler's process to its DataLoader workers).
 
-* A frame is a 4-byte big-endian length and that many bytes of JSON, at most :data:`MAX_FRAME`.
+* A frame is a 4-byte big-endian length and that many bytes of JSON, at most :data:`MAX_FRAME`;
+  the feed sends its messages as lists of them, as many to a frame as fit (:func:`frames_of`).
 * A message is ``[kind, payload]``: :data:`INDEX` (a sample), :data:`SKIP`, :data:`END`, or
   :data:`ERROR` with ``[module, type name, message]``, raised again as the same s5loader or
   built-in type (:func:`error_data`, :func:`error_of`).
@@ -51,8 +52,29 @@ class FrameError(ValueError):
 
 
 def frame(obj: Any) -> bytes:
-    data = json.dumps(obj, separators=(",", ":")).encode()
+    data = dumps(obj)
     return _LEN.pack(len(data)) + data
+
+
+def dumps(obj: Any) -> bytes:
+    """``obj`` as the JSON a frame carries (see :func:`frames_of`)."""
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def frames_of(items: list[bytes]) -> bytes:
+    """The JSON values ``items`` (each from :func:`dumps`, none longer than :data:`MAX_FRAME`
+    less 2) as frames of JSON lists, in order, each list as long as fits in one frame: many
+    messages cost one frame to read and one JSON value to parse."""
+    groups: list[list[bytes]] = [[]]
+    size = 1  # the list's brackets, and a comma per item
+    for item in items:
+        if groups[-1] and size + len(item) + 1 > MAX_FRAME:
+            groups.append([])
+            size = 1
+        groups[-1].append(item)
+        size += len(item) + 1
+    bodies = [b"[" + b",".join(g) + b"]" for g in groups if g]
+    return b"".join(_LEN.pack(len(body)) + body for body in bodies)
 
 
 def read(f: Any) -> Any:

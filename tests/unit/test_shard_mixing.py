@@ -195,3 +195,11 @@ def test_the_named_budget_mixes_at_least_like_a_1000_sample_buffer(frees: bool, 
         assert shuffle_quality(order, owner, 64).units_per_64 >= buffered.units_per_64
     assert abs(buffer_units(per_shard) - buffered.units_per_64) < 1  # the estimate: the buffer once full
     assert whole_units(1) == 1 and 63 < whole_units(10**6) <= 64
+
+
+def test_the_shards_of_an_order_at_once_are_those_of_each_sample() -> None:
+    shards = shard_set([3, 1, 5, 2, 4])
+    order = random.Random(1).sample(range(15), 15)
+    each = [shards.locate(i)[0] for i in order]
+    assert shards.units_of(order) == each == [unit_of(shards)[i] for i in order]
+    assert shards.units_of([]) == []

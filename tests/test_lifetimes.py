@@ -335,3 +335,54 @@ def test_a_notebook_that_retries_a_loader_whose_transform_raises_leaves_nothing(
     assert all(r() is None for r in runs)
     wait_for(lambda: os.listdir(staging_root) == [], 30, "the staging folders to go")
     wait_for(lambda: _s5cmd_children() == [], 30, "the s5cmd children to end")
+
+
+@pytest.mark.parametrize("how", ["setpriv", "preexec_fn"])
+def test_s5cmd_dies_with_the_process_that_started_it(tmp_path, how: str) -> None:
+    """s5cmd starts through util-linux's ``setpriv --pdeathsig KILL`` where there is one (so
+    Python starts it by vfork), else with a ``preexec_fn`` that asks the kernel the same; either
+    way a loader killed with SIGKILL takes its s5cmd with it."""
+    import subprocess
+    import sys
+    import textwrap
+
+    import psutil
+
+    from s5loader._s5cmd import process
+
+    if how == "setpriv" and not process.death_prefix():
+        pytest.skip("no setpriv that takes --pdeathsig on this machine")
+    # s5cmd reads its lines from a pipe this test holds open: it ends only if it is killed
+    r, w = os.pipe()
+    script = tmp_path / "starter.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import time
+            from s5loader._s5cmd import process
+            if {how!r} == "preexec_fn":
+                process._SETPRIV = []
+            proc = process.S5cmd(endpoint_url="http://127.0.0.1:9").start(["run"], stdin={r})
+            print(proc.pid, flush=True)
+            time.sleep(120)
+            """
+        )
+    )
+    argv = [sys.executable, str(script)]
+    starter = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, pass_fds=(r,))
+    os.close(r)
+    try:
+        assert starter.stdout is not None
+        child = psutil.Process(int(starter.stdout.readline()))
+        wait_for(lambda: child.name() == "s5cmd", 10, "setpriv to run s5cmd in its place")
+        assert child.ppid() == starter.pid
+        starter.kill()
+        starter.wait()
+        wait_for(
+            lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE,
+            10,
+            "s5cmd to die with the process that started it",
+        )
+    finally:
+        starter.kill()
+        os.close(w)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import tarfile
 import threading
 
 import pytest
@@ -129,6 +130,43 @@ def test_the_same_samples_make_the_same_bytes(tmp_path) -> None:
     assert a.md5 == b.md5 and a.size == b.size == measured.size and a.nsamples == 5
     samples = _tar.scan_bytes((tmp_path / "a.tar").read_bytes(), "a.tar")
     assert [s.key for s in samples] == [f"{i:04d}" for i in range(5)]
+
+
+def _tarfile_bytes(members: list[tuple[str, bytes]]) -> bytes:
+    """The tar Python's ``tarfile`` writes of ``members``, with the writer's metadata."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as t:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime, info.uid, info.gid = len(data), 0o644, 0, 0, 0
+            info.uname = info.gname = ""
+            t.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def test_the_writer_writes_the_bytes_tarfile_writes(tmp_path) -> None:
+    members = [
+        ("train/0001.jpg", b"\xff" * 700),
+        ("0002.cls", b"3"),
+        ("0003.empty", b""),
+        ("b" * 96 + ".txt", b"x" * 512),  # 100 bytes: the most a plain header names
+        ("d" * 150 + ".cls", b"7" * 3),  # longer: tarfile's pax record
+        ("ünï/0004.txt", b"caf\xc3\xa9"),  # not ASCII: tarfile's pax record
+        ("0005.big", os.urandom(1 << 21)),  # copied in more than one chunk
+    ]
+    with ShardWriter(str(tmp_path / "s.tar")) as w:
+        for name, data in members:
+            w.add(name, name.split(".")[0], len(data), io.BytesIO(data))
+    assert (tmp_path / "s.tar").read_bytes() == _tarfile_bytes(members)
+    with tarfile.open(tmp_path / "s.tar") as t:
+        assert [(m.name, t.extractfile(m).read()) for m in t.getmembers()] == members  # type: ignore[union-attr]
+
+
+def test_a_member_cut_short_is_named(tmp_path) -> None:
+    from s5loader import FetchError
+
+    with pytest.raises(FetchError, match="0001.jpg: fewer than its 10 bytes"), ShardWriter(None) as w:
+        w.add("0001.jpg", "0001", 10, io.BytesIO(b"12345"))
 
 
 def test_fingerprint_changes_with_samples_and_options() -> None:

@@ -6,6 +6,7 @@ staged indices :mod:`.feed` hands to the workers that read them."""
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import functools
 import json
@@ -98,8 +99,12 @@ class RankHost:
         nw, chunk = p.num_workers, p.chunk
         self.feed = FeedHost(
             name, hello, lambda hellos: self._serve(p, hellos), lambda q: owner(q, nw, chunk)
-        )
-        return self.feed.start()
+        ).start()
+        with contextlib.suppress(Exception):  # drawn while the feed waits for the workers' hellos
+            self.pass_order(p, p.order)  # (what fails fails again in the feed, for every worker)
+            if self.cache is not None:
+                self._cache_orders(p)(p.epoch + 1)  # and the next epoch's, which the cache plans on
+        return self.feed
 
     def _serve(self, p: _Pass, hellos: dict[int, Hello]) -> Iterator[tuple[int, tuple[str, Any]]]:
         """The pass: stage what the workers still need of the rank's order, in order, and say
@@ -140,12 +145,9 @@ class RankHost:
         )
         if not few:
             return
+        mark = os.path.join(self.run.area.root, ".calls", f"mixing-r{p.rank}")
         try:
-            os.close(
-                os.open(
-                    os.path.join(self.run.area.root, ".calls", f"mixing-r{p.rank}"), os.O_CREAT | os.O_EXCL
-                )
-            )
+            os.close(os.open(mark, os.O_CREAT | os.O_EXCL))
         except OSError:
             return  # said already (or the dataset's directory is gone)
         warnings.warn(few, UserWarning, stacklevel=4)
@@ -154,12 +156,10 @@ class RankHost:
         """Write the pass's figures where the process that made the dataset reads them."""
         figures = self.metrics(epoch, samples).as_dict()
         tmp = f"{board}.{os.getpid()}.tmp"
-        try:
+        with contextlib.suppress(OSError):  # the dataset's directory is gone: nobody reads them
             with open(tmp, "w", encoding="utf-8") as f:
                 json.dump(figures, f)
             os.replace(tmp, board)
-        except OSError:
-            pass  # the dataset's directory is gone: nobody reads the figures
 
     def _cache_orders(self, p: _Pass) -> Callable[[int], list[list[int]]]:
         """The orders of the node's local ranks that the epoch cache they share plans on."""

@@ -33,23 +33,24 @@ _SETPRIV: list[str] | None = None  # see death_prefix
 
 
 def death_prefix() -> list[str]:
-    """``setpriv --pdeathsig KILL --`` where util-linux's ``setpriv`` takes that option, else
-    ``[]``; looked up once. s5cmd started through it dies with the thread that started it, as
-    with a ``preexec_fn`` that asks the kernel so (the fallback), but Python can start it with
-    ``vfork``: a few tenths of a millisecond where a ``fork`` of a process as large as one that
-    imported torch takes several (6.7 against 0.24 ms measured, the GIL held meanwhile), and
-    more the more memory the training process maps."""
+    """``setpriv --pdeathsig KILL --`` where util-linux's ``setpriv`` runs a program so (tried
+    once: it runs itself that way), else ``[]``. s5cmd started through it dies with the thread
+    that started it, as with a ``preexec_fn`` that asks the kernel so (the fallback), but Python
+    can start it with ``vfork``: a few tenths of a millisecond where a ``fork`` of a process as
+    large as one that imported torch takes several (6.7 against 0.24 ms measured, the GIL held
+    meanwhile), and more the more memory the training process maps. Called holding
+    ``_spawn_lock`` (the trial is a start of its own, see below)."""
     global _SETPRIV
     if _SETPRIV is None:
-        found = shutil.which("setpriv")
-        _SETPRIV = []
+        found, prefix = shutil.which("setpriv"), []
         if found is not None:
+            trial = [found, "--pdeathsig", "KILL", "--", found, "--version"]
             try:
-                helps = subprocess.run([found, "--help"], capture_output=True, timeout=10).stdout
+                ok = subprocess.run(trial, capture_output=True, timeout=10).returncode == 0
             except (OSError, subprocess.SubprocessError):
-                helps = b""
-            if b"--pdeathsig" in helps:
-                _SETPRIV = [found, "--pdeathsig", "KILL", "--"]
+                ok = False
+            prefix = [found, "--pdeathsig", "KILL", "--"] if ok else []
+        _SETPRIV = prefix
     return _SETPRIV
 
 
@@ -126,9 +127,8 @@ class S5cmd:
         argv = self._argv(*args)
         # checked here: through setpriv, Popen starts setpriv, whose exec of s5cmd fails later
         found = argv[0] if os.sep in argv[0] else shutil.which(argv[0])
-        if found is None or not os.access(found, os.X_OK):
+        if found is None or not os.path.isfile(found) or not os.access(found, os.X_OK):
             raise S5cmdNotFoundError(f"cannot run {argv[0]!r}; {INSTALL_HINT}")
-        prefix = death_prefix()
         env = self.env()
         # SIGINT blocked in this thread while it forks, so in the child until it runs s5cmd:
         # Ctrl-C sent to the process group between the fork and the exec would otherwise raise
@@ -139,6 +139,7 @@ class S5cmd:
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             with _spawn_lock:
                 _register_fork_hooks()
+                prefix = death_prefix()
                 return subprocess.Popen(
                     prefix + argv,
                     stdin=stdin if stdin is not None else subprocess.DEVNULL,

@@ -189,6 +189,7 @@ class CacheRun:
         self._unit_orders = {}  # drawn anew for each pass: a resumed pass may lay its epoch out anew
         now, nxt = self.plan(epoch), self.plan(epoch + 1)
         full = self.unit_orders(epoch)
+        self._unit_orders = {}  # not kept through the pass (of raw objects: the samples, each epoch)
         rest = set(self.units(order))
         consumed = set(full[self.me]) - rest
         everyone = set().union(*full) if self.me == 0 else set()

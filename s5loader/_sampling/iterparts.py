@@ -12,6 +12,7 @@ order exactly.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 from collections.abc import Callable, Iterator
@@ -120,21 +121,37 @@ def rank_order(
 
 
 class Drawn:
-    """Rank orders drawn once, by what draws them (the last few): a copy of each, each time."""
+    """Rank orders drawn once, by what draws them (``(order, epoch, shuffle_buffer)``; a pass and
+    the epoch cache's plan ask for the same ones): kept as arrays for the epochs of the latest
+    pass and the one after (an order of epoch ``e`` drawn forgets those before ``e - 1``), a list
+    copy of each handed out each time."""
 
-    def __init__(self, most: int = 8) -> None:
-        self.most = most
-        self._found: dict[Any, tuple[list[int], list[int] | None]] = {}
+    def __init__(self) -> None:
+        self._found: dict[Any, tuple[np.ndarray, list[int] | None]] = {}
 
     def get(
-        self, key: Any, draw: Callable[[], tuple[list[int], list[int] | None]]
+        self, key: tuple[Any, int, int], draw: Callable[[], tuple[list[int], list[int] | None]]
     ) -> tuple[list[int], list[int] | None]:
         found = self._found.get(key)
         if found is None:
-            if len(self._found) >= self.most:
-                self._found.clear()
-            found = self._found[key] = draw()
-        return list(found[0]), None if found[1] is None else list(found[1])
+            order, windows = draw()
+            kept = {k: v for k, v in self._found.items() if k[1] >= key[1] - 1}
+            found = kept[key] = (np.asarray(order, dtype=np.int64), windows)
+            self._found = kept
+        return found[0].tolist(), None if found[1] is None else list(found[1])
+
+
+def predraw(host: Any, p: _Pass) -> None:
+    """Draw the orders of pass ``p`` (and the next epoch's, which the epoch cache plans on) in
+    the hosting worker's main thread while its feed waits for the other workers' hellos; with
+    one worker there is no wait, and the feed draws them. What fails here fails again in the
+    feed, which tells every worker."""
+    if p.num_workers < 2:
+        return
+    with contextlib.suppress(Exception):
+        host.pass_order(p, p.order)
+        if host.cache is not None:
+            host.cache_orders(p)(p.epoch + 1)
 
 
 def buffer_shuffle(seq: list[int], k: int, rng: np.random.Generator) -> list[int]:

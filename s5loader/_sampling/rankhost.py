@@ -25,7 +25,7 @@ from ..dataset import S5Dataset
 from ..exceptions import StateError
 from .cacheplan import node_ranks
 from .feed import INDEX, SKIP, FeedHost, Hello
-from .iterparts import Drawn, _Pass, owner, rank_order, remaining
+from .iterparts import Drawn, _Pass, owner, predraw, rank_order, remaining
 from .mixing import few_shards
 from .order import Order
 from .staging import Staging
@@ -100,10 +100,7 @@ class RankHost:
         self.feed = FeedHost(
             name, hello, lambda hellos: self._serve(p, hellos), lambda q: owner(q, nw, chunk)
         ).start()
-        with contextlib.suppress(Exception):  # drawn while the feed waits for the workers' hellos
-            self.pass_order(p, p.order)  # (what fails fails again in the feed, for every worker)
-            if self.cache is not None:
-                self._cache_orders(p)(p.epoch + 1)  # and the next epoch's, which the cache plans on
+        predraw(self, p)
         return self.feed
 
     def _serve(self, p: _Pass, hellos: dict[int, Hello]) -> Iterator[tuple[int, tuple[str, Any]]]:
@@ -119,7 +116,7 @@ class RankHost:
         order, windows = self.pass_order(p, p.order)
         rest = remaining(len(order), [hellos[w].start for w in range(p.num_workers)], p.chunk)
         if self.cache is not None and self.run.cache is None:
-            self.staging.use_cache(self.cache.sharer(), self._cache_orders(p))
+            self.staging.use_cache(self.cache.sharer(), self.cache_orders(p))
         wins = _windows_of(windows, rest)
         staged = [order[q] for q in rest]
         log.debug("rank %d epoch %d: staging %d of %d positions", p.rank, p.epoch, len(rest), len(order))
@@ -161,7 +158,7 @@ class RankHost:
                 json.dump(figures, f)
             os.replace(tmp, board)
 
-    def _cache_orders(self, p: _Pass) -> Callable[[int], list[list[int]]]:
+    def cache_orders(self, p: _Pass) -> Callable[[int], list[list[int]]]:
         """The orders of the node's local ranks that the epoch cache they share plans on."""
         ranks = node_ranks(p.rank, p.num_replicas)
 

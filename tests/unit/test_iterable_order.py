@@ -14,7 +14,7 @@ from support.stores import only_folder
 
 from s5loader import BudgetError, ConfigError, S5Dataset, S5IterableDataset, StateError
 from s5loader._index.sample import Field, Sample
-from s5loader._sampling.iterparts import owner, rank_order, remaining, worker_position
+from s5loader._sampling.iterparts import Drawn, owner, rank_order, remaining, worker_position
 from s5loader._sampling.order import Order
 from s5loader._sampling.pieces import part_len
 from s5loader.iterable import buffer_shuffle, check_state, worker_length
@@ -117,3 +117,24 @@ def test_bad_options_and_states_are_config_and_state_errors(staging_root: str) -
         area = only_folder(staging_root)  # the dataset's staging directory
         assert os.path.isdir(area)
     assert not os.path.exists(area)
+
+
+def test_an_order_is_drawn_once_handed_out_as_copies_and_old_epochs_forgotten() -> None:
+    drawn, draws = Drawn(), []
+
+    def draw(epoch: int):
+        def make() -> tuple[list[int], list[int] | None]:
+            draws.append(epoch)
+            return [epoch, 1, 2], None
+
+        return make
+
+    first = drawn.get(("o", 3, 0), draw(3))[0]
+    first.append(99)  # a caller's copy: the memo keeps its own
+    assert drawn.get(("o", 3, 0), draw(3)) == ([3, 1, 2], None) and draws == [3]
+    drawn.get(("o", 4, 0), draw(4))  # the next epoch: epoch 3 is kept
+    drawn.get(("o", 3, 0), draw(3))
+    assert draws == [3, 4]
+    drawn.get(("o", 5, 0), draw(5))  # an epoch two on forgets epoch 3
+    drawn.get(("o", 3, 0), draw(3))
+    assert draws == [3, 4, 5, 3]

@@ -64,19 +64,26 @@ def death_prefix() -> list[str]:
 # fork waits for a start in progress (milliseconds), and a start waits for a fork.
 _spawn_lock = threading.RLock()
 _fork_hooks_registered = False
+# the forks under way in each thread that took the lock before them: a fork that began before
+# the hooks were registered (by the first start, in another thread) ends without releasing
+_forks = threading.local()
 
 
 def _before_fork() -> None:
     _spawn_lock.acquire()
+    _forks.held = getattr(_forks, "held", 0) + 1
 
 
 def _after_fork_in_parent() -> None:
-    _spawn_lock.release()
+    if getattr(_forks, "held", 0):
+        _forks.held -= 1
+        _spawn_lock.release()
 
 
 def _after_fork_in_child() -> None:
     global _spawn_lock
     _spawn_lock = threading.RLock()  # held by the forking thread in the parent only
+    _forks.held = 0
 
 
 def _register_fork_hooks() -> None:

@@ -35,11 +35,11 @@ _SETPRIV: list[str] | None = None  # see death_prefix
 def death_prefix() -> list[str]:
     """``setpriv --pdeathsig KILL --`` where util-linux's ``setpriv`` runs a program so (tried
     once: it runs itself that way), else ``[]``. s5cmd started through it dies with the thread
-    that started it, as with a ``preexec_fn`` that asks the kernel so (the fallback), but Python
-    can start it with ``vfork``: a few tenths of a millisecond where a ``fork`` of a process as
-    large as one that imported torch takes several (6.7 against 0.24 ms measured, the GIL held
-    meanwhile), and more the more memory the training process maps. Called holding
-    ``_spawn_lock`` (the trial is a start of its own, see below)."""
+    that started it, as with a ``preexec_fn`` that asks the kernel so (the fallback), but without
+    a ``preexec_fn`` Python starts it with ``vfork``, which copies nothing of this process,
+    where a ``fork`` copies its page tables with the GIL held, longer the more memory the
+    training process maps. Called holding ``_spawn_lock`` (the trial is a start of its own, see
+    below)."""
     global _SETPRIV
     if _SETPRIV is None:
         found, prefix = shutil.which("setpriv"), []

@@ -120,7 +120,6 @@ class CacheRun:
         self.hits = 0  # in the current pass
         self.admitted = 0
         self._plans: dict[int, KeepPlan] = {}
-        self._unit_orders: dict[int, list[list[int]]] = {}
 
     # -- between passes (the caller's thread) ------------------------------------------------
     def units(self, order: Sequence[int]) -> list[int]:
@@ -130,18 +129,15 @@ class CacheRun:
         return list(dict.fromkeys(self.units_of(order)))
 
     def unit_orders(self, epoch: int) -> list[list[int]]:
-        """The units of each local rank's order of ``epoch``, drawn once per pass (which asks for
-        its own epoch's twice, and for the next epoch's)."""
-        found = self._unit_orders.get(epoch)
-        if found is None:
-            found = self._unit_orders[epoch] = [self.units(o) for o in self.orders(epoch)]
-        return found
+        return [self.units(o) for o in self.orders(epoch)]
 
-    def plan(self, epoch: int) -> KeepPlan:
-        """The keep-set for ``epoch`` (the start of its order, across the local ranks)."""
+    def plan(self, epoch: int, unit_orders: list[list[int]] | None = None) -> KeepPlan:
+        """The keep-set for ``epoch`` (the start of its order, across the local ranks), from its
+        ``unit_orders`` where the caller has them."""
         found = self._plans.get(epoch)
         if found is None:
-            found = keep_set(self.unit_orders(epoch), self.sizes, self.capacity)
+            units = self.unit_orders(epoch) if unit_orders is None else unit_orders
+            found = keep_set(units, self.sizes, self.capacity)
             self._plans = {e: p for e, p in self._plans.items() if e >= epoch - 1}
             self._plans[epoch] = found
         return found
@@ -186,10 +182,8 @@ class CacheRun:
         kept for the next epoch counts against the cache from its first hand-out on
         (:meth:`reserve`); else from its hand-back."""
         self.cache.open()
-        self._unit_orders = {}  # drawn anew for each pass: a resumed pass may lay its epoch out anew
-        now, nxt = self.plan(epoch), self.plan(epoch + 1)
         full = self.unit_orders(epoch)
-        self._unit_orders = {}  # not kept through the pass (of raw objects: the samples, each epoch)
+        now, nxt = self.plan(epoch, full), self.plan(epoch + 1)
         rest = set(self.units(order))
         consumed = set(full[self.me]) - rest
         everyone = set().union(*full) if self.me == 0 else set()

@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """What a node runs while its ranks stage: s5cmd processes, their memory and their connections.
 
-Starts the embedded SeaweedFS in a temporary directory, writes ``--objects`` objects of
-``--size`` bytes, and runs ``--ranks`` processes (forked, each with ``RANK``/``WORLD_SIZE``) that
-each read their part of one epoch through an ``S5Sampler`` with the default options
-(``calls_in_flight=2``, ``s5cmd_workers=256``) and ``--s5cmd-workers`` if given, staging in
-``/dev/shm``. Meanwhile it samples every 50 ms the s5cmd processes below it and reports the
-most seen at once: processes, their RSS together, and their TCP connections (all ranks, and
-the most of one rank). A measurement of this machine, not a comparison: nothing else runs.
+Starts the embedded SeaweedFS in a temporary directory, writes ``--objects`` objects of ``--size``
+bytes, and runs ``--ranks`` processes (forked, each with ``RANK``/``WORLD_SIZE``) that each read
+their part of one epoch through an ``S5Sampler`` with the default options (``calls_in_flight=4``,
+``s5cmd_workers=32``) or ``--s5cmd-workers`` and ``--calls-in-flight``, staging in ``/dev/shm``.
+Meanwhile it samples every 50 ms the s5cmd processes below it and reports the most seen at once:
+processes, their RSS together, and their TCP connections (all ranks, and the most of one rank). A
+measurement of this machine, not a comparison: nothing else runs.
 
-    .venv/bin/python bench/node_load.py [--ranks 8] [--objects 8000] [--size 20000]
+    .venv/bin/python bench/node_load.py [--ranks 8] [--objects 8000] [--size 20000] \
+        [--s5cmd-workers 256 --calls-in-flight 2]
 """
 
 from __future__ import annotations
@@ -28,13 +29,13 @@ import boto3
 import psutil
 from torch.utils.data import DataLoader
 
-from s5loader import S5Dataset, S5Sampler
+from s5loader import S5Dataset, S5Sampler, StagingOptions
 from s5loader.testing import SeaweedFS
 
 
-def rank(r: int, ranks: int, ds: S5Dataset, root: str, workers: int, start: Any) -> None:
+def rank(r: int, ranks: int, ds: S5Dataset, root: str, workers: int, calls: int, start: Any) -> None:
     os.environ.update(RANK=str(r), WORLD_SIZE=str(ranks))
-    with S5Sampler(ds, staging_dir=root, s5cmd_workers=workers) as sampler:
+    with S5Sampler(ds, staging_dir=root, s5cmd_workers=workers, calls_in_flight=calls) as sampler:
         start.wait()
         for _ in DataLoader(ds, sampler=sampler, batch_size=64, collate_fn=lambda b: b):
             pass
@@ -67,7 +68,8 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--objects", type=int, default=8000)
     ap.add_argument("--size", type=int, default=20000)
-    ap.add_argument("--s5cmd-workers", type=int, default=256)
+    ap.add_argument("--s5cmd-workers", type=int, default=StagingOptions.s5cmd_workers)
+    ap.add_argument("--calls-in-flight", type=int, default=StagingOptions.calls_in_flight)
     args = ap.parse_args()
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "local")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "local-secret")
@@ -88,7 +90,9 @@ def main() -> None:
         ctx = multiprocessing.get_context("fork")
         start = ctx.Barrier(args.ranks + 1)
         procs = [
-            ctx.Process(target=rank, args=(r, args.ranks, ds, root, args.s5cmd_workers, start))
+            ctx.Process(
+                target=rank, args=(r, args.ranks, ds, root, args.s5cmd_workers, args.calls_in_flight, start)
+            )
             for r in range(args.ranks)
         ]
         for p in procs:
@@ -111,6 +115,7 @@ def main() -> None:
                     "objects": args.objects,
                     "size": args.size,
                     "s5cmd_workers": args.s5cmd_workers,
+                    "calls_in_flight": args.calls_in_flight,
                     "s5cmd_most": peak.get("s5cmd", 0),
                     "rss_most_mib": round(peak.get("rss", 0) / 2**20, 1),
                     "tcp_most": peak.get("tcp", 0),

@@ -298,8 +298,11 @@ class StagingOptions:
         budget: most bytes staged and not yet read (``"2GiB"``, ``"500MB"`` or an int);
             stored as an int of bytes.
         samples_per_call: samples per s5cmd command file.
-        calls_in_flight: s5cmd calls running at once (2: double buffering).
-        s5cmd_workers: s5cmd's ``--numworkers`` (parallel requests per call).
+        calls_in_flight: s5cmd calls running at once.
+        s5cmd_workers: s5cmd's ``--numworkers`` (parallel requests per call). The defaults, 4
+            calls of 32 workers, keep 128 requests in flight: s5cmd 2.3.0 keeps 2 idle
+            connections per process, so more calls of fewer workers dial fewer new connections
+            per request than fewer calls of many (docs/s5cmd-connections.md has the figures).
         block_size: most samples in a block for ``shuffle="block"`` and wildcard fetches.
         stall_timeout: seconds without progress before a call or copy counts as stalled.
         retries: retries of a sample that failed for a transient reason.
@@ -319,8 +322,8 @@ class StagingOptions:
 
     budget: int = 2 * 1024**3  # also a string such as "2GiB", turned into bytes on creation
     samples_per_call: int = 1000
-    calls_in_flight: int = 2
-    s5cmd_workers: int = 256
+    calls_in_flight: int = 4
+    s5cmd_workers: int = 32
     block_size: int = 64
     stall_timeout: float = 60.0
     retries: int = 3

@@ -47,7 +47,7 @@ class S5Sampler(Sampler[int]):
         shuffle: ``True``: a new permutation of all samples each epoch (call :meth:`set_epoch`);
             ``"block"``: permute blocks of up to ``block_size`` samples that share a key prefix,
             gather them into windows of whole blocks, and shuffle the samples within each window; a
-            window holds as many samples as ``calls_in_flight + 1`` windows fit in ``budget`` (at most
+            window holds as many samples as three windows fit in ``budget`` (at most
             8192), so a batch draws from many blocks, and s5cmd fetches each block of 13 objects or
             more with one wildcard request; ``False``: key order. Over tar shards
             (:meth:`S5Dataset.from_shards`) each rank takes a contiguous run of the shards (permuted

@@ -15,7 +15,10 @@ from s5loader import S5Dataset, S5Sampler
 from s5loader.exceptions import StateError
 
 
-def test_small_budget_block_shuffle_stages_whole_windows(moto: Store, staging_root: str, monkeypatch) -> None:
+@pytest.mark.parametrize("calls_in_flight", [2, 4])
+def test_small_budget_block_shuffle_stages_whole_windows(
+    moto: Store, staging_root: str, monkeypatch, calls_in_flight: int
+) -> None:
     source = moto.put(make_pairs(120, size=300))  # 321-byte samples in blocks of ten
     ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
     sample = 321
@@ -28,9 +31,16 @@ def test_small_budget_block_shuffle_stages_whole_windows(moto: Store, staging_ro
         return plan
 
     monkeypatch.setattr(stager_module, "plan_call", recording_plan)
-    # room for three windows of 30 samples: windows of three blocks, calls cut by the budget
+    # room for three windows of 30 samples: windows of three blocks, calls cut by the budget;
+    # the window does not follow calls_in_flight
     with S5Sampler(
-        ds, shuffle="block", seed=1, block_size=10, budget=3 * 30 * sample, staging_dir=staging_root
+        ds,
+        shuffle="block",
+        seed=1,
+        block_size=10,
+        budget=3 * 30 * sample,
+        calls_in_flight=calls_in_flight,
+        staging_dir=staging_root,
     ) as sampler:
         assert sampler.window == 30
         order, starts = sampler._epoch_plan(0)

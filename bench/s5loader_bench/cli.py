@@ -48,7 +48,7 @@ from typing import Any
 
 import psutil
 
-from s5loader import Access, ConfigError, Progress, S5Dataset, find_s5cmd, parse_size
+from s5loader import Access, ConfigError, Progress, S5Dataset, StagingOptions, find_s5cmd, parse_size
 
 from .methods import INSTALL_HINT, METHODS, S3_PRICES, Context, Figures, Settings, measure, shards_prefix
 from .proxy import ProxyProcess
@@ -159,17 +159,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--buffers",
         dest="calls_in_flight",
         type=positive_int,
-        default=2,
+        default=StagingOptions.calls_in_flight,
         help=(
-            "S5Sampler calls_in_flight: s5cmd calls running at once (default 2; --buffers is its former name)"
+            "S5Sampler calls_in_flight: s5cmd calls running at once "
+            f"(default {StagingOptions.calls_in_flight}; --buffers is its former name)"
         ),
     )
     p.add_argument("--budget", default="2GiB", help="S5Sampler staging budget (default 2GiB)")
     p.add_argument(
         "--s5cmd-workers",
         type=positive_int,
-        default=256,
-        help="S5Sampler s5cmd_workers, s5cmd's --numworkers (default 256)",
+        default=StagingOptions.s5cmd_workers,
+        help=f"S5Sampler s5cmd_workers, s5cmd's --numworkers (default {StagingOptions.s5cmd_workers})",
     )
     p.add_argument("--staging-dir", help="S5Sampler staging root (default: /dev/shm when it has room)")
     p.add_argument(

@@ -30,7 +30,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Dataset
 
-from s5loader import Access, S5Dataset, S5IterableDataset, S5Sampler, ShardIndexError
+from s5loader import Access, S5Dataset, S5IterableDataset, S5Sampler, ShardIndexError, StagingOptions
 
 from .monitor import TreeMonitor
 
@@ -78,7 +78,7 @@ class Settings:
     steps: int | None = None
     seconds: float | None = None
     samples_per_call: int = 1000
-    calls_in_flight: int = 2
+    calls_in_flight: int = StagingOptions.calls_in_flight
     budget: str = "2GiB"
     staging_dir: str | None = None
     shards_prefix: str | None = None
@@ -91,7 +91,7 @@ class Settings:
     access: Access | None = None  # --no-sign-request, --profile, ... (the endpoint is endpoint_url)
     prices: dict[str, float] = field(default_factory=lambda: dict(S3_PRICES))  # $ per 1,000 requests by kind
     first_batch: bool = False  # each method runs to its first batch only (its calls sized as for a pass)
-    s5cmd_workers: int = 256  # S5Sampler's s5cmd_workers (s5cmd's --numworkers) for s5loader's methods
+    s5cmd_workers: int = StagingOptions.s5cmd_workers  # s5loader's methods' (s5cmd's --numworkers)
 
     def store(self, endpoint: str | None) -> Access:
         """The access settings with ``endpoint`` (the request-counting proxy's, when there is one)."""
@@ -534,8 +534,9 @@ def _remove(paths: list[str]) -> None:
 
 
 def run_s5cmd_run(ctx: Context) -> Recorder:
-    """The command files s5loader writes, run by s5cmd (``calls_in_flight`` at once, as the sampler
-    does) into tmpfs with no Python reading the files; each call's files are deleted after it."""
+    """The command files s5loader writes, run by s5cmd (``calls_in_flight`` at once, of
+    ``s5cmd_workers`` each, as the sampler does) into tmpfs with no Python reading the files;
+    each call's files are deleted after it."""
     s = ctx.settings
     spc = ctx.samples_per_call
     sampler = S5Sampler(
@@ -574,7 +575,7 @@ def run_s5cmd_run(ctx: Context) -> Recorder:
                 ep, path = item
                 if stop.is_set() or rec.done():
                     return
-                argv = _s5cmd_argv(ctx, "--numworkers", "256", "run", path)
+                argv = _s5cmd_argv(ctx, "--numworkers", str(s.s5cmd_workers), "run", path)
                 # deleted by another thread, so that the next call starts at once
                 cleaner.submit(_remove, _run_s5cmd(argv, lambda line: done.line(ep, line), stop, rec))
 

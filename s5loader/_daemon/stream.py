@@ -90,7 +90,7 @@ def lift_layout(
     delivery = units.delivery_window(options.budget)
     room = options.budget - delivery
     counts = punch and units.frees_on_read(shuffle)
-    window = layout(dataset, room, options.calls_in_flight, shuffle, root, cached)[0]
+    window = layout(dataset, room, shuffle, root, cached)[0]
     return LiftLayout(room, window, punch, counts, delivery, units.sample_estimate())
 
 

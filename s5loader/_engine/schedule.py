@@ -35,12 +35,16 @@ class Pick:
 
 def call_end(first: int, spc: int, windows: Sequence[int], n: int) -> int:
     """Where a call that begins at ``first`` ends: after ``spc`` positions (of ``n``), or
-    earlier at the start of the last window that begins within them."""
+    earlier at the start of the last window that begins within them; with no window start
+    within them, at the next one, so that a call never ends inside a window (a window's
+    samples are shuffled together: an end inside it would split its blocks)."""
     end = min(first + spc, n)
+    if end >= n or not windows:
+        return end
     k = bisect.bisect_right(windows, end) - 1
-    if k >= 0 and windows[k] > first and end < n:
+    if k >= 0 and windows[k] > first:
         return windows[k]
-    return end
+    return windows[k + 1] if k + 1 < len(windows) else n
 
 
 def pick_call(
@@ -63,7 +67,8 @@ def pick_call(
     left = budget.limit - budget.reserved
     nxt, cut = first, False
     end = call_end(nxt, spc, windows, len(order))
-    while nxt < end and len(picked) < spc:
+    most = max(spc, len(retried) + end - first)  # a call may grow to its window's end
+    while nxt < end and len(picked) < most:
         idx = order[nxt]
         if kept is not None and idx in kept:
             mark(nxt)

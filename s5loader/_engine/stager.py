@@ -10,11 +10,11 @@ the retry policy (:mod:`.retry`); hung copies and stalled calls are found by the
 comes back when consumers release what they read.
 
 ``windows`` (ascending positions, the first 0) cuts the order into windows that calls stage
-whole: a call that reaches past a window's start (by ``samples_per_call`` or by the budget)
-ends at the last such start, so it holds whole windows and fetches each of their blocks with
-one wildcard line. While anything is staged, a call the budget cuts inside a window waits for
-releases instead; only a window larger than the whole budget (or a call after a retry) is
-split.
+whole: a call that reaches past a window's start (by ``samples_per_call`` or by the budget) ends
+at the last such start, and one that reaches none grows to the next, so it holds whole windows
+and fetches each of their blocks with one wildcard line. While anything is staged, a call the
+budget cuts inside a window waits for releases instead; only a window larger than the whole
+budget (or a call after a retry) is split.
 """
 
 from __future__ import annotations
@@ -251,9 +251,9 @@ class Stager:
         return attempt == self.retries.attempts.get(pos, 0) and pos in self.fields
 
     def _schedule(self) -> None:
-        spc = self.schedule.call_size(self.opts.samples_per_call)
         while len(self.calls) < self.opts.calls_in_flight:
-            picked = self.schedule.next_call(spc, self.calls)
+            # each call started doubles the next one's size, so the size is taken per call
+            picked = self.schedule.next_call(self.schedule.call_size(self.opts.samples_per_call), self.calls)
             if picked is None:
                 return
             self._start_call(picked)

@@ -128,7 +128,7 @@ class Watchdog:
             "s5cmd call %d: no answer for %gs for %s; staging %s again in a new call",
             call.seq,
             limit,
-            ", ".join(u for _, _, u in list(hung.values())[:5]),
+            ", ".join(u for _, (_, _, u) in sorted(hung.items())[:5]),  # the first in the order
             "it" if len(hung) == 1 else f"these {len(hung)} samples",
         )
         if not call.pending:

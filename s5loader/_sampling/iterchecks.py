@@ -135,7 +135,7 @@ def check_buffer(
     def peak(budget: int, k: int, e: int = epoch) -> int:
         """The most bytes the rank's order of epoch ``e`` needs at once with ``budget`` and a
         buffer of ``k``."""
-        window, cost = layout(dataset, budget, options.calls_in_flight, order.shuffle, root)
+        window, cost = layout(dataset, budget, order.shuffle, root)
         key = (window, cost.room if cost is not None else None, k, e)  # what the order depends on
         if key not in peaks:
             mine = rank_order(units, order, e, k, None, window, cost)[0]
@@ -146,7 +146,7 @@ def check_buffer(
     need = peak(budget, shuffle_buffer)
     if need <= budget or peak(budget, 0) > budget:
         return  # it fits, or not even without a buffer: the pass's own check says why
-    window = layout(dataset, budget, options.calls_in_flight, order.shuffle, root)[0]
+    window = layout(dataset, budget, order.shuffle, root)[0]
     raise _too_big(dataset, order, shuffle_buffer, epoch, budget, need, window, peak)
 
 

@@ -135,10 +135,10 @@ class ObjectUnits:
     def check(self, options: StagingOptions) -> None:
         """Raise for options this kind of data set cannot stage."""
 
-    def window(self, budget: int, calls_in_flight: int, shuffle: bool | str) -> int:
+    def window(self, budget: int, shuffle: bool | str) -> int:
         """``shuffle="block"``'s window (samples shuffled together; see :func:`block_window`)."""
         ds = self.dataset
-        return block_window(budget, ds.total_bytes / max(1, len(ds)), calls_in_flight)
+        return block_window(budget, ds.total_bytes / max(1, len(ds)))
 
     def block_size(self, options: StagingOptions) -> int:
         return options.block_size

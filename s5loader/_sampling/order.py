@@ -351,8 +351,8 @@ def _per_run(order: Sequence[int], unit_of: Sequence[int], span: int) -> float:
     return sum(len({unit_of[i] for i in run}) for run in runs) / len(runs)
 
 
-# shuffle="block": the most samples a window holds (see block_window)
-WINDOW_CAP = 8192
+# shuffle="block": the most samples a window holds, and the windows the budget holds (see block_window)
+WINDOW_CAP, WINDOWS_IN_BUDGET = 8192, 3
 
 
 def pinned_order(n: int, seed: int, epoch: int, nodes: int, ranks: int, drop_last: bool) -> list[int]:
@@ -387,10 +387,13 @@ def open_shards(budget: int, largest: int, total: int, count: int) -> int:
     return max(1, budget // max(1, largest) - 1)
 
 
-def block_window(budget: int, mean_sample_size: float, calls_in_flight: int) -> int:
-    """How many samples a ``shuffle="block"`` window holds: as many as ``calls_in_flight + 1`` windows
-    of average samples fit in ``budget`` (one being read, ``calls_in_flight`` being staged), at most
-    :data:`WINDOW_CAP`. A call stages a whole window, so a window the budget cannot hold
-    would be cut into calls that split its blocks; a smaller budget gives smaller windows."""
-    fits = int(budget // ((calls_in_flight + 1) * max(1.0, mean_sample_size)))
+def block_window(budget: int, mean_sample_size: float) -> int:
+    """How many samples a ``shuffle="block"`` window holds: as many as :data:`WINDOWS_IN_BUDGET`
+    (3) windows of average samples fit in ``budget`` (one being read, two being staged), at most
+    :data:`WINDOW_CAP`. A call stages whole windows, so a window the budget cannot hold would be
+    cut into calls that split its blocks; a smaller budget gives smaller windows. The window does
+    not follow ``calls_in_flight``: where windows are as large as calls, the budget holds three of
+    them and the calls beyond wait for releases, so more calls in flight never make an order mix
+    less."""
+    fits = int(budget // (WINDOWS_IN_BUDGET * max(1.0, mean_sample_size)))
     return max(1, min(WINDOW_CAP, fits))

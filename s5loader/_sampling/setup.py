@@ -49,7 +49,7 @@ def configure(
     units = units_of(dataset)
     order = Order(shuffle, seed, world, r, bool(drop_last))
     # From the options, not the space found: every rank must cut the same windows.
-    window = units.window(options.budget, options.calls_in_flight, shuffle)
+    window = units.window(options.budget, shuffle)
     options, root = fit_budget(dataset, whole_windows(options, shuffle, window), batch_size)
     return order, window, options, root
 

@@ -45,10 +45,10 @@ class ShardUnits(ObjectUnits):
                 "smaller shards"
             )
 
-    def window(self, budget: int, calls_in_flight: int, shuffle: bool | str) -> int:
+    def window(self, budget: int, shuffle: bool | str) -> int:
         """``shuffle="block"``: as for objects; else the shards a shard order keeps open."""
         if shuffle == "block":
-            return super().window(budget, calls_in_flight, shuffle)
+            return super().window(budget, shuffle)
         shards = self.dataset.samples
         return open_shards(budget, shards[shards.largest()].size, self.dataset.total_bytes, len(shards))
 

@@ -47,14 +47,14 @@ __all__ = ["READERS", "HandOff", "Staging", "layout"]
 
 
 def layout(
-    dataset: S5Dataset, budget: int, calls_in_flight: int, shuffle: bool | str, root: str, whole: bool = False
+    dataset: S5Dataset, budget: int, shuffle: bool | str, root: str, whole: bool = False
 ) -> tuple[int, Freeing | None]:
     """The window of an order of ``dataset`` staged within ``budget`` below ``root`` (a block
     order's samples; a shard order's open shards) and, where that order counts the bytes its
     samples give back as they are read (over tar shards with ``shuffle=True`` that do not fit the
     budget, on a file system that punches holes, unless shards are kept ``whole``), what it counts
     them with (see :meth:`ShardUnits.order_cost <s5loader._sampling.units.ShardUnits.order_cost>`)."""
-    window = units_of(dataset).window(budget, calls_in_flight, shuffle)
+    window = units_of(dataset).window(budget, shuffle)
     return window, freeing_cost(dataset, shuffle, budget, root, whole)
 
 
@@ -164,7 +164,7 @@ class Staging:
         self.dataset = dataset
         self.units = units_of(dataset)
         budget, shuffle = options.budget, order.shuffle
-        found, cost = layout(dataset, budget, options.calls_in_flight, shuffle, root, keep or whole)
+        found, cost = layout(dataset, budget, shuffle, root, keep or whole)
         if counts is not None:
             cost = self.units.order_cost(budget) if counts else None
         window = found if window is None else window

@@ -100,19 +100,19 @@ def test_first_windows_grow_from_a_small_one() -> None:
 
 
 def test_window_is_what_the_budget_holds_up_to_the_cap() -> None:
-    # 100 kB samples, 2 GiB, 2 calls in flight: thousands of samples per window
-    w = block_window(2 << 30, 100_000, 2)
+    # 100 kB samples, 2 GiB: thousands of samples per window
+    w = block_window(2 << 30, 100_000)
     assert 4000 < w <= WINDOW_CAP and 3 * w * 100_000 <= 2 << 30
-    assert block_window(1 << 40, 1000, 2) == WINDOW_CAP
+    assert block_window(1 << 40, 1000) == WINDOW_CAP
     # a small budget shrinks the window so that three windows still fit
-    assert block_window(30_000, 1000, 2) == 10
-    assert block_window(10, 1000, 2) == 1
+    assert block_window(30_000, 1000) == 10
+    assert block_window(10, 1000) == 1
 
 
 def test_a_window_spans_many_blocks_when_the_budget_allows() -> None:
     n, size = 100_000, 64
     units = blocks_of(n, size)
-    w = block_window(2 << 30, 100_000, 2)
+    w = block_window(2 << 30, 100_000)
     order, starts = Order("block", 0, 1, 0, False).block_order(n, 0, 0, units, w)
     # past the first windows, which grow from FIRST_WINDOW samples (they sum to less than 2w)
     full_windows = [win for a, win in zip(starts, windows_of(order, starts), strict=True) if a >= 2 * w][:-1]

@@ -32,9 +32,18 @@ def test_call_end_stops_at_the_last_window_start() -> None:
     windows = [0, 10, 20]
     assert call_end(0, 15, windows, 30) == 10
     assert call_end(0, 25, windows, 30) == 20
-    assert call_end(10, 5, windows, 30) == 15  # no window starts inside the call
+    # no window starts inside the call: it grows to the next start, never ending inside a window
+    assert call_end(10, 5, windows, 30) == 20
+    assert call_end(12, 3, windows, 30) == 20
+    assert call_end(20, 5, windows, 30) == 30  # the last window: the order's end
     assert call_end(20, 15, windows, 30) == 30  # the order's end, not a window start
     assert call_end(0, 15, [], 30) == 15
+
+
+def test_a_call_smaller_than_its_window_takes_the_whole_window() -> None:
+    samples = _samples(*([10] * 12))
+    pick = pick_call(list(range(12)), samples, _budget(1000), 0, 2, [], [0, 5, 9], None, lambda pos: None)
+    assert (pick.picked, pick.nxt, pick.cut) == ([0, 1, 2, 3, 4], 5, False)
 
 
 def test_pick_call_takes_what_fits_and_keeps_windows_whole() -> None:

@@ -66,7 +66,7 @@ def test_a_buffer_the_budget_cannot_hold_is_refused_when_the_dataset_is_made(
 def test_set_epoch_checks_the_epochs_own_draw(tmp_path) -> None:
     ds, budget = shard_set(), 5 * SHARD
     units, order = units_of(ds), Order(True, 0, 1, 0, False)
-    window, cost = layout(ds, budget, 2, True, str(tmp_path))  # as the rank will stage
+    window, cost = layout(ds, budget, True, str(tmp_path))  # as the rank will stage
 
     def too_big(buffer: int, epoch: int) -> bool:
         mine = rank_order(units, order, epoch, buffer, None, window, cost)[0]

@@ -47,6 +47,31 @@ def test_peak_staged_bytes_never_exceeds_budget(seaweed: Store, staging_root: st
     assert 0 < watcher.peak <= budget, f"peak {watcher.peak} > budget {budget}"
 
 
+def test_a_pass_s_first_call_runs_a_worker_per_copy_the_rest_the_default(
+    seaweed: Store, staging_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from s5loader._s5cmd import S5cmd
+
+    source = seaweed.put(make_pairs(300, size=500))
+    ds = S5Dataset.from_prefix(seaweed.uri(), endpoint_url=seaweed.endpoint)
+    workers: list[int] = []
+    real = S5cmd.run_file
+
+    def recording(self: S5cmd, command_file: str, numworkers: int | None = None) -> subprocess.Popen[bytes]:
+        workers.append(numworkers or self.numworkers)
+        return real(self, command_file, numworkers)
+
+    monkeypatch.setattr(S5cmd, "run_file", recording)
+    with S5Sampler(ds, shuffle=True, seed=0, staging_dir=staging_root) as sampler:
+        for epoch in range(2):
+            sampler.set_epoch(epoch)
+            start = len(workers)
+            assert sorted(ds[i]["__key__"] for i in sampler) == keys_of(source)
+            # each pass's first call: 32 samples of 2 objects, a worker for each of its copies
+            assert workers[start] == 64 and len(workers) - start > 1
+            assert set(workers[start + 1 :]) == {32}
+
+
 def test_budget_smaller_than_one_call_finishes(moto: Store, staging_root: str) -> None:
     source = moto.put(make_pairs(30, size=1000))
     ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)

@@ -31,6 +31,7 @@ class Call:
     proc: Any
     command_file: str
     plan: CallPlan
+    workers: int = 256  # its s5cmd's --numworkers
     errors: dict[str, str] = field(default_factory=dict)
     pending: set[str] = field(default_factory=set)  # reported paths with no answer yet
     given_up: set[str] = field(default_factory=set)  # reported paths retried in another call
@@ -84,8 +85,9 @@ class Calls:
     def __iter__(self) -> Iterator[Call]:
         return iter(list(self.live))
 
-    def start(self, seq: int, control_dir: str, plan: CallPlan) -> Call:
-        """Write the call's command file into ``control_dir`` and run it."""
+    def start(self, seq: int, control_dir: str, plan: CallPlan, workers: int | None = None) -> Call:
+        """Write the call's command file into ``control_dir`` and run it with ``workers`` s5cmd
+        workers (default: the s5cmd's own)."""
         command_file = os.path.join(control_dir, f"{seq}.txt")
         for attempt in range(3):
             try:
@@ -96,9 +98,10 @@ class Calls:
                 # the staging directory was removed (by someone else) while this ran
                 if attempt == 2:
                     raise
-        proc = self.s5cmd.run_file(command_file)
-        call = Call(seq, proc, command_file, plan, pending=set(plan.items))
-        if len(call.pending) <= self.numworkers:
+        workers = workers or self.numworkers
+        proc = self.s5cmd.run_file(command_file, workers)
+        call = Call(seq, proc, command_file, plan, pending=set(plan.items), workers=workers)
+        if len(call.pending) <= call.workers:
             call.all_running = call.started
         for stream in (proc.stdout, proc.stderr):
             assert stream is not None
@@ -208,7 +211,7 @@ class Calls:
 
     def answered(self, call: Call, where: str) -> None:
         call.pending.discard(where)
-        if not call.all_running and len(call.pending) <= self.numworkers:
+        if not call.all_running and len(call.pending) <= call.workers:
             call.all_running = time.monotonic()
 
     def _unexpected(self, call: Call, where: str) -> None:

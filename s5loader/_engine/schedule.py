@@ -107,6 +107,7 @@ class Scheduler:
         windows: ascending window starts (the first 0); calls stage whole windows.
         first_call: units of the first call; each next call takes twice as many, up to
             ``samples_per_call``.
+        first_workers: the most s5cmd workers of the first call (see :meth:`workers`).
     """
 
     def __init__(
@@ -121,13 +122,30 @@ class Scheduler:
         kept: Container[int] | None,
         windows: Sequence[int] | None,
         first_call: int,
+        first_workers: int | None = None,
     ) -> None:
         self.order, self.samples, self.budget = order, samples, budget
         self.retries, self.ready, self.stats = retries, ready, stats
         self.kept = kept
         self.windows = list(windows or ())
         self.first_call = max(1, first_call)
+        self.first_workers = first_workers
         self.next = 0
+
+    def most_calls(self, calls_in_flight: int, running: int) -> int:
+        """How many calls may run now: ``calls_in_flight``, but two until the first call has
+        ended, so that the first samples' call shares the link and the CPU with one more call,
+        not with every call of the ramp."""
+        ramp = self.stats.calls - running < 1
+        return min(2, calls_in_flight) if ramp else calls_in_flight
+
+    def workers(self, copies: int, numworkers: int) -> int | None:
+        """The s5cmd workers of the next call (``None``: ``numworkers``, the s5cmd's own). The
+        first call, with ``first_workers``, runs a worker per copy, up to ``first_workers``, so
+        that the first batch waits for one round of requests."""
+        if self.stats.calls or not self.first_workers:
+            return None
+        return min(self.first_workers, max(copies, numworkers))
 
     def call_size(self, samples_per_call: int) -> int:
         """The most units the next call may take: ``first_call``, doubled per call started."""

@@ -66,8 +66,7 @@ def close_off_engine(close: Callable[[], None]) -> None:
 
 
 class Stager:
-    """Stages ``order`` (indices into ``samples``) into ``area``; see the module docstring
-    (``windows``: calls stage whole windows, as it says).
+    """Stages ``order`` (indices into ``samples``) into ``area``; see the module docstring.
 
     Consumers call :meth:`wait` for each position in order, read the sample and release it
     (:meth:`StagingLayout.release <s5loader._staging.layout.StagingLayout.release>`: delete its
@@ -75,7 +74,7 @@ class Stager:
     samples a consumer holds. With ``is_released`` (the prefetch daemon's ledger) the engine
     also asks that of the keys nobody announces (negative ones), often. The first call takes
     ``first_call`` units of the order, each next one twice as many, up to ``samples_per_call``
-    (over shards a unit is a shard: 1; see :mod:`.schedule`).
+    (a shard is a unit), with up to ``first_workers`` s5cmd workers (see :mod:`.schedule`).
     """
 
     def __init__(
@@ -92,6 +91,7 @@ class Stager:
         layout: BlockPlan | None = None,
         windows: Sequence[int] | None = None,
         first_call: int = 32,
+        first_workers: int | None = None,
     ) -> None:
         self.samples = samples
         self.order = order
@@ -118,11 +118,22 @@ class Stager:
         self.retries = Retries(options, self.stats, area.path, self.fields.forget, s5cmd.settings.endpoint())
         self.calls = Calls(s5cmd, self._field, area.path, options.verify, self.stats)
         self.side = SideFetches(access)
-        self._compose(kept, windows, first_call)
+        self._compose()
+        self.schedule = Scheduler(
+            order,
+            samples,
+            self.budget,
+            self.retries,
+            self.ready,
+            self.stats,
+            kept=kept,
+            windows=windows,
+            first_call=first_call,
+            first_workers=first_workers,
+        )
 
-    def _compose(self, kept: Container[int] | None, windows: Sequence[int] | None, first_call: int) -> None:
-        """The parts that act on the calls: what settles an ended one, the watchdog over the
-        running ones, and the scheduler that picks the next (see :mod:`.schedule`)."""
+    def _compose(self) -> None:
+        """What settles an ended call, and the watchdog over the running ones."""
         order, samples, options = self.order, self.samples, self.opts
         self.ends = CallEnds(
             order,
@@ -144,17 +155,6 @@ class Stager:
             self.ends.finish_exited,
             self.ends.hold_given_up,
             self.ends.failed,
-        )
-        self.schedule = Scheduler(
-            order,
-            samples,
-            self.budget,
-            self.retries,
-            self.ready,
-            self.stats,
-            kept=kept,
-            windows=windows,
-            first_call=first_call,
         )
 
     def _field(self, pos: int, j: int) -> Field:
@@ -251,7 +251,7 @@ class Stager:
         return attempt == self.retries.attempts.get(pos, 0) and pos in self.fields
 
     def _schedule(self) -> None:
-        while len(self.calls) < self.opts.calls_in_flight:
+        while len(self.calls) < self.schedule.most_calls(self.opts.calls_in_flight, len(self.calls)):
             # each call started doubles the next one's size, so the size is taken per call
             picked = self.schedule.next_call(self.schedule.call_size(self.opts.samples_per_call), self.calls)
             if picked is None:
@@ -281,7 +281,8 @@ class Stager:
         self.stats.count_requests(plan.requests)
         if not plan.lines or self._aborted:
             return
-        self.calls.start(self._seq, self.area.control_dir, plan)
+        workers = self.schedule.workers(len(plan.items), self.calls.numworkers)
+        self.calls.start(self._seq, self.area.control_dir, plan, workers)
         self.stats.calls += 1
         log.debug("call %d: %d samples, %d lines", self._seq, len(positions), len(plan.lines))
 

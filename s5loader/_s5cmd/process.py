@@ -161,9 +161,10 @@ class S5cmd:
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
-    def run_file(self, command_file: str) -> subprocess.Popen[bytes]:
-        """Start ``s5cmd run COMMAND_FILE`` in the background."""
-        return self.start(["--numworkers", str(self.numworkers), "run", command_file])
+    def run_file(self, command_file: str, numworkers: int | None = None) -> subprocess.Popen[bytes]:
+        """Start ``s5cmd run COMMAND_FILE`` in the background (with ``numworkers`` workers, by
+        default :attr:`numworkers`)."""
+        return self.start(["--numworkers", str(numworkers or self.numworkers), "run", command_file])
 
     def list(self, prefix_uri: str) -> Iterator[ObjectInfo]:
         """List every object under an ``s3://bucket/prefix`` (recursively) with ``ls --json``,

@@ -18,6 +18,9 @@ from ..dataset import S5Dataset, StagedIndex
 from .early import EARLY, Early, EarlyHandOut, early_hand_out
 from .order import Order, block_window
 
+# s5cmd's own default of workers: the most a pass's first call of raw objects runs
+FIRST_CALL_WORKERS = 256
+
 
 class Lifted(NamedTuple):
     """A staged sample as a folder (see :meth:`ObjectUnits.lift`): the folder, the sample's key,
@@ -40,6 +43,11 @@ class PassUnits(Protocol):
     @property
     def first_call(self) -> int:
         """Units in the engine's first call (then twice, four times as many...)."""
+        ...
+
+    @property
+    def first_workers(self) -> int | None:
+        """The most s5cmd workers of the engine's first call (``None``: ``s5cmd_workers``)."""
         ...
 
     @property
@@ -78,6 +86,8 @@ class ObjectPass:
     reader (``early``) at once, before (:mod:`.early`)."""
 
     first_call = 32
+    # a worker for each copy of the first call: its HEADs and GETs go out in one round
+    first_workers: int | None = FIRST_CALL_WORKERS
     streams_first = False
 
     def __init__(self, order: Sequence[int], keep: bool, early: bool = False) -> None:

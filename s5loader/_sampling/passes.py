@@ -172,6 +172,7 @@ class StagingPasses:
             layout=self.layout,
             windows=units.engine_windows(windows),
             first_call=units.first_call,
+            first_workers=units.first_workers,
             is_released=(lambda k: released(k, folders)) if released is not None else None,
         )
         if self.hand_off.on_stager is not None:

@@ -139,6 +139,7 @@ class ShardPass:
 
     # -- the pass's units, as the engine asks them (see s5loader._sampling.units) -------------
     FIRST_SAMPLES = 16  # the first call stages the shards the pass's first samples lie in
+    first_workers = None  # shards land one after another, at the capped workers (SHARD_WORKERS)
 
     @property
     def first_call(self) -> int:

@@ -15,7 +15,7 @@ import pytest
 from s5loader import BudgetError
 from s5loader._engine.budget import Budget
 from s5loader._engine.ready import Outstanding, Readiness
-from s5loader._engine.schedule import call_end, pick_call
+from s5loader._engine.schedule import Scheduler, call_end, pick_call
 from s5loader._engine.stats import Stats
 from s5loader._index.sample import Field, Sample
 
@@ -44,6 +44,29 @@ def test_a_call_smaller_than_its_window_takes_the_whole_window() -> None:
     samples = _samples(*([10] * 12))
     pick = pick_call(list(range(12)), samples, _budget(1000), 0, 2, [], [0, 5, 9], None, lambda pos: None)
     assert (pick.picked, pick.nxt, pick.cut) == ([0, 1, 2, 3, 4], 5, False)
+
+
+def test_two_calls_run_until_the_first_ends_and_the_first_has_a_worker_per_copy() -> None:
+    stats = Stats(samples=100)
+    plain = Scheduler([], [], _budget(1), None, None, stats, kept=None, windows=None, first_call=32)  # type: ignore[arg-type]
+    wide = Scheduler(
+        [],
+        [],
+        _budget(1),
+        None,
+        None,
+        stats,
+        kept=None,
+        windows=None,
+        first_call=32,
+        first_workers=256,  # type: ignore[arg-type]
+    )
+    assert (plain.most_calls(4, 0), plain.most_calls(1, 0)) == (2, 1)  # no call ended yet
+    assert (wide.workers(64, 32), wide.workers(10, 32), wide.workers(1000, 32)) == (64, 32, 256)
+    assert plain.workers(64, 32) is None  # no first_workers: the s5cmd's own
+    stats.calls = 2
+    assert (plain.most_calls(4, 2), plain.most_calls(4, 1)) == (2, 4)  # one of two ended
+    assert wide.workers(64, 32) is None  # only the first call
 
 
 def test_pick_call_takes_what_fits_and_keeps_windows_whole() -> None:

@@ -26,6 +26,7 @@ import tempfile
 import time
 from typing import Any
 
+from s5loader import StagingOptions
 from s5loader.testing import SeaweedFS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -104,7 +105,7 @@ def table(runs: Runs, size: str) -> str:
 def _setting(text: str) -> tuple[int, int]:
     workers, _, calls = text.partition(":")
     try:
-        return int(workers), int(calls or 2)
+        return int(workers), int(calls or StagingOptions.calls_in_flight)
     except ValueError:
         raise argparse.ArgumentTypeError(f"a setting is WORKERS:CALLS, such as 32:4, got {text!r}") from None
 

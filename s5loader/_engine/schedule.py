@@ -67,7 +67,8 @@ def pick_call(
     left = budget.limit - budget.reserved
     nxt, cut = first, False
     end = call_end(nxt, spc, windows, len(order))
-    most = max(spc, len(retried) + end - first)  # a call may grow to its window's end
+    # a call grows to its window's end where call_end took it past spc (retries then count too)
+    most = spc if end <= first + spc else len(retried) + end - first
     while nxt < end and len(picked) < most:
         idx = order[nxt]
         if kept is not None and idx in kept:
@@ -133,19 +134,22 @@ class Scheduler:
         self.next = 0
 
     def most_calls(self, calls_in_flight: int, running: int) -> int:
-        """How many calls may run now: ``calls_in_flight``, but two until the first call has
-        ended, so that the first samples' call shares the link and the CPU with one more call,
-        not with every call of the ramp."""
+        """How many calls may run now: ``calls_in_flight``, but two until a call has ended, so
+        that the first samples' call shares the link and the CPU with one more call, not with
+        every call of the ramp."""
         ramp = self.stats.calls - running < 1
         return min(2, calls_in_flight) if ramp else calls_in_flight
 
-    def workers(self, copies: int, numworkers: int) -> int | None:
+    def workers(self, copies: int, numworkers: int, calls_in_flight: int) -> int | None:
         """The s5cmd workers of the next call (``None``: ``numworkers``, the s5cmd's own). The
-        first call, with ``first_workers``, runs a worker per copy, up to ``first_workers``, so
-        that the first batch waits for one round of requests."""
+        first call, with ``first_workers``, runs a worker per copy, so that the first batch
+        waits for one round of requests, within the requests the calls may have in flight:
+        at most ``numworkers`` x (``calls_in_flight`` - 1), beside the one more call the ramp
+        runs, and at most ``first_workers``; never fewer than ``numworkers``."""
         if self.stats.calls or not self.first_workers:
             return None
-        return min(self.first_workers, max(copies, numworkers))
+        wide = min(copies, numworkers * (calls_in_flight - 1), self.first_workers)
+        return max(numworkers, wide)
 
     def call_size(self, samples_per_call: int) -> int:
         """The most units the next call may take: ``first_call``, doubled per call started."""

@@ -281,7 +281,7 @@ class Stager:
         self.stats.count_requests(plan.requests)
         if not plan.lines or self._aborted:
             return
-        workers = self.schedule.workers(len(plan.items), self.calls.numworkers)
+        workers = self.schedule.workers(len(plan.items), self.calls.numworkers, self.opts.calls_in_flight)
         self.calls.start(self._seq, self.area.control_dir, plan, workers)
         self.stats.calls += 1
         log.debug("call %d: %d samples, %d lines", self._seq, len(positions), len(plan.lines))

@@ -44,6 +44,9 @@ def test_a_call_smaller_than_its_window_takes_the_whole_window() -> None:
     samples = _samples(*([10] * 12))
     pick = pick_call(list(range(12)), samples, _budget(1000), 0, 2, [], [0, 5, 9], None, lambda pos: None)
     assert (pick.picked, pick.nxt, pick.cut) == ([0, 1, 2, 3, 4], 5, False)
+    # retries take places from samples_per_call where the call does not grow (no windows)
+    pick = pick_call(list(range(12)), samples, _budget(1000), 4, 3, [0, 1], [], None, lambda pos: None)
+    assert (pick.picked, pick.nxt) == ([0, 1, 4], 5)
 
 
 def test_two_calls_run_until_the_first_ends_and_the_first_has_a_worker_per_copy() -> None:
@@ -62,11 +65,14 @@ def test_two_calls_run_until_the_first_ends_and_the_first_has_a_worker_per_copy(
         first_workers=256,  # type: ignore[arg-type]
     )
     assert (plain.most_calls(4, 0), plain.most_calls(1, 0)) == (2, 1)  # no call ended yet
-    assert (wide.workers(64, 32), wide.workers(10, 32), wide.workers(1000, 32)) == (64, 32, 256)
-    assert plain.workers(64, 32) is None  # no first_workers: the s5cmd's own
+    assert (wide.workers(64, 32, 4), wide.workers(10, 32, 4), wide.workers(1000, 32, 4)) == (64, 32, 96)
+    assert wide.workers(1000, 128, 4) == 256  # at most first_workers
+    # a user's few workers bound the first call too: 4 x (4 - 1) requests, never below the 4
+    assert (wide.workers(64, 4, 4), wide.workers(64, 4, 1), wide.workers(64, 512, 2)) == (12, 4, 512)
+    assert plain.workers(64, 32, 4) is None  # no first_workers: the s5cmd's own
     stats.calls = 2
     assert (plain.most_calls(4, 2), plain.most_calls(4, 1)) == (2, 4)  # one of two ended
-    assert wide.workers(64, 32) is None  # only the first call
+    assert wide.workers(64, 32, 4) is None  # only the first call
 
 
 def test_pick_call_takes_what_fits_and_keeps_windows_whole() -> None:

@@ -51,19 +51,9 @@ def test_a_call_smaller_than_its_window_takes_the_whole_window() -> None:
 
 def test_two_calls_run_until_the_first_ends_and_the_first_has_a_worker_per_copy() -> None:
     stats = Stats(samples=100)
-    plain = Scheduler([], [], _budget(1), None, None, stats, kept=None, windows=None, first_call=32)  # type: ignore[arg-type]
-    wide = Scheduler(
-        [],
-        [],
-        _budget(1),
-        None,
-        None,
-        stats,
-        kept=None,
-        windows=None,
-        first_call=32,
-        first_workers=256,  # type: ignore[arg-type]
-    )
+    common = {"kept": None, "windows": None, "first_call": 32}
+    plain = Scheduler([], [], _budget(1), None, None, stats, **common)
+    wide = Scheduler([], [], _budget(1), None, None, stats, **common, first_workers=256)
     assert (plain.most_calls(4, 0), plain.most_calls(1, 0)) == (2, 1)  # no call ended yet
     assert (wide.workers(64, 32, 4), wide.workers(10, 32, 4), wide.workers(1000, 32, 4)) == (64, 32, 96)
     assert wide.workers(1000, 128, 4) == 256  # at most first_workers

@@ -303,7 +303,10 @@ class StagingOptions:
             calls of 32 workers, keep 128 requests in flight: s5cmd 2.3.0 keeps 2 idle
             connections per process, so more calls of fewer workers dial fewer new connections
             per request than fewer calls of many (docs/s5cmd-connections.md has the figures).
-        block_size: most samples in a block for ``shuffle="block"`` and wildcard fetches.
+        block_size: most samples in a block for ``shuffle="block"`` and wildcard fetches; a
+            key prefix of up to twice as many is one block where its key names would cut it
+            only into parts too small for a wildcard line to pay for its LIST (fewer than 13
+            objects: decimal keys' tens of one-object samples make blocks of a hundred).
         stall_timeout: seconds without progress before a call or copy counts as stalled.
         retries: retries of a sample that failed for a transient reason.
         retry_backoff: the first pause before a retry, in seconds (doubling).

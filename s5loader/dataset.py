@@ -16,7 +16,7 @@ from ._index.share import shared_object
 from ._shards.index import Shard, load_shards
 from ._shards.shardset import ShardSet
 from ._staging.plainindex import PlainIndices
-from ._staging.reader import ObjectReader
+from ._staging.reader import ObjectReader, announce_early
 from ._staging.reader import StagedIndex as StagedIndex  # the index type samplers yield
 from .config import Access
 from .decode import decode
@@ -285,6 +285,12 @@ class S5Dataset(Dataset[Any]):
             self._plain.check(int(index), self._reader.unit_of(index))
         member, where = self._reader.read(index, self._samples, self.access)
         return self._finish(member, where)
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        """A DataLoader batch, as ``[self[i] for i in indices]``; the sampler's words on its
+        samples handed out before they were staged are asked for in one request."""
+        announce_early(indices)
+        return [self[i] for i in indices]
 
     def _finish(self, out: dict[str, Any], where: str | dict[str, str] = "") -> Any:
         if self.decode:

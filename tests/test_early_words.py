@@ -8,12 +8,14 @@ tests (tests/test_first_batch.py, the container tests) go through it with a real
 
 from __future__ import annotations
 
+import io
 import multiprocessing
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -283,3 +285,62 @@ def test_threads_of_one_reader_wait_for_their_own_samples(server: WordServer, fo
     server.settle(1, True)
     first.join(30)
     assert got_first == [True]
+
+
+def test_a_batch_is_asked_for_in_one_request_and_answered_in_its_order(
+    server: WordServer, folder: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[object] = []
+    read = words.read
+
+    def recording(f: object) -> object:
+        got = read(f)
+        if not isinstance(f, io.BytesIO):  # the server's side: what a reader asked
+            asked.append(got)
+        return got
+
+    monkeypatch.setattr(words, "read", recording)
+    words.announce(folder, [5, 6, 7, 8])
+    server.settle(8, True)  # out of order: answered in the batch's order all the same
+    server.settle(6, RuntimeError("six"))
+    late = threading.Timer(0.2, server.settle, (5, True))
+    late.start()
+    assert ask(folder, 5) is True  # 5 first: it waits for its word
+    late.join()
+    with pytest.raises(RuntimeError, match="^six$"):
+        ask(folder, 6)  # an error word leaves the batch's other answers where they are
+    server.settle(7, None)
+    with pytest.raises(S5LoaderError, match="sample 7 of the staging pass"):
+        ask(folder, 7)
+    assert ask(folder, 8) is True
+    assert asked == [[5, 6, 7, 8]] and server.words == {}
+
+
+def test_a_batch_broken_off_leaves_its_answers_to_no_other_question(server: WordServer, folder: str) -> None:
+    words.announce(folder, [1, 2, 3])
+    for i in (1, 2, 3):
+        server.settle(i, True)
+    assert ask(folder, 1) is True  # then the reader raised: 2 and 3 are never read
+    words.announce(folder, [4])
+    server.settle(4, None)
+    with pytest.raises(S5LoaderError, match="sample 4 of the staging pass"):
+        ask(folder, 4)  # not the answer on 2, which came first on the old connection
+    words.announce(folder, [5, 6])
+    server.settle(6, RuntimeError("six"))
+    with pytest.raises(RuntimeError, match="^six$"):
+        ask(folder, 6)  # read out of the announced order: asked again on its own
+
+
+def test_a_request_for_too_many_words_closes_the_connection(server: WordServer, folder: str) -> None:
+    import socket as socketlib
+
+    from s5loader._util.frames import frame
+
+    s = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+    s.connect(os.path.join(folder, WORDS))
+    s.settimeout(30)
+    s.sendall(frame(list(range(words.MOST_ASKED + 1))))
+    assert s.recv(1) == b""  # closed, nothing answered
+    s.close()
+    server.settle(1, True)
+    assert ask(folder, 1) is True  # the server goes on

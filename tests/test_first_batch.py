@@ -5,6 +5,7 @@ ends as it does for the sampler (its error), never in a worker waiting for ever.
 from __future__ import annotations
 
 import collections
+import io
 import os
 import stat
 
@@ -15,6 +16,7 @@ from support.threads import in_thread
 from torch.utils.data import DataLoader
 
 from s5loader import ObjectNotFoundError, S5Dataset, S5Sampler, StallError
+from s5loader._staging import words
 
 
 @pytest.fixture
@@ -46,6 +48,36 @@ def test_a_dataloader_gets_its_first_fill_before_it_is_staged(
     got_keys = [s["__key__"] for b in batches for s in b]
     assert sorted(got_keys) == keys
     assert all(s["image"] == source[s["__key__"] + ".image"] for b in batches for s in b)
+
+
+def test_a_worker_asks_for_the_early_samples_of_a_batch_in_one_request(
+    moto: Store, proxy: FaultProxy, staging_root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    moto.put(make_pairs(24))
+    ds = S5Dataset.from_prefix(moto.uri(), endpoint_url=moto.endpoint)
+    ds.endpoint_url = proxy.endpoint
+    proxy.rules.append(Rule("", "hold", method="*"))
+    asked: list[object] = []
+    read = words.read
+
+    def recording(f: object) -> object:
+        got = read(f)
+        if not isinstance(f, io.BytesIO):  # the sampler's side, in this process: a worker's request
+            asked.append(got)
+        return got
+
+    monkeypatch.setattr(words, "read", recording)
+    with S5Sampler(ds, shuffle=True, staging_dir=staging_root) as sampler:
+        loader = DataLoader(ds, sampler=sampler, batch_size=4, num_workers=2, collate_fn=lambda b: b)
+        t, got = in_thread(lambda: iter(loader))
+        t.join(60)
+        assert not t.is_alive() and not isinstance(got[0], BaseException)
+        assert proxy.wait_held("", 1, 60)  # the first fill of 4 batches went out unstaged
+        proxy.release.set()
+        n = sum(len(b) for b in got[0])  # type: ignore[attr-defined]
+    assert n == 24
+    # one request per batch with early samples, not one per sample
+    assert len(asked) <= 6 and sum(map(len, asked)) >= 16 and max(map(len, asked)) == 4  # type: ignore[arg-type]
 
 
 def test_a_sampler_iterated_directly_yields_staged_samples(moto: Store, staging_root: str) -> None:

@@ -70,8 +70,10 @@ def test_blocks_of_enough_objects_go_as_one_wildcard_line(
 @pytest.mark.parametrize(
     "block_size, per_sample",
     [
-        (10, {"GET": 1.0, "HEAD": 1.0, "LIST": 0.0}),  # 10 objects: their HEADs cost less than a LIST
+        (5, {"GET": 1.0, "HEAD": 1.0, "LIST": 0.0}),  # blocks of 10: their HEADs cost less than a LIST
         (20, {"GET": 1.0, "HEAD": 0.0, "LIST": 0.05}),  # 20 objects: one LIST costs less than 20 HEADs
+        # tens too small to pay, within twice block_size: the prefix of 20 is one block
+        (10, {"GET": 1.0, "HEAD": 0.0, "LIST": 0.05}),
     ],
 )
 def test_one_object_per_sample_takes_the_cheaper_line(

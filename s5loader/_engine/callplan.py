@@ -127,16 +127,19 @@ def _add_wildcard(
     into its sample's folder as it arrives."""
     plan.scratch.append(scratch)
     plan.lines.append(wildcard_line(blk.wildcard, scratch + "/"))
-    plan.requests += wildcard_requests(f.size for pos in ps for f in samples[order[pos]].fields)
     reported = plan.folders.setdefault(scratch + "/", [])
+    sizes: list[int] = []
     for pos in ps:
         idx = order[pos]
-        names = field_names(samples[idx])
+        sample = samples[idx]
+        sizes.extend(f.size for f in sample.fields)
+        names = field_names(sample)
         for j, rel in enumerate(blk.rels[idx - blk.start]):
             where = f"{scratch}/{rel}"
             plan.items[where] = (pos, j)
             plan.moves[where] = f"{sample_dir(idx)}/{names[j]}"
             reported.append(where)
+    plan.requests += wildcard_requests(sizes)
 
 
 def _add_copies(

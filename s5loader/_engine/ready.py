@@ -26,6 +26,9 @@ class Readiness:
         # is waited for, or polled to an answer, once).
         self.n_ready = 0
         self.n_taken = 0
+        # the positions a wait or a poll is waiting for (and how many wait for each): marking
+        # another position wakes nobody
+        self._awaited: dict[int, int] = {}
 
     def wait(self, pos: int, running: Callable[[], bool]) -> bool:
         """Block until position ``pos`` is staged; False if its sample was skipped."""
@@ -33,8 +36,12 @@ class Readiness:
         with self.cond:
             if self.state[pos] == WAITING and self.error is None:
                 self.consumer_waiting = t0
-                while self.state[pos] == WAITING and self.error is None and running():
-                    self.cond.wait(0.5)
+                self._await(pos, 1)
+                try:
+                    while self.state[pos] == WAITING and self.error is None and running():
+                        self.cond.wait(0.5)
+                finally:
+                    self._await(pos, -1)
                 self.consumer_waiting = 0.0
             waited = time.monotonic() - t0
             self.stats.wait_s += waited
@@ -51,12 +58,23 @@ class Readiness:
         """Like :meth:`wait` with a timeout, and without flagging a waiting consumer."""
         with self.cond:
             if self.state[pos] == WAITING and self.error is None and timeout > 0:
-                self.cond.wait(timeout)
+                self._await(pos, 1)
+                try:
+                    self.cond.wait(timeout)
+                finally:
+                    self._await(pos, -1)
             if self.state[pos] == WAITING:
                 if self.error is not None:
                     raise self.error
                 return None
             return self._take(pos)
+
+    def _await(self, pos: int, more: int) -> None:
+        n = self._awaited.get(pos, 0) + more
+        if n:
+            self._awaited[pos] = n
+        else:
+            del self._awaited[pos]
 
     def _take(self, pos: int) -> bool:
         ready = self.state[pos] == READY
@@ -67,7 +85,8 @@ class Readiness:
         with self.cond:
             self.n_ready += state == READY and self.state[pos] != READY
             self.state[pos] = state
-            self.cond.notify_all()
+            if pos in self._awaited:
+                self.cond.notify_all()
 
     def ready(self) -> list[int]:
         """The positions whose samples are staged."""

@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable, Container, Sequence, Sized
 from dataclasses import dataclass
 
-from .._index.sample import Sample
+from .._index.compact import SampleIndex
+from .._index.sample import Field, Sample
 from .budget import Budget
 from .ready import Readiness
 from .retry import Retries
@@ -47,6 +48,23 @@ def call_end(first: int, spc: int, windows: Sequence[int], n: int) -> int:
     return windows[k + 1] if k + 1 < len(windows) else n
 
 
+def sample_sizes(samples: Sequence[Sample]) -> Callable[[int], int]:
+    """Sample ``i``'s staged bytes (``samples[i].size``), read from the index without building
+    the sample where the samples are an index of objects alone (no extra fields)."""
+    if isinstance(samples, SampleIndex) and not samples.columns and not samples.extras:
+        sizes = samples.sizes()
+        return lambda i: int(sizes[i])
+    return lambda i: samples[i].size
+
+
+def field_of(samples: Sequence[Sample], i: int, j: int) -> Field:
+    """Field ``j`` of sample ``i`` (``samples[i].fields[j]``), without building the sample
+    where the samples are an index."""
+    if isinstance(samples, SampleIndex):
+        return samples.sample_field(i, j)
+    return samples[i].fields[j]
+
+
 def pick_call(
     order: Sequence[int],
     samples: Sequence[Sample],
@@ -63,6 +81,7 @@ def pick_call(
     call inside a window. Kept samples (``kept``) are marked ready with ``mark`` and skipped;
     ``budget.blocked`` tells whether the budget stopped the call before any new sample."""
     picked = list(retried)  # a retried sample still holds its budget
+    size_of = sample_sizes(samples)
     in_call = {order[p] for p in picked}
     left = budget.limit - budget.reserved
     nxt, cut = first, False
@@ -77,8 +96,9 @@ def pick_call(
                 first = nxt + 1  # only kept samples so far: the unstaged part begins after them
             nxt += 1
             continue
-        budget.check_fits(samples[idx])
-        size = samples[idx].size
+        size = size_of(idx)
+        if size > budget.limit:
+            budget.check_fits(samples[idx])
         # An index still on disk from earlier in the order (padding can repeat one)
         # is staged again only once its first copy is released.
         if idx in budget.held or idx in in_call or size > left:
@@ -178,9 +198,10 @@ class Scheduler:
                     return None  # wait for releases rather than start a sliver of a call
             if retried:
                 self.retries.started(retried)
+            size_of = sample_sizes(self.samples)
             with budget.cond:  # the engine's one lock
                 for pos in picked[len(retried) :]:
-                    budget.reserve(order[pos], self.samples[order[pos]].size)
+                    budget.reserve(order[pos], size_of(order[pos]))
             self.next = pick.nxt
             self.stats.peak_reserved = max(self.stats.peak_reserved, budget.reserved)
             return picked

@@ -42,7 +42,7 @@ from .counters import Metrics, Throughput, snapshot
 from .endings import CallEnds
 from .ready import Outstanding, Readiness
 from .retry import Retries
-from .schedule import Scheduler
+from .schedule import Scheduler, field_of
 from .side import SideFetches
 from .stats import Stats
 from .watchdog import Watchdog
@@ -158,7 +158,7 @@ class Stager:
         )
 
     def _field(self, pos: int, j: int) -> Field:
-        return self.samples[self.order[pos]].fields[j]
+        return field_of(self.samples, self.order[pos], j)
 
     # -- consumer side ------------------------------------------------------------------
     def start(self) -> Stager:

@@ -17,6 +17,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .._s5cmd.commands import wildcard_pays
 from .compact import SampleIndex
 from .sample import Sample
 
@@ -26,6 +27,10 @@ _SAFE_REL = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9._-]{0,254}/)*[A-Za-z0-9_][A-Z
 _GLOB = re.compile(r"[*?\[\]\\\n\r\x00]")
 _MAX = chr(0x10FFFF)
 _ODD_FOLDER = re.compile(r"/(?:\.\.?)?/")  # an empty, "." or ".." component
+#: How far past ``block_size`` a block may grow: a prefix of up to ``GROW * block_size`` samples
+#: whose key names split it only into parts too small for a wildcard line to pay (decimal keys'
+#: tens of one-object samples) is one block, not parts sent one ``cp --raw`` line per object.
+GROW = 2
 
 
 @dataclass(frozen=True)
@@ -101,7 +106,8 @@ def plan_blocks(samples: Sequence[Sample], block_size: int, listing: Sequence[st
 
     Args:
         samples: the data set's samples, sorted by key.
-        block_size: most samples in a block.
+        block_size: most samples in a block, except a prefix of up to :data:`GROW` times as
+            many whose key names cut it only into parts that would not pay for a wildcard.
         listing: every key the source listing returned, those no sample uses included
             (objects the grouping left out, folder markers). A block's prefix must match no
             key outside the block. Without a listing (object lists, manifests) there are no
@@ -131,22 +137,26 @@ def plan_blocks(samples: Sequence[Sample], block_size: int, listing: Sequence[st
         found = bisect.bisect_left(every, p + _MAX) - bisect.bisect_left(every, p)
         return found == prefix_counts[b] - prefix_counts[a]
 
+    def parts_pay(bounds: list[int]) -> bool:
+        # whether a wildcard line pays for at least one part of a split (in objects)
+        edges = [prefix_counts[i] for i in bounds]
+        return any(wildcard_pays(edges[k + 1] - edges[k]) for k in range(len(edges) - 1))
+
     stack = [(0, n)]
     while stack:
         a, b = stack.pop()
         p = _lcp(min(lo[a:b]), max(hi[a:b]))
-        if b - a <= block_size and exact(a, b, p):
+        # split where the character after the common prefix changes
+        cuts = [i for i in range(a + 1, b) if lo[i][len(p) : len(p) + 1] != lo[i - 1][len(p) : len(p) + 1]]
+        bounds = [a, *(cuts or [(a + b) // 2]), b]
+        fits = b - a <= block_size or (b - a <= GROW * block_size and bool(cuts) and not parts_pay(bounds))
+        if fits and exact(a, b, p):
             block = _make_block(bucket, p, a, b, keys)
             if block is not None:
                 blocks.append(block)
                 continue
         if b - a == 1:
             continue
-        # split where the character after the common prefix changes
-        cuts = [i for i in range(a + 1, b) if lo[i][len(p) : len(p) + 1] != lo[i - 1][len(p) : len(p) + 1]]
-        if not cuts:
-            cuts = [(a + b) // 2]
-        bounds = [a, *cuts, b]
         stack.extend((bounds[i], bounds[i + 1]) for i in range(len(bounds) - 2, -1, -1))
     blocks.sort(key=lambda blk: blk.start)
     for number, blk in enumerate(blocks):

@@ -244,6 +244,10 @@ class SampleIndex(Sequence[Sample]):
             etag = ""
         return Field(name, f"s3://{self.buckets[self._bucket[j]]}/{okey}", self._size[j], etag)
 
+    def sample_field(self, i: int, j: int) -> Field:
+        """Field ``j`` of sample ``i`` (``self[i].fields[j]``, the sample not built)."""
+        return self.field(self._first[i] + j)
+
     def key(self, i: int) -> str:
         """The key of sample ``i``."""
         klen = self._key_len[i]

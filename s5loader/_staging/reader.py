@@ -16,7 +16,7 @@ from .._s3api.errors import boto3_error
 from .._util.uri import parse_s3_uri
 from ..config import Access
 from .layout import StagingLayout
-from .words import ask
+from .words import announce, ask
 
 log = logging.getLogger("s5loader.dataset")
 
@@ -97,6 +97,19 @@ def fetch_fields(client: Any, sample: Sample) -> list[bytes]:
         except Exception as exc:
             raise boto3_error(exc, f.uri) from exc
     return out
+
+
+def announce_early(indices: Sequence[int]) -> None:
+    """Ask at once for the sampler's words on the samples of ``indices`` (a DataLoader batch)
+    that were handed out before they were staged, one request per pass folder, so that reading
+    them in this order waits for each without a question per sample (see
+    :func:`~s5loader._staging.words.announce`)."""
+    by_folder: dict[str, list[int]] = {}
+    for i in indices:
+        if isinstance(i, StagedIndex) and i.early:
+            by_folder.setdefault(i.folder, []).append(int(i))
+    for folder, early in by_folder.items():
+        announce(folder, early)
 
 
 class ObjectReader:

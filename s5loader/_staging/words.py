@@ -12,6 +12,12 @@ folder (so threads wait for their own samples); a wait broken off (an exception 
 reader) drops its connection, whose late answer could be taken for the next question's. The
 server answers each word once, and drops it then.
 
+A DataLoader worker reads a batch at a time (``S5Dataset.__getitems__``): it asks for the words
+on all of the batch's early samples in one request (:func:`announce`, ``[i, j, ...]``), and the
+server answers them in that order, each as soon as it knows it, the answers it knows together in
+one write; the worker then reads each sample as its answer comes (:func:`ask`). A batch costs one
+question, not one per sample, and a serving thread wakes only for the sample it waits for.
+
 Liveness needs no guess from a parent's pid: a reader knows its server's process by the
 credentials the kernel gives for the connection (pid and start time), and a reader whose
 sampler's process ended (even while a child it forked holds the socket open) or whose pass
@@ -22,19 +28,23 @@ notices as soon, answers every wait with gone and ends.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import io
 import logging
 import os
 import select
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from .._util.frames import (
     END,
     ERROR,
     INDEX,
+    MAX_FRAME,
     SKIP,
     FrameError,
     close_fd,
@@ -54,6 +64,9 @@ WORDS = ".w"
 
 # How often the server looks whether its pass folder is still there.
 _WATCH_S = 0.5
+
+#: The most samples one request asks for (a larger batch is asked for in several).
+MOST_ASKED = 1024
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +96,7 @@ class WordServer:
         self.sock.settimeout(_WATCH_S)
         self.cond = threading.Condition()
         self.words: dict[int, Any] = {}
+        self.awaited: set[int] = set()  # the samples a serving thread waits for
         self.gone = False
         self._conns: list[socket.socket] = []
         threading.Thread(target=self._accept, name="s5loader-words", daemon=True).start()
@@ -90,7 +104,8 @@ class WordServer:
     def settle(self, index: int, word: Any) -> None:
         with self.cond:
             self.words[index] = word
-            self.cond.notify_all()
+            if index in self.awaited:
+                self.cond.notify_all()
 
     def _there(self) -> bool:
         try:
@@ -130,9 +145,14 @@ class WordServer:
         try:
             while True:
                 raw = read(f)
-                if not (isinstance(raw, list) and len(raw) == 1 and type(raw[0]) is int):
-                    raise FrameError(f"not a request for a word: {str(raw)[:80]!r}")
-                conn.sendall(frame(self._answer(raw[0])))
+                if not (
+                    isinstance(raw, list) and 0 < len(raw) <= MOST_ASKED and all(type(i) is int for i in raw)
+                ):
+                    raise FrameError(f"not a request for words: {str(raw)[:80]!r}")
+                while raw:
+                    out = self._answers(raw)
+                    conn.sendall(b"".join(map(frame, out)))
+                    raw = raw[len(out) :]
         except FrameError as exc:
             log.warning("the sampler's words in %s closed a connection that sent %s", self.folder, exc)
         except (EOFError, OSError):
@@ -144,18 +164,24 @@ class WordServer:
             with contextlib.suppress(OSError):
                 conn.close()
 
-    def _answer(self, index: int) -> list[Any]:
+    def _answers(self, asked: list[int]) -> list[list[Any]]:
+        """The answers to the first of ``asked`` (waiting for its word) and to each next one
+        whose word is known already, in order."""
+        out: list[list[Any]] = []
         with self.cond:
-            while index not in self.words and not self.gone:
+            first = asked[0]
+            while first not in self.words and not self.gone:
+                self.awaited.add(first)
                 self.cond.wait()
-            if index not in self.words:
-                return [SKIP, index, None]
-            word = self.words.pop(index)
-        if word is True:
-            return [INDEX, index, None]
-        if word is None:
-            return [END, index, None]
-        return [ERROR, index, error_data(word)]
+            self.awaited.discard(first)
+            for index in asked:
+                if index in self.words:
+                    out.append(_answer(index, self.words.pop(index)))
+                elif self.gone:
+                    out.append([SKIP, index, None])
+                else:
+                    break
+        return out
 
     def close(self) -> None:
         """Answer every wait with gone and close; the socket file goes with the folder (or
@@ -176,6 +202,14 @@ class WordServer:
                 c.shutdown(socket.SHUT_RD)  # a serving thread reading a request ends
 
 
+def _answer(index: int, word: Any) -> list[Any]:
+    if word is True:
+        return [INDEX, index, None]
+    if word is None:
+        return [END, index, None]
+    return [ERROR, index, error_data(word)]
+
+
 class _Reader(threading.local):
     """A reader thread's connections to the word servers of the passes it reads, one per pass
     folder, each with the process at its other end (a thread's own: several threads of one
@@ -183,11 +217,13 @@ class _Reader(threading.local):
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.conns: dict[str, tuple[socket.socket, Any, ProcessId]] = {}
+        self.conns: dict[str, tuple[socket.socket, _Inbox, ProcessId]] = {}
+        # per connection, the samples asked for whose answers are still to be read, in order
+        self.asked: dict[str, collections.deque[int]] = {}
 
-    def conn(self, folder: str) -> tuple[socket.socket, Any, ProcessId] | None:
+    def conn(self, folder: str) -> tuple[socket.socket, _Inbox, ProcessId] | None:
         if self.pid != os.getpid():  # forked: the parent's connections are the parent's
-            self.pid, self.conns = os.getpid(), {}
+            self.pid, self.conns, self.asked = os.getpid(), {}, {}
         got = self.conns.get(folder)
         if got is not None:
             return got
@@ -214,26 +250,88 @@ class _Reader(threading.local):
                 f"the socket {os.path.join(folder, WORDS)} is not this DataLoader's sampler but "
                 f"{stranger}; it was sent nothing"
             )
-        got = self.conns[folder] = (sock, sock.makefile("rb"), server)
+        got = self.conns[folder] = (sock, _Inbox(), server)
+        self.asked[folder] = collections.deque()
         return got
 
     def drop(self, folder: str) -> None:
+        self.asked.pop(folder, None)
         got = self.conns.pop(folder, None)
         if got is not None:
-            got[1].close()
             got[0].close()
 
 
 _READER = _Reader()
 
 
-def _reply(sock: socket.socket, f: Any, server: ProcessId, folder: str) -> Any:
-    """The server's next frame; None when it is gone: its process ended (a child that it forked
-    may still hold the socket open) or its folder was removed."""
-    while not select.select([sock], [], [], _WATCH_S)[0]:
-        if not server.alive() or not os.path.exists(os.path.join(folder, WORDS)):
+class _Inbox:
+    """What a reader received and has not read yet: one receive can bring several of a batch's
+    answers, so whether one is there is asked here before the socket is waited on."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def take(self) -> bytes | None:
+        """The next whole frame, or None while it is not all here.
+
+        Raises:
+            FrameError: a frame longer than :data:`~s5loader._util.frames.MAX_FRAME`.
+        """
+        if len(self.data) < _HEAD:
             return None
-    return read(f)
+        end = _HEAD + int.from_bytes(self.data[:_HEAD], "big")
+        if end - _HEAD > MAX_FRAME:
+            raise FrameError(f"a frame of {end - _HEAD} bytes, more than {MAX_FRAME}")
+        if len(self.data) < end:
+            return None
+        whole = bytes(self.data[:end])
+        del self.data[:end]
+        return whole
+
+
+_HEAD = 4  # a frame's length (see s5loader._util.frames)
+
+
+def _reply(sock: socket.socket, inbox: _Inbox, server: ProcessId, folder: str) -> Any:
+    """The server's next frame; None when it is gone: its process ended (a child that it forked
+    may still hold the socket open) or its folder was removed.
+
+    Raises:
+        EOFError: the server closed the connection; FrameError: not a frame of the channel.
+    """
+    while (whole := inbox.take()) is None:
+        if select.select([sock], [], [], _WATCH_S)[0]:
+            got = sock.recv(MAX_FRAME)
+            if not got:
+                raise EOFError
+            inbox.data += got
+        elif not server.alive() or not os.path.exists(os.path.join(folder, WORDS)):
+            return None
+    return read(io.BytesIO(whole))
+
+
+def announce(folder: str, indices: Sequence[int]) -> None:
+    """Ask now for the words on ``indices`` of the pass in ``folder``, which this thread will
+    read in this order: each :func:`ask` for one of them then reads the answer to this one
+    request. Answers left unread (a read broken off) drop the connection at the next question.
+    Nothing is sent where no server answers (the samples are read as :func:`ask` says)."""
+    if not indices:
+        return
+    got = _READER.conn(folder)
+    if got is None:
+        return
+    if _READER.asked[folder]:  # answers of a batch broken off: theirs, not the next batch's
+        _READER.drop(folder)
+        got = _READER.conn(folder)
+        if got is None:
+            return
+    asked = [int(i) for i in indices]
+    try:
+        got[0].sendall(b"".join(frame(asked[k : k + MOST_ASKED]) for k in range(0, len(asked), MOST_ASKED)))
+    except OSError:
+        _READER.drop(folder)
+        return
+    _READER.asked[folder].extend(asked)
 
 
 def ask(folder: str, index: int) -> bool:
@@ -248,14 +346,21 @@ def ask(folder: str, index: int) -> bool:
         not the sampler's.
     """
     got = _READER.conn(folder)
+    if got is not None and _READER.asked[folder] and _READER.asked[folder][0] != int(index):
+        _READER.drop(folder)  # a read out of the announced order: the answers on the way are others'
+        got = _READER.conn(folder)
     if got is None:
         return False
-    sock, f, server = got
+    sock, inbox, server = got
+    asked = _READER.asked[folder]
     raw = error = None
     ok = False
     try:
-        sock.sendall(frame([int(index)]))
-        raw = _reply(sock, f, server, folder)
+        if asked:
+            asked.popleft()  # announced: its answer comes with the batch's
+        else:
+            sock.sendall(frame([int(index)]))
+        raw = _reply(sock, inbox, server, folder)
         ok = isinstance(raw, list) and len(raw) == 3 and raw[1] == int(index)
         if ok and raw[0] == ERROR:
             error = error_of(raw[2])

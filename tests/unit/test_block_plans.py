@@ -66,3 +66,26 @@ def test_objects_outside_the_samples_keep_blocks_exact() -> None:
             k for i in range(blk.start, blk.stop) for k in listing_of([samples[i]])
         ]
     assert plan_blocks(samples, 8, None).blocks == []  # no listing (manifest): no blocks
+
+
+def test_numbered_one_object_samples_form_blocks_of_their_hundred() -> None:
+    # a decade of one-object samples is 10 objects, too few for a wildcard line to pay for its
+    # LIST (13): the hundred around them, within twice block_size, is one block instead
+    samples = samples_of([f"raw/{i:06d}" for i in range(300)], fields=("bin",))
+    layout = plan_blocks(samples, 64, listing_of(samples))
+    assert [(b.start, b.stop, b.wildcard) for b in layout.blocks] == [
+        (0, 100, "s3://b/raw/0000*"),
+        (100, 200, "s3://b/raw/0001*"),
+        (200, 300, "s3://b/raw/0002*"),
+    ]
+    # more than twice block_size: the decades again, though they do not pay
+    layout = plan_blocks(samples, 32, listing_of(samples))
+    assert len(layout.blocks) == 30 and max(len(b) for b in layout.blocks) == 10
+
+
+def test_parts_that_pay_are_not_grown_into_their_prefix() -> None:
+    # two objects a sample: a decade is 20 objects, which pays; hex keys: 16 a part, which pays
+    two = samples_of([f"raw/{i:06d}" for i in range(300)])
+    assert max(len(b) for b in plan_blocks(two, 64, listing_of(two)).blocks) == 10
+    hexed = samples_of([f"raw/{i:04x}" for i in range(512)], fields=("bin",))
+    assert max(len(b) for b in plan_blocks(hexed, 64, listing_of(hexed)).blocks) == 16

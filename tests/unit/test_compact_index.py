@@ -200,3 +200,23 @@ def test_manifest_fast_lines_read_as_json_does(tmp_path: Path) -> None:
     manifest.write_text('{"uri": "s3://bk/p/", "size": 0}\n')
     with pytest.raises(ManifestError, match="line 1: 's3://bk/p/' names no object"):
         index_manifest(str(manifest), None, "object")
+
+
+def test_the_engine_reads_sizes_and_fields_from_the_index_as_from_its_samples() -> None:
+    from s5loader._engine.schedule import field_of, sample_sizes
+    from s5loader._index.sample import DISK, Field
+
+    samples = [
+        Sample(f"k{i}", tuple(Field(n, f"s3://b/k{i}.{n}", 10 * i + j, "") for j, n in enumerate(names)))
+        for i, names in enumerate(["", "a", "ab"] * 2 + ["a"])
+    ]
+    index = SampleIndex.from_samples(samples)
+    with_disk = SampleIndex.from_samples(
+        [Sample(s.key, s.fields, {DISK: 1000 + i}) for i, s in enumerate(samples)]
+    )
+    for seq in (samples, index, with_disk):
+        size = sample_sizes(seq)
+        assert [size(i) for i in range(7)] == [seq[i].size for i in range(7)]
+        fields = [(i, j) for i in range(7) for j in range(len(seq[i].fields))]
+        assert len(fields) == 7 and all(field_of(seq, i, j) == seq[i].fields[j] for i, j in fields)
+    assert sample_sizes(with_disk)(3) == 1003  # a DISK extra is the sample's size

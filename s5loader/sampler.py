@@ -45,7 +45,8 @@ class S5Sampler(Sampler[int]):
             ``verify``, ``keep_staged``, ``shrink_budget``, ``epoch_cache``,
             ``keep_epoch_cache``), the same object for every front end; default: its defaults.
         shuffle: ``True``: a new permutation of all samples each epoch (call :meth:`set_epoch`);
-            ``"block"``: permute blocks of up to ``block_size`` samples that share a key prefix,
+            ``"block"``: permute blocks of up to ``block_size`` samples (see
+            :class:`~s5loader.StagingOptions` for when a block takes twice as many) that share a key prefix,
             gather them into windows of whole blocks, and shuffle the samples within each window; a
             window holds as many samples as three windows fit in ``budget`` (at most
             8192), so a batch draws from many blocks, and s5cmd fetches each block of 13 objects or

@@ -67,3 +67,29 @@ def test_block_shuffle_resume_and_folder_samples(moto: Store, staging_root: str)
         assert sample["a.txt"] == source[sample["__key__"] + "/a.txt"]
     r.close()
     assert first + rest == full
+
+
+def test_a_block_state_resumes_only_over_the_blocks_it_was_cut_into(moto: Store, staging_root: str) -> None:
+    import pytest
+
+    from s5loader import StateError
+
+    moto.put({f"raw/{i:04d}.bin": bytes([i % 251]) * 10 for i in range(120)})
+    ds = S5Dataset.from_prefix(moto.uri("raw/"), endpoint_url=moto.endpoint)
+    opts = {"shuffle": "block", "seed": 3, "staging_dir": staging_root, "block_size": 64}
+    full = list(S5Sampler(ds, **opts))
+    s = S5Sampler(ds, **opts)
+    it = iter(s)
+    first = [next(it) for _ in range(5)]
+    state = s.state_dict()
+    s.close()
+    assert state["blocks"] == 2  # one-object decimal keys: the hundred 0000-0099 is one block
+    with S5Sampler(ds, **{**opts, "block_size": 8}) as other:  # tens: 12 blocks, another order
+        with pytest.raises(StateError, match=r"epoch was cut into 2 blocks, this data set into 12"):
+            other.load_state_dict(state)
+    older = {k: v for k, v in state.items() if k != "blocks"}  # an s5loader that cut no such block
+    with S5Sampler(ds, **opts) as r:
+        with pytest.raises(StateError, match="blocks of at most block_size samples"):
+            r.load_state_dict(older)
+        r.load_state_dict(state)
+        assert first + list(r) == full

@@ -344,3 +344,23 @@ def test_a_request_for_too_many_words_closes_the_connection(server: WordServer, 
     s.close()
     server.settle(1, True)
     assert ask(folder, 1) is True  # the server goes on
+
+
+def test_words_for_a_reader_that_went_stay_for_the_next_question(server: WordServer, folder: str) -> None:
+    import socket as socketlib
+
+    from s5loader._util.frames import frame
+
+    s = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+    s.connect(os.path.join(folder, WORDS))
+    s.sendall(frame([1, 2]))
+    s.close()  # a worker that asked for its batch and ended before the answers came
+    server.settle(1, True)
+    server.settle(2, RuntimeError("two"))
+    # the first connection's thread could not send them: they were kept (else these would wait)
+    t, got = in_thread(lambda: ask(folder, 1))
+    t.join(30)
+    assert got == [True]
+    t, got = in_thread(lambda: ask(folder, 2))
+    t.join(30)
+    assert len(got) == 1 and isinstance(got[0], RuntimeError) and str(got[0]) == "two"

@@ -25,7 +25,7 @@ FLAGS: dict[str, tuple[Callable[[str], Any] | None, str]] = {
     "samples_per_call": (positive_int, "samples per s5cmd call"),
     "calls_in_flight": (positive_int, "s5cmd calls running at once"),
     "s5cmd_workers": (positive_int, "s5cmd --numworkers (parallel requests per call)"),
-    "block_size": (positive_int, "most samples in a block, with --shuffle block"),
+    "block_size": (positive_int, "most samples in a block, with --shuffle block (or twice, see docs)"),
     "stall_timeout": (positive_float, "seconds without progress before a call or a copy counts as stalled"),
     "retries": (non_negative_int, "retries of a sample that failed for a transient reason"),
     "retry_backoff": (_non_negative_float, "seconds before the first retry (doubling)"),

@@ -15,7 +15,7 @@ from collections.abc import Callable, Container, Sequence, Sized
 from dataclasses import dataclass
 
 from .._index.compact import SampleIndex
-from .._index.sample import Field, Sample
+from .._index.sample import DISK, Field, Sample
 from .budget import Budget
 from .ready import Readiness
 from .retry import Retries
@@ -50,8 +50,9 @@ def call_end(first: int, spc: int, windows: Sequence[int], n: int) -> int:
 
 def sample_sizes(samples: Sequence[Sample]) -> Callable[[int], int]:
     """Sample ``i``'s staged bytes (``samples[i].size``), read from the index without building
-    the sample where the samples are an index of objects alone (no extra fields)."""
-    if isinstance(samples, SampleIndex) and not samples.columns and not samples.extras:
+    the sample where the samples are an index without extra fields or a DISK column (the index's
+    own sizes take the larger of a DISK value and the objects' bytes; a sample, the DISK value)."""
+    if isinstance(samples, SampleIndex) and DISK not in samples.columns and not samples.extras:
         sizes = samples.sizes()
         return lambda i: int(sizes[i])
     return lambda i: samples[i].size

@@ -21,6 +21,7 @@ from .passes import write_command_files
 from .resume import (
     Position,
     SavedPosition,
+    check_blocks,
     check_state,
     check_window,
     make_state,
@@ -160,9 +161,13 @@ class EpochOrders:
             _, chain, window, cost, pin = self._elastic
             room = (cost.room or 0) if cost is not None else 0
             first = dataclasses.replace(self.order, pin=pin)
-            return make_state(first, epoch, n, position, window, self.run.units.name, room, chain)
-        room = (self.cost.room or 0) if self.cost is not None else 0
-        return make_state(self.order_of(epoch), epoch, n, position, self.window, self.run.units.name, room)
+            state = make_state(first, epoch, n, position, window, self.run.units.name, room, chain)
+        else:
+            room = (self.cost.room or 0) if self.cost is not None else 0
+            order, name = self.order_of(epoch), self.run.units.name
+            state = make_state(order, epoch, n, position, self.window, name, room)
+        state["blocks"] = len(self.run.blocks.blocks)  # a shuffle="block" order depends on them too
+        return state
 
     def load(self, state: dict[str, Any], epoch: int, position: Position) -> int:
         """Continue from a saved ``state``: the order, the window, the run's options and the
@@ -174,6 +179,7 @@ class EpochOrders:
         """
         run, units, n = self.run, self.run.units, len(self.run.dataset)
         saved = check_state(state, n, units)
+        check_blocks(state, saved, run.blocks, units.block_size(run.options))
         window = check_window(state, self.window)
         self._elastic, self._rest, self._pinned = None, None, None
         if (

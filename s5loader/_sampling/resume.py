@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
+from .._index.blocks import BlockPlan
 from ..config import StagingOptions
 from ..exceptions import StateError
 from .elastic import check_chain
@@ -217,6 +218,29 @@ def make_state(
         **({"elastic": [list(p) for p in chain]} if chain else {}),
         **({"pin": list(order.pin), "version": ELASTIC_VERSION} if order.pin is not None else {}),
     }
+
+
+def check_blocks(state: dict[str, Any], saved: SavedPosition, plan: BlockPlan, block_size: int) -> None:
+    """A ``shuffle="block"`` epoch resumed mid-way goes on in its saved order only over the
+    blocks it was cut into: ``state["blocks"]`` counts them (a state without it comes from an
+    s5loader that never made a block of more than ``block_size`` samples).
+
+    Raises:
+        StateError: this data set's blocks are not the state's.
+    """
+    if saved.shuffle != "block" or saved.complete:
+        return
+    count = state.get("blocks")
+    if count is None and not any(len(b) > block_size for b in plan.blocks):
+        return
+    if count != len(plan.blocks):
+        cut = f"{count} blocks" if count is not None else "blocks of at most block_size samples"
+        raise StateError(
+            f'the state\'s shuffle="block" epoch was cut into {cut}, this data set into '
+            f"{len(plan.blocks)} (another block_size, other keys, or an s5loader that cuts blocks "
+            "otherwise): its order cannot go on here; resume with what saved it, or start the "
+            "epoch again"
+        )
 
 
 def check_window(state: dict[str, Any], default: int) -> int:

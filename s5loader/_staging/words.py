@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import io
 import logging
 import os
 import select
@@ -45,8 +44,10 @@ from .._util.frames import (
     ERROR,
     INDEX,
     MAX_FRAME,
+    NOTHING,
     SKIP,
     FrameError,
+    Inbox,
     close_fd,
     error_data,
     error_of,
@@ -67,6 +68,9 @@ _WATCH_S = 0.5
 
 #: The most samples one request asks for (a larger batch is asked for in several).
 MOST_ASKED = 1024
+#: The most samples a batch asks for before reading an answer (the rest, one at a time), so that
+#: its requests fit in a socket's buffer and neither side's write waits on the other's.
+MOST_ANNOUNCED = 4 * MOST_ASKED
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +155,11 @@ class WordServer:
                     raise FrameError(f"not a request for words: {str(raw)[:80]!r}")
                 while raw:
                     out = self._answers(raw)
-                    conn.sendall(b"".join(map(frame, out)))
+                    try:
+                        conn.sendall(b"".join(frame(_answer(i, w)) for i, w in out))
+                    except OSError:
+                        self._put_back(out)  # the reader went: the words stay for a later question
+                        raise
                     raw = raw[len(out) :]
         except FrameError as exc:
             log.warning("the sampler's words in %s closed a connection that sent %s", self.folder, exc)
@@ -164,10 +172,10 @@ class WordServer:
             with contextlib.suppress(OSError):
                 conn.close()
 
-    def _answers(self, asked: list[int]) -> list[list[Any]]:
-        """The answers to the first of ``asked`` (waiting for its word) and to each next one
-        whose word is known already, in order."""
-        out: list[list[Any]] = []
+    def _answers(self, asked: list[int]) -> list[tuple[int, Any]]:
+        """The words on the first of ``asked`` (waiting for it) and on each next one known
+        already, in order (:data:`_GONE` where the server is gone)."""
+        out: list[tuple[int, Any]] = []
         with self.cond:
             first = asked[0]
             while first not in self.words and not self.gone:
@@ -176,12 +184,19 @@ class WordServer:
             self.awaited.discard(first)
             for index in asked:
                 if index in self.words:
-                    out.append(_answer(index, self.words.pop(index)))
+                    out.append((index, self.words.pop(index)))
                 elif self.gone:
-                    out.append([SKIP, index, None])
+                    out.append((index, _GONE))
                 else:
                     break
         return out
+
+    def _put_back(self, taken: list[tuple[int, Any]]) -> None:
+        with self.cond:
+            for index, word in taken:
+                if word is not _GONE:
+                    self.words[index] = word
+            self.cond.notify_all()
 
     def close(self) -> None:
         """Answer every wait with gone and close; the socket file goes with the folder (or
@@ -202,7 +217,12 @@ class WordServer:
                 c.shutdown(socket.SHUT_RD)  # a serving thread reading a request ends
 
 
+_GONE = object()  # no word: the server is gone
+
+
 def _answer(index: int, word: Any) -> list[Any]:
+    if word is _GONE:
+        return [SKIP, index, None]
     if word is True:
         return [INDEX, index, None]
     if word is None:
@@ -217,11 +237,11 @@ class _Reader(threading.local):
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.conns: dict[str, tuple[socket.socket, _Inbox, ProcessId]] = {}
+        self.conns: dict[str, tuple[socket.socket, Inbox, ProcessId]] = {}
         # per connection, the samples asked for whose answers are still to be read, in order
         self.asked: dict[str, collections.deque[int]] = {}
 
-    def conn(self, folder: str) -> tuple[socket.socket, _Inbox, ProcessId] | None:
+    def conn(self, folder: str) -> tuple[socket.socket, Inbox, ProcessId] | None:
         if self.pid != os.getpid():  # forked: the parent's connections are the parent's
             self.pid, self.conns, self.asked = os.getpid(), {}, {}
         got = self.conns.get(folder)
@@ -250,7 +270,7 @@ class _Reader(threading.local):
                 f"the socket {os.path.join(folder, WORDS)} is not this DataLoader's sampler but "
                 f"{stranger}; it was sent nothing"
             )
-        got = self.conns[folder] = (sock, _Inbox(), server)
+        got = self.conns[folder] = (sock, Inbox(), server)
         self.asked[folder] = collections.deque()
         return got
 
@@ -264,42 +284,14 @@ class _Reader(threading.local):
 _READER = _Reader()
 
 
-class _Inbox:
-    """What a reader received and has not read yet: one receive can bring several of a batch's
-    answers, so whether one is there is asked here before the socket is waited on."""
-
-    def __init__(self) -> None:
-        self.data = bytearray()
-
-    def take(self) -> bytes | None:
-        """The next whole frame, or None while it is not all here.
-
-        Raises:
-            FrameError: a frame longer than :data:`~s5loader._util.frames.MAX_FRAME`.
-        """
-        if len(self.data) < _HEAD:
-            return None
-        end = _HEAD + int.from_bytes(self.data[:_HEAD], "big")
-        if end - _HEAD > MAX_FRAME:
-            raise FrameError(f"a frame of {end - _HEAD} bytes, more than {MAX_FRAME}")
-        if len(self.data) < end:
-            return None
-        whole = bytes(self.data[:end])
-        del self.data[:end]
-        return whole
-
-
-_HEAD = 4  # a frame's length (see s5loader._util.frames)
-
-
-def _reply(sock: socket.socket, inbox: _Inbox, server: ProcessId, folder: str) -> Any:
+def _reply(sock: socket.socket, inbox: Inbox, server: ProcessId, folder: str) -> Any:
     """The server's next frame; None when it is gone: its process ended (a child that it forked
     may still hold the socket open) or its folder was removed.
 
     Raises:
         EOFError: the server closed the connection; FrameError: not a frame of the channel.
     """
-    while (whole := inbox.take()) is None:
+    while (value := inbox.take()) is NOTHING:
         if select.select([sock], [], [], _WATCH_S)[0]:
             got = sock.recv(MAX_FRAME)
             if not got:
@@ -307,14 +299,15 @@ def _reply(sock: socket.socket, inbox: _Inbox, server: ProcessId, folder: str) -
             inbox.data += got
         elif not server.alive() or not os.path.exists(os.path.join(folder, WORDS)):
             return None
-    return read(io.BytesIO(whole))
+    return value
 
 
 def announce(folder: str, indices: Sequence[int]) -> None:
     """Ask now for the words on ``indices`` of the pass in ``folder``, which this thread will
     read in this order: each :func:`ask` for one of them then reads the answer to this one
-    request. Answers left unread (a read broken off) drop the connection at the next question.
-    Nothing is sent where no server answers (the samples are read as :func:`ask` says)."""
+    request (the first :data:`MOST_ANNOUNCED` of them; each later one is asked for on its own).
+    Answers left unread (a read broken off) drop the connection at the next question. Nothing is
+    sent where no server answers (the samples are read as :func:`ask` says)."""
     if not indices:
         return
     got = _READER.conn(folder)
@@ -325,7 +318,7 @@ def announce(folder: str, indices: Sequence[int]) -> None:
         got = _READER.conn(folder)
         if got is None:
             return
-    asked = [int(i) for i in indices]
+    asked = [int(i) for i in indices[:MOST_ANNOUNCED]]
     try:
         got[0].sendall(b"".join(frame(asked[k : k + MOST_ASKED]) for k in range(0, len(asked), MOST_ASKED)))
     except OSError:

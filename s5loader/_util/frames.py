@@ -99,6 +99,38 @@ def read(f: Any) -> Any:
         raise FrameError(f"a frame that is not JSON: {exc}") from None
 
 
+class Inbox:
+    """What a socket's reader received and has not read yet: one receive can bring several
+    frames, so whether a whole one is here is asked before the socket is waited on."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def take(self) -> Any:
+        """The next whole frame's JSON value, or :data:`NOTHING` while it is not all here.
+
+        Raises:
+            FrameError: a frame longer than :data:`MAX_FRAME`, or not JSON.
+        """
+        if len(self.data) < _LEN.size:
+            return NOTHING
+        end = _LEN.size + _LEN.unpack_from(self.data)[0]
+        if end - _LEN.size > MAX_FRAME:
+            raise FrameError(f"a frame of {end - _LEN.size} bytes, more than {MAX_FRAME}")
+        if len(self.data) < end:
+            return NOTHING
+        whole = bytes(self.data[_LEN.size : end])
+        del self.data[:end]
+        try:
+            return json.loads(whole)
+        except ValueError as exc:
+            raise FrameError(f"a frame that is not JSON: {exc}") from None
+
+
+#: What :meth:`Inbox.take` returns while no whole frame is there.
+NOTHING = object()
+
+
 def error_data(exc: BaseException) -> list[str]:
     """An error as plain data: its type's module and name, and its message (cut to
     :data:`MAX_MESSAGE` characters)."""

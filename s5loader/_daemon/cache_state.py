@@ -93,6 +93,7 @@ class DaemonState:
     run: str = ""
     block_size: int | None = None  # with shuffle "block": the blocks' most samples
     window: int | None = None  # with shuffle "block": the windows' most samples (kept on restart)
+    blocks: int | None = None  # with shuffle "block": how many blocks the order was cut into
 
     IDENTITY = (
         "version",
@@ -104,6 +105,7 @@ class DaemonState:
         "samples",
         "index",
         "block_size",
+        "blocks",
     )
 
     @classmethod
@@ -127,7 +129,12 @@ class DaemonState:
     def save(self, path: str) -> None:
         write_atomic(path, json.dumps(asdict(self)))
 
-    def differences(self, other: DaemonState) -> list[str]:
+    def differences(self, other: DaemonState, grown: bool = False) -> list[str]:
+        """What differs from ``other`` in :data:`IDENTITY`. A state from before blocks were
+        counted was cut into the same blocks where none of ``other``'s grew past ``block_size``
+        (``grown``)."""
+        if self.blocks is None and other.blocks is not None and not grown and self.version == other.version:
+            self.blocks = other.blocks
         return [
             f"{k} {getattr(self, k)!r} (now {getattr(other, k)!r})"
             for k in self.IDENTITY

@@ -171,6 +171,13 @@ def plan_blocks(samples: Sequence[Sample], block_size: int, listing: Sequence[st
     return BlockPlan(blocks, block_of, single)
 
 
+def block_count(samples: Sequence[Sample], size: int, listing: Sequence[str] | None) -> tuple[int, bool]:
+    """How many blocks :func:`plan_blocks` cuts ``samples`` into at ``block_size`` ``size``, and
+    whether any holds more than ``size`` samples (one an s5loader before :data:`GROW` cut smaller)."""
+    plan = plan_blocks(samples, size, listing)
+    return len(plan.blocks), any(len(b) > size for b in plan.blocks)
+
+
 def _keys_in_one_bucket(samples: Sequence[Sample]) -> tuple[str, list[list[str]]] | None:
     """The bucket of ``samples`` and each sample's keys, or ``None`` when they lie in several
     buckets (a wildcard line lists one)."""

@@ -22,7 +22,7 @@ from torch.utils.data import IterableDataset
 from ._engine.counters import Metrics
 from ._sampling.cacheplan import pin_to_nodes
 from ._sampling.feed import Hello, connect, local, rendezvous_name
-from ._sampling.iterchecks import check_buffer, check_count, check_options, check_worker_count
+from ._sampling.iterchecks import BlockCount, check_buffer, check_count, check_options, check_worker_count
 from ._sampling.iterparts import STATE_VERSION as STATE_VERSION
 from ._sampling.iterparts import _Pass, check_state, freeze_inherited, read_feed, start_pass
 from ._sampling.iterparts import buffer_shuffle as buffer_shuffle
@@ -139,6 +139,7 @@ class S5IterableDataset(IterableDataset[Any]):
         self.epoch = 0
         self._epoch_set = False
         self._loaded: dict[str, Any] | None = None  # a loaded state, applied by the next __iter__
+        self._blocks = BlockCount(self.dataset, self._options)  # what a "block" state counts
         self._rest: RankRest | None = None  # or a loaded loader state's rest of its epoch
         self._pass: _Pass | None = None
         # Names the rendezvous of a rank's workers with their host (see rendezvous_name).
@@ -295,7 +296,7 @@ class S5IterableDataset(IterableDataset[Any]):
         if self._loaded is not None:
             return dict(self._loaded)
         p = self._pass if self._rest is None else None  # a pending rest is what a state says
-        return (p or self._start_pass(take=False)).state(len(self.dataset))
+        return self._blocks.stamp((p or self._start_pass(take=False)).state(len(self.dataset)), self.shuffle)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict` at the next ``iter()``: a state saved mid-epoch
@@ -309,8 +310,9 @@ class S5IterableDataset(IterableDataset[Any]):
         Raises:
             StateError: the state does not fit this data set, or is not such a state.
         """
+
         try:
-            check = lambda s: check_state(s, len(self.dataset))  # noqa: E731
+            check = lambda s: self._blocks.check(s, check_state(s, len(self.dataset)))  # noqa: E731
             self._loaded, self._rest, self.epoch = read_state(state, check, self.epoch, self._epoch_set)
         except StateError as exc:
             raise StateError(f"cannot resume {self.dataset.source or 'the data set'}: {exc}") from exc

@@ -7,7 +7,8 @@ more batch before it hands out each next one. A sampler that yields an index onl
 sample is staged makes the first batch wait for the whole first fill, and every batch, while
 staging is behind, for one a fill further on. So a pass that a DataLoader iterates hands out an
 index whose sample is not staged yet at once (at most :data:`EARLY_MOST` of them unsettled),
-and a reader of such a sample waits for it (:func:`~s5loader._staging.reader.wait_staged`).
+and a reader of such a sample waits for it (:func:`~s5loader._staging.words.ask`; a DataLoader
+worker asks for a batch's at once, :func:`~s5loader._staging.words.announce`).
 Indices still go out in order, and a sample staged already goes out as it is; so does every
 sample of a pass iterated directly, whose consumer may expect its files in place.
 

@@ -179,7 +179,9 @@ class EpochOrders:
         """
         run, units, n = self.run, self.run.units, len(self.run.dataset)
         saved = check_state(state, n, units)
-        check_blocks(state, saved, run.blocks, units.block_size(run.options))
+        size = units.block_size(run.options)
+        blocks = len(run.blocks.blocks), any(len(b) > size for b in run.blocks.blocks)
+        check_blocks(state, saved.shuffle, saved.complete, blocks)
         window = check_window(state, self.window)
         self._elastic, self._rest, self._pinned = None, None, None
         if (

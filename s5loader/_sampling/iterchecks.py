@@ -6,7 +6,9 @@ data set and the disk, and a shuffle buffer over tar shards against the rank's b
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
+from .._index.blocks import block_count
 from .._staging.epochcache import EpochCache
 from .._util.dist import rank_info
 from .._util.uri import format_size
@@ -16,6 +18,7 @@ from ..exceptions import BudgetError, ConfigError
 from .cacherun import open_iterable_cache
 from .iterparts import rank_order
 from .order import Order, check_seed, check_shuffle
+from .resume import check_blocks
 from .setup import fit_budget
 from .staging import layout
 from .units import units_of
@@ -219,3 +222,35 @@ def _at_least(n: int) -> int:
         unit *= 1024
     step = max(1, unit // 10)
     return -(-n // step) * step
+
+
+class BlockCount:
+    """How many blocks a ``shuffle="block"`` order of ``dataset`` is cut into, and whether one
+    holds more than ``block_size`` samples (counted once, where a state needs it): what an
+    iterable's state of a block order records and is checked against (see
+    :func:`~s5loader._sampling.resume.check_blocks`)."""
+
+    def __init__(self, dataset: S5Dataset, options: StagingOptions) -> None:
+        self.dataset, self.options = dataset, options
+        self._count: tuple[int, bool] | None = None
+
+    def __call__(self) -> tuple[int, bool]:
+        if self._count is None:
+            size = units_of(self.dataset).block_size(self.options)
+            self._count = block_count(self.dataset.samples, size, self.dataset._listing)
+        return self._count
+
+    def stamp(self, state: dict[str, Any], shuffle: bool | str) -> dict[str, Any]:
+        """``state`` with its blocks counted, where its order is a block order."""
+        if shuffle == "block":
+            state["blocks"] = self()[0]
+        return state
+
+    def check(self, raw: dict[str, Any], checked: dict[str, Any]) -> dict[str, Any]:
+        """``checked`` (``raw`` read back), once a block epoch saved mid-way fits these blocks.
+
+        Raises:
+            StateError: it was cut into other blocks.
+        """
+        check_blocks(raw, checked["shuffle"], checked["complete"], self())
+        return checked

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from .._index.blocks import BlockPlan
 from ..config import StagingOptions
 from ..exceptions import StateError
 from .elastic import check_chain
@@ -220,24 +219,25 @@ def make_state(
     }
 
 
-def check_blocks(state: dict[str, Any], saved: SavedPosition, plan: BlockPlan, block_size: int) -> None:
+def check_blocks(state: dict[str, Any], shuffle: bool | str, done: bool, blocks: tuple[int, bool]) -> None:
     """A ``shuffle="block"`` epoch resumed mid-way goes on in its saved order only over the
-    blocks it was cut into: ``state["blocks"]`` counts them (a state without it comes from an
-    s5loader that never made a block of more than ``block_size`` samples).
+    blocks it was cut into: ``state["blocks"]`` counts them; ``blocks`` is this data set's
+    count and whether one of its blocks holds more than ``block_size`` samples (a state without
+    a count comes from an s5loader that never made such a block).
 
     Raises:
         StateError: this data set's blocks are not the state's.
     """
-    if saved.shuffle != "block" or saved.complete:
+    if shuffle != "block" or done:
         return
-    count = state.get("blocks")
-    if count is None and not any(len(b) > block_size for b in plan.blocks):
+    count, (now, grown) = state.get("blocks"), blocks
+    if count is None and not grown:
         return
-    if count != len(plan.blocks):
+    if count != now:
         cut = f"{count} blocks" if count is not None else "blocks of at most block_size samples"
         raise StateError(
             f'the state\'s shuffle="block" epoch was cut into {cut}, this data set into '
-            f"{len(plan.blocks)} (another block_size, other keys, or an s5loader that cuts blocks "
+            f"{now} (another block_size, other keys, or an s5loader that cuts blocks "
             "otherwise): its order cannot go on here; resume with what saved it, or start the "
             "epoch again"
         )

@@ -22,7 +22,7 @@ from torch.utils.data import IterableDataset
 from ._engine.counters import Metrics
 from ._sampling.cacheplan import pin_to_nodes
 from ._sampling.feed import Hello, connect, local, rendezvous_name
-from ._sampling.iterchecks import BlockCount, check_buffer, check_count, check_options, check_worker_count
+from ._sampling.iterchecks import BlockStamp, check_buffer, check_count, check_options, check_worker_count
 from ._sampling.iterparts import STATE_VERSION as STATE_VERSION
 from ._sampling.iterparts import _Pass, check_state, freeze_inherited, read_feed, start_pass
 from ._sampling.iterparts import buffer_shuffle as buffer_shuffle
@@ -139,7 +139,7 @@ class S5IterableDataset(IterableDataset[Any]):
         self.epoch = 0
         self._epoch_set = False
         self._loaded: dict[str, Any] | None = None  # a loaded state, applied by the next __iter__
-        self._blocks = BlockCount(self.dataset, self._options)  # what a "block" state counts
+        self._blocks = BlockStamp(self.dataset, self._options)  # how a "block" state's blocks were cut
         self._rest: RankRest | None = None  # or a loaded loader state's rest of its epoch
         self._pass: _Pass | None = None
         # Names the rendezvous of a rank's workers with their host (see rendezvous_name).

@@ -83,13 +83,14 @@ def test_a_block_state_resumes_only_over_the_blocks_it_was_cut_into(moto: Store,
     first = [next(it) for _ in range(5)]
     state = s.state_dict()
     s.close()
-    assert state["blocks"] == 2  # one-object decimal keys: the hundred 0000-0099 is one block
-    with S5Sampler(ds, **{**opts, "block_size": 8}) as other:  # tens: 12 blocks, another order
-        with pytest.raises(StateError, match=r"epoch was cut into 2 blocks, this data set into 12"):
+    assert (state["block_size"], state["block_rule"]) == (64, 2)
+    with S5Sampler(ds, **{**opts, "block_size": 8}) as other:  # tens, not the hundred: another order
+        with pytest.raises(StateError, match=r"64 samples \(rule 2\), this run into blocks of at most 8"):
             other.load_state_dict(state)
-    older = {k: v for k, v in state.items() if k != "blocks"}  # an s5loader that cut no such block
+    # a state of an s5loader that cut no block past block_size (the hundred 0000-0099 is one now)
+    older = {k: v for k, v in state.items() if k not in ("block_size", "block_rule")}
     with S5Sampler(ds, **opts) as r:
-        with pytest.raises(StateError, match="blocks of at most block_size samples"):
+        with pytest.raises(StateError, match="an s5loader before blocks could grow"):
             r.load_state_dict(older)
         r.load_state_dict(state)
         assert first + list(r) == full

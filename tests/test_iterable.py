@@ -159,9 +159,9 @@ def test_a_block_state_resumes_only_over_the_blocks_it_was_cut_into(moto: Store,
         head = [s["__key__"] for _ in range(3) for s in next(stream)]
         state = ld.state_dict()
     worker = state["dataset_state"] if "dataset_state" in state else state
-    assert worker["blocks"] == 2  # one-object decimal keys: the hundred 0000-0099 is one block
-    with made(8) as other:  # tens: 12 blocks, another order
-        with pytest.raises(StateError, match="epoch was cut into 2 blocks, this data set into 12"):
+    assert (worker["block_size"], worker["block_rule"]) == (64, 2)
+    with made(8) as other:  # tens, not the hundred 0000-0099: another order
+        with pytest.raises(StateError, match=r"64 samples \(rule 2\), this run into blocks of at most 8"):
             ld = StatefulDataLoader(other, batch_size=5, collate_fn=collate)
             ld.load_state_dict(state)
             next(iter(ld))  # (applied at iter() where the loader defers it)

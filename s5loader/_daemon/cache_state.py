@@ -11,7 +11,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -93,7 +93,7 @@ class DaemonState:
     run: str = ""
     block_size: int | None = None  # with shuffle "block": the blocks' most samples
     window: int | None = None  # with shuffle "block": the windows' most samples (kept on restart)
-    blocks: int | None = None  # with shuffle "block": how many blocks the order was cut into
+    block_rule: int | None = None  # with shuffle "block": how blocks were cut (blocks.GROW)
 
     IDENTITY = (
         "version",
@@ -105,7 +105,7 @@ class DaemonState:
         "samples",
         "index",
         "block_size",
-        "blocks",
+        "block_rule",
     )
 
     @classmethod
@@ -129,12 +129,12 @@ class DaemonState:
     def save(self, path: str) -> None:
         write_atomic(path, json.dumps(asdict(self)))
 
-    def differences(self, other: DaemonState, grown: bool = False) -> list[str]:
-        """What differs from ``other`` in :data:`IDENTITY`. A state from before blocks were
-        counted was cut into the same blocks where none of ``other``'s grew past ``block_size``
-        (``grown``)."""
-        if self.blocks is None and other.blocks is not None and not grown and self.version == other.version:
-            self.blocks = other.blocks
+    def differences(self, other: DaemonState, grown: Callable[[], bool] = lambda: True) -> list[str]:
+        """What differs from ``other`` in :data:`IDENTITY`. A state from before its block rule
+        was kept cut its blocks as ``other`` does where none of ``other``'s grew past
+        ``block_size`` (``grown()``, asked only then)."""
+        if self.block_rule is None and other.block_rule is not None and not grown():
+            self.block_rule = other.block_rule
         return [
             f"{k} {getattr(self, k)!r} (now {getattr(other, k)!r})"
             for k in self.IDENTITY

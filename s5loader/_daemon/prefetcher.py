@@ -13,7 +13,7 @@ import time
 from dataclasses import replace
 from typing import IO, Any
 
-from .._index.blocks import block_count
+from .._index.blocks import GROW, block_count
 from .._sampling.feed import ERROR, INDEX, SKIP
 from .._sampling.order import Order
 from .._sampling.units import units_of
@@ -337,9 +337,7 @@ def _run_state(
     Raises:
         DaemonError: ``old`` belongs to a run with other arguments; names the differences.
     """
-    blocks, grown = None, False
-    if opts.shuffle == "block":
-        blocks, grown = block_count(ds.samples, units_of(ds).block_size(opts.staging), ds._listing)
+    size = units_of(ds).block_size(opts.staging)
     state = DaemonState(
         opts.source,
         "shards" if opts.shards else opts.group_by,
@@ -351,11 +349,11 @@ def _run_state(
         run=secrets.token_hex(8),
         block_size=opts.staging.block_size if opts.shuffle == "block" else None,
         window=window,
-        blocks=blocks,
+        block_rule=GROW if opts.shuffle == "block" else None,
     )
     if old is None:
         return state
-    diff = old.differences(state, grown)
+    diff = old.differences(state, lambda: block_count(ds.samples, size, ds._listing)[1])
     if diff:
         raise DaemonError(
             f"the cache {cache} holds the progress of another run ({'; '.join(diff)}); "

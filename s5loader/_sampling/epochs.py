@@ -21,6 +21,7 @@ from .passes import write_command_files
 from .resume import (
     Position,
     SavedPosition,
+    block_stamp,
     check_blocks,
     check_state,
     check_window,
@@ -166,7 +167,8 @@ class EpochOrders:
             room = (self.cost.room or 0) if self.cost is not None else 0
             order, name = self.order_of(epoch), self.run.units.name
             state = make_state(order, epoch, n, position, self.window, name, room)
-        state["blocks"] = len(self.run.blocks.blocks)  # a shuffle="block" order depends on them too
+        if state["shuffle"] == "block":  # the order depends on how its blocks were cut too
+            state.update(block_stamp(self.run.units.block_size(self.run.options)))
         return state
 
     def load(self, state: dict[str, Any], epoch: int, position: Position) -> int:
@@ -180,8 +182,8 @@ class EpochOrders:
         run, units, n = self.run, self.run.units, len(self.run.dataset)
         saved = check_state(state, n, units)
         size = units.block_size(run.options)
-        blocks = len(run.blocks.blocks), any(len(b) > size for b in run.blocks.blocks)
-        check_blocks(state, saved.shuffle, saved.complete, blocks)
+        grown = lambda: any(len(b) > size for b in run.blocks.blocks)  # noqa: E731
+        check_blocks(state, saved.shuffle, saved.complete, size, grown)
         window = check_window(state, self.window)
         self._elastic, self._rest, self._pinned = None, None, None
         if (

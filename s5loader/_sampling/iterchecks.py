@@ -18,7 +18,7 @@ from ..exceptions import BudgetError, ConfigError
 from .cacherun import open_iterable_cache
 from .iterparts import rank_order
 from .order import Order, check_seed, check_shuffle
-from .resume import check_blocks
+from .resume import block_stamp, check_blocks
 from .setup import fit_budget
 from .staging import layout
 from .units import units_of
@@ -224,33 +224,27 @@ def _at_least(n: int) -> int:
     return -(-n // step) * step
 
 
-class BlockCount:
-    """How many blocks a ``shuffle="block"`` order of ``dataset`` is cut into, and whether one
-    holds more than ``block_size`` samples (counted once, where a state needs it): what an
-    iterable's state of a block order records and is checked against (see
-    :func:`~s5loader._sampling.resume.check_blocks`)."""
+class BlockStamp:
+    """How an iterable's state of a ``shuffle="block"`` order says its blocks were cut, and the
+    check of a state loaded (see :func:`~s5loader._sampling.resume.check_blocks`): the data
+    set's blocks are planned only for a state from before states said so."""
 
     def __init__(self, dataset: S5Dataset, options: StagingOptions) -> None:
-        self.dataset, self.options = dataset, options
-        self._count: tuple[int, bool] | None = None
-
-    def __call__(self) -> tuple[int, bool]:
-        if self._count is None:
-            size = units_of(self.dataset).block_size(self.options)
-            self._count = block_count(self.dataset.samples, size, self.dataset._listing)
-        return self._count
+        self.dataset = dataset
+        self.size = units_of(dataset).block_size(options)
 
     def stamp(self, state: dict[str, Any], shuffle: bool | str) -> dict[str, Any]:
-        """``state`` with its blocks counted, where its order is a block order."""
+        """``state``, with how its blocks were cut where its order is a block order."""
         if shuffle == "block":
-            state["blocks"] = self()[0]
+            state.update(block_stamp(self.size))
         return state
 
     def check(self, raw: dict[str, Any], checked: dict[str, Any]) -> dict[str, Any]:
         """``checked`` (``raw`` read back), once a block epoch saved mid-way fits these blocks.
 
         Raises:
-            StateError: it was cut into other blocks.
+            StateError: its blocks were cut otherwise.
         """
-        check_blocks(raw, checked["shuffle"], checked["complete"], self())
+        grown = lambda: block_count(self.dataset.samples, self.size, self.dataset._listing)[1]  # noqa: E731
+        check_blocks(raw, checked["shuffle"], checked["complete"], self.size, grown)
         return checked

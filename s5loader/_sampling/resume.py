@@ -5,10 +5,11 @@ position a sampler keeps in its epoch."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
+from .._index.blocks import GROW
 from ..config import StagingOptions
 from ..exceptions import StateError
 from .elastic import check_chain
@@ -219,28 +220,39 @@ def make_state(
     }
 
 
-def check_blocks(state: dict[str, Any], shuffle: bool | str, done: bool, blocks: tuple[int, bool]) -> None:
-    """A ``shuffle="block"`` epoch resumed mid-way goes on in its saved order only over the
-    blocks it was cut into: ``state["blocks"]`` counts them; ``blocks`` is this data set's
-    count and whether one of its blocks holds more than ``block_size`` samples (a state without
-    a count comes from an s5loader that never made such a block).
+def block_stamp(block_size: int) -> dict[str, int]:
+    """What a state of a ``shuffle="block"`` order records of how its blocks were cut: the
+    ``block_size`` and the rule (:data:`~s5loader._index.blocks.GROW`)."""
+    return {"block_size": block_size, "block_rule": GROW}
+
+
+def check_blocks(
+    state: dict[str, Any], shuffle: bool | str, done: bool, block_size: int, grown: Callable[[], bool]
+) -> None:
+    """A ``shuffle="block"`` epoch resumed mid-way goes on in its saved order only over blocks
+    cut as they were: the same ``block_size`` and rule (:func:`block_stamp`). A state without
+    them comes from an s5loader that made no block of more than ``block_size`` samples, so it
+    goes on unless this data set has such a block (``grown()``, asked only then).
 
     Raises:
-        StateError: this data set's blocks are not the state's.
+        StateError: the data set's blocks are cut otherwise than the state's.
     """
     if shuffle != "block" or done:
         return
-    count, (now, grown) = state.get("blocks"), blocks
-    if count is None and not grown:
+    if "block_rule" in state:
+        saved = (state.get("block_size"), state["block_rule"])
+        if saved == (block_size, GROW):
+            return
+        cut = f"blocks of at most {saved[0]} samples (rule {saved[1]})"
+    elif grown():
+        cut = "blocks of at most block_size samples (an s5loader before blocks could grow)"
+    else:
         return
-    if count != now:
-        cut = f"{count} blocks" if count is not None else "blocks of at most block_size samples"
-        raise StateError(
-            f'the state\'s shuffle="block" epoch was cut into {cut}, this data set into '
-            f"{now} (another block_size, other keys, or an s5loader that cuts blocks "
-            "otherwise): its order cannot go on here; resume with what saved it, or start the "
-            "epoch again"
-        )
+    raise StateError(
+        f'the state\'s shuffle="block" epoch was cut into {cut}, this run into blocks of at most '
+        f"{block_size} (rule {GROW}; up to {GROW}x where parts would not pay): its order cannot go "
+        "on here; resume with the block_size and version that saved it, or start the epoch again"
+    )
 
 
 def check_window(state: dict[str, Any], default: int) -> int:

@@ -91,18 +91,18 @@ def test_parts_that_pay_are_not_grown_into_their_prefix() -> None:
     assert max(len(b) for b in plan_blocks(hexed, 64, listing_of(hexed)).blocks) == 16
 
 
-def test_a_daemon_state_from_before_blocks_were_counted_continues_only_over_blocks_cut_alike() -> None:
+def test_a_daemon_state_from_before_its_block_rule_continues_only_over_blocks_cut_alike() -> None:
     from s5loader._daemon.cache_state import DaemonState
-    from s5loader._index.blocks import block_count
+    from s5loader._index.blocks import GROW, block_count
 
     singles = samples_of([f"raw/{i:06d}" for i in range(300)], fields=("bin",))
     assert block_count(singles, 64, listing_of(singles)) == (3, True)  # hundreds: grown
     pairs = samples_of([f"raw/{i:06d}" for i in range(300)])
     assert block_count(pairs, 64, listing_of(pairs)) == (30, False)  # decades of 20 objects
 
-    def state(blocks: int | None) -> DaemonState:
-        return DaemonState("s3://b/raw/", "stem", "block", 0, 1, 300, "fp", block_size=64, blocks=blocks)
+    def state(rule: int | None) -> DaemonState:
+        return DaemonState("s3://b/raw/", "stem", "block", 0, 1, 300, "fp", block_size=64, block_rule=rule)
 
-    assert state(None).differences(state(30), grown=False) == []  # cut alike before: it goes on
-    assert state(None).differences(state(3), grown=True) == ["blocks None (now 3)"]
-    assert state(30).differences(state(3)) == ["blocks 30 (now 3)"]
+    assert state(None).differences(state(GROW), lambda: False) == []  # cut alike before: it goes on
+    assert state(None).differences(state(GROW), lambda: True) == [f"block_rule None (now {GROW})"]
+    assert state(1).differences(state(GROW)) == [f"block_rule 1 (now {GROW})"]
